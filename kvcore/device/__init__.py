@@ -1,0 +1,43 @@
+"""The Device interface and its backends: ``cuda`` (CuPy, imported lazily) and ``sim``."""
+
+from __future__ import annotations
+
+from kvcore.defects import Defects
+from kvcore.device.base import Buffer, Device, DeviceInfo, Event, Stream
+from kvcore.device.oplog import HOST, Access, BufferInfo, OpLog, OpRecord, OpRecorder
+from kvcore.errors import DeviceUnavailableError
+
+BACKENDS = ("auto", "cuda", "sim")
+
+
+def cuda_available() -> tuple[bool, str]:
+    """Whether the cuda backend can run here, and why not; never raises."""
+    from kvcore.device import cuda
+
+    return cuda.available()
+
+
+def open_device(kind: str = "auto", *, defects: Defects = Defects(), seed: int = 0,
+                index: int = 0) -> Device:
+    """Open a device: ``cuda`` (raises DeviceUnavailableError without a GPU), ``sim``, or
+    ``auto`` (cuda when a GPU is usable, else sim)."""
+    if kind not in BACKENDS:
+        raise DeviceUnavailableError(f"unknown backend {kind!r}; use one of {', '.join(BACKENDS)}")
+    if kind == "auto":
+        kind = "cuda" if cuda_available()[0] else "sim"
+    if kind == "sim":
+        from kvcore.device.sim import SimDevice
+
+        return SimDevice(defects=defects, seed=seed)
+    ok, why = cuda_available()
+    if not ok:
+        raise DeviceUnavailableError(f"the cuda backend cannot run here: {why}")
+    from kvcore.device.cuda import CudaDevice
+
+    return CudaDevice(defects=defects, seed=seed, index=index)
+
+
+__all__ = [
+    "BACKENDS", "HOST", "Access", "Buffer", "BufferInfo", "Device", "DeviceInfo", "Event",
+    "OpLog", "OpRecord", "OpRecorder", "Stream", "cuda_available", "open_device",
+]

@@ -1,0 +1,409 @@
+"""The Device interface: what the page pool needs of a GPU, and nothing more.
+
+:class:`Device` validates every call, writes the op log, and hands the action to its backend
+through the ``_do_*`` methods; ``cuda.py`` (CuPy) and ``sim.py`` (the simulated device)
+implement only those. So both backends share one set of argument checks and one op log format.
+
+Semantics follow CUDA's: every stream-ordered call returns before the device runs it; copies from
+pinned host memory read it when they run, not when issued; the legacy stream synchronizes
+implicitly with blocking streams and not at all with non-blocking ones; after a device fault every
+call raises :class:`~kvcore.errors.DeviceFaultError`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import traceback
+import weakref
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kvcore.defects import Defects
+from kvcore.device.kernels import Kernel
+from kvcore.device.oplog import HOST, Access, BufferInfo, OpLog, OpRecord
+from kvcore.errors import DeviceFaultError, DeviceUsageError
+
+DEVICE = "device"
+PINNED = "host"
+
+
+class Buffer:
+    """A device allocation or a pinned host allocation, as the op log and backends know it."""
+
+    __slots__ = ("id", "name", "space", "nbytes", "role", "handle", "address", "__weakref__")
+
+    def __init__(self, id: int, name: str, space: str, nbytes: int, role: str, handle: object):
+        self.id = id
+        self.name = name
+        self.space = space
+        self.nbytes = nbytes
+        self.role = role
+        self.handle = handle
+        # The CUDA address (device pointer, or the pinned host pointer, which kernels can use
+        # through unified addressing); 0 on the simulated device.
+        self.address = int(getattr(handle, "ptr", 0) or 0)
+
+    def info(self) -> BufferInfo:
+        return BufferInfo(self.id, self.name, self.space, self.nbytes, self.role)
+
+    def __repr__(self) -> str:
+        return f"Buffer({self.name!r}, {self.space}, {self.nbytes} B)"
+
+
+class Stream:
+    """A CUDA stream. ``blocking`` streams synchronize implicitly with the legacy stream;
+    non-blocking ones (what engines use) do not."""
+
+    __slots__ = ("id", "name", "blocking", "legacy", "handle")
+
+    def __init__(self, id: int, name: str, blocking: bool, legacy: bool, handle: object):
+        self.id = id
+        self.name = name
+        self.blocking = blocking
+        self.legacy = legacy
+        self.handle = handle
+
+    def __repr__(self) -> str:
+        flavour = "legacy" if self.legacy else ("blocking" if self.blocking else "non-blocking")
+        return f"Stream({self.name!r}, {flavour})"
+
+
+class Event:
+    """A CUDA event: recorded on one stream, waited on by another stream or the host."""
+
+    __slots__ = ("id", "name", "handle")
+
+    def __init__(self, id: int, name: str, handle: object):
+        self.id = id
+        self.name = name
+        self.handle = handle
+
+    def __repr__(self) -> str:
+        return f"Event({self.name!r})"
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """What a run report says about the device it ran on."""
+
+    backend: str
+    name: str
+    details: dict[str, object] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, object]:
+        return {"backend": self.backend, "name": self.name, **self.details}
+
+
+def _call_site() -> str:
+    """The innermost frame outside kvcore: where the user's code issued the op."""
+    for frame in reversed(traceback.extract_stack(limit=24)[:-2]):
+        if "/kvcore/" not in frame.filename.replace("\\", "/"):
+            return f"{frame.filename}:{frame.lineno}"
+    return "?"
+
+
+class Device(ABC):
+    """A GPU as the page pool sees it. Use :func:`kvcore.open_device` to get one."""
+
+    kind: str = "abstract"
+
+    def __init__(self, *, defects: Defects, seed: int) -> None:
+        self.defects = defects
+        self.seed = seed
+        self.oplog = OpLog()
+        self.record_call_sites = False
+        self.fault: DeviceFaultError | None = None
+        self._ids = itertools.count(1)
+        self._streams: list[Stream] = []
+        self._stream_ids: dict[int, Stream] = {}
+        # Weak, so a buffer's memory is freed as soon as its owner drops it (at the end of a
+        # trial), not whenever a garbage collection runs: cudaFree synchronizes the device, and
+        # one in the middle of a trial would close the race window it is trying to widen.
+        self._buffers: weakref.WeakValueDictionary[int, Buffer] = weakref.WeakValueDictionary()
+        self.legacy_stream = self._register_stream(
+            Stream(0, "legacy_stream", True, True, self._legacy_handle())
+        )
+
+    # ---- backend hooks -------------------------------------------------------------------------
+    @abstractmethod
+    def _legacy_handle(self) -> object: ...
+
+    @abstractmethod
+    def _do_stream(self, blocking: bool) -> object: ...
+
+    @abstractmethod
+    def _do_alloc(self, nbytes: int, space: str) -> object: ...
+
+    @abstractmethod
+    def _do_event(self) -> object: ...
+
+    @abstractmethod
+    def _do_record(self, event: Event, stream: Stream) -> tuple[int, int] | None: ...
+
+    @abstractmethod
+    def _do_wait(self, stream: Stream, event: Event) -> tuple[int, int] | None: ...
+
+    @abstractmethod
+    def _do_copy(
+        self, dst: Buffer, dst_off: int, src: Buffer, src_off: int, nbytes: int, stream: Stream
+    ) -> tuple[int, int] | None: ...
+
+    @abstractmethod
+    def _do_copy_2d(
+        self, dst: Buffer, dst_off: int, dst_pitch: int, src: Buffer, src_off: int,
+        src_pitch: int, width: int, height: int, stream: Stream,
+    ) -> tuple[int, int] | None: ...
+
+    @abstractmethod
+    def _do_memset(
+        self, dst: Buffer, off: int, nbytes: int, value: int, stream: Stream
+    ) -> tuple[int, int] | None: ...
+
+    @abstractmethod
+    def _do_launch(self, kernel: Kernel, stream: Stream) -> tuple[int, int] | None: ...
+
+    @abstractmethod
+    def _do_host_view(self, buf: Buffer) -> np.ndarray:
+        """The pinned buffer as a uint8 array, after every device action that precedes 'now'."""
+
+    @abstractmethod
+    def _do_host_written(self, buf: Buffer, off: int, nbytes: int) -> None:
+        """The host wrote these bytes (lets the simulator account host time)."""
+
+    @abstractmethod
+    def _do_sync_device(self) -> None: ...
+
+    @abstractmethod
+    def _do_sync_stream(self, stream: Stream) -> None: ...
+
+    @abstractmethod
+    def _do_sync_event(self, event: Event) -> None: ...
+
+    @abstractmethod
+    def _clock_ns(self) -> int:
+        """The host's clock for op records: virtual on sim, perf_counter on cuda."""
+
+    @abstractmethod
+    def info(self) -> DeviceInfo: ...
+
+    def close(self) -> None:
+        """Release what the backend holds. Safe to call twice."""
+
+    # ---- the interface -------------------------------------------------------------------------
+    def create_stream(self, name: str, *, blocking: bool = False) -> Stream:
+        """A new stream; non-blocking by default, as inference engines create theirs."""
+        self._alive()
+        return self._register_stream(Stream(next(self._ids), name, blocking, False,
+                                            self._do_stream(blocking)))
+
+    def alloc(self, nbytes: int, *, name: str, role: str = "data") -> Buffer:
+        """Device memory of ``nbytes`` bytes (contents undefined)."""
+        return self._alloc(nbytes, DEVICE, name, role)
+
+    def alloc_host(self, nbytes: int, *, name: str, role: str = "data") -> Buffer:
+        """Pinned (page-locked) host memory of ``nbytes`` bytes, zero-filled, that async copies
+        read and write directly, and that kernels can read through unified addressing."""
+        return self._alloc(nbytes, PINNED, name, role)
+
+    def create_event(self, name: str) -> Event:
+        self._alive()
+        return Event(next(self._ids), name, self._do_event())
+
+    def record_event(self, event: Event, stream: Stream) -> None:
+        """Record ``event`` on ``stream``: it completes when all work issued before it does."""
+        self._check_stream(stream)
+        times = self._do_record(event, stream)
+        if self.oplog.active:
+            self._emit(stream.name, "event_record", records=event.name, times=times)
+
+    def wait_event(self, stream: Stream, event: Event) -> None:
+        """Make later work on ``stream`` wait for ``event``'s latest record: the fence."""
+        self._check_stream(stream)
+        times = self._do_wait(stream, event)
+        if self.oplog.active:
+            self._emit(stream.name, "event_wait", waits=event.name, times=times)
+
+    def copy(
+        self, dst: Buffer, dst_off: int, src: Buffer, src_off: int, nbytes: int, stream: Stream
+    ) -> None:
+        """cudaMemcpyAsync between any two buffers, device or pinned host."""
+        self._check_stream(stream)
+        self._check_range(dst, dst_off, nbytes)
+        self._check_range(src, src_off, nbytes)
+        times = self._do_copy(dst, dst_off, src, src_off, nbytes, stream)
+        if self.oplog.active:
+            self._emit(
+                stream.name, "copy_" + _direction(src, dst),
+                reads=(Access(src.id, src_off, nbytes),),
+                writes=(Access(dst.id, dst_off, nbytes),), times=times,
+            )
+
+    def copy_2d(
+        self, dst: Buffer, dst_off: int, dst_pitch: int, src: Buffer, src_off: int,
+        src_pitch: int, width: int, height: int, stream: Stream,
+    ) -> None:
+        """cudaMemcpy2DAsync: ``height`` rows of ``width`` bytes, each side with its own pitch."""
+        self._check_stream(stream)
+        if width > min(dst_pitch, src_pitch) or height < 0 or width < 0:
+            raise DeviceUsageError(
+                f"copy_2d: width {width} exceeds a pitch ({dst_pitch}, {src_pitch})"
+            )
+        if height:
+            self._check_range(dst, dst_off, dst_pitch * (height - 1) + width)
+            self._check_range(src, src_off, src_pitch * (height - 1) + width)
+        times = self._do_copy_2d(dst, dst_off, dst_pitch, src, src_off, src_pitch, width,
+                                 height, stream)
+        if self.oplog.active:
+            self._emit(
+                stream.name, "copy2d_" + _direction(src, dst),
+                reads=tuple(Access(src.id, src_off + r * src_pitch, width) for r in range(height)),
+                writes=tuple(Access(dst.id, dst_off + r * dst_pitch, width)
+                             for r in range(height)),
+                times=times,
+            )
+
+    def memset(self, dst: Buffer, off: int, nbytes: int, value: int, stream: Stream) -> None:
+        """cudaMemsetAsync of device memory."""
+        self._check_stream(stream)
+        self._check_range(dst, off, nbytes)
+        if dst.space != DEVICE:
+            raise DeviceUsageError(f"memset needs device memory; {dst.name} is pinned host memory")
+        times = self._do_memset(dst, off, nbytes, value & 0xFF, stream)
+        if self.oplog.active:
+            self._emit(stream.name, "memset", writes=(Access(dst.id, off, nbytes),), times=times,
+                       detail={"value": value & 0xFF})
+
+    def launch(self, kernel: Kernel, stream: Stream) -> None:
+        """Launch one of the kernels in :mod:`kvcore.device.kernels` on ``stream``."""
+        self._check_stream(stream)
+        for buf, lo, hi in kernel.extents():
+            self._check_range(buf, lo, hi - lo)
+        times = self._do_launch(kernel, stream)
+        if self.oplog.active:
+            self._emit(stream.name, "kernel:" + kernel.name, reads=kernel.reads(),
+                       writes=kernel.writes(), times=times, detail=kernel.detail())
+
+    def host_write(self, buf: Buffer, off: int, data: bytes | np.ndarray) -> None:
+        """The host writes ``data`` into pinned memory, now (a plain CPU store, logged)."""
+        raw = np.frombuffer(bytes(data), np.uint8) if isinstance(data, (bytes, bytearray)) \
+            else np.ascontiguousarray(data).view(np.uint8).reshape(-1)
+        self._host_access(buf, off, raw.size)
+        self._do_host_view(buf)[off:off + raw.size] = raw
+        self._do_host_written(buf, off, raw.size)
+        if self.oplog.active:
+            self._emit(HOST, "host_write", writes=(Access(buf.id, off, raw.size),))
+
+    def host_fill(self, buf: Buffer, off: int, nbytes: int, value: int) -> None:
+        """The host sets ``nbytes`` bytes of pinned memory to ``value`` (a memset on the CPU)."""
+        self._host_access(buf, off, nbytes)
+        self._do_host_view(buf)[off:off + nbytes] = value & 0xFF
+        self._do_host_written(buf, off, nbytes)
+        if self.oplog.active:
+            self._emit(HOST, "host_write", writes=(Access(buf.id, off, nbytes),),
+                       detail={"value": value & 0xFF})
+
+    def host_read(self, buf: Buffer, off: int, nbytes: int) -> np.ndarray:
+        """A copy of ``nbytes`` bytes of pinned memory as the host sees them now."""
+        self._host_access(buf, off, nbytes)
+        out = self._do_host_view(buf)[off:off + nbytes].copy()
+        if self.oplog.active:
+            self._emit(HOST, "host_read", reads=(Access(buf.id, off, nbytes),))
+        return out
+
+    def synchronize(self) -> None:
+        """cudaDeviceSynchronize: the host waits for every stream."""
+        self._alive()
+        self._do_sync_device()
+        if self.oplog.active:
+            self._emit(HOST, "sync_device")
+
+    def synchronize_stream(self, stream: Stream) -> None:
+        """cudaStreamSynchronize: the host waits for all work issued to ``stream``."""
+        self._check_stream(stream)
+        self._do_sync_stream(stream)
+        if self.oplog.active:
+            self._emit(HOST, "sync_stream", syncs=stream.name)
+
+    def synchronize_event(self, event: Event) -> None:
+        """cudaEventSynchronize: the host waits for ``event``'s latest record."""
+        self._alive()
+        self._do_sync_event(event)
+        if self.oplog.active:
+            self._emit(HOST, "sync_event", waits=event.name)
+
+    def clock_ns(self) -> int:
+        """The host clock in ns: virtual time on sim, perf_counter on cuda (for benchmarks)."""
+        return self._clock_ns()
+
+    @property
+    def streams(self) -> Sequence[Stream]:
+        return tuple(self._streams)
+
+    # ---- shared checks -------------------------------------------------------------------------
+    def _register_stream(self, stream: Stream) -> Stream:
+        self._streams.append(stream)
+        self._stream_ids[stream.id] = stream
+        return stream
+
+    def _alloc(self, nbytes: int, space: str, name: str, role: str) -> Buffer:
+        self._alive()
+        if nbytes <= 0:
+            raise DeviceUsageError(f"cannot allocate {nbytes} bytes for {name}")
+        buf = Buffer(next(self._ids), name, space, nbytes, role, self._do_alloc(nbytes, space))
+        self._buffers[buf.id] = buf
+        self.oplog.announce_buffer(buf.info())
+        return buf
+
+    def _alive(self) -> None:
+        if self.fault is not None:
+            raise self.fault
+
+    def _check_stream(self, stream: Stream) -> None:
+        self._alive()
+        if self._stream_ids.get(stream.id) is not stream:
+            raise DeviceUsageError(f"{stream!r} does not belong to this {self.kind} device")
+
+    def _check_owner(self, buf: Buffer) -> None:
+        if self._buffers.get(buf.id) is not buf:
+            raise DeviceUsageError(f"{buf!r} was not allocated on this device")
+
+    def _check_range(self, buf: Buffer, off: int, nbytes: int) -> None:
+        self._check_owner(buf)
+        if off < 0 or nbytes < 0 or off + nbytes > buf.nbytes:
+            raise DeviceUsageError(
+                f"bytes [{off}, {off + nbytes}) are outside {buf.name} ({buf.nbytes} bytes)"
+            )
+
+    def _host_access(self, buf: Buffer, off: int, nbytes: int) -> None:
+        self._alive()
+        self._check_range(buf, off, nbytes)
+        if buf.space != PINNED:
+            raise DeviceUsageError(
+                f"the host cannot touch {buf.name} directly: it is device memory; copy it first"
+            )
+
+    def _emit(
+        self, stream: str, kind: str, *, reads: tuple[Access, ...] = (),
+        writes: tuple[Access, ...] = (), records: str | None = None, waits: str | None = None,
+        syncs: str | None = None, times: tuple[int, int] | None = None,
+        detail: dict[str, object] | None = None,
+    ) -> None:
+        log = self.oplog
+        info: dict[str, object] = dict(detail or {})
+        if self.record_call_sites:
+            info["site"] = _call_site()
+        log.emit(OpRecord(
+            seq=log.next_seq(), stream=stream, kind=kind, reads=reads, writes=writes,
+            records=records, waits=waits, syncs=syncs, step=log.step,
+            t_issue_ns=self._clock_ns(),
+            t_start_ns=times[0] if times else None, t_end_ns=times[1] if times else None,
+            detail=info,
+        ))
+
+
+def _direction(src: Buffer, dst: Buffer) -> str:
+    letter = {DEVICE: "d", PINNED: "h"}
+    return f"{letter[src.space]}to{letter[dst.space]}"

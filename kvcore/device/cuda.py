@@ -1,0 +1,335 @@
+"""The CUDA device, over CuPy: real streams, events, pinned memory and NVRTC kernels.
+
+This is the only module of gpurace that imports cupy, and only when a CudaDevice is made, so the
+rest (and CI) works without it. It is also the one place where CuPy's and the CUDA runtime's
+errors become kvcore errors (:func:`_translated`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.resources
+import os
+import statistics
+import time
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+from kvcore.defects import Defects
+from kvcore.device.base import DEVICE, Buffer, Device, DeviceInfo, Event, Stream
+from kvcore.device.kernels import (
+    Delay,
+    Fill,
+    Gather,
+    Kernel,
+    ReadTable,
+    Scatter,
+    Verify,
+)
+from kvcore.errors import DeviceError, DeviceFaultError, DeviceUnavailableError, DeviceUsageError
+
+_MEMCPY_DEFAULT = 4  # cudaMemcpyDefault: direction inferred from unified addresses
+_HOST_ALLOC_PORTABLE_MAPPED = 0x01 | 0x02  # so kernels can read pinned memory directly
+
+# Errors after which the context is dead ("sticky"): CUDA codes shared by runtime and driver.
+_STICKY = {
+    700: "CUDA_ERROR_ILLEGAL_ADDRESS",
+    710: "CUDA_ERROR_ASSERT",
+    714: "CUDA_ERROR_HARDWARE_STACK_ERROR",
+    715: "CUDA_ERROR_ILLEGAL_INSTRUCTION",
+    716: "CUDA_ERROR_MISALIGNED_ADDRESS",
+    717: "CUDA_ERROR_INVALID_ADDRESS_SPACE",
+    718: "CUDA_ERROR_INVALID_PC",
+    719: "CUDA_ERROR_LAUNCH_FAILED",
+    720: "CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE",
+    999: "CUDA_ERROR_UNKNOWN",
+}
+_THREADS = 256
+
+
+def _cupy() -> Any:
+    try:
+        import cupy
+    except ImportError as exc:  # also covers a cupy wheel whose CUDA libraries are missing
+        raise DeviceUnavailableError(
+            f"CuPy is not importable ({exc}); install gpurace[cuda] (or gpurace[cuda12])"
+        ) from exc
+    return cupy
+
+
+def available() -> tuple[bool, str]:
+    """Whether a CUDA GPU is usable here, and if not, why (for ``auto`` and ``doctor``)."""
+    try:
+        cupy = _cupy()
+        count = cupy.cuda.runtime.getDeviceCount()
+    except DeviceUnavailableError as exc:
+        return False, str(exc)
+    except Exception as exc:  # CUDARuntimeError when there is no driver or no device
+        return False, f"CUDA reports no usable device: {exc}"
+    if count == 0:
+        return False, "CUDA reports no device"
+    return True, f"{count} CUDA device(s)"
+
+
+class CudaDevice(Device):
+    """A real GPU through CuPy. Kernels compile once per process (NVRTC caches on disk)."""
+
+    kind = "cuda"
+
+    def __init__(self, *, defects: Defects = Defects(), seed: int = 0, index: int = 0) -> None:
+        # CUDA maps streams onto CUDA_DEVICE_MAX_CONNECTIONS hardware queues (8 by default);
+        # two streams sharing a queue are serialized, which hides exactly the cross-stream races
+        # gpurace exists to show. 32 is the most CUDA allows; it must be set before the context
+        # exists, and a value the user set wins.
+        os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
+        self._cp = _cupy()
+        self.index = index
+        with _translated(self):
+            self._cp.cuda.Device(index).use()
+            source = importlib.resources.files("kvcore.device").joinpath("kernels.cu").read_text()
+            module = self._cp.RawModule(code=source, options=("-std=c++17",))
+            self._fns = {n: module.get_function(n) for n in
+                         ("kv_fill", "kv_verify", "kv_read_table", "kv_delay", "kv_move_pages")}
+            props = self._cp.cuda.runtime.getDeviceProperties(index)
+        self._sm_count = int(props["multiProcessorCount"])
+        self._props = props
+        self._memcpy = self._cp.cuda.runtime.memcpyAsync
+        self._args = _ArgRing(self._cp)
+        super().__init__(defects=defects, seed=seed)
+        self._never = self.alloc(4, name="never-flag", role="oracle")
+        self.memset(self._never, 0, 4, 0, self.legacy_stream)
+        self.delay_200us_measured_us = self._check_delay()
+
+    # ---- calibration ---------------------------------------------------------------------------
+    def _check_delay(self) -> float:
+        """How long a requested 200 us delay really takes, timed with events (median of five,
+        after a warm-up): a check that the amplifier means what it says."""
+        cp = self._cp
+        stream = self.legacy_stream.handle
+        samples = []
+        with _translated(self):
+            self._spin(1000.0, stream)
+            for _ in range(5):
+                start, stop = cp.cuda.Event(), cp.cuda.Event()
+                start.record(stream)
+                self._spin(200.0, stream)
+                stop.record(stream)
+                stop.synchronize()
+                samples.append(cp.cuda.get_elapsed_time(start, stop) * 1000.0)
+        return statistics.median(samples)
+
+    def _spin(self, us: float | None, stream: Any) -> None:
+        ns = -1 if us is None else int(us * 1000)
+        self._fns["kv_delay"]((1,), (1,), (np.int64(ns), np.uint64(self._never.address)),
+                              stream=stream)
+
+    # ---- backend hooks -------------------------------------------------------------------------
+    def _clock_ns(self) -> int:
+        return time.perf_counter_ns()
+
+    def _legacy_handle(self) -> object:
+        return self._cp.cuda.Stream.null
+
+    def _do_stream(self, blocking: bool) -> object:
+        with _translated(self):
+            return self._cp.cuda.Stream(non_blocking=not blocking)
+
+    def _do_alloc(self, nbytes: int, space: str) -> object:
+        with _translated(self):
+            if space == DEVICE:
+                return self._cp.cuda.Memory(nbytes)
+            return _Pinned(self._cp, nbytes)
+
+    def _do_event(self) -> object:
+        with _translated(self):
+            return self._cp.cuda.Event(disable_timing=True)
+
+    def _do_record(self, event: Event, stream: Stream) -> None:
+        with _translated(self):
+            event.handle.record(stream.handle)  # type: ignore[attr-defined]
+
+    def _do_wait(self, stream: Stream, event: Event) -> None:
+        with _translated(self):
+            stream.handle.wait_event(event.handle)  # type: ignore[attr-defined]
+
+    def _do_copy(self, dst: Buffer, dst_off: int, src: Buffer, src_off: int, nbytes: int,
+                 stream: Stream) -> None:
+        with _translated(self):
+            self._memcpy(dst.address + dst_off, src.address + src_off, nbytes, _MEMCPY_DEFAULT,
+                         stream.handle.ptr)  # type: ignore[attr-defined]
+
+    def _do_copy_2d(self, dst: Buffer, dst_off: int, dst_pitch: int, src: Buffer, src_off: int,
+                    src_pitch: int, width: int, height: int, stream: Stream) -> None:
+        with _translated(self):
+            self._cp.cuda.runtime.memcpy2DAsync(
+                _ptr(dst) + dst_off, dst_pitch, _ptr(src) + src_off, src_pitch, width, height,
+                _MEMCPY_DEFAULT, stream.handle.ptr)  # type: ignore[attr-defined]
+
+    def _do_memset(self, dst: Buffer, off: int, nbytes: int, value: int,
+                   stream: Stream) -> None:
+        with _translated(self):
+            self._cp.cuda.runtime.memsetAsync(_ptr(dst) + off, value, nbytes,
+                                              stream.handle.ptr)  # type: ignore[attr-defined]
+
+    def _do_launch(self, kernel: Kernel, stream: Stream) -> None:
+        s = stream.handle
+        fns = self._fns
+        blocks = self._sm_count * 4
+        with _translated(self):
+            if isinstance(kernel, Fill):
+                fns["kv_fill"]((blocks,), (_THREADS,), (
+                    np.uint64(_ptr(kernel.dst) + kernel.offset), np.uint64(kernel.nbytes),
+                    np.uint32(kernel.value)), stream=s)
+            elif isinstance(kernel, Verify):
+                fns["kv_verify"]((blocks,), (_THREADS,), (
+                    np.uint64(_ptr(kernel.src) + kernel.offset), np.uint64(kernel.nbytes),
+                    np.uint32(kernel.expected),
+                    np.uint64(_ptr(kernel.result) + kernel.result_offset)), stream=s)
+            elif isinstance(kernel, ReadTable):
+                fns["kv_read_table"]((1,), (_THREADS,), (
+                    np.uint64(_ptr(kernel.table) + kernel.offset), np.int32(kernel.entries),
+                    np.uint64(_ptr(kernel.generations)), np.int32(kernel.num_pages),
+                    np.uint64(_ptr(kernel.result) + kernel.result_offset),
+                    np.int32(1 if kernel.assert_on_stale else 0)), stream=s)
+            elif isinstance(kernel, Delay):
+                self._spin(kernel.us, s)
+            elif isinstance(kernel, (Scatter, Gather)):
+                self._move_pages(kernel, s)
+            else:
+                raise DeviceUsageError(f"the CUDA device has no kernel {kernel.name!r}")
+
+    def _move_pages(self, kernel: Scatter | Gather, stream: Any) -> None:
+        if isinstance(kernel, Scatter):
+            packed, paged, offsets, to_pages = kernel.src, kernel.dst, kernel.dst_offsets, 1
+            packed_off = kernel.src_offset
+        else:
+            packed, paged, offsets, to_pages = kernel.dst, kernel.src, kernel.src_offsets, 0
+            packed_off = kernel.dst_offset
+        address, end = self._args.put(np.asarray(offsets, dtype=np.int64))
+        self._fns["kv_move_pages"]((min(len(offsets), self._sm_count * 8),), (_THREADS,), (
+            np.uint64(_ptr(packed) + packed_off), np.uint64(_ptr(paged)), np.uint64(address),
+            np.int32(len(offsets)), np.uint64(kernel.chunk), np.int32(to_pages)), stream=stream)
+        self._args.issued(address, end, stream)
+
+    def _do_host_view(self, buf: Buffer) -> np.ndarray:
+        return buf.handle.array  # type: ignore[attr-defined]
+
+    def _do_host_written(self, buf: Buffer, off: int, nbytes: int) -> None:
+        pass
+
+    def _do_sync_device(self) -> None:
+        with _translated(self):
+            self._cp.cuda.runtime.deviceSynchronize()
+
+    def _do_sync_stream(self, stream: Stream) -> None:
+        with _translated(self):
+            stream.handle.synchronize()  # type: ignore[attr-defined]
+
+    def _do_sync_event(self, event: Event) -> None:
+        with _translated(self):
+            event.handle.synchronize()  # type: ignore[attr-defined]
+
+    def info(self) -> DeviceInfo:
+        rt = self._cp.cuda.runtime
+        props = self._props
+        name = props["name"]
+        name = name.decode() if isinstance(name, bytes) else str(name)
+        return DeviceInfo("cuda", name, {
+            "index": self.index,
+            "compute_capability": f"{props['major']}.{props['minor']}",
+            "multiprocessors": self._sm_count,
+            "driver_version": rt.driverGetVersion(),
+            "runtime_version": rt.runtimeGetVersion(),
+            "cupy_version": self._cp.__version__,
+            "delay_200us_measured_us": round(self.delay_200us_measured_us, 1),
+            "max_connections": os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"),
+        })
+
+
+class _Pinned:
+    """Pinned, mapped host memory with a numpy view of it."""
+
+    def __init__(self, cp: Any, nbytes: int) -> None:
+        self.mem = cp.cuda.PinnedMemory(nbytes, _HOST_ALLOC_PORTABLE_MAPPED)
+        self.ptr = int(self.mem.ptr)
+        raw = (ctypes.c_uint8 * nbytes).from_address(self.ptr)
+        self.array = np.frombuffer(raw, dtype=np.uint8)
+        self.array[:] = 0
+
+
+def _ptr(buf: Buffer) -> int:
+    return buf.address
+
+
+class _ArgRing:
+    """Pinned memory for kernel arguments too large for the launch (the page offsets of a
+    scatter), read by the kernel in place through unified addressing. A region is written
+    again only after the event recorded behind its kernel has completed."""
+
+    def __init__(self, cp: Any, nbytes: int = 4 << 20) -> None:
+        self.cp = cp
+        self.ring = _Pinned(cp, nbytes)
+        self.head = 0
+        self.in_flight: deque[tuple[int, int, Any]] = deque()
+
+    def put(self, data: np.ndarray) -> tuple[int, int]:
+        """Place ``data``; returns its address and end within the ring."""
+        n = -(-data.nbytes // 16) * 16
+        if n > self.ring.array.size:
+            self.drain()
+            self.ring = _Pinned(self.cp, 2 * n)
+            self.head = 0
+        if self.head + n > self.ring.array.size:
+            self.head = 0
+        lo, hi = self.head, self.head + n
+        for region in [r for r in self.in_flight if r[0] < hi and lo < r[1]]:
+            region[2].synchronize()
+            self.in_flight.remove(region)
+        self.ring.array[lo:lo + data.nbytes] = data.view(np.uint8).reshape(-1)
+        self.head = hi
+        return self.ring.ptr + lo, hi
+
+    def issued(self, address: int, end: int, stream: Any) -> None:
+        event = self.cp.cuda.Event(disable_timing=True)
+        event.record(stream)
+        self.in_flight.append((address - self.ring.ptr, end, event))
+
+    def drain(self) -> None:
+        for _, _, event in self.in_flight:
+            event.synchronize()
+        self.in_flight.clear()
+
+
+class _translated:
+    """The one place CuPy/CUDA errors become kvcore errors. A sticky error marks the device
+    dead, so every later call fails fast with the same DeviceFaultError, as CUDA itself does.
+    (A class, not a generator context manager: it wraps every call on the hot path.)"""
+
+    __slots__ = ("device",)
+
+    def __init__(self, device: CudaDevice) -> None:
+        self.device = device
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: object) -> bool:
+        if exc is None:
+            return False
+        cp = self.device._cp
+        if isinstance(exc, (cp.cuda.runtime.CUDARuntimeError, cp.cuda.driver.CUDADriverError)):
+            status = int(getattr(exc, "status", -1))
+            if status in _STICKY:
+                fault = DeviceFaultError(f"the CUDA context is dead: {exc}",
+                                         cuda_error=_STICKY[status])
+                self.device.fault = fault
+                raise fault from exc
+            raise DeviceError(f"CUDA call failed: {exc}") from exc
+        if isinstance(exc, cp.cuda.memory.OutOfMemoryError):
+            raise DeviceError(f"out of GPU memory: {exc}") from exc
+        if isinstance(exc, cp.cuda.compiler.CompileException):
+            raise DeviceError(f"NVRTC could not compile kvcore's kernels: {exc}") from exc
+        return False

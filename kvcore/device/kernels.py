@@ -1,0 +1,219 @@
+"""The kernels a Device can launch, as records.
+
+Each kernel call is a frozen record naming its buffers and arguments; both backends run the same
+records (``cuda.py`` through NVRTC kernels in ``kernels.cu``, ``sim.py`` in numpy), and the op log
+learns each call's byte ranges from :meth:`Kernel.reads` / :meth:`Kernel.writes` alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from kvcore.device.oplog import Access
+
+if TYPE_CHECKING:
+    from kvcore.device.base import Buffer
+
+TABLE_ENTRY_BYTES = 8
+"""An execution-table entry: int32 physical page index, int32 page generation."""
+
+GENERATION_BYTES = 4
+"""One page's generation in the generation mirror: an int32."""
+
+RESULT_BYTES = 4
+"""Kernels that count (verify, read_table) add an int32 to ``result`` at ``result_offset``."""
+
+TABLE_ASSERT_LINE = 132
+"""The line the table reader's device-side assert reports, as ninfer's device.cu:132 did."""
+
+
+class Kernel:
+    """Base of kernel records: what the kernel reads and writes, for the op log."""
+
+    name = "kernel"
+
+    def reads(self) -> tuple[Access, ...]:
+        return ()
+
+    def writes(self) -> tuple[Access, ...]:
+        return ()
+
+    def buffers(self) -> tuple[Buffer, ...]:
+        return ()
+
+    def extents(self) -> tuple[tuple[Buffer, int, int], ...]:
+        """(buffer, first byte, end) spans covering every access: what a launch validates,
+        cheaply even for a scatter over thousands of pages."""
+        by_id = {b.id: b for b in self.buffers()}
+        return tuple((by_id[a.buffer], a.offset, a.end) for a in self.reads() + self.writes())
+
+    def detail(self) -> dict[str, object]:
+        return {}
+
+
+@dataclass(frozen=True)
+class Fill(Kernel):
+    """Write ``value`` (one byte) to ``nbytes`` bytes of ``dst`` from ``offset``."""
+
+    dst: Buffer
+    offset: int
+    nbytes: int
+    value: int
+    name = "fill"
+
+    def writes(self) -> tuple[Access, ...]:
+        return (Access(self.dst.id, self.offset, self.nbytes),)
+
+    def buffers(self) -> tuple[Buffer, ...]:
+        return (self.dst,)
+
+    def detail(self) -> dict[str, object]:
+        return {"value": self.value}
+
+
+@dataclass(frozen=True)
+class Verify(Kernel):
+    """Count the bytes of ``src[offset:offset+nbytes]`` that differ from ``expected`` and add the
+    count to the int32 at ``result[result_offset]``."""
+
+    src: Buffer
+    offset: int
+    nbytes: int
+    expected: int
+    result: Buffer
+    result_offset: int = 0
+    name = "verify"
+
+    def reads(self) -> tuple[Access, ...]:
+        return (
+            Access(self.src.id, self.offset, self.nbytes),
+            Access(self.result.id, self.result_offset, RESULT_BYTES),
+        )
+
+    def writes(self) -> tuple[Access, ...]:
+        return (Access(self.result.id, self.result_offset, RESULT_BYTES),)
+
+    def buffers(self) -> tuple[Buffer, ...]:
+        return (self.src, self.result)
+
+    def detail(self) -> dict[str, object]:
+        return {"expected": self.expected}
+
+
+@dataclass(frozen=True)
+class ReadTable(Kernel):
+    """The execution-table reader attention kernels embody.
+
+    Reads ``entries`` entries of a table row at ``table[offset]`` and checks each one: the page
+    index in ``[0, num_pages)`` and its generation equal to ``generations[page]``. Adds the number
+    of bad entries to ``result[result_offset]``; with ``assert_on_stale`` the first bad entry fires
+    a real device-side assert instead, which kills the context, like ninfer's device.cu:132.
+    """
+
+    table: Buffer
+    offset: int
+    entries: int
+    generations: Buffer
+    num_pages: int
+    result: Buffer
+    result_offset: int = 0
+    assert_on_stale: bool = True
+    name = "read_table"
+
+    def reads(self) -> tuple[Access, ...]:
+        return (
+            Access(self.table.id, self.offset, self.entries * TABLE_ENTRY_BYTES),
+            Access(self.generations.id, 0, self.num_pages * GENERATION_BYTES),
+            Access(self.result.id, self.result_offset, RESULT_BYTES),
+        )
+
+    def writes(self) -> tuple[Access, ...]:
+        return (Access(self.result.id, self.result_offset, RESULT_BYTES),)
+
+    def buffers(self) -> tuple[Buffer, ...]:
+        return (self.table, self.generations, self.result)
+
+    def detail(self) -> dict[str, object]:
+        return {"entries": self.entries, "assert": self.assert_on_stale}
+
+
+@dataclass(frozen=True)
+class Delay(Kernel):
+    """Occupy the stream for ``us`` microseconds (a spin on the GPU's wall-clock timer on CUDA,
+    a simulated duration on sim): the amplifier that widens a race window. ``us=None`` never
+    ends, to model a hung kernel."""
+
+    us: float | None
+    name = "delay"
+
+    def detail(self) -> dict[str, object]:
+        return {"us": self.us}
+
+
+@dataclass(frozen=True)
+class Scatter(Kernel):
+    """Copy consecutive ``chunk``-byte pieces of ``src`` (from ``src_offset``) to the device
+    offsets ``dst_offsets`` (an int64 array) of ``dst``: one launch instead of one copy per
+    scattered page."""
+
+    src: Buffer
+    src_offset: int
+    dst: Buffer
+    dst_offsets: np.ndarray
+    chunk: int
+    name = "scatter"
+
+    def reads(self) -> tuple[Access, ...]:
+        return (Access(self.src.id, self.src_offset, self.chunk * len(self.dst_offsets)),)
+
+    def writes(self) -> tuple[Access, ...]:
+        return tuple(Access(self.dst.id, int(off), self.chunk) for off in self.dst_offsets)
+
+    def buffers(self) -> tuple[Buffer, ...]:
+        return (self.src, self.dst)
+
+    def extents(self) -> tuple[tuple[Buffer, int, int], ...]:
+        packed = self.src_offset + self.chunk * len(self.dst_offsets)
+        return ((self.src, self.src_offset, packed), _span(self.dst, self.dst_offsets, self.chunk))
+
+    def detail(self) -> dict[str, object]:
+        return {"pieces": len(self.dst_offsets), "chunk": self.chunk}
+
+
+@dataclass(frozen=True)
+class Gather(Kernel):
+    """Copy ``chunk``-byte pieces at ``src_offsets`` of ``src`` to consecutive places of ``dst``
+    from ``dst_offset``: the inverse of :class:`Scatter`."""
+
+    src: Buffer
+    src_offsets: np.ndarray
+    dst: Buffer
+    dst_offset: int
+    chunk: int
+    name = "gather"
+
+    def reads(self) -> tuple[Access, ...]:
+        return tuple(Access(self.src.id, int(off), self.chunk) for off in self.src_offsets)
+
+    def writes(self) -> tuple[Access, ...]:
+        return (Access(self.dst.id, self.dst_offset, self.chunk * len(self.src_offsets)),)
+
+    def buffers(self) -> tuple[Buffer, ...]:
+        return (self.src, self.dst)
+
+    def extents(self) -> tuple[tuple[Buffer, int, int], ...]:
+        packed = self.dst_offset + self.chunk * len(self.src_offsets)
+        return (_span(self.src, self.src_offsets, self.chunk), (self.dst, self.dst_offset, packed))
+
+    def detail(self) -> dict[str, object]:
+        return {"pieces": len(self.src_offsets), "chunk": self.chunk}
+
+
+def _span(buf: Buffer, offsets: np.ndarray, chunk: int) -> tuple[Buffer, int, int]:
+    """The bytes a set of ``chunk``-byte pieces at ``offsets`` can touch, first to last."""
+    if len(offsets) == 0:
+        return (buf, 0, 0)
+    return (buf, int(np.min(offsets)), int(np.max(offsets)) + chunk)

@@ -1,0 +1,154 @@
+"""The op log: one record per device-visible action, and the observers that read them.
+
+Every consumer of device activity (the race detector, the trace recorder, the flight recorder,
+the timeline) subscribes here instead of hooking the device itself, so they all see the same
+stream of records in the same order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+HOST = "host"
+"""The pseudo-stream name of actions the host performs itself (pinned writes, reads, waits)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Access:
+    """A byte range of one buffer: the unit of reads and writes in the op log."""
+
+    buffer: int
+    offset: int
+    length: int
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.length
+
+    def overlaps(self, other: Access) -> bool:
+        return (
+            self.buffer == other.buffer
+            and self.offset < other.end
+            and other.offset < self.end
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class BufferInfo:
+    """What the op log knows of a buffer: its id, name, where it lives and what it is for.
+
+    ``role`` is ``data`` for memory under test, ``oracle`` for checking state that is not part of
+    the system under test (the page-generation mirror the table reader consults), which a race
+    detector should not judge.
+    """
+
+    id: int
+    name: str
+    space: str  # "device" | "host"
+    nbytes: int
+    role: str = "data"
+
+
+@dataclass(frozen=True, slots=True)
+class OpRecord:
+    """One device-visible action.
+
+    ``stream`` is the issuing stream's name, or ``HOST`` for an action of the host itself.
+    ``t_issue_ns`` is the host clock when it was issued; ``t_start_ns``/``t_end_ns`` are when it
+    ran on the device, known on the simulated device only. ``waits`` lists the events a
+    ``wait_event`` or host ``sync_event`` waits on, ``records`` the event an ``event_record``
+    records; ``syncs`` names the stream a ``sync_stream`` waited for.
+    """
+
+    seq: int
+    stream: str
+    kind: str
+    reads: tuple[Access, ...] = ()
+    writes: tuple[Access, ...] = ()
+    records: str | None = None
+    waits: str | None = None
+    syncs: str | None = None
+    step: str | None = None
+    t_issue_ns: int | None = None
+    t_start_ns: int | None = None
+    t_end_ns: int | None = None
+    detail: dict[str, object] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = {"seq": self.seq, "stream": self.stream, "kind": self.kind}
+        if self.reads:
+            out["reads"] = [[a.buffer, a.offset, a.length] for a in self.reads]
+        if self.writes:
+            out["writes"] = [[a.buffer, a.offset, a.length] for a in self.writes]
+        for key in ("records", "waits", "syncs", "step", "t_issue_ns", "t_start_ns", "t_end_ns"):
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = value
+        if self.detail:
+            out["detail"] = self.detail
+        return out
+
+
+Observer = Callable[[OpRecord], None]
+
+
+class OpLog:
+    """Fan-out of op records to observers.
+
+    Devices ask :attr:`active` before building a record, so the log costs one attribute read per
+    action when nobody listens.
+    """
+
+    def __init__(self) -> None:
+        self._observers: list[Observer] = []
+        self.buffers: dict[int, BufferInfo] = {}
+        self._seq = 0
+        self.active = False
+        self.step: str | None = None
+
+    def subscribe(self, observer: Observer) -> Callable[[], None]:
+        """Send every later record to ``observer``; returns a function that unsubscribes it."""
+        self._observers.append(observer)
+        self.active = True
+
+        def unsubscribe() -> None:
+            if observer in self._observers:
+                self._observers.remove(observer)
+            self.active = bool(self._observers)
+
+        return unsubscribe
+
+    def announce_buffer(self, info: BufferInfo) -> None:
+        """Register a buffer, so observers can name the buffers that records refer to."""
+        self.buffers[info.id] = info
+
+    def next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def emit(self, record: OpRecord) -> None:
+        for observer in self._observers:
+            observer(record)
+
+    @contextlib.contextmanager
+    def in_step(self, step: str | None) -> Iterator[None]:
+        """Attribute every record issued inside the block to scenario step ``step``."""
+        previous, self.step = self.step, step
+        try:
+            yield
+        finally:
+            self.step = previous
+
+
+class OpRecorder:
+    """The simplest observer: keeps every record in memory, in order."""
+
+    def __init__(self, log: OpLog) -> None:
+        self.records: list[OpRecord] = []
+        self.buffers = log.buffers
+        self._unsubscribe = log.subscribe(self.records.append)
+
+    def close(self) -> None:
+        self._unsubscribe()

@@ -1,0 +1,351 @@
+"""The simulated device: CUDA's ordering semantics in host memory, in virtual time.
+
+Buffers are numpy arrays. Every stream-ordered op gets its start and end time when it is issued:
+it starts once it is visible to the device, its stream's previous op has ended, the events it waits
+on have completed, and (legacy stream vs blocking streams) the implicit barriers are met. Its
+effects (copy chunks, kernel reads and writes) are queued at their virtual times and applied
+lazily, in time order, whenever the host next looks (any API call advances the host clock to
+"now" first). So, as on the GPU: with no delay, writes land in issue order; with a delay on one
+stream, that stream's write lands last; a reader racing a chunked copy can see torn data.
+
+Durations come from :class:`CostModel` (bandwidths measured on an H200), perturbed by a seeded
+jitter so the same seed always gives the same schedule.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import random
+import threading
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from kvcore.defects import Defects
+from kvcore.device.base import DEVICE, Buffer, Device, DeviceInfo, Event, Stream
+from kvcore.device.kernels import (
+    GENERATION_BYTES,
+    RESULT_BYTES,
+    TABLE_ASSERT_LINE,
+    TABLE_ENTRY_BYTES,
+    Delay,
+    Fill,
+    Gather,
+    Kernel,
+    ReadTable,
+    Scatter,
+    Verify,
+)
+from kvcore.errors import DeviceFaultError, DeviceUsageError
+
+NEVER = 1 << 62
+"""The end time of an op that never ends (a hung kernel)."""
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """How long things take on the simulated device, in nanoseconds and bytes per nanosecond.
+
+    Defaults follow what was measured on the H200 here: pinned host<->device copies 55.5 GB/s,
+    device-to-device 4.27 TB/s counting bytes read plus written, 3.7 us per 64 KiB copy issued
+    one page at a time (issue-bound), 1.6 us for an empty stream sync, about 21 us for a bare
+    trial of two 64 KiB copies, a verify kernel and two syncs. A small copy lands before a kernel
+    launched right after it on another stream starts: unamplified, the legacy-stream table
+    publish raced its non-blocking reader 0 times in 200 there, so the race needs a delay on the
+    producer stream to show, as on the GPU.
+    """
+
+    host_device_bytes_per_ns: float = 55.5
+    device_bytes_per_ns: float = 4270.0 / 2  # each byte is read and written
+    host_memcpy_bytes_per_ns: float = 10.0
+    copy_issue_ns: int = 3700
+    launch_issue_ns: int = 2500
+    event_issue_ns: int = 600
+    host_access_ns: int = 150
+    sync_ns: int = 1600
+    dma_latency_ns: int = 2000
+    device_copy_latency_ns: int = 2000
+    kernel_latency_ns: int = 1000
+    kernel_min_ns: int = 1500
+    jitter: float = 0.1
+    chunk_bytes: int = 4096
+    max_chunks: int = 16
+
+
+class _Stream:
+    """The simulator's state of one stream: when its last op ends."""
+
+    __slots__ = ("last_end",)
+
+    def __init__(self) -> None:
+        self.last_end = 0
+
+
+class _Event:
+    __slots__ = ("completes_at",)
+
+    def __init__(self) -> None:
+        self.completes_at: int | None = None
+
+
+class SimDevice(Device):
+    """A deterministic simulated GPU (see the module docstring)."""
+
+    kind = "sim"
+
+    def __init__(self, *, defects: Defects = Defects(), seed: int = 0,
+                 cost: CostModel = CostModel()) -> None:
+        self.cost = cost
+        self.rng = random.Random(seed)
+        self.now = 0  # the host's virtual clock, ns
+        self._effects: list[tuple[int, int, Callable[[], None]]] = []
+        self._tiebreak = itertools.count()
+        super().__init__(defects=defects, seed=seed)
+
+    # ---- virtual time --------------------------------------------------------------------------
+    def _clock_ns(self) -> int:
+        return self.now
+
+    def _vary(self, ns: float) -> int:
+        """A duration with the seeded jitter applied: the only randomness in the simulator."""
+        j = self.cost.jitter
+        return max(0, int(ns * (1.0 + self.rng.uniform(-j, j))))
+
+    def _advance(self, ns: int = 0) -> None:
+        """Apply every device effect due by the host's 'now', then move the host clock on."""
+        self._drain(self.now)
+        self.now += ns
+
+    def _drain(self, until: int) -> None:
+        effects = self._effects
+        while effects and effects[0][0] <= until:
+            _, _, apply = heapq.heappop(effects)
+            apply()
+            if self.fault is not None:
+                self._effects.clear()
+                raise self.fault
+        if self.fault is not None:
+            raise self.fault
+
+    def _at(self, when: int, apply: Callable[[], None]) -> None:
+        if when < NEVER:
+            heapq.heappush(self._effects, (when, next(self._tiebreak), apply))
+
+    def _schedule(self, stream: Stream, duration: int, *, latency: int = 0, issue: int = 0,
+                  after: int = 0) -> tuple[int, int]:
+        """Place an op on ``stream`` and return when it runs, [begin, end).
+
+        The host spends ``issue`` ns in the API call, and the op is visible to the device when
+        the call returns. It begins ``latency`` after that (latencies of successive ops
+        overlap, as a DMA engine pipelines them), but not before its stream's previous op ends,
+        the events it waits on (``after``) complete, or the legacy stream's implicit barriers
+        with blocking streams are met."""
+        self._advance(issue)
+        state: _Stream = stream.handle  # type: ignore[assignment]
+        begin = max(self.now + self._vary(latency), state.last_end, after)
+        if stream.legacy:
+            for other in self.streams:
+                if other.blocking and not other.legacy:
+                    begin = max(begin, other.handle.last_end)  # type: ignore[attr-defined]
+        elif stream.blocking:
+            begin = max(begin, self.legacy_stream.handle.last_end)  # type: ignore[attr-defined]
+        end = NEVER if duration >= NEVER or begin >= NEVER else begin + duration
+        state.last_end = end
+        return begin, end
+
+    # ---- backend hooks -------------------------------------------------------------------------
+    def _legacy_handle(self) -> object:
+        return _Stream()
+
+    def _do_stream(self, blocking: bool) -> object:
+        return _Stream()
+
+    def _do_alloc(self, nbytes: int, space: str) -> object:
+        # Device memory starts as garbage on a GPU; a fixed pattern keeps the simulator
+        # deterministic while still not looking like valid data.
+        return np.full(nbytes, 0xA5 if space == DEVICE else 0, np.uint8)
+
+    def _do_event(self) -> object:
+        return _Event()
+
+    def _do_record(self, event: Event, stream: Stream) -> tuple[int, int]:
+        begin, end = self._schedule(stream, 0, issue=self.cost.event_issue_ns)
+        event.handle.completes_at = end  # type: ignore[attr-defined]
+        return begin, end
+
+    def _do_wait(self, stream: Stream, event: Event) -> tuple[int, int]:
+        completes = event.handle.completes_at  # type: ignore[attr-defined]
+        return self._schedule(stream, 0, issue=self.cost.event_issue_ns, after=completes or 0)
+
+    def _transfer(self, stream: Stream, nbytes: int, host_side: bool,
+                  piece: Callable[[int, int], None], *, kernel: bool = False) -> tuple[int, int]:
+        """A copy-like op of ``nbytes`` (a copy, memset, or a kernel that moves bytes):
+        ``piece(lo, hi)`` moves bytes [lo, hi) as it runs, chunk by chunk, so a concurrent
+        reader can see it half done."""
+        c = self.cost
+        rate = c.host_device_bytes_per_ns if host_side else c.device_bytes_per_ns
+        if kernel:
+            latency, issue = c.kernel_latency_ns, c.launch_issue_ns
+        else:
+            latency = c.dma_latency_ns if host_side else c.device_copy_latency_ns
+            issue = c.copy_issue_ns
+        data_ns = int(nbytes / rate)
+        begin, end = self._schedule(stream, data_ns, latency=latency, issue=issue)
+        chunks = max(1, min(c.max_chunks, -(-nbytes // c.chunk_bytes)))
+        for i in range(chunks):
+            lo, hi = nbytes * i // chunks, nbytes * (i + 1) // chunks
+            self._at(begin + data_ns * (i + 1) // chunks, lambda lo=lo, hi=hi: piece(lo, hi))
+        return begin, end
+
+    def _do_copy(self, dst: Buffer, dst_off: int, src: Buffer, src_off: int, nbytes: int,
+                 stream: Stream) -> tuple[int, int]:
+        d, s = _arr(dst), _arr(src)
+
+        def piece(lo: int, hi: int) -> None:
+            d[dst_off + lo:dst_off + hi] = s[src_off + lo:src_off + hi]
+
+        return self._transfer(stream, nbytes, DEVICE != dst.space or DEVICE != src.space, piece)
+
+    def _do_copy_2d(self, dst: Buffer, dst_off: int, dst_pitch: int, src: Buffer, src_off: int,
+                    src_pitch: int, width: int, height: int, stream: Stream) -> tuple[int, int]:
+        d, s = _arr(dst), _arr(src)
+
+        def rows(lo: int, hi: int) -> None:
+            # lo/hi count bytes of the packed payload; move whole rows they cover.
+            for r in range(lo // max(width, 1), -(-hi // max(width, 1))):
+                if r < height:
+                    d[dst_off + r * dst_pitch:dst_off + r * dst_pitch + width] = \
+                        s[src_off + r * src_pitch:src_off + r * src_pitch + width]
+
+        return self._transfer(stream, width * height, dst.space != src.space, rows)
+
+    def _do_memset(self, dst: Buffer, off: int, nbytes: int, value: int,
+                   stream: Stream) -> tuple[int, int]:
+        d = _arr(dst)
+
+        def piece(lo: int, hi: int) -> None:
+            d[off + lo:off + hi] = value
+
+        return self._transfer(stream, nbytes, False, piece)
+
+    def _do_launch(self, kernel: Kernel, stream: Stream) -> tuple[int, int]:
+        c = self.cost
+        if isinstance(kernel, Delay):
+            duration = NEVER if kernel.us is None else int(kernel.us * 1000)
+            return self._schedule(stream, duration, latency=c.kernel_latency_ns,
+                                  issue=c.launch_issue_ns)
+        elif isinstance(kernel, Fill):
+            d = _arr(kernel.dst)
+            base, value = kernel.offset, kernel.value
+
+            def fill(lo: int, hi: int) -> None:
+                d[base + lo:base + hi] = value
+
+            return self._kernel_transfer(stream, kernel.nbytes, fill)
+        elif isinstance(kernel, Scatter):
+            return self._kernel_transfer(stream, kernel.chunk * len(kernel.dst_offsets),
+                                         _pieces(kernel.chunk, kernel.dst_offsets, scatter=True,
+                                                 dev=_arr(kernel.dst), packed=_arr(kernel.src),
+                                                 packed_off=kernel.src_offset))
+        elif isinstance(kernel, Gather):
+            return self._kernel_transfer(stream, kernel.chunk * len(kernel.src_offsets),
+                                         _pieces(kernel.chunk, kernel.src_offsets, scatter=False,
+                                                 dev=_arr(kernel.src), packed=_arr(kernel.dst),
+                                                 packed_off=kernel.dst_offset))
+        elif isinstance(kernel, (Verify, ReadTable)):
+            begin, end = self._schedule(stream, c.kernel_min_ns, latency=c.kernel_latency_ns,
+                                        issue=c.launch_issue_ns)
+            check = self._verify if isinstance(kernel, Verify) else self._read_table
+            # The kernel reads what is there when it begins running.
+            self._at(begin, lambda: check(kernel))
+            return begin, end
+        raise DeviceUsageError(f"the simulated device has no kernel {kernel.name!r}")
+
+    def _kernel_transfer(self, stream: Stream, nbytes: int,
+                         piece: Callable[[int, int], None]) -> tuple[int, int]:
+        return self._transfer(stream, nbytes, False, piece, kernel=True)
+
+    @staticmethod
+    def _verify(k: Verify) -> None:
+        bad = int(np.count_nonzero(_arr(k.src)[k.offset:k.offset + k.nbytes] != k.expected))
+        _add_result(_arr(k.result), k.result_offset, bad)
+
+    def _read_table(self, k: ReadTable) -> None:
+        raw = _arr(k.table)[k.offset:k.offset + k.entries * TABLE_ENTRY_BYTES]
+        entries = raw.view(np.int32).reshape(-1, 2)
+        gens = _arr(k.generations)[:k.num_pages * GENERATION_BYTES].view(np.int32)
+        pages, wanted = entries[:, 0], entries[:, 1]
+        in_range = (pages >= 0) & (pages < k.num_pages)
+        current = np.zeros(len(pages), bool)
+        current[in_range] = gens[pages[in_range]] == wanted[in_range]
+        bad = int(np.count_nonzero(~current))
+        if bad and k.assert_on_stale:
+            first = int(np.argmin(current))
+            self.fault = DeviceFaultError(
+                f"device-side assert triggered: kernels.cu:{TABLE_ASSERT_LINE}: read_table: "
+                f"entry {first} names page {int(pages[first])} generation {int(wanted[first])}, "
+                f"which is out of range or stale",
+                cuda_error="CUDA_ERROR_ASSERT",
+            )
+            return
+        _add_result(_arr(k.result), k.result_offset, bad)
+
+    def _do_host_view(self, buf: Buffer) -> np.ndarray:
+        self._advance()
+        return _arr(buf)
+
+    def _do_host_written(self, buf: Buffer, off: int, nbytes: int) -> None:
+        self.now += self.cost.host_access_ns + int(nbytes / self.cost.host_memcpy_bytes_per_ns)
+
+    def _wait_until(self, when: int | None) -> None:
+        self._advance()
+        if when is None:
+            return
+        if when >= NEVER:
+            # A kernel that never ends hangs the host that waits for it, as on a GPU; only the
+            # harness's watchdog (which kills the worker process) gets out of this.
+            threading.Event().wait()
+        self._drain(when)
+        self.now = max(self.now, when) + self.cost.sync_ns
+
+    def _do_sync_device(self) -> None:
+        self._wait_until(max(s.handle.last_end for s in self.streams))  # type: ignore[attr-defined]
+
+    def _do_sync_stream(self, stream: Stream) -> None:
+        self._wait_until(stream.handle.last_end)  # type: ignore[attr-defined]
+
+    def _do_sync_event(self, event: Event) -> None:
+        self._wait_until(event.handle.completes_at)  # type: ignore[attr-defined]
+
+    def info(self) -> DeviceInfo:
+        return DeviceInfo("sim", "simulated device (H200 cost model)",
+                          {"seed": self.seed, "cost_model": asdict(self.cost)})
+
+
+def _arr(buf: Buffer) -> np.ndarray:
+    return buf.handle  # type: ignore[return-value]
+
+
+def _add_result(result: np.ndarray, offset: int, count: int) -> None:
+    view = result[offset:offset + RESULT_BYTES].view(np.int32)
+    view[0] = view[0] + count
+
+
+def _pieces(chunk: int, offsets: np.ndarray, *, scatter: bool, dev: np.ndarray,
+            packed: np.ndarray, packed_off: int) -> Callable[[int, int], None]:
+    """The mover of a scatter (packed -> pages) or gather (pages -> packed) over packed bytes
+    [lo, hi), page by page."""
+
+    def move(lo: int, hi: int) -> None:
+        for i in range(lo // chunk, -(-hi // chunk)):
+            a, b = max(lo, i * chunk), min(hi, (i + 1) * chunk)
+            d = int(offsets[i]) + a - i * chunk
+            p = packed_off + a
+            if scatter:
+                dev[d:d + b - a] = packed[p:p + b - a]
+            else:
+                packed[p:p + b - a] = dev[d:d + b - a]
+
+    return move

@@ -1,0 +1,137 @@
+"""HostKVArena: pinned host memory for KV pages, and views that log every host access."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvcore.context import DeviceContext
+from kvcore.device.base import Buffer
+from kvcore.errors import GeometryError
+from kvcore.freeruns import FreeRuns
+from kvcore.geometry import HostKVPageLayout
+
+_GRANULE = 256  # host allocations start on 256-byte boundaries, like the device's planes
+
+
+@dataclass(frozen=True)
+class HostKVAllocation:
+    """``pages`` pages of ``layout`` at byte ``offset`` of a HostKVArena."""
+
+    offset: int
+    pages: int
+    layout: HostKVPageLayout
+
+    @property
+    def nbytes(self) -> int:
+        return self.pages * self.layout.page_stride
+
+
+class HostKVArena:
+    """A pinned host buffer that allocations of whole pages are carved from.
+
+    Host code reaches the bytes only through views, so every CPU read and write of pinned memory
+    is an op-log record: a host write while an async copy from the same bytes is pending is a race
+    the detector must see.
+    """
+
+    def __init__(self, context: DeviceContext, capacity: int,
+                 layouts: tuple[HostKVPageLayout, ...] | list[HostKVPageLayout] = (),
+                 *, name: str = "host-kv-arena") -> None:
+        self.device = context.device
+        self.layouts = tuple(layouts)
+        self.buffer: Buffer = self.device.alloc_host(capacity, name=name)
+        self._free = FreeRuns(capacity // _GRANULE)
+
+    @property
+    def capacity(self) -> int:
+        return self.buffer.nbytes
+
+    def allocate(self, layout: HostKVPageLayout, pages: int) -> HostKVAllocation | None:
+        """Room for ``pages`` pages of ``layout``, or None when the arena has no such run free."""
+        if self.layouts and layout not in self.layouts:
+            raise GeometryError("this layout was not declared when the HostKVArena was made")
+        if pages <= 0:
+            raise GeometryError(f"allocate at least one page, not {pages}")
+        granules = -(-pages * layout.page_stride // _GRANULE)
+        start = self._free.take_contiguous(granules)
+        if start is None:
+            return None
+        return HostKVAllocation(start * _GRANULE, pages, layout)
+
+    def free(self, allocation: HostKVAllocation) -> None:
+        self._free.give(allocation.offset // _GRANULE,
+                        -(-allocation.nbytes // _GRANULE))
+
+    def view(self, allocation: HostKVAllocation) -> HostKVAllocationView:
+        """A read-only view of the allocation."""
+        return HostKVAllocationView(self, allocation, writable=False)
+
+    def writable_view(self, allocation: HostKVAllocation) -> HostKVAllocationView:
+        return HostKVAllocationView(self, allocation, writable=True)
+
+
+class HostKVAllocationView:
+    """Page-wise access to a HostKVAllocation; every access is a logged host op."""
+
+    def __init__(self, arena: HostKVArena, allocation: HostKVAllocation, *, writable: bool):
+        self.arena = arena
+        self.allocation = allocation
+        self.writable = writable
+
+    @property
+    def layout(self) -> HostKVPageLayout:
+        return self.allocation.layout
+
+    @property
+    def pages(self) -> int:
+        return self.allocation.pages
+
+    @property
+    def buffer(self) -> Buffer:
+        return self.arena.buffer
+
+    def page_offset(self, page: int) -> int:
+        """Byte offset of ``page`` of this allocation within the arena's buffer."""
+        if not 0 <= page < self.pages:
+            raise GeometryError(f"page {page} is outside this allocation of {self.pages} pages")
+        return self.allocation.offset + page * self.layout.page_stride
+
+    def _writable(self) -> None:
+        if not self.writable:
+            raise GeometryError("this view is read-only; use HostKVArena.writable_view")
+
+    def fill(self, value: int, page: int | None = None) -> None:
+        """Set every byte of one page (or all pages) to ``value``: a CPU memset."""
+        self._writable()
+        first, count = (0, self.pages) if page is None else (page, 1)
+        self.arena.device.host_fill(self.buffer, self.page_offset(first),
+                                    count * self.layout.page_stride, value)
+
+    def write(self, data: bytes | np.ndarray, page: int = 0, offset: int = 0) -> None:
+        """Write ``data`` starting ``offset`` bytes into ``page``."""
+        self._writable()
+        raw = np.frombuffer(bytes(data), np.uint8) if isinstance(data, (bytes, bytearray)) \
+            else np.ascontiguousarray(data).view(np.uint8).reshape(-1)
+        at = self.page_offset(page) + offset
+        if at + raw.size > self.allocation.offset + self.allocation.nbytes:
+            raise GeometryError(f"{raw.size} bytes at page {page}+{offset} overrun the allocation")
+        self.arena.device.host_write(self.buffer, at, raw)
+
+    def read(self, page: int | None = None) -> np.ndarray:
+        """A copy of one page (or all pages) as the host sees it now."""
+        first, count = (0, self.pages) if page is None else (page, 1)
+        return self.arena.device.host_read(self.buffer, self.page_offset(first),
+                                           count * self.layout.page_stride)
+
+    def payload(self, page: int) -> np.ndarray:
+        """The page's plane payloads, concatenated, without the alignment padding."""
+        raw = self.read(page)
+        return np.concatenate([raw[s] for s in self.layout.payload_slices()])
+
+
+def page_payload_equal(a: HostKVAllocationView, page_a: int,
+                       b: HostKVAllocationView, page_b: int) -> bool:
+    """Whether two host pages hold the same payload (padding ignored), as the seed's test asks."""
+    return bool(np.array_equal(a.payload(page_a), b.payload(page_b)))

@@ -1,0 +1,116 @@
+"""KVExecutionTablePool: the logical->physical page rows that attention kernels read.
+
+Rows live on the device; each is published from a pinned host shadow with one async copy on the
+caller's stream, so a kernel later on that stream reads the row it was meant to. With
+``Defects(publish_on_legacy_stream=True)`` the copy goes to the legacy default stream instead,
+which the engine's non-blocking streams do not wait for: ninfer #210.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from kvcore.device.base import Buffer, Event, Stream
+from kvcore.device.kernels import RESULT_BYTES, TABLE_ENTRY_BYTES, ReadTable
+from kvcore.errors import TableError
+from kvcore.pool import DeviceKVPageHandle, DeviceKVPagePool
+
+EMPTY_ENTRY = -1
+"""Page index of an unused entry: out of range, so a reader that reaches it asserts."""
+
+
+class KVExecutionTablePool:
+    """``rows`` rows of up to ``max_pages_per_row`` entries (int32 page, int32 generation)."""
+
+    def __init__(self, pool: DeviceKVPagePool, rows: int, max_pages_per_row: int) -> None:
+        if rows <= 0 or max_pages_per_row <= 0:
+            raise TableError(f"a table needs rows and entries, not {rows} x {max_pages_per_row}")
+        self.pool = pool
+        self.device = pool.device
+        self.context = pool.context
+        self.rows = rows
+        self.max_pages_per_row = max_pages_per_row
+        self.row_bytes = max_pages_per_row * TABLE_ENTRY_BYTES
+        nbytes = rows * self.row_bytes
+        self.table: Buffer = self.device.alloc(nbytes, name="exec-table")
+        self.shadow: Buffer = self.device.alloc_host(nbytes, name="exec-table-shadow")
+        self._free_rows = list(range(rows - 1, -1, -1))
+        self._published: list[Event | None] = [None] * rows
+        self._events = [self.device.create_event(f"table-row-{r}") for r in range(rows)]
+        # Every row starts empty on the device, in order before any later work on any stream.
+        self.device.host_write(self.shadow, 0,
+                               np.full(rows * max_pages_per_row * 2, EMPTY_ENTRY, np.int32))
+        stream = self.context.stream
+        self.device.copy(self.table, 0, self.shadow, 0, nbytes, stream)
+        self.device.synchronize_stream(stream)
+
+    def acquire(self) -> int:
+        """A free row index."""
+        if not self._free_rows:
+            raise TableError(f"all {self.rows} execution-table rows are in use")
+        return self._free_rows.pop()
+
+    def release_row(self, row: int) -> None:
+        self._check_row(row)
+        if row in self._free_rows:
+            raise TableError(f"row {row} is already free")
+        self._free_rows.append(row)
+
+    def _check_row(self, row: int) -> None:
+        if not 0 <= row < self.rows:
+            raise TableError(f"row {row} is outside this table of {self.rows} rows")
+
+    def row_offset(self, row: int) -> int:
+        self._check_row(row)
+        return row * self.row_bytes
+
+    def publish(self, row: int, handles: Sequence[DeviceKVPageHandle], stream: Stream) -> Stream:
+        """Write ``handles`` into ``row``: host shadow, then one async copy on ``stream``
+        (the legacy stream with the #210 defect). Returns the stream the copy went to."""
+        self._check_row(row)
+        if len(handles) > self.max_pages_per_row:
+            raise TableError(f"{len(handles)} pages do not fit a row of "
+                             f"{self.max_pages_per_row}")
+        for handle in handles:
+            self.pool.check(handle)
+        entries = np.array([(h.index, h.generation) for h in handles], np.int32).reshape(-1)
+        return self._publish(row, entries, stream)
+
+    def _publish(self, row: int, entries: np.ndarray, stream: Stream) -> Stream:
+        target = self.context.legacy_stream if self.device.defects.publish_on_legacy_stream \
+            else stream
+        # The shadow row may still be the source of the previous publish's copy: overwrite it
+        # only once that copy has read it.
+        previous = self._published[row]
+        if previous is not None:
+            self.device.synchronize_event(previous)
+        offset = self.row_offset(row)
+        if entries.size:
+            self.device.host_write(self.shadow, offset, entries)
+            self.device.copy(self.table, offset, self.shadow, offset,
+                             entries.size * 4, target)
+        self.device.record_event(self._events[row], target)
+        self._published[row] = self._events[row]
+        return target
+
+    def clear(self, row: int, stream: Stream) -> Stream:
+        """Publish an all-empty row on ``stream`` (same path, and defects, as :meth:`publish`)."""
+        return self._publish(row, np.full(self.max_pages_per_row * 2, EMPTY_ENTRY, np.int32),
+                             stream)
+
+    def read(self, row: int, entries: int, stream: Stream, *, result: Buffer,
+             result_offset: int = 0, assert_on_stale: bool = True) -> None:
+        """Launch the table reader on ``stream`` over the first ``entries`` entries of ``row``:
+        a stale or out-of-range entry fires a device-side assert (or, with
+        ``assert_on_stale=False``, adds to the int32 count at ``result``)."""
+        if not 0 < entries <= self.max_pages_per_row:
+            raise TableError(f"read 1..{self.max_pages_per_row} entries, not {entries}")
+        if result_offset + RESULT_BYTES > result.nbytes:
+            raise TableError("the result buffer is too small for the count")
+        self.device.launch(ReadTable(
+            table=self.table, offset=self.row_offset(row), entries=entries,
+            generations=self.pool.generations, num_pages=self.pool.pages,
+            result=result, result_offset=result_offset, assert_on_stale=assert_on_stale,
+        ), stream)
