@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from kvcore.device.base import Buffer, Event, Stream
+from kvcore.device.base import Buffer, Stream
 from kvcore.device.kernels import RESULT_BYTES, TABLE_ENTRY_BYTES, ReadTable
 from kvcore.errors import TableError
 from kvcore.pool import DeviceKVPageHandle, DeviceKVPagePool
@@ -37,7 +37,7 @@ class KVExecutionTablePool:
         self.table: Buffer = self.device.alloc(nbytes, name="exec-table")
         self.shadow: Buffer = self.device.alloc_host(nbytes, name="exec-table-shadow")
         self._free_rows = list(range(rows - 1, -1, -1))
-        self._published: list[Event | None] = [None] * rows
+        self._published = [False] * rows
         self._events = [self.device.create_event(f"table-row-{r}") for r in range(rows)]
         # Every row starts empty on the device, in order before any later work on any stream.
         self.device.host_write(self.shadow, 0,
@@ -83,16 +83,15 @@ class KVExecutionTablePool:
             else stream
         # The shadow row may still be the source of the previous publish's copy: overwrite it
         # only once that copy has read it.
-        previous = self._published[row]
-        if previous is not None:
-            self.device.synchronize_event(previous)
+        if self._published[row]:
+            self.device.synchronize_event(self._events[row])
         offset = self.row_offset(row)
         if entries.size:
             self.device.host_write(self.shadow, offset, entries)
             self.device.copy(self.table, offset, self.shadow, offset,
                              entries.size * 4, target)
         self.device.record_event(self._events[row], target)
-        self._published[row] = self._events[row]
+        self._published[row] = True
         return target
 
     def clear(self, row: int, stream: Stream) -> Stream:
