@@ -26,6 +26,9 @@ from kvcore.host import HostKVAllocationView
 STAGING_BYTES = 64 << 20
 """Largest staging buffer a stream gets for scattered copies; bigger transfers go in pieces."""
 
+SMALL_BATCH = 16
+"""Up to this many pages, per-page bookkeeping runs as a plain loop; beyond, as numpy."""
+
 DIRECT_RUN_LIMIT = 4
 """Up to this many runs a transfer issues one (2-D) copy per run; beyond, it stages the pages
 through one contiguous copy and moves them with one scatter/gather kernel. One copy per
@@ -56,10 +59,10 @@ def plan_runs(indices: Sequence[int] | np.ndarray,
     """Group page indices (in host order) into arithmetic runs, each movable by one copy:
     greedily, a run continues while the step between indices stays the same positive number.
     Returns None as soon as there would be more than ``limit`` runs (then staging wins)."""
+    n = len(indices)
+    if n <= SMALL_BATCH:
+        return _plan_few(list(indices), limit)
     idx = np.asarray(indices, dtype=np.int64)
-    n = len(idx)
-    if n == 0:
-        return []
     steps = np.diff(idx)
     # The last position of each stretch of equal steps: a run that starts inside a stretch
     # extends to its end, so the loop below takes one step per run, not per page.
@@ -76,6 +79,23 @@ def plan_runs(indices: Sequence[int] | np.ndarray,
         last = int(ends[np.searchsorted(ends, i)])
         runs.append(PageRun(i, int(idx[i]), int(steps[i]), last - i + 2))
         i = last + 2
+    return runs
+
+
+def _plan_few(idx: list[int], limit: int | None) -> list[PageRun] | None:
+    """plan_runs for a handful of pages, as a plain loop (cheaper than numpy at this size)."""
+    runs: list[PageRun] = []
+    i, n = 0, len(idx)
+    while i < n:
+        if limit is not None and len(runs) >= limit:
+            return None
+        step = idx[i + 1] - idx[i] if i + 1 < n else 0
+        count = 1
+        if step > 0:
+            while i + count < n and idx[i + count] == idx[i] + count * step:
+                count += 1
+        runs.append(PageRun(i, idx[i], step if count > 1 else 1, count))
+        i += count
     return runs
 
 
@@ -146,6 +166,7 @@ class DeviceKVPagePool:
         self._fenced = np.zeros(pages, np.bool_)
         self._fences: dict[int, tuple[Event, ...]] = {}
         self._streams: list[Stream] = []
+        self._stream_bits: dict[int, np.uint64] = {}
         self._staging: dict[int, Buffer] = {}
         self._events = 0
         # The generation mirror the table reader checks entries against. It is checking state,
@@ -213,7 +234,7 @@ class DeviceKVPagePool:
 
     def _release(self, handles: Sequence[DeviceKVPageHandle]) -> None:
         idx = np.fromiter((h.index for h in handles), np.int64, len(handles))
-        if self.defects.release_fence:
+        if self.defects.release_fence and self._users[idx].any():
             self._fence(idx)
         self._users[idx] = 0
         self._leased[idx] = False
@@ -266,35 +287,64 @@ class DeviceKVPagePool:
         return handle.index * self.page_stride
 
     # ---- stream ordering -----------------------------------------------------------------------
-    def _use(self, handles: Sequence[DeviceKVPageHandle], stream: Stream) -> np.ndarray:
+    def _use(self, handles: Sequence[DeviceKVPageHandle],
+             stream: Stream) -> list[int] | np.ndarray:
         """Before ``stream`` touches these pages: validate them, make the stream wait for their
         release fences (once each), and remember the stream as a user for the next release.
-        Returns the page indices."""
+        Returns the page indices: a list for a few pages, where a plain loop beats numpy's
+        per-call cost (it sits inside every race window), an array for many."""
+        bit = self._stream_bit(stream)
+        if len(handles) <= SMALL_BATCH:
+            return self._use_few(handles, stream, bit)
         n = len(handles)
         idx = np.fromiter((h.index for h in handles), np.int64, n)
         gen = np.fromiter((h.generation for h in handles), np.int64, n)
-        if n and (idx.min() < 0 or idx.max() >= self.pages or not self._leased[idx].all()
-                  or (self._generation[idx] != gen).any()):
+        if idx.min() < 0 or idx.max() >= self.pages or not self._leased[idx].all() \
+                or (self._generation[idx] != gen).any():
             for handle in handles:
                 self.check(handle)  # raises, naming the first bad handle
         fenced = idx[self._fenced[idx]]
         if len(fenced):
-            waited: set[int] = set()
-            for index in fenced.tolist():
-                for event in self._fences.pop(index, ()):
-                    if event.id not in waited:
-                        self.device.wait_event(stream, event)
-                        waited.add(event.id)
-            self._fenced[fenced] = False
-        self._users[idx] |= self._stream_bit(stream)
+            self._wait_fences(fenced.tolist(), stream)
+        self._users[idx] |= bit
         return idx
 
+    def _use_few(self, handles: Sequence[DeviceKVPageHandle], stream: Stream,
+                 bit: np.uint64) -> list[int]:
+        leased, generation, fenced, users = self._leased, self._generation, self._fenced, \
+            self._users
+        indices = []
+        waiting = []
+        for handle in handles:
+            i = handle.index
+            if not 0 <= i < self.pages or not leased[i] or generation[i] != handle.generation:
+                self.check(handle)
+            if fenced[i]:
+                waiting.append(i)
+            users[i] |= bit
+            indices.append(i)
+        if waiting:
+            self._wait_fences(waiting, stream)
+        return indices
+
+    def _wait_fences(self, indices: list[int], stream: Stream) -> None:
+        waited: set[int] = set()
+        for index in indices:
+            for event in self._fences.pop(index, ()):
+                if event.id not in waited:
+                    self.device.wait_event(stream, event)
+                    waited.add(event.id)
+            self._fenced[index] = False
+
     def _stream_bit(self, stream: Stream) -> np.uint64:
-        if stream not in self._streams:
+        bit = self._stream_bits.get(stream.id)
+        if bit is None:
             if len(self._streams) == 64:
                 raise PoolExhaustedError("a pool tracks at most 64 streams")
+            bit = np.uint64(1) << np.uint64(len(self._streams))
             self._streams.append(stream)
-        return np.uint64(1) << np.uint64(self._streams.index(stream))
+            self._stream_bits[stream.id] = bit
+        return bit
 
     # ---- transfers -----------------------------------------------------------------------------
     def copy_from_host(self, host: HostKVAllocationView,
@@ -320,7 +370,7 @@ class DeviceKVPagePool:
         indices = self._use(handles, stream)
         runs = plan_runs(indices, limit=DIRECT_RUN_LIMIT)
         if runs is None:
-            self._staged(host, host_page, indices, stream, to_device)
+            self._staged(host, host_page, np.asarray(indices, np.int64), stream, to_device)
         else:
             for run in runs:
                 self._copy_run(host, host_page, run, stream, to_device)
@@ -384,7 +434,7 @@ class DeviceKVPagePool:
 
     def zero_pages(self, handles: Sequence[DeviceKVPageHandle], stream: Stream) -> None:
         """Set the pages to zero on ``stream``; one memset per contiguous run."""
-        indices = np.sort(self._use(handles, stream))
+        indices = np.sort(np.asarray(self._use(handles, stream), np.int64))
         for run in plan_runs(indices) or ():
             if run.step == 1:
                 self.device.memset(self.buffer, run.first * self.page_stride,

@@ -221,3 +221,20 @@ def test_host_arena_allocations_and_read_only_views(backend: str, request) -> No
     assert b is not None and b.offset == 0
     with pytest.raises(kvcore.GeometryError, match="read-only"):
         host.view(b).fill(1)
+
+
+def test_plan_runs_loop_and_numpy_paths_agree(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(11)
+    cases = []
+    for _ in range(500):
+        n = int(rng.integers(1, 40))
+        if rng.random() < 0.5:
+            idx = (int(rng.integers(0, 5)) + np.arange(n) * int(rng.integers(1, 4))).tolist()
+            idx[int(rng.integers(0, n))] = int(rng.integers(0, 50))
+        else:
+            idx = rng.integers(0, 50, n).tolist()
+        cases.append(idx)
+    loop = [kvcore.pool._plan_few(idx, None) for idx in cases]
+    monkeypatch.setattr(kvcore.pool, "SMALL_BATCH", 0)
+    assert [plan_runs(idx) for idx in cases] == loop
+    assert plan_runs(list(range(0, 100, 2)) + [7, 1, 9, 3, 5], limit=4) is None
