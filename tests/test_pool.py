@@ -237,4 +237,5 @@ def test_plan_runs_loop_and_numpy_paths_agree(monkeypatch: pytest.MonkeyPatch) -
     loop = [kvcore.pool._plan_few(idx, None) for idx in cases]
     monkeypatch.setattr(kvcore.pool, "SMALL_BATCH", 0)
     assert [plan_runs(idx) for idx in cases] == loop
-    assert plan_runs(list(range(0, 100, 2)) + [7, 1, 9, 3, 5], limit=4) is None
+    assert len(plan_runs(list(range(0, 100, 2)) + [7, 1, 9, 3, 5], limit=4)) == 4
+    assert plan_runs(list(range(0, 100, 2)) + [7, 1, 9, 3, 5, 0], limit=4) is None
