@@ -61,7 +61,7 @@ def plan_runs(indices: Sequence[int] | np.ndarray,
     Returns None as soon as there would be more than ``limit`` runs (then staging wins)."""
     n = len(indices)
     if n <= SMALL_BATCH:
-        return _plan_few(list(indices), limit)
+        return _plan_few([int(i) for i in indices], limit)
     idx = np.asarray(indices, dtype=np.int64)
     steps = np.diff(idx)
     # The last position of each stretch of equal steps: a run that starts inside a stretch
