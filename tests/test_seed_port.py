@@ -20,10 +20,12 @@ def test_release_fence_keeps_stale_payload(backend: str, request: pytest.Fixture
         "re-allocated page lost the stale 0xAB: the pool zeroed or invalidated it on release"
 
 
-# On the H200 the Python between the delay's launch and the racing copy (release,
-# materialize, a host fill, the copy) sometimes outlasts 200 us: 177/200 stale there, 200/200
-# at 1 ms. The C++ seed, with no interpreter in the window, saw 198/200 at ~100 us.
-@pytest.mark.parametrize(("delay_us", "at_least"), [(200.0, 0.8), (1000.0, 0.95)])
+# The interpreter sits inside the window: on the H200 here the Python between the delay's
+# launch and the racing copy (a copy, release, materialize, a host fill) took 175 us at the
+# median and up to 410 us, so 200 us of delay gave between 63/200 and 199/200 stale across runs,
+# and 1 ms 200/200 every time. The C++ seed, with no interpreter in the window, saw 198/200 at
+# ~100 us.
+@pytest.mark.parametrize(("delay_us", "at_least"), [(500.0, 0.9), (1000.0, 0.95)])
 def test_release_race_unfenced_stale_write_lands_last(
     backend: str, request: pytest.FixtureRequest, delay_us: float, at_least: float
 ) -> None:
@@ -36,7 +38,7 @@ def test_release_race_unfenced_stale_write_lands_last(
     assert outcomes["stale"] >= at_least * trials, outcomes
 
 
-@pytest.mark.parametrize("delay_us", [0.0, 200.0, 1000.0])
+@pytest.mark.parametrize("delay_us", [0.0, 500.0, 1000.0])
 def test_release_race_fenced_never_stale(
     backend: str, request: pytest.FixtureRequest, delay_us: float
 ) -> None:
