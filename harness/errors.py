@@ -1,0 +1,54 @@
+"""The harness's exception tree: one root, a docstring per error telling the user what to do."""
+
+from __future__ import annotations
+
+from harness.model import Location
+
+
+class HarnessError(Exception):
+    """Root of every gpurace harness error (kvcore's errors have their own root,
+    ``kvcore.KVCoreError``)."""
+
+    exit_code = 3
+
+
+class ScenarioError(HarnessError):
+    """A scenario or suite file is invalid: YAML syntax, an unknown or missing key, a wrong type,
+    or a reference to a stream, step, lease, catalog or buffer that does not exist.
+
+    The message starts with ``file:line:col: path:``; fix the file there and run again.
+    """
+
+    exit_code = 2
+
+    def __init__(self, where: Location | str, message: str) -> None:
+        self.where = where
+        self.message = message
+        super().__init__(f"{where}: {message}")
+
+
+class TargetError(HarnessError):
+    """A run target is neither a scenario file, a folder of them, nor a suite name.
+
+    ``gpurace list`` shows the scenarios and suites it knows.
+    """
+
+    exit_code = 2
+
+
+class BackendUnavailable(HarnessError):
+    """The backend asked for cannot run here (``--backend cuda`` with no usable GPU).
+
+    Use ``--backend auto`` or ``sim``, or install ``gpurace[cuda]`` on a GPU machine.
+    """
+
+    exit_code = 77
+
+
+class GpuBusyError(HarnessError):
+    """Other processes are using the GPU, and dangerous trials could crash their work.
+
+    Wait until the GPU is free, or pass ``--insist`` if you own those processes.
+    """
+
+    exit_code = 2
