@@ -16,7 +16,7 @@ install: $(STAMP)
 
 # The main job: the safe scenarios on the best backend here (sim when there is no GPU).
 run: $(STAMP)
-	$(BIN)/python -m kvcore.bench --backend auto --pages 1024 --repeat 5
+	$(BIN)/gpurace run smoke --backend auto
 
 # The whole CPU suite (GPU tests are deselected by the `gpu` marker).
 test: $(STAMP)
@@ -26,8 +26,10 @@ test: $(STAMP)
 test-gpu:
 	PYTHONPATH=$(CURDIR) $(PYTHON) -m pytest -q -m gpu -p no:cacheprovider tests
 
+# On a GPU machine: copy batching, and the harness's trial rate against a bare CuPy loop.
 bench:
 	PYTHONPATH=$(CURDIR) $(PYTHON) -m kvcore.bench
+	PYTHONPATH=$(CURDIR) $(PYTHON) -m harness.bench
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

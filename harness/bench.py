@@ -1,0 +1,118 @@
+"""Benchmark: the harness's in-process trial rate against a bare CuPy loop doing the same work.
+
+    python -m harness.bench [--trials 2000] [--variant fixed] [--delays 0,1000]
+
+One trial of cross_stream_race, run by the harness's TrialExecutor (the pool, its bookkeeping,
+the op-log hooks, the checks) and by a bare loop of CuPy calls issuing the same operations: fill
+the old host page, the delay on the transfer stream, the old page's copy there, the fresh host
+page and its copy on the compute stream, a device sync, the read-back on the compute stream, a
+stream sync and the compare. Both run side by side in this one process, alternating in blocks,
+and the figure is the ratio of their times (absolute times on a shared machine drift).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+import kvcore
+from harness.executor import TrialExecutor
+from harness.runner import SCENARIO_ROOT, choose_backend
+from harness.scenario import load_scenario
+
+_SPIN = r"""
+extern "C" __global__ void spin(long long ns) {
+    unsigned long long start, now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now)); } while (now - start < ns);
+}
+"""
+
+
+def _bare_trial(page_bytes: int, delay_us: float) -> Callable[[], bool]:
+    """The same trial as bare CuPy calls; returns a function running one trial (True when the
+    read-back holds the fresh bytes)."""
+    import cupy as cp
+
+    rt = cp.cuda.runtime
+    spin = cp.RawKernel(_SPIN, "spin")
+    compute, transfer = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+    page = cp.cuda.Memory(page_bytes)
+    pinned = cp.cuda.alloc_pinned_memory(3 * page_bytes)
+    host = np.frombuffer(pinned, np.uint8, 3 * page_bytes)
+    old, fresh, back = (host[i * page_bytes:(i + 1) * page_bytes] for i in range(3))
+    base = host.ctypes.data
+    ns = np.int64(int(delay_us * 1000))
+
+    def trial() -> bool:
+        old[:] = 0xAB
+        if delay_us:
+            spin((1,), (1,), (ns,), stream=transfer)
+        rt.memcpyAsync(page.ptr, base, page_bytes, 4, transfer.ptr)
+        fresh[:] = 0xCD
+        rt.memcpyAsync(page.ptr, base + page_bytes, page_bytes, 4, compute.ptr)
+        rt.deviceSynchronize()
+        rt.memcpyAsync(base + 2 * page_bytes, page.ptr, page_bytes, 4, compute.ptr)
+        compute.synchronize()
+        return bool((back == fresh).all())
+
+    return trial
+
+
+def measure(trials: int, variant: str, delay_us: float, block: int = 100) -> dict[str, float]:
+    backend = choose_backend("cuda")
+    scenario = load_scenario(SCENARIO_ROOT / "cross_stream_race.yaml")
+    executor = TrialExecutor(scenario, scenario.variant(variant), backend, amplify=delay_us > 0,
+                             delay_us=delay_us or None)
+    bare = _bare_trial(scenario.pool.geometry().page_stride, delay_us)
+    harness_s: list[float] = []
+    bare_s: list[float] = []
+    manifested = {"harness": 0, "bare": 0}
+    index = 0
+    for _ in range(max(1, trials // block)):
+        t0 = time.perf_counter()
+        for _ in range(block):
+            manifested["harness"] += executor.run(index, index).outcome.manifested
+            index += 1
+        t1 = time.perf_counter()
+        for _ in range(block):
+            manifested["bare"] += not bare()
+        t2 = time.perf_counter()
+        harness_s.append((t1 - t0) / block)
+        bare_s.append((t2 - t1) / block)
+    h, b = statistics.median(harness_s), statistics.median(bare_s)
+    return {"delay_us": delay_us, "harness_us": h * 1e6, "bare_us": b * 1e6, "ratio": h / b,
+            "harness_manifested": manifested["harness"], "bare_manifested": manifested["bare"],
+            "trials": index}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m harness.bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trials", type=int, default=2000)
+    parser.add_argument("--variant", default="fixed", choices=["fixed", "buggy"])
+    parser.add_argument("--delays", default="0,1000",
+                        help="comma-separated amplifying delays in us (0: none)")
+    args = parser.parse_args(argv)
+    try:
+        rows = [measure(args.trials, args.variant, float(d)) for d in args.delays.split(",")]
+    except (kvcore.KVCoreError, Exception) as exc:  # noqa: BLE001 - a benchmark reports any
+        print(f"harness.bench: {exc}", file=sys.stderr)
+        return 77 if "cuda" in str(exc).lower() else 1
+    print(f"cross_stream_race [{args.variant}] per trial, median of blocks of 100, "
+          f"harness (TrialExecutor) vs bare CuPy loop, same process:")
+    for r in rows:
+        print(f"  delay {r['delay_us']:6.0f} us: harness {r['harness_us']:8.1f} us, bare "
+              f"{r['bare_us']:8.1f} us, ratio {r['ratio']:.3f}  (manifested: harness "
+              f"{r['harness_manifested']}/{r['trials']}, bare {r['bare_manifested']}/"
+              f"{r['trials']})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

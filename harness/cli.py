@@ -1,0 +1,240 @@
+"""The gpurace command line: the only module that parses argv or prints.
+
+    gpurace list                         what scenarios and suites there are
+    gpurace run smoke                    the safe suite on the best backend here
+    gpurace run scenarios/ --dangerous   every scenario, dangerous ones too (GPU you may crash)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+import kvcore
+from harness.errors import GpuBusyError, HarnessError, ScenarioError
+from harness.gpu import other_gpu_processes
+from harness.model import Scenario, Suite
+from harness.outcome import Outcome, Status, TrialResult, VariantResult
+from harness.runner import (
+    ExitCode,
+    RunHooks,
+    RunOptions,
+    RunResult,
+    Runner,
+    catalog,
+    resolve_targets,
+)
+
+err = Console(stderr=True)
+out = Console()
+
+_STATUS_STYLE = {Status.PASS: "green", Status.FAIL: "bold red", Status.SKIP: "yellow"}
+
+
+def _fail(exc: BaseException) -> None:
+    """Print an error the way a user can act on it (no traceback) and exit with its code."""
+    code = getattr(exc, "exit_code", ExitCode.INTERNAL)
+    prefix = "error" if code != ExitCode.INTERNAL else "internal error"
+    err.print(f"[bold red]{prefix}:[/] {exc}", highlight=False, markup=True, soft_wrap=True)
+    sys.exit(int(code))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="gpurace")
+def main() -> None:
+    """gpurace: reproduce, detect and report GPU races in a paged KV page pool.
+
+    Scenarios are YAML files (scenarios/*.yaml); each has variants (the pool with a known bug
+    switched on, and fixed) and states what each must do: stay clean, or reproduce the race.
+    A delay queued on the producer stream (amplification) makes a race that hides for 50
+    requests show on the first trial.
+
+    \b
+    Exit codes: 0 every expectation met, 1 an expectation failed, 2 usage error or invalid
+    input, 3 internal error, 77 nothing could run here.
+    """
+
+
+@main.command("list")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
+              show_default=True)
+def list_cmd(fmt: str) -> None:
+    """List the scenarios and suites gpurace knows (run them by name)."""
+    docs = catalog()
+    if fmt == "json":
+        click.echo(json.dumps([_describe(d) for d in docs], indent=2))
+        return
+    table = Table(title="scenarios and suites", show_lines=False)
+    for column in ("name", "kind", "dangerous", "variants", "description"):
+        table.add_column(column)
+    for doc in docs:
+        d = _describe(doc)
+        table.add_row(d["name"], d["kind"], "yes" if d.get("dangerous") else "",
+                      ", ".join(d.get("variants", [])), d["description"])
+    out.print(table)
+
+
+def _describe(doc: Scenario | Suite) -> dict:
+    if isinstance(doc, Suite):
+        return {"name": doc.name, "kind": "suite", "path": str(doc.path),
+                "description": doc.description,
+                "scenarios": [str(p) for p in doc.scenarios]}
+    return {"name": doc.name, "kind": "scenario", "path": str(doc.path),
+            "description": doc.description, "dangerous": doc.dangerous,
+            "variants": [v.name for v in doc.variants]}
+
+
+@main.command("run")
+@click.argument("targets", nargs=-1, required=True)
+@click.option("--dangerous", is_flag=True,
+              help="Run dangerous scenarios too: they may crash the CUDA context (in a worker "
+                   "process; the GPU and this process survive). Without it they are skipped.")
+@click.option("--insist", is_flag=True,
+              help="Run dangerous scenarios even while other processes use the GPU.")
+@click.option("--backend", type=click.Choice(list(kvcore.device.BACKENDS)), default="auto",
+              show_default=True, help="cuda: the GPU through CuPy; sim: the simulated device; "
+                                      "auto: the GPU when one is usable.")
+@click.option("--trials", type=click.IntRange(min=1), help="Trials per variant (default: each "
+                                                            "scenario's own).")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seed of the one RNG all trial seeds come from; the same seed replays.")
+@click.option("--variant", "variants", multiple=True,
+              help="Run only this variant (repeatable), e.g. --variant buggy.")
+@click.option("--amplify/--no-amplify", default=True, show_default=True,
+              help="Queue each scenario's delay before the step under test.")
+@click.option("--delay-us", type=click.FloatRange(min=0), help="Override the amplifying delay.")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.1),
+              help="Seconds a trial may take before the watchdog kills its worker (default: "
+                   "each scenario's own).")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
+              default=Path("gpurace-reports"), show_default=True,
+              help="Folder for the run summary (run.json).")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
+              show_default=True, help="json: one gpurace.run/1 document on stdout.")
+def run_cmd(targets: Sequence[str], dangerous: bool, insist: bool, backend: str,
+            trials: int | None, seed: int, variants: Sequence[str], amplify: bool,
+            delay_us: float | None, timeout_s: float | None, out_dir: Path, fmt: str) -> None:
+    """Run scenarios: TARGETS are scenario files, folders of them, suite files, or names
+    (`gpurace run smoke`, `gpurace run cross-stream-race --dangerous`)."""
+    options = RunOptions(backend=backend, dangerous=dangerous, trials=trials, seed=seed,
+                         variants=tuple(variants), amplify=amplify, delay_us=delay_us,
+                         timeout_s=timeout_s)
+    try:
+        scenarios = resolve_targets(targets)
+        _check_variants(scenarios, variants)
+        runner = Runner(options, None)
+        if runner.backend == "cuda" and dangerous and any(s.dangerous for s in scenarios):
+            _refuse_busy_gpu(insist)
+        hooks = _ProgressHooks(fmt == "text" and err.is_terminal)
+        runner.hooks = hooks
+        with hooks:
+            result = runner.run(scenarios)
+        _write_summary(out_dir, result)
+    except (HarnessError, kvcore.KVCoreError) as exc:
+        _fail(exc)
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        sys.exit(130)
+    if fmt == "json":
+        click.echo(json.dumps(result.to_json(), indent=2))
+    else:
+        _print_summary(result)
+    sys.exit(int(result.exit_code))
+
+
+def _check_variants(scenarios: Sequence[Scenario], wanted: Sequence[str]) -> None:
+    known = {v.name for s in scenarios for v in s.variants}
+    unknown = [v for v in wanted if v not in known]
+    if unknown:
+        raise ScenarioError("--variant", f"no variant {', '.join(unknown)} in these scenarios; "
+                                         f"they have {', '.join(sorted(known))}")
+
+
+def _refuse_busy_gpu(insist: bool) -> None:
+    pids, note = other_gpu_processes()
+    if note:
+        err.print(f"[yellow]note:[/] could not check for other GPU users ({note})")
+    if pids and not insist:
+        raise GpuBusyError(f"processes {', '.join(map(str, pids))} are using the GPU; a "
+                           "dangerous trial may crash their work. Pass --insist if they are "
+                           "yours.")
+
+
+def _write_summary(out_dir: Path, result: RunResult) -> None:
+    """run.json, written atomically: a reader never sees half of it."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=".run.", suffix=".json")
+    with os.fdopen(fd, "w") as fh:
+        json.dump(result.to_json(), fh, indent=2)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, out_dir / "run.json")
+
+
+class _ProgressHooks(RunHooks):
+    """A progress bar per variant with live outcome counts (only on a terminal)."""
+
+    def __init__(self, live: bool) -> None:
+        self.live = live
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(),
+                                 MofNCompleteColumn(), TimeElapsedColumn(), console=err,
+                                 transient=False, disable=not live)
+        self.task = None
+
+    def __enter__(self) -> _ProgressHooks:
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.__exit__(*exc)  # type: ignore[arg-type]
+
+    def variant_started(self, result: VariantResult, trials: int) -> None:
+        self.task = self.progress.add_task(self._label(result), total=trials)
+
+    def trial_finished(self, result: VariantResult, trial: TrialResult) -> None:
+        if self.task is not None:
+            self.progress.update(self.task, advance=1, description=self._label(result))
+
+    @staticmethod
+    def _label(result: VariantResult) -> str:
+        counts = result.outcomes()
+        shown = " ".join(f"{k} {v}" for k, v in counts.items() if v)
+        return f"{result.scenario} [{result.variant}] {shown}"
+
+
+def _print_summary(result: RunResult) -> None:
+    device = result.device.get("name", result.backend)
+    table = Table(title=f"gpurace run on {result.backend} ({device}), seed {result.seed}")
+    for column in ("scenario", "variant", "expect", "trials", "manifested", "detected",
+                   "outcomes", "status"):
+        table.add_column(column, justify="right" if column in ("trials", "manifested",
+                                                               "detected") else "left")
+    for r in result.results:
+        counts = ", ".join(f"{k} {v}" for k, v in r.outcomes().items() if v) or "-"
+        table.add_row(r.scenario, r.variant, r.expect, str(len(r.trials)), str(r.manifested),
+                      str(r.detected), counts,
+                      f"[{_STATUS_STYLE[r.status]}]{r.status.value}[/]")
+    out.print(table)
+    for r in result.results:
+        if r.reason:
+            out.print(f"  {r.scenario} [{r.variant}] {r.status.value}: {r.reason}",
+                      highlight=False)
+        first = next((t for t in r.trials if t.outcome is not Outcome.CLEAN), None)
+        if first is not None and r.status is Status.FAIL:
+            out.print(f"    first: trial {first.index} (seed {first.seed}) "
+                      f"{first.outcome.value}: {first.detail}", highlight=False)
+    out.print(f"exit {int(result.exit_code)} ({result.exit_code.name.lower()}), "
+              f"{result.wall_s:.1f} s", highlight=False)
+
+
+if __name__ == "__main__":
+    main()

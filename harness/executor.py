@@ -1,0 +1,373 @@
+"""The trial executor: runs one scenario variant's trials against kvcore on one device.
+
+It knows nothing of processes, CLIs or reports: the worker calls :meth:`TrialExecutor.run` once
+per trial and gets a :class:`TrialResult`. The world a scenario needs (context, pool, host
+buffers, execution table) is built once per device and reused across trials, as an engine keeps
+its streams and pool: building it per trial would add allocations (which synchronize the device)
+to every race window.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+import kvcore
+from harness.model import STREAMS, Amplify, Scenario, Step, Variant
+from harness.outcome import Outcome, TrialResult
+from kvcore.device.kernels import Delay
+
+
+class _Corruption(Exception):
+    """A check saw data it should not have: ends the trial as ``corruption``."""
+
+    def __init__(self, step: str, detail: str) -> None:
+        super().__init__(detail)
+        self.step = step
+
+
+@dataclass
+class _HostBuffer:
+    view: kvcore.HostKVAllocationView
+    pages: int
+    readback: bool  # written by the device (copy_to_host): zeroed before every trial
+
+
+class World:
+    """The device-side world of one scenario on one device."""
+
+    def __init__(self, scenario: Scenario, device: kvcore.Device) -> None:
+        self.device = device
+        self.context = kvcore.DeviceContext(device)
+        spec = scenario.pool
+        self.pool = kvcore.DeviceKVPagePool(self.context, spec.geometry(), spec.pages)
+        self.layout = kvcore.plan_host_kv_page_layout(self.pool.geometry)
+        rows = spec.max_pages_per_row or spec.pages
+        self.table = kvcore.KVExecutionTablePool(self.pool, spec.table_rows, rows)
+        sizes = _host_buffer_sizes(scenario)
+        scratch = max([spec.pages, 1])
+        total = sum(pages for pages, _ in sizes.values()) + scratch
+        self.arena = kvcore.HostKVArena(self.context, total * self.layout.page_stride,
+                                        [self.layout])
+        self.host: dict[str, _HostBuffer] = {}
+        for name, (pages, readback) in sizes.items():
+            self.host[name] = _HostBuffer(self._view(pages), pages, readback)
+        self.scratch = self._view(scratch)
+        self.counters = device.alloc(4 * 64, name="table-read-counts")
+        self.counters_host = device.alloc_host(4 * 64, name="table-read-counts-host")
+
+    def _view(self, pages: int) -> kvcore.HostKVAllocationView:
+        allocation = self.arena.allocate(self.layout, pages)
+        assert allocation is not None  # sized above
+        return self.arena.writable_view(allocation)
+
+    def stream(self, name: str) -> kvcore.device.Stream:
+        return getattr(self.context, STREAMS.get(name, name))
+
+
+def _host_buffer_sizes(scenario: Scenario) -> dict[str, tuple[int, bool]]:
+    """Each host buffer the steps name: its size in pages and whether the device writes it."""
+    lease_pages: dict[str, int] = {}
+    sizes: dict[str, tuple[int, bool]] = {}
+    for step in scenario.steps:
+        a = step.args
+        if step.op == "materialize" and step.id:
+            lease_pages[step.id] = int(a["pages"])  # type: ignore[arg-type]
+        elif step.op == "host_fill":
+            name = str(a["buffer"])
+            pages = int(a.get("pages", 1))  # type: ignore[arg-type]
+            old = sizes.get(name, (0, False))
+            sizes[name] = (max(old[0], pages), old[1])
+        elif step.op == "copy_to_host":
+            name = str(a["dst"])
+            pages = lease_pages.get(str(a["src"]), 1)
+            old = sizes.get(name, (0, True))
+            sizes[name] = (max(old[0], pages), True)
+    return sizes
+
+
+class TrialExecutor:
+    """Runs trials of one variant. On sim every trial gets a fresh simulated device seeded with
+    the trial's seed (cheap, and it makes each trial reproducible on its own); on cuda one device
+    and one world serve every trial of the worker."""
+
+    def __init__(self, scenario: Scenario, variant: Variant, backend: str, *,
+                 amplify: bool = True, delay_us: float | None = None) -> None:
+        self.scenario = scenario
+        self.variant = variant
+        self.backend = backend
+        self.amplify: Amplify | None = scenario.amplify if amplify else None
+        self.delay_us = delay_us if delay_us is not None else (
+            self.amplify.delay_us if self.amplify else None)
+        self._world: World | None = None
+        self.device_info: dict[str, object] = {}
+        device = self._open(0)
+        if backend == "cuda":
+            self._world = World(scenario, device)
+
+    def _open(self, seed: int) -> kvcore.Device:
+        device = kvcore.open_device(self.backend, defects=self.variant.defects, seed=seed)
+        self.device_info = device.info().to_json()
+        return device
+
+    def world(self, seed: int) -> World:
+        if self._world is None or self.backend == "sim":
+            return World(self.scenario, self._open(seed))
+        return self._world
+
+    def run(self, index: int, seed: int) -> TrialResult:
+        """One trial; never raises for what the trial itself did (that is its outcome)."""
+        world = self.world(seed)
+        start = time.perf_counter()
+        # A collection inside the race window would stretch the host's part of it.
+        gc.disable()
+        try:
+            if self.scenario.workload is not None:
+                outcome, detail, step, requests = _Conversation(self, world).run()
+            else:
+                outcome, detail, step, requests = _Steps(self, world).run()
+            error = None
+        except kvcore.DeviceFaultError as exc:
+            outcome, detail, error = Outcome.CRASH, str(exc), exc.cuda_error
+            step, requests = getattr(exc, "gpurace_step", None), getattr(
+                exc, "gpurace_request", None)
+        finally:
+            gc.enable()
+        return TrialResult(index=index, seed=seed, outcome=outcome, detail=detail,
+                           cuda_error=error, step=step, requests=requests,
+                           duration_s=time.perf_counter() - start)
+
+    def amplifier(self, world: World, before: str) -> None:
+        """Queue the amplifying delay if it belongs before ``before``."""
+        amp = self.amplify
+        if amp is not None and amp.before == before and self.delay_us:
+            world.device.launch(Delay(self.delay_us), world.stream(amp.stream))
+
+
+class _Steps:
+    """One trial of a step-list scenario."""
+
+    def __init__(self, executor: TrialExecutor, world: World) -> None:
+        self.ex = executor
+        self.w = world
+        self.leases: dict[str, list[kvcore.DeviceKVPageLease]] = {}
+        self.catalogs: dict[str, kvcore.KVConversationCatalog] = {}
+        self.events: dict[str, kvcore.device.Event] = {}
+        self.counted: list[tuple[str, int]] = []  # read_table steps counting instead of asserting
+        self.idle = False  # every stream is known idle (the trial's last synchronize ran)
+
+    def run(self) -> tuple[Outcome, str, str | None, int | None]:
+        w = self.w
+        for buf in w.host.values():
+            if buf.readback:
+                buf.view.fill(0)
+        step: Step | None = None
+        try:
+            for step in self.ex.scenario.steps:
+                self.ex.amplifier(w, step.id or "")
+                with w.device.oplog.in_step(step.label):
+                    getattr(self, "_" + step.op)(step)
+            w.context.synchronize()
+            self.idle = True
+            self._check_counts()
+            return Outcome.CLEAN, "", None, None
+        except _Corruption as exc:
+            return Outcome.CORRUPTION, str(exc), exc.step, None
+        except kvcore.DeviceFaultError as exc:
+            exc.gpurace_step = step.label if step else None  # type: ignore[attr-defined]
+            raise
+        finally:
+            self._cleanup()
+
+    def _cleanup(self) -> None:
+        """Leave the world as the trial found it: idle, every page free, every row free."""
+        w = self.w
+        if w.device.fault is not None:
+            return
+        if not self.idle:
+            w.context.synchronize()
+        for catalog in self.catalogs.values():
+            catalog.leases = [lease for lease in catalog.leases if not lease.released]
+            catalog.release()
+        held = [lease for group in self.leases.values() for lease in group if not lease.released]
+        if held:
+            w.pool.release(held)
+
+    # ---- steps ---------------------------------------------------------------------------------
+    def _materialize(self, s: Step) -> None:
+        self.leases[str(s.id)] = self.w.pool.materialize(int(s.args["pages"]))  # type: ignore
+
+    def _release(self, s: Step) -> None:
+        self.w.pool.release(self.leases[str(s.args["lease"])])
+
+    def _handles(self, lease: object) -> list[kvcore.DeviceKVPageHandle]:
+        return [lease_.handle for lease_ in self.leases[str(lease)]]
+
+    def _host_fill(self, s: Step) -> None:
+        self.w.host[str(s.args["buffer"])].view.fill(int(s.args["byte"]))  # type: ignore
+
+    def _copy_from_host(self, s: Step) -> None:
+        a = s.args
+        self.w.pool.copy_from_host(self.w.host[str(a["src"])].view, self._handles(a["dst"]),
+                                   self.w.stream(str(a["stream"])))
+
+    def _copy_to_host(self, s: Step) -> None:
+        a = s.args
+        self.w.pool.copy_to_host(self._handles(a["src"]), self.w.host[str(a["dst"])].view,
+                                 self.w.stream(str(a["stream"])))
+
+    def _copy_page(self, s: Step) -> None:
+        a = s.args
+        self.w.pool.copy_page(self._handles(a["src"])[0], self._handles(a["dst"])[0],
+                              self.w.stream(str(a["stream"])))
+
+    def _zero_pages(self, s: Step) -> None:
+        self.w.pool.zero_pages(self._handles(s.args["lease"]), self.w.stream(str(s.args["stream"])))
+
+    def _catalog(self, s: Step) -> None:
+        self.catalogs[str(s.id)] = kvcore.KVConversationCatalog(self.w.table, str(s.id))
+
+    def _retain(self, s: Step) -> None:
+        self.catalogs[str(s.args["catalog"])].retain(self.leases[str(s.args["lease"])])
+
+    def _bind(self, s: Step) -> None:
+        self.catalogs[str(s.args["catalog"])].bind()
+
+    def _activate(self, s: Step) -> None:
+        self.catalogs[str(s.args["catalog"])].activate(self.w.stream(str(s.args["stream"])))
+
+    _publish = _activate
+
+    def _read_table(self, s: Step) -> None:
+        catalog = self.catalogs[str(s.args["catalog"])]
+        asserting = bool(s.args.get("assert", True))
+        slot = len(self.counted)
+        kwargs: dict[str, object] = {}
+        if not asserting:
+            stream = self.w.stream(str(s.args["stream"]))
+            self.w.device.memset(self.w.counters, slot * 4, 4, 0, stream)
+            self.counted.append((s.label, slot))
+            kwargs = {"result_offset": slot * 4}
+        self.w.table.read(catalog.rows[0], max(1, len(catalog.leases)),
+                          self.w.stream(str(s.args["stream"])), result=self.w.counters,
+                          assert_on_stale=asserting, **kwargs)  # type: ignore[arg-type]
+
+    def _record_event(self, s: Step) -> None:
+        name = str(s.args["event"])
+        event = self.events.get(name) or self.w.device.create_event(name)
+        self.events[name] = event
+        self.w.device.record_event(event, self.w.stream(str(s.args["stream"])))
+
+    def _wait_event(self, s: Step) -> None:
+        self.w.device.wait_event(self.w.stream(str(s.args["stream"])),
+                                 self.events[str(s.args["event"])])
+
+    def _synchronize(self, s: Step) -> None:
+        if "stream" in s.args:
+            self.w.device.synchronize_stream(self.w.stream(str(s.args["stream"])))
+        else:
+            self.w.context.synchronize()
+
+    def _delay(self, s: Step) -> None:
+        us = float(s.args["us"])  # type: ignore[arg-type]
+        # `us: .inf` is a kernel that never ends: the hang the watchdog must catch.
+        self.w.device.launch(Delay(None if math.isinf(us) else us),
+                             self.w.stream(str(s.args["stream"])))
+
+    def _check(self, s: Step) -> None:
+        w = self.w
+        if "lease" in s.args:
+            handles = self._handles(s.args["lease"])
+            view = w.scratch
+            w.pool.copy_to_host(handles, view, w.context.stream)
+            w.device.synchronize_stream(w.context.stream)
+            pages = len(handles)
+        else:
+            buf = w.host[str(s.args["buffer"])]
+            view, pages = buf.view, buf.pages
+        if "equals" in s.args:
+            expected = w.host[str(s.args["equals"])].view
+            want = [expected.payload(p) for p in range(pages)]
+        else:
+            value = int(s.args["byte"])  # type: ignore[arg-type]
+            want = [np.full(sum(w.layout.plane_bytes), value, np.uint8)] * pages
+        for page in range(pages):
+            got = view.payload(page)
+            bad = int(np.count_nonzero(got != want[page]))
+            if bad:
+                raise _Corruption(s.label, _describe(s.label, page, got, want[page], bad))
+
+    def _check_counts(self) -> None:
+        if not self.counted:
+            return
+        w = self.w
+        w.device.copy(w.counters_host, 0, w.counters, 0, 4 * len(self.counted), w.context.stream)
+        w.device.synchronize_stream(w.context.stream)
+        counts = w.device.host_read(w.counters_host, 0, 4 * len(self.counted)).view(np.int32)
+        for (label, _), count in zip(self.counted, counts.tolist()):
+            if count:
+                raise _Corruption(label, f"{label}: the table reader saw {count} stale or "
+                                         f"out-of-range entries")
+
+
+def _describe(label: str, page: int, got: np.ndarray, want: np.ndarray, bad: int) -> str:
+    values = sorted(set(got[got != want].tolist()))[:4]
+    shown = ", ".join(f"0x{v:02X}" for v in values)
+    return (f"{label}: page {page}: {bad}/{got.size} bytes differ from what was expected "
+            f"(0x{int(want[0]):02X}...); found {shown}")
+
+
+class _Conversation:
+    """One trial of the conversation workload (#210's shape): a retained catalog re-activated
+    every request, the decode reading its row, while a second lane churns pages."""
+
+    def __init__(self, executor: TrialExecutor, world: World) -> None:
+        self.ex = executor
+        self.w = world
+        assert executor.scenario.workload is not None
+        self.wl = executor.scenario.workload
+
+    def run(self) -> tuple[Outcome, str, str | None, int | None]:
+        w, wl = self.w, self.wl
+        pool, device, compute, transfer = w.pool, w.device, w.context.stream, \
+            w.context.transfer_stream
+        fill = w.scratch
+        fill.fill(0x5A)
+        conversation = kvcore.KVConversationCatalog(w.table, "conversation")
+        conversation.retain(pool.materialize(wl.initial_pages))
+        pool.copy_from_host(fill, conversation.handles, compute)
+        conversation.bind()
+        request = 0
+        try:
+            for request in range(1, wl.requests + 1):
+                self._phase("churn", request)
+                churn = pool.materialize(wl.churn_pages)
+                pool.copy_from_host(fill, [lease.handle for lease in churn], transfer)
+                pool.release(churn)
+                self._phase("prefill", request)
+                fresh = pool.materialize(wl.pages_per_turn)
+                pool.copy_from_host(fill, [lease.handle for lease in fresh], compute)
+                conversation.retain(fresh)
+                self._phase("activate", request)
+                entries = conversation.activate(compute)
+                self._phase("decode", request)
+                w.table.read(conversation.rows[0], entries, compute, result=w.counters)
+                # The engine waits for each decode step's result before sampling: the
+                # assert, if one fired, surfaces here.
+                device.synchronize_stream(compute)
+        except kvcore.DeviceFaultError as exc:
+            exc.gpurace_step = f"request {request}"  # type: ignore[attr-defined]
+            exc.gpurace_request = request  # type: ignore[attr-defined]
+            raise
+        w.context.synchronize()
+        conversation.release()
+        w.context.synchronize()
+        return Outcome.CLEAN, "", None, wl.requests
+
+    def _phase(self, name: str, request: int) -> None:
+        self.ex.amplifier(self.w, name)
+

@@ -1,0 +1,135 @@
+"""Trial and variant results: how each trial ended and what a variant's trials add up to."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass, field
+
+
+class Outcome(str, enum.Enum):
+    """How a trial ended (DESIGN.md, "Outcomes and expectations")."""
+
+    CLEAN = "clean"
+    CORRUPTION = "corruption"  # a check saw stale or torn data
+    CRASH = "crash"            # a CUDA error; the context is dead
+    HANG = "hang"              # the watchdog fired
+
+    @property
+    def manifested(self) -> bool:
+        return self is not Outcome.CLEAN
+
+
+class Status(str, enum.Enum):
+    PASS = "pass"
+    FAIL = "fail"
+    SKIP = "skip"
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    """One trial. ``step`` is where it ended badly (a check's id, the step or request that
+    crashed); ``request`` the 1-based request a workload crashed in, or how many it completed."""
+
+    index: int
+    seed: int
+    outcome: Outcome
+    detail: str = ""
+    cuda_error: str | None = None
+    step: str | None = None
+    requests: int | None = None
+    duration_s: float = 0.0
+    race: bool = False
+    worker_pid: int | None = None
+
+    def to_json(self) -> dict[str, object]:
+        out = asdict(self)
+        out["outcome"] = self.outcome.value
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, object]) -> TrialResult:
+        fields = dict(data)
+        fields["outcome"] = Outcome(fields["outcome"])
+        return cls(**fields)  # type: ignore[arg-type]
+
+
+@dataclass
+class VariantResult:
+    """What one scenario variant's trials came to, and whether that met its expectation."""
+
+    scenario: str
+    variant: str
+    expect: str
+    path: str
+    dangerous: bool
+    amplified: bool
+    delay_us: float | None
+    status: Status = Status.SKIP
+    reason: str = ""
+    trials: list[TrialResult] = field(default_factory=list)
+    min_rate: float = 0.0
+    reports: list[str] = field(default_factory=list)
+
+    @property
+    def manifested(self) -> int:
+        return sum(t.outcome.manifested for t in self.trials)
+
+    @property
+    def detected(self) -> int:
+        return sum(t.race for t in self.trials)
+
+    @property
+    def reproduced(self) -> int:
+        """Trials in which the race showed, by manifesting or by being detected."""
+        return sum(t.outcome.manifested or t.race for t in self.trials)
+
+    def outcomes(self) -> dict[str, int]:
+        counts = {o.value: 0 for o in Outcome}
+        for t in self.trials:
+            counts[t.outcome.value] += 1
+        return counts
+
+    def judge(self) -> None:
+        """Set status and reason from the trials and the expectation."""
+        n = len(self.trials)
+        if n == 0:
+            self.status, self.reason = Status.SKIP, self.reason or "no trial ran"
+        elif self.expect == "clean":
+            bad = self.reproduced
+            self.status = Status.PASS if bad == 0 else Status.FAIL
+            shown = ", ".join(f"{k} {v}" for k, v in self.outcomes().items()
+                              if v and k != Outcome.CLEAN.value)
+            self.reason = "" if bad == 0 else (
+                f"expected clean; {bad}/{n} trials were not ({shown or 'race detected'})")
+        else:
+            got = self.reproduced
+            rate = got / n
+            if got and rate >= self.min_rate:
+                self.status, self.reason = Status.PASS, ""
+            else:
+                self.status = Status.FAIL
+                self.reason = (f"expected to reproduce in at least {self.min_rate:.0%} of trials; "
+                               f"reproduced in {got}/{n}: the harness lost its power here")
+
+    def to_json(self) -> dict[str, object]:
+        first = next((t for t in self.trials if t.outcome.manifested), None)
+        return {
+            "scenario": self.scenario,
+            "variant": self.variant,
+            "status": self.status.value,
+            "expect": self.expect,
+            "trials": len(self.trials),
+            "manifested": self.manifested,
+            "detected": self.detected,
+            "outcomes": self.outcomes(),
+            "reports": list(self.reports),
+            "reason": self.reason,
+            "path": self.path,
+            "dangerous": self.dangerous,
+            "amplified": self.amplified,
+            "delay_us": self.delay_us,
+            "min_rate": self.min_rate,
+            "first_manifested": None if first is None else first.to_json(),
+            "crash_requests": [t.requests for t in self.trials
+                               if t.outcome is Outcome.CRASH and t.requests is not None],
+        }

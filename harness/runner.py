@@ -1,0 +1,282 @@
+"""The runner: scenario variants, trials in worker processes, a watchdog, and the verdict.
+
+The engine knows nothing of the CLI: it reports progress through :class:`RunHooks` and returns a
+:class:`RunResult`. A run has named phases (plan, then each variant's trials, then the verdict);
+why a variant ended is in its status and reason.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import multiprocessing
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import kvcore
+from harness.errors import BackendUnavailable, HarnessError, ScenarioError, TargetError
+from harness.model import Scenario, Suite
+from harness.outcome import Outcome, Status, TrialResult, VariantResult
+from harness.scenario import load_document
+from harness.worker import WorkerJob, worker_main
+
+SCENARIO_ROOT = Path(__file__).resolve().parent.parent / "scenarios"
+"""Where suite names and bare scenario names are looked up."""
+
+WORKER_START_TIMEOUT_S = 120.0
+"""How long a new worker may take to import, open its device and compile kernels."""
+
+RUN_SCHEMA = "gpurace.run/1"
+
+
+class ExitCode(enum.IntEnum):
+    """The process exit codes of DESIGN.md."""
+
+    OK = 0
+    EXPECTATION_FAILED = 1
+    USAGE = 2
+    INTERNAL = 3
+    NOTHING_RAN = 77
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    backend: str = "auto"
+    dangerous: bool = False
+    trials: int | None = None
+    seed: int = 0
+    variants: tuple[str, ...] = ()
+    amplify: bool = True
+    delay_us: float | None = None
+    timeout_s: float | None = None
+
+
+class RunHooks:
+    """Progress callbacks; the CLI subclasses this. Every method is optional."""
+
+    def variant_started(self, result: VariantResult, trials: int) -> None: ...
+
+    def trial_finished(self, result: VariantResult, trial: TrialResult) -> None: ...
+
+    def variant_finished(self, result: VariantResult) -> None: ...
+
+    def note(self, text: str) -> None: ...
+
+
+@dataclass
+class RunResult:
+    backend: str
+    device: dict[str, object]
+    seed: int
+    results: list[VariantResult] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    @property
+    def exit_code(self) -> ExitCode:
+        ran = [r for r in self.results if r.status is not Status.SKIP]
+        if any(r.status is Status.FAIL for r in ran):
+            return ExitCode.EXPECTATION_FAILED
+        return ExitCode.OK if ran else ExitCode.NOTHING_RAN
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "schema": RUN_SCHEMA,
+            "backend": self.backend,
+            "device": self.device,
+            "seed": self.seed,
+            "wall_s": round(self.wall_s, 3),
+            "exit_code": int(self.exit_code),
+            "results": [r.to_json() for r in self.results],
+        }
+
+
+def resolve_targets(targets: Sequence[str]) -> list[Scenario]:
+    """Scenario files, folders of them, suite files, or suite/scenario names, in order, each
+    scenario once."""
+    found: list[Scenario] = []
+    seen: set[Path] = set()
+
+    def add(path: Path) -> None:
+        doc = load_document(path)
+        if isinstance(doc, Suite):
+            for member in doc.scenarios:
+                add(member)
+        elif doc.path.resolve() not in seen:
+            seen.add(doc.path.resolve())
+            found.append(doc)
+
+    for target in targets:
+        path = Path(target)
+        if path.is_dir():
+            files = sorted(p for p in path.glob("*.y*ml") if p.suffix in (".yaml", ".yml"))
+            if not files:
+                raise TargetError(f"{target}: no scenario files (*.yaml) in this folder")
+            for file in files:
+                add(file)
+        elif path.exists():
+            add(path)
+        else:
+            add(_named(target))
+    return found
+
+
+def _named(name: str) -> Path:
+    for candidate in (SCENARIO_ROOT / "suites" / f"{name}.yaml",
+                      SCENARIO_ROOT / f"{name}.yaml",
+                      SCENARIO_ROOT / f"{name.replace('-', '_')}.yaml"):
+        if candidate.exists():
+            return candidate
+    known = ", ".join(sorted(p.stem for p in SCENARIO_ROOT.glob("**/*.yaml")))
+    raise TargetError(f"{name}: no such file, folder, suite or scenario; known: {known}")
+
+
+def catalog() -> list[Scenario | Suite]:
+    """Every scenario and suite under the scenario root, for ``gpurace list``."""
+    docs: list[Scenario | Suite] = []
+    for path in sorted(SCENARIO_ROOT.glob("**/*.yaml")):
+        try:
+            docs.append(load_document(path))
+        except ScenarioError:
+            continue
+    return docs
+
+
+def choose_backend(requested: str) -> str:
+    if requested == "sim":
+        return "sim"
+    ok, why = kvcore.cuda_available()
+    if requested == "cuda" and not ok:
+        raise BackendUnavailable(f"--backend cuda: {why}")
+    return "cuda" if ok else "sim"
+
+
+def trial_seed(seed: int, scenario: str, variant: str, index: int) -> int:
+    """The seed of one trial, from the run's seed: stable whatever else the run contains, so
+    ``--seed S`` replays a scenario's trials exactly even when run alone."""
+    digest = hashlib.sha256(f"{seed}:{scenario}:{variant}:{index}".encode()).digest()
+    return int.from_bytes(digest[:4], "little")
+
+
+class Runner:
+    """Runs scenario variants (see the module docstring)."""
+
+    def __init__(self, options: RunOptions, hooks: RunHooks | None = None) -> None:
+        self.options = options
+        self.hooks = hooks or RunHooks()
+        self.backend = choose_backend(options.backend)
+        self.device: dict[str, object] = {"backend": self.backend}
+
+    def run(self, scenarios: Iterable[Scenario]) -> RunResult:
+        start = time.perf_counter()
+        result = RunResult(self.backend, self.device, self.options.seed)
+        for scenario in scenarios:
+            for variant in scenario.variants:
+                if self.options.variants and variant.name not in self.options.variants:
+                    continue
+                result.results.append(self.run_variant(scenario, variant.name))
+        result.device = self.device
+        result.wall_s = time.perf_counter() - start
+        return result
+
+    def run_variant(self, scenario: Scenario, variant_name: str) -> VariantResult:
+        opts = self.options
+        variant = scenario.variant(variant_name)
+        amplified = opts.amplify and scenario.amplify is not None
+        delay = (opts.delay_us if opts.delay_us is not None else
+                 scenario.amplify.delay_us if amplified and scenario.amplify else None)
+        result = VariantResult(
+            scenario=scenario.name, variant=variant.name, expect=variant.expect,
+            path=str(scenario.path), dangerous=scenario.dangerous, amplified=amplified,
+            delay_us=delay if amplified else None, min_rate=variant.min_rate,
+        )
+        if scenario.dangerous and not opts.dangerous:
+            result.status = Status.SKIP
+            result.reason = "dangerous: it can crash the CUDA context; pass --dangerous to run it"
+            self.hooks.variant_finished(result)
+            return result
+        trials = opts.trials or scenario.trials
+        timeout = opts.timeout_s or scenario.timeout_s
+        pending = [(i, trial_seed(opts.seed, scenario.name, variant.name, i))
+                   for i in range(trials)]
+        self.hooks.variant_started(result, trials)
+        while pending:
+            job = WorkerJob(str(scenario.path), variant.name, self.backend, tuple(pending),
+                            amplified, delay if amplified else None)
+            done = self._supervise(job, timeout, result)
+            pending = pending[done:]
+        result.judge()
+        self.hooks.variant_finished(result)
+        return result
+
+    def _supervise(self, job: WorkerJob, timeout: float, result: VariantResult) -> int:
+        """Run one worker until it finishes, crashes or hangs; returns how many of the job's
+        trials ended (at least one, so the run always moves on)."""
+        ctx = multiprocessing.get_context("spawn")
+        parent, child = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=worker_main, args=(child, job), daemon=True)
+        proc.start()
+        child.close()
+        finished = 0
+        try:
+            message = _receive(parent, WORKER_START_TIMEOUT_S)
+            if message is None or message[0] == "error":
+                raise HarnessError(_worker_failed(job, proc, message))
+            self.device.update({k: v for k, v in message[1].items() if k != "pid"})
+            while finished < len(job.trials):
+                index, seed = job.trials[finished]
+                started = time.monotonic()
+                message = _receive(parent, timeout)
+                if message is None:
+                    waited = time.monotonic() - started
+                    if proc.is_alive():
+                        kind, detail = Outcome.HANG, (
+                            f"no result within the {timeout:g} s trial timeout; worker "
+                            f"{proc.pid} killed")
+                    else:
+                        kind, detail = Outcome.CRASH, (
+                            f"worker {proc.pid} died (exit code {proc.exitcode}) after "
+                            f"{waited:.1f} s")
+                    self._record(result, TrialResult(index, seed, kind, detail=detail,
+                                                     duration_s=waited, worker_pid=proc.pid))
+                    return finished + 1
+                if message[0] == "error":
+                    raise HarnessError(_worker_failed(job, proc, message))
+                if message[0] == "done":
+                    return len(job.trials)
+                trial = TrialResult.from_json(message[1])
+                self._record(result, trial)
+                finished += 1
+                if trial.outcome is Outcome.CRASH and job.backend == "cuda":
+                    return finished
+            return finished
+        finally:
+            if proc.is_alive():
+                proc.kill()
+            proc.join(5)
+            parent.close()
+
+    def _record(self, result: VariantResult, trial: TrialResult) -> None:
+        result.trials.append(trial)
+        self.hooks.trial_finished(result, trial)
+
+
+def _receive(conn: object, timeout: float) -> tuple | None:
+    """The worker's next message, or None when it sent none in time or died."""
+    try:
+        if not conn.poll(timeout):  # type: ignore[attr-defined]
+            return None
+        return conn.recv()  # type: ignore[attr-defined,no-any-return]
+    except (EOFError, OSError):
+        return None
+
+
+def _worker_failed(job: WorkerJob, proc: multiprocessing.process.BaseProcess,
+                   message: tuple | None) -> str:
+    if message is None:
+        return (f"the worker for {Path(job.scenario_path).name} ({job.variant}) did not start "
+                f"(exit code {proc.exitcode}); run with --backend sim to check the scenario")
+    return f"the worker for {Path(job.scenario_path).name} ({job.variant}) failed:\n{message[1]}"
+
+

@@ -1,0 +1,52 @@
+"""The worker process: runs trials and reports each one to the parent as it ends.
+
+Workers are spawned, never forked (a forked child would share the parent's CUDA state). A CUDA
+fault kills the context, so a cuda worker exits after a crash and the parent starts a new one for
+the remaining trials; a hang is ended by the parent's watchdog killing the worker.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+
+
+@dataclass(frozen=True)
+class WorkerJob:
+    """What a worker is to do: trials ``(index, seed)`` of one scenario variant."""
+
+    scenario_path: str
+    variant: str
+    backend: str
+    trials: tuple[tuple[int, int], ...]
+    amplify: bool
+    delay_us: float | None
+
+
+def worker_main(conn: Connection, job: WorkerJob) -> None:
+    """Entry point of a worker process. Messages to the parent:
+    ("ready", device_info), ("trial", result_json) per trial, ("done",), or ("error", text)."""
+    # Imported here: a spawned child imports this module first, and only then the heavy parts.
+    from harness.executor import TrialExecutor
+    from harness.outcome import Outcome
+    from harness.scenario import load_scenario
+
+    try:
+        scenario = load_scenario(job.scenario_path)
+        executor = TrialExecutor(scenario, scenario.variant(job.variant), job.backend,
+                                 amplify=job.amplify, delay_us=job.delay_us)
+        conn.send(("ready", {**executor.device_info, "pid": os.getpid()}))
+        for index, seed in job.trials:
+            result = executor.run(index, seed)
+            payload = result.to_json()
+            payload["worker_pid"] = os.getpid()
+            conn.send(("trial", payload))
+            if result.outcome is Outcome.CRASH and job.backend == "cuda":
+                return  # the context is dead; the parent starts a new worker
+        conn.send(("done",))
+    except BaseException:
+        conn.send(("error", traceback.format_exc()))
+    finally:
+        conn.close()

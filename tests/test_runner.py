@@ -1,0 +1,141 @@
+"""The runner and `gpurace run` on the simulated device: the three seed scenarios, both
+variants, amplified and not; the watchdog; exit codes; the JSON contract."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from harness.cli import main
+from harness.runner import SCENARIO_ROOT, RunOptions, Runner, resolve_targets
+
+ALL = [str(SCENARIO_ROOT / n) for n in
+       ("release_fence.yaml", "cross_stream_race.yaml", "catalog_reactivation.yaml")]
+
+
+def _run(*args: str, tmp_path: Path) -> tuple[int, dict]:
+    result = CliRunner().invoke(main, ["run", *args, "--backend", "sim", "--format", "json",
+                                       "--out", str(tmp_path)])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+    return result.exit_code, json.loads(result.stdout)
+
+
+@pytest.fixture(scope="module")
+def amplified(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict]:
+    return _run(*ALL, "--dangerous", tmp_path=tmp_path_factory.mktemp("amplified"))
+
+
+def test_run_document_contract(amplified: tuple[int, dict]) -> None:
+    code, doc = amplified
+    assert doc["schema"] == "gpurace.run/1" and doc["backend"] == "sim"
+    assert doc["device"]["name"].startswith("simulated")
+    for r in doc["results"]:
+        assert set(r) >= {"scenario", "variant", "status", "expect", "trials", "manifested",
+                          "detected", "outcomes", "reports"}
+        assert set(r["outcomes"]) == {"clean", "corruption", "crash", "hang"}
+        assert sum(r["outcomes"].values()) == r["trials"]
+        assert r["manifested"] == r["trials"] - r["outcomes"]["clean"]
+    assert code == 0
+
+
+def test_fixed_variants_stay_clean(amplified: tuple[int, dict]) -> None:
+    _, doc = amplified
+    fixed = [r for r in doc["results"] if r["variant"] == "fixed"]
+    assert len(fixed) == 3
+    for r in fixed:
+        assert r["status"] == "pass" and r["manifested"] == 0, r
+
+
+def test_buggy_variants_reproduce_amplified(amplified: tuple[int, dict]) -> None:
+    _, doc = amplified
+    buggy = {r["scenario"]: r for r in doc["results"] if r["variant"] == "buggy"}
+    assert set(buggy) == {"release-fence", "cross-stream-race", "catalog-reactivation"}
+    for r in buggy.values():
+        assert r["status"] == "pass"
+        assert r["manifested"] >= 0.99 * r["trials"], r
+    assert buggy["release-fence"]["outcomes"]["corruption"] == buggy["release-fence"]["trials"]
+    catalog = buggy["catalog-reactivation"]
+    assert catalog["outcomes"]["crash"] == catalog["trials"]
+    assert "CUDA_ERROR_ASSERT" == catalog["first_manifested"]["cuda_error"]
+    assert max(catalog["crash_requests"]) <= 3
+
+
+def test_cross_stream_race_hides_without_amplification(tmp_path: Path) -> None:
+    code, doc = _run(ALL[1], "--dangerous", "--no-amplify", "--variant", "buggy",
+                     tmp_path=tmp_path)
+    [r] = doc["results"]
+    assert r["manifested"] <= 0.05 * r["trials"]
+    assert r["status"] == "fail" and code == 1
+
+
+def test_dangerous_skipped_without_flag(tmp_path: Path) -> None:
+    code, doc = _run(ALL[1], tmp_path=tmp_path)
+    assert code == 77
+    assert {r["status"] for r in doc["results"]} == {"skip"}
+    assert "--dangerous" in doc["results"][0]["reason"]
+
+
+def test_same_seed_same_trials(tmp_path: Path) -> None:
+    def trials(seed: int) -> list:
+        scenarios = resolve_targets([ALL[0]])
+        result = Runner(RunOptions(backend="sim", seed=seed, trials=20)).run(scenarios)
+        return [(t.seed, t.outcome, t.detail) for r in result.results for t in r.trials]
+
+    assert trials(3) == trials(3)
+    assert [s for s, _, _ in trials(3)] != [s for s, _, _ in trials(4)]
+
+
+def test_hung_worker_killed_and_run_goes_on(tmp_path: Path) -> None:
+    hang = tmp_path / "hang.yaml"
+    hang.write_text(
+        "apiVersion: gpurace/v1\nkind: Scenario\n"
+        "metadata: {name: hang, description: a kernel that never ends}\n"
+        "spec:\n  pool: {pages: 2}\n  trials: 2\n  timeout: 1\n"
+        "  variants: {fixed: {expect: clean}}\n"
+        "  steps:\n    - {op: delay, stream: compute, us: .inf}\n    - {op: synchronize}\n")
+    started = time.monotonic()
+    code, doc = _run(str(hang), str(SCENARIO_ROOT / "release_fence.yaml"), "--trials", "2",
+                     tmp_path=tmp_path)
+    elapsed = time.monotonic() - started
+    hung, after = doc["results"][0], doc["results"][1:]
+    assert hung["outcomes"]["hang"] == 2 and hung["status"] == "fail"
+    assert "killed" in hung["first_manifested"]["detail"]
+    assert all(r["trials"] == 2 for r in after)  # the run went on
+    assert elapsed < 2 * (1 + 2) + 10  # each hang ended within timeout + 2 s (+ worker starts)
+    assert code == 1
+
+
+def test_suite_by_name_and_list(tmp_path: Path) -> None:
+    code, doc = _run("smoke", "--trials", "5", tmp_path=tmp_path)
+    assert code == 0 and [r["scenario"] for r in doc["results"]] == ["release-fence"] * 2
+    assert json.loads((tmp_path / "run.json").read_text())["schema"] == "gpurace.run/1"
+    listed = CliRunner().invoke(main, ["list", "--format", "json"])
+    names = {d["name"] for d in json.loads(listed.stdout)}
+    assert {"smoke", "release-fence", "cross-stream-race", "catalog-reactivation"} <= names
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["no-such-scenario"], "no such file, folder, suite or scenario"),
+    ([str(SCENARIO_ROOT / "release_fence.yaml"), "--variant", "nope"], "no variant nope"),
+    (["--backend", "tpu", "smoke"], "Invalid value for '--backend'"),
+])
+def test_usage_errors_exit_2_without_traceback(args: list[str], needle: str) -> None:
+    result = CliRunner().invoke(main, ["run", *args])
+    assert result.exit_code == 2
+    assert needle in result.output
+    assert "Traceback" not in result.output
+
+
+def test_bad_scenario_file_through_cli(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("apiVersion: gpurace/v1\nkind: Scenario\nmetadata: {name: bad}\n"
+                   "spec:\n  pool: {pages: 2}\n  variants: {fixed: {}}\n"
+                   "  steps:\n    - {op: synchronize, stream: sideways}\n")
+    result = CliRunner().invoke(main, ["run", str(bad), "--backend", "sim"])
+    assert result.exit_code == 2
+    assert f"{bad}:8:" in result.output and "spec.steps[0].stream" in result.output
+    assert "Traceback" not in result.output
