@@ -24,7 +24,7 @@ test: $(STAMP)
 
 # On a GPU machine with CuPy, pytest and the dependencies already installed: no venv, no installs.
 test-gpu:
-	PYTHONPATH=$(CURDIR) $(PYTHON) -m pytest -q -m gpu -p no:cacheprovider tests
+	PYTHONPATH=$(CURDIR) $(PYTHON) -m pytest -q -s -m gpu -p no:cacheprovider tests
 
 # On a GPU machine: copy batching, and the harness's trial rate against a bare CuPy loop.
 bench:
