@@ -112,6 +112,9 @@ def _describe(doc: Scenario | Suite) -> dict:
 @click.option("--amplify/--no-amplify", default=True, show_default=True,
               help="Queue each scenario's delay before the step under test.")
 @click.option("--delay-us", type=click.FloatRange(min=0), help="Override the amplifying delay.")
+@click.option("--sweep", is_flag=True,
+              help="Map the race window: run each variant at every delay of its scenario's "
+                   "amplify.sweep list (a map, so its points do not fail the run).")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.1),
               help="Seconds a trial may take before the watchdog kills its worker (default: "
                    "each scenario's own).")
@@ -122,12 +125,13 @@ def _describe(doc: Scenario | Suite) -> dict:
               show_default=True, help="json: one gpurace.run/1 document on stdout.")
 def run_cmd(targets: Sequence[str], dangerous: bool, insist: bool, backend: str,
             trials: int | None, seed: int, variants: Sequence[str], amplify: bool,
-            delay_us: float | None, timeout_s: float | None, out_dir: Path, fmt: str) -> None:
+            delay_us: float | None, sweep: bool, timeout_s: float | None, out_dir: Path,
+            fmt: str) -> None:
     """Run scenarios: TARGETS are scenario files, folders of them, suite files, or names
     (`gpurace run smoke`, `gpurace run cross-stream-race --dangerous`)."""
     options = RunOptions(backend=backend, dangerous=dangerous, trials=trials, seed=seed,
                          variants=tuple(variants), amplify=amplify, delay_us=delay_us,
-                         timeout_s=timeout_s)
+                         timeout_s=timeout_s, sweep=sweep)
     try:
         scenarios = resolve_targets(targets)
         _check_variants(scenarios, variants)
@@ -214,18 +218,20 @@ class _ProgressHooks(RunHooks):
 def _print_summary(result: RunResult) -> None:
     device = result.device.get("name", result.backend)
     table = Table(title=f"gpurace run on {result.backend} ({device}), seed {result.seed}")
-    for column in ("scenario", "variant", "expect", "trials", "manifested", "detected",
-                   "outcomes", "status"):
-        table.add_column(column, justify="right" if column in ("trials", "manifested",
-                                                               "detected") else "left")
+    for column in ("scenario", "variant", "expect", "delay us", "trials", "manifested",
+                   "detected", "outcomes", "status"):
+        table.add_column(column, justify="right" if column in (
+            "delay us", "trials", "manifested", "detected") else "left")
     for r in result.results:
         counts = ", ".join(f"{k} {v}" for k, v in r.outcomes().items() if v) or "-"
-        table.add_row(r.scenario, r.variant, r.expect, str(len(r.trials)), str(r.manifested),
-                      str(r.detected), counts,
-                      f"[{_STATUS_STYLE[r.status]}]{r.status.value}[/]")
+        status = "map" if r.sweep and r.status is not Status.SKIP else r.status.value
+        table.add_row(r.scenario, r.variant, r.expect,
+                      "-" if r.delay_us is None else f"{r.delay_us:g}", str(len(r.trials)),
+                      str(r.manifested), str(r.detected), counts,
+                      f"[{_STATUS_STYLE[r.status]}]{status}[/]")
     out.print(table)
     for r in result.results:
-        if r.reason:
+        if r.reason and not r.sweep:
             out.print(f"  {r.scenario} [{r.variant}] {r.status.value}: {r.reason}",
                       highlight=False)
         first = next((t for t in r.trials if t.outcome is not Outcome.CLEAN), None)

@@ -69,6 +69,7 @@ class VariantResult:
     trials: list[TrialResult] = field(default_factory=list)
     min_rate: float = 0.0
     reports: list[str] = field(default_factory=list)
+    sweep: bool = False
 
     @property
     def manifested(self) -> int:
@@ -129,6 +130,7 @@ class VariantResult:
             "amplified": self.amplified,
             "delay_us": self.delay_us,
             "min_rate": self.min_rate,
+            "sweep": self.sweep,
             "first_manifested": None if first is None else first.to_json(),
             "crash_requests": [t.requests for t in self.trials
                                if t.outcome is Outcome.CRASH and t.requests is not None],

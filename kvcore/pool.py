@@ -165,6 +165,8 @@ class DeviceKVPagePool:
         self._users = np.zeros(pages, np.uint64)  # bit k: stream self._streams[k] used it
         self._fenced = np.zeros(pages, np.bool_)
         self._fences: dict[int, tuple[Event, ...]] = {}
+        self._event_refs: dict[int, int] = {}  # fence event id -> pages still to wait on it
+        self._idle_events: list[Event] = []
         self._streams: list[Stream] = []
         self._stream_bits: dict[int, np.uint64] = {}
         self._staging: dict[int, Buffer] = {}
@@ -233,39 +235,53 @@ class DeviceKVPagePool:
             lease._released = True
 
     def _release(self, handles: Sequence[DeviceKVPageHandle]) -> None:
-        idx = np.fromiter((h.index for h in handles), np.int64, len(handles))
-        if self.defects.release_fence and self._users[idx].any():
-            self._fence(idx)
-        self._users[idx] = 0
-        self._leased[idx] = False
-        self._generation[idx] += 1
-        lo, hi = int(idx.min()), int(idx.max()) + 1
+        indices = [h.index for h in handles]
+        masks = [int(self._users[i]) for i in indices] if len(indices) <= SMALL_BATCH \
+            else self._users[np.asarray(indices, np.int64)].tolist()
+        if self.defects.release_fence:
+            self._fence(indices, masks)
+        for i in indices:
+            self._users[i] = 0
+            self._leased[i] = False
+            self._generation[i] += 1
+            self._free.give(i)
+        lo, hi = min(indices), max(indices) + 1
         self.device.host_write(self.generations, lo * GENERATION_BYTES,
                                self._generation[lo:hi].astype(np.int32))
-        for index in idx.tolist():
-            self._free.give(index)
 
-    def _fence(self, idx: np.ndarray) -> None:
+    def _fence(self, indices: list[int], masks: list[int]) -> None:
         """Record one event on each stream that used any of these pages, and make each page
         carry the events of its own users: whoever gets the page next waits for them."""
-        users = np.bitwise_or.reduce(self._users[idx])
+        union = 0
+        for mask in masks:
+            union |= mask
+        if not union:
+            return
         events: dict[int, Event] = {}
         for bit, stream in enumerate(self._streams):
-            if users >> np.uint64(bit) & np.uint64(1):
-                self._events += 1
-                event = self.device.create_event(f"release-fence-{self._events}")
+            if union >> bit & 1:
+                event = self._take_event()
                 self.device.record_event(event, stream)
                 events[bit] = event
-        if not events:
-            return
         by_mask: dict[int, tuple[Event, ...]] = {}
-        for index, mask in zip(idx.tolist(), self._users[idx].tolist()):
+        for index, mask in zip(indices, masks):
             if not mask:
                 continue
             if mask not in by_mask:
                 by_mask[mask] = tuple(e for bit, e in events.items() if mask >> bit & 1)
+            for event in by_mask[mask]:
+                self._event_refs[event.id] = self._event_refs.get(event.id, 0) + 1
             self._fences[index] = by_mask[mask] + self._fences.get(index, ())
             self._fenced[index] = True
+
+    def _take_event(self) -> Event:
+        """A fence event: a recycled one when there is one. An event may be recorded again
+        once every wait on its last record has been issued: CUDA waits on the record current
+        when cudaStreamWaitEvent is called, not on later ones."""
+        if self._idle_events:
+            return self._idle_events.pop()
+        self._events += 1
+        return self.device.create_event(f"release-fence-{self._events}")
 
     def check(self, handle: DeviceKVPageHandle) -> None:
         """Raise StaleHandleError unless ``handle`` names a leased page at its generation."""
@@ -329,11 +345,16 @@ class DeviceKVPagePool:
 
     def _wait_fences(self, indices: list[int], stream: Stream) -> None:
         waited: set[int] = set()
+        refs = self._event_refs
         for index in indices:
             for event in self._fences.pop(index, ()):
                 if event.id not in waited:
                     self.device.wait_event(stream, event)
                     waited.add(event.id)
+                refs[event.id] -= 1
+                if not refs[event.id]:
+                    del refs[event.id]
+                    self._idle_events.append(event)
             self._fenced[index] = False
 
     def _stream_bit(self, stream: Stream) -> np.uint64:

@@ -239,3 +239,22 @@ def test_plan_runs_loop_and_numpy_paths_agree(monkeypatch: pytest.MonkeyPatch) -
     assert [plan_runs(idx) for idx in cases] == loop
     assert len(plan_runs(list(range(0, 100, 2)) + [7, 1, 9, 3, 5], limit=4)) == 4
     assert plan_runs(list(range(0, 100, 2)) + [7, 1, 9, 3, 5, 0], limit=4) is None
+
+
+def test_fence_events_are_recycled(backend: str, request) -> None:
+    device = make_device(backend, request)
+    context, pool, layout, host = _pool(device)
+    view = host.writable_view(host.allocate(layout, 1))
+    recorder = OpRecorder(device.oplog)
+    for _ in range(50):
+        lease = pool.materialize(1)[0]
+        pool.copy_from_host(view, [lease.handle], context.transfer_stream)
+        lease.release()
+        again = pool.materialize(1)[0]
+        pool.copy_from_host(view, [again.handle], context.stream)
+        again.release()
+    recorder.close()
+    names = {r.records for r in recorder.records if r.kind == "event_record"}
+    waits = [r for r in recorder.records if r.kind == "event_wait"]
+    assert len(waits) == 99  # every reuse but the first waited on a fence
+    assert len(names) <= 2, names

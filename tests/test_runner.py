@@ -139,3 +139,13 @@ def test_bad_scenario_file_through_cli(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert f"{bad}:8:" in result.output and "spec.steps[0].stream" in result.output
     assert "Traceback" not in result.output
+
+
+def test_sweep_maps_the_race_window(tmp_path: Path) -> None:
+    code, doc = _run(ALL[1], "--dangerous", "--sweep", "--variant", "buggy", "--trials", "20",
+                     tmp_path=tmp_path)
+    rates = {r["delay_us"]: r["manifested"] / r["trials"] for r in doc["results"]}
+    assert list(rates) == [0, 20, 50, 100, 200, 500, 1000]
+    assert rates[0] <= 0.05 and all(rates[d] == 1.0 for d in (20, 50, 100, 200, 500, 1000))
+    assert all(r["sweep"] for r in doc["results"])
+    assert code == 0  # a map, not an expectation

@@ -84,6 +84,11 @@ class CudaDevice(Device):
         # gpurace exists to show. 32 is the most CUDA allows; it must be set before the context
         # exists, and a value the user set wins.
         os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
+        # With lazy loading (CUDA's default since 12.2) a kernel's first launch loads it, and
+        # loading waits for the device: the first table read of a worker would wait for the
+        # legacy-stream publish it races (seen: the first request never crashed). Load eagerly,
+        # and launch each kernel once below in case the context already existed.
+        os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")
         self._cp = _cupy()
         self.index = index
         with _translated(self):
@@ -100,9 +105,27 @@ class CudaDevice(Device):
         super().__init__(defects=defects, seed=seed)
         self._never = self.alloc(4, name="never-flag", role="oracle")
         self.memset(self._never, 0, 4, 0, self.legacy_stream)
+        self._warm_up()
         self.delay_200us_measured_us = self._check_delay()
 
     # ---- calibration ---------------------------------------------------------------------------
+    def _warm_up(self) -> None:
+        """Launch every kernel once with no work, then wait: no first launch happens later,
+        inside a race window."""
+        stream = self.legacy_stream.handle
+        flag = np.uint64(self._never.address)
+        zero64, zero32 = np.uint64(0), np.int32(0)
+        with _translated(self):
+            self._fns["kv_fill"]((1,), (1,), (flag, zero64, np.uint32(0)), stream=stream)
+            self._fns["kv_verify"]((1,), (1,), (flag, zero64, np.uint32(0), flag),
+                                   stream=stream)
+            self._fns["kv_read_table"]((1,), (1,), (flag, zero32, flag, zero32, flag, zero32),
+                                       stream=stream)
+            self._fns["kv_move_pages"]((1,), (1,), (flag, flag, flag, zero32, zero64, zero32),
+                                       stream=stream)
+            self._spin(0.0, stream)
+            self._cp.cuda.runtime.deviceSynchronize()
+
     def _check_delay(self) -> float:
         """How long a requested 200 us delay really takes, timed with events (median of five,
         after a warm-up): a check that the amplifier means what it says."""
