@@ -15,7 +15,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import click
+from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -120,7 +122,7 @@ def _describe(doc: Scenario | Suite) -> dict:
                    "each scenario's own).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
               default=Path("gpurace-reports"), show_default=True,
-              help="Folder for the run summary (run.json).")
+              help="Folder for the run summary (run.json) and the workers' logs.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
               show_default=True, help="json: one gpurace.run/1 document on stdout.")
 def run_cmd(targets: Sequence[str], dangerous: bool, insist: bool, backend: str,
@@ -131,7 +133,7 @@ def run_cmd(targets: Sequence[str], dangerous: bool, insist: bool, backend: str,
     (`gpurace run smoke`, `gpurace run cross-stream-race --dangerous`)."""
     options = RunOptions(backend=backend, dangerous=dangerous, trials=trials, seed=seed,
                          variants=tuple(variants), amplify=amplify, delay_us=delay_us,
-                         timeout_s=timeout_s, sweep=sweep)
+                         timeout_s=timeout_s, sweep=sweep, out_dir=out_dir)
     try:
         scenarios = resolve_targets(targets)
         _check_variants(scenarios, variants)
@@ -212,32 +214,41 @@ class _ProgressHooks(RunHooks):
     def _label(result: VariantResult) -> str:
         counts = result.outcomes()
         shown = " ".join(f"{k} {v}" for k, v in counts.items() if v)
-        return f"{result.scenario} [{result.variant}] {shown}"
+        return f"{result.scenario} ({result.variant}) {shown}"
 
 
 def _print_summary(result: RunResult) -> None:
     device = result.device.get("name", result.backend)
-    table = Table(title=f"gpurace run on {result.backend} ({device}), seed {result.seed}")
+    table = Table(title=f"gpurace run on {result.backend} ({device}), seed {result.seed}",
+                  box=box.SIMPLE_HEAD)
+    # The detector's column only once it has something to say: the table must fit 80 columns.
+    detect = any(r.detected for r in result.results)
+    numeric = ("delay us", "trials", "manifested", "detected")
     for column in ("scenario", "variant", "expect", "delay us", "trials", "manifested",
-                   "detected", "outcomes", "status"):
-        table.add_column(column, justify="right" if column in (
-            "delay us", "trials", "manifested", "detected") else "left")
+                   *(("detected",) if detect else ()), "outcomes", "status"):
+        table.add_column(column, justify="right" if column in numeric else "left",
+                         no_wrap=column in ("scenario", "status"))
     for r in result.results:
         counts = ", ".join(f"{k} {v}" for k, v in r.outcomes().items() if v) or "-"
         status = "map" if r.sweep and r.status is not Status.SKIP else r.status.value
-        table.add_row(r.scenario, r.variant, r.expect,
-                      "-" if r.delay_us is None else f"{r.delay_us:g}", str(len(r.trials)),
-                      str(r.manifested), str(r.detected), counts,
-                      f"[{_STATUS_STYLE[r.status]}]{status}[/]")
+        row = [r.scenario, r.variant, r.expect, "-" if r.delay_us is None else f"{r.delay_us:g}",
+               str(len(r.trials)), str(r.manifested), *((str(r.detected),) if detect else ()),
+               counts, f"[{_STATUS_STYLE[r.status]}]{status}[/]"]
+        table.add_row(*row)
     out.print(table)
+    dangerous = [r for r in result.results if r.status is Status.SKIP and r.dangerous]
+    if dangerous:
+        names = sorted({r.scenario for r in dangerous})
+        out.print(f"  skipped {len(dangerous)} dangerous variants ({', '.join(names)}): they can "
+                  "crash the CUDA context; pass --dangerous to run them", highlight=False)
     for r in result.results:
-        if r.reason and not r.sweep:
-            out.print(f"  {r.scenario} [{r.variant}] {r.status.value}: {r.reason}",
+        if r.reason and not r.sweep and r not in dangerous:
+            out.print(f"  {r.scenario} ({r.variant}) {r.status.value}: {escape(r.reason)}",
                       highlight=False)
         first = next((t for t in r.trials if t.outcome is not Outcome.CLEAN), None)
         if first is not None and r.status is Status.FAIL:
             out.print(f"    first: trial {first.index} (seed {first.seed}) "
-                      f"{first.outcome.value}: {first.detail}", highlight=False)
+                      f"{first.outcome.value}: {escape(first.detail)}", highlight=False)
     out.print(f"exit {int(result.exit_code)} ({result.exit_code.name.lower()}), "
               f"{result.wall_s:.1f} s", highlight=False)
 

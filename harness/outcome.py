@@ -40,6 +40,7 @@ class TrialResult:
     duration_s: float = 0.0
     race: bool = False
     worker_pid: int | None = None
+    device_log: str = ""
 
     def to_json(self) -> dict[str, object]:
         out = asdict(self)

@@ -7,9 +7,11 @@ why a variant ended is in its status and reason.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import hashlib
 import multiprocessing
+import tempfile
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -52,6 +54,7 @@ class RunOptions:
     delay_us: float | None = None
     timeout_s: float | None = None
     sweep: bool = False
+    out_dir: Path | None = None  # worker logs go to out_dir/workers (a temp folder if None)
 
 
 class RunHooks:
@@ -169,6 +172,11 @@ class Runner:
         self.hooks = hooks or RunHooks()
         self.backend = choose_backend(options.backend)
         self.device: dict[str, object] = {"backend": self.backend}
+        self._workers = 0
+        if options.out_dir is not None:
+            self.log_dir = options.out_dir / "workers"
+        else:
+            self.log_dir = Path(tempfile.mkdtemp(prefix="gpurace-workers-"))
 
     def run(self, scenarios: Iterable[Scenario]) -> RunResult:
         start = time.perf_counter()
@@ -211,8 +219,10 @@ class Runner:
                    for i in range(trials)]
         self.hooks.variant_started(result, trials)
         while pending:
+            self._workers += 1
+            log = self.log_dir / f"{self._workers:04d}-{scenario.name}-{variant.name}.log"
             job = WorkerJob(str(scenario.path), variant.name, self.backend, tuple(pending),
-                            amplified, delay if amplified else None)
+                            amplified, delay if amplified else None, str(log))
             done = self._supervise(job, timeout, result)
             pending = pending[done:]
         result.judge()
@@ -223,6 +233,7 @@ class Runner:
         """Run one worker until it finishes, crashes or hangs; returns how many of the job's
         trials ended (at least one, so the run always moves on)."""
         ctx = multiprocessing.get_context("spawn")
+        Path(job.log_path).parent.mkdir(parents=True, exist_ok=True)
         parent, child = ctx.Pipe(duplex=False)
         proc = ctx.Process(target=worker_main, args=(child, job), daemon=True)
         proc.start()
@@ -238,23 +249,34 @@ class Runner:
                 started = time.monotonic()
                 message = _receive(parent, timeout)
                 if message is None:
+                    hung = proc.is_alive()
+                    if hung:
+                        proc.kill()
+                        proc.join(5)
+                    # Measured after the kill: how long the trial held the GPU in all.
                     waited = time.monotonic() - started
-                    if proc.is_alive():
+                    if hung:
                         kind, detail = Outcome.HANG, (
                             f"no result within the {timeout:g} s trial timeout; worker "
-                            f"{proc.pid} killed")
+                            f"{proc.pid} killed after {waited:.2f} s")
                     else:
                         kind, detail = Outcome.CRASH, (
                             f"worker {proc.pid} died (exit code {proc.exitcode}) after "
                             f"{waited:.1f} s")
-                    self._record(result, TrialResult(index, seed, kind, detail=detail,
-                                                     duration_s=waited, worker_pid=proc.pid))
+                    self._record(result, TrialResult(
+                        index, seed, kind, detail=detail, duration_s=waited,
+                        worker_pid=proc.pid, device_log=_tail(job.log_path)))
                     return finished + 1
                 if message[0] == "error":
                     raise HarnessError(_worker_failed(job, proc, message))
                 if message[0] == "done":
                     return len(job.trials)
                 trial = TrialResult.from_json(message[1])
+                if trial.outcome is Outcome.CRASH and job.backend == "cuda":
+                    # The device's own words (the assert's file, line, block and thread) reach
+                    # the worker's log once the process is gone.
+                    proc.join(10)
+                    trial = dataclasses.replace(trial, device_log=_tail(job.log_path))
                 self._record(result, trial)
                 finished += 1
                 if trial.outcome is Outcome.CRASH and job.backend == "cuda":
@@ -281,11 +303,21 @@ def _receive(conn: object, timeout: float) -> tuple | None:
         return None
 
 
+def _tail(path: str, lines: int = 20) -> str:
+    """The last lines of a worker's log (what CUDA and Python printed), for the trial record."""
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
 def _worker_failed(job: WorkerJob, proc: multiprocessing.process.BaseProcess,
                    message: tuple | None) -> str:
     if message is None:
         return (f"the worker for {Path(job.scenario_path).name} ({job.variant}) did not start "
                 f"(exit code {proc.exitcode}); run with --backend sim to check the scenario")
-    return f"the worker for {Path(job.scenario_path).name} ({job.variant}) failed:\n{message[1]}"
+    return (f"the worker for {Path(job.scenario_path).name} ({job.variant}) failed "
+            f"(its log: {job.log_path}):\n{message[1]}")
 
 

@@ -8,6 +8,7 @@ the remaining trials; a hang is ended by the parent's watchdog killing the worke
 from __future__ import annotations
 
 import os
+import sys
 import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -23,11 +24,17 @@ class WorkerJob:
     trials: tuple[tuple[int, int], ...]
     amplify: bool
     delay_us: float | None
+    log_path: str
 
 
 def worker_main(conn: Connection, job: WorkerJob) -> None:
     """Entry point of a worker process. Messages to the parent:
     ("ready", device_info), ("trial", result_json) per trial, ("done",), or ("error", text)."""
+    # Everything the process prints, CUDA's device-side assert messages included, goes to the
+    # worker's log: the parent's terminal keeps its progress bar, and reports quote the log.
+    log = os.open(job.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
     # Imported here: a spawned child imports this module first, and only then the heavy parts.
     from harness.executor import TrialExecutor
     from harness.outcome import Outcome
@@ -44,7 +51,12 @@ def worker_main(conn: Connection, job: WorkerJob) -> None:
             payload["worker_pid"] = os.getpid()
             conn.send(("trial", payload))
             if result.outcome is Outcome.CRASH and job.backend == "cuda":
-                return  # the context is dead; the parent starts a new worker
+                # The context is dead: exit now, without the destructors that would try to
+                # free its memory and print CUDA errors. The parent starts a new worker.
+                conn.close()
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(0)
         conn.send(("done",))
     except BaseException:
         conn.send(("error", traceback.format_exc()))

@@ -102,6 +102,8 @@ def test_hung_worker_killed_and_run_goes_on(tmp_path: Path) -> None:
                      tmp_path=tmp_path)
     elapsed = time.monotonic() - started
     hung, after = doc["results"][0], doc["results"][1:]
+    print(f"\nhang: {hung['first_manifested']['detail']}")
+    assert hung["first_manifested"]["duration_s"] <= 1 + 2
     assert hung["outcomes"]["hang"] == 2 and hung["status"] == "fail"
     assert "killed" in hung["first_manifested"]["detail"]
     assert all(r["trials"] == 2 for r in after)  # the run went on

@@ -80,6 +80,8 @@ def test_hung_worker_killed_gpu_fine_afterwards(tmp_path: Path) -> None:
                      "--trials", "2")
     _show(doc)
     hung, after = doc["results"][0], doc["results"][1:]
+    print(f"\nhang: {hung['first_manifested']['detail']}")
+    assert hung["first_manifested"]["duration_s"] <= 2 + 2
     print(f"\nhang run took {time.monotonic() - started:.1f} s")
     assert hung["trials"] == 2 and hung["outcomes"]["hang"] == 2
     assert [r["status"] for r in after] == ["pass", "pass"]  # the GPU runs kernels afterwards
