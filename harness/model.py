@@ -48,8 +48,8 @@ STEP_OPS: dict[str, dict[str, tuple[str, ...]]] = {
 }
 """The step vocabulary (kvcore's nouns) and the keys each step takes."""
 
-STEPS_DEFINING = {"materialize": "lease", "catalog": "catalog", "host_fill": "buffer"}
-"""Ops whose ``id`` (or, for host_fill, ``buffer``) introduces a name later steps refer to."""
+WORKLOAD_PHASES = ("churn", "prefill", "activate", "decode")
+"""The phases of a workload's request, in the order they run; ``amplify.before`` names one."""
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from harness.model import (
     EXPECTATIONS,
     STEP_OPS,
     STREAMS,
+    WORKLOAD_PHASES,
     Amplify,
     Location,
     PlaneSpec,
@@ -46,8 +47,6 @@ KINDS = ("Scenario", "Suite")
 NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9_-]*")
 """Scenario, suite, variant, step, buffer and event names (matched whole)."""
 WORKLOAD_KINDS = ("conversation",)
-WORKLOAD_PHASES = ("prefill", "activate", "decode", "churn")
-"""The phases of a workload's request that ``amplify.before`` may name."""
 DTYPES = tuple(d.label for d in kvcore.DType)
 
 ROOT = "(document)"
