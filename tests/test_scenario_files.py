@@ -376,8 +376,8 @@ def test_workload_amplify_before_unknown_phase(tmp_path: Path) -> None:
         "  workload: {kind: conversation, requests: 3}\n")
     path = write(tmp_path, text)
     assert error_of(path) == (f"{path}:12:51: spec.amplify.before: unknown workload phase "
-                              "'decod' (did you mean 'decode'?); use one of prefill, activate, "
-                              "decode, churn")
+                              "'decod' (did you mean 'decode'?); use one of churn, prefill, "
+                              "activate, decode")
 
 
 def test_workload_defaults_and_kind(tmp_path: Path) -> None:
