@@ -8,24 +8,33 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 import click
 from rich import box
 from rich.console import Console
+from rich.markdown import Markdown
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 import kvcore
 from harness.errors import GpuBusyError, HarnessError, ScenarioError
+from harness.doctor import diagnose
 from harness.gpu import other_gpu_processes
 from harness.model import Scenario, Suite
 from harness.outcome import Outcome, Status, TrialResult, VariantResult
+from reports import (
+    ReportError,
+    list_incidents,
+    load_report,
+    remove_stale_temps,
+    render_junit,
+    render_markdown,
+    write_atomic,
+)
 from harness.runner import (
     ExitCode,
     RunHooks,
@@ -44,7 +53,8 @@ _STATUS_STYLE = {Status.PASS: "green", Status.FAIL: "bold red", Status.SKIP: "ye
 
 def _fail(exc: BaseException) -> None:
     """Print an error the way a user can act on it (no traceback) and exit with its code."""
-    code = getattr(exc, "exit_code", ExitCode.INTERNAL)
+    code = ExitCode.USAGE if isinstance(exc, ReportError) else getattr(
+        exc, "exit_code", ExitCode.INTERNAL)
     prefix = "error" if code != ExitCode.INTERNAL else "internal error"
     err.print(f"[bold red]{prefix}:[/] {exc}", highlight=False, markup=True, soft_wrap=True)
     sys.exit(int(code))
@@ -117,23 +127,31 @@ def _describe(doc: Scenario | Suite) -> dict:
 @click.option("--sweep", is_flag=True,
               help="Map the race window: run each variant at every delay of its scenario's "
                    "amplify.sweep list (a map, so its points do not fail the run).")
+@click.option("--trial", "trial", type=click.IntRange(min=0),
+              help="Run only this trial index of each variant, with the seed it had in the "
+                   "full run: what an incident's reproduce command uses.")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.1),
               help="Seconds a trial may take before the watchdog kills its worker (default: "
                    "each scenario's own).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
               default=Path("gpurace-reports"), show_default=True,
               help="Folder for the run summary (run.json) and the workers' logs.")
+@click.option("--junit", "junit", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write JUnit XML here: a testcase per scenario variant.")
+@click.option("--max-incidents", type=click.IntRange(min=0), default=3, show_default=True,
+              help="Incident folders written per variant; further bad trials are counted.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
               show_default=True, help="json: one gpurace.run/1 document on stdout.")
 def run_cmd(targets: Sequence[str], dangerous: bool, insist: bool, backend: str,
             trials: int | None, seed: int, variants: Sequence[str], amplify: bool,
-            delay_us: float | None, sweep: bool, timeout_s: float | None, out_dir: Path,
-            fmt: str) -> None:
+            delay_us: float | None, sweep: bool, trial: int | None, timeout_s: float | None,
+            out_dir: Path, junit: Path | None, max_incidents: int, fmt: str) -> None:
     """Run scenarios: TARGETS are scenario files, folders of them, suite files, or names
     (`gpurace run smoke`, `gpurace run cross-stream-race --dangerous`)."""
     options = RunOptions(backend=backend, dangerous=dangerous, trials=trials, seed=seed,
                          variants=tuple(variants), amplify=amplify, delay_us=delay_us,
-                         timeout_s=timeout_s, sweep=sweep, out_dir=out_dir)
+                         timeout_s=timeout_s, sweep=sweep, out_dir=out_dir, trial=trial,
+                         max_incidents=max_incidents)
     try:
         scenarios = resolve_targets(targets)
         _check_variants(scenarios, variants)
@@ -142,18 +160,24 @@ def run_cmd(targets: Sequence[str], dangerous: bool, insist: bool, backend: str,
             _refuse_busy_gpu(insist)
         hooks = _ProgressHooks(fmt == "text" and err.is_terminal)
         runner.hooks = hooks
+        if out_dir.exists():
+            remove_stale_temps(out_dir)  # what a killed earlier run left half-written
         with hooks:
             result = runner.run(scenarios)
-        _write_summary(out_dir, result)
+        document = result.to_json()
+        out_dir.mkdir(parents=True, exist_ok=True)
+        write_atomic(out_dir / "run.json", json.dumps(document, indent=2) + "\n")
+        if junit is not None:
+            write_atomic(junit, render_junit(document))
     except (HarnessError, kvcore.KVCoreError) as exc:
         _fail(exc)
     except KeyboardInterrupt:
         err.print("interrupted")
         sys.exit(130)
     if fmt == "json":
-        click.echo(json.dumps(result.to_json(), indent=2))
+        click.echo(json.dumps(document, indent=2))
     else:
-        _print_summary(result)
+        _print_summary(result, out_dir)
     sys.exit(int(result.exit_code))
 
 
@@ -175,15 +199,75 @@ def _refuse_busy_gpu(insist: bool) -> None:
                            "yours.")
 
 
-def _write_summary(out_dir: Path, result: RunResult) -> None:
-    """run.json, written atomically: a reader never sees half of it."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=".run.", suffix=".json")
-    with os.fdopen(fd, "w") as fh:
-        json.dump(result.to_json(), fh, indent=2)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, out_dir / "run.json")
+@main.group("report")
+def report_group() -> None:
+    """Incident reports: list them, show one."""
+
+
+@report_group.command("list")
+@click.argument("folder", type=click.Path(file_okay=False, path_type=Path),
+                default=Path("gpurace-reports"))
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
+              show_default=True)
+def report_list(folder: Path, fmt: str) -> None:
+    """List the incidents under FOLDER (a run's --out, default gpurace-reports)."""
+    if not folder.is_dir():
+        _fail(ReportError(f"{folder}: no such folder; pass a run's --out folder"))
+    items = list_incidents(folder)
+    if fmt == "json":
+        click.echo(json.dumps(items, indent=2))
+        return
+    if not items:
+        out.print(f"no incidents under {folder}")
+        return
+    for item in items:
+        if "error" in item:
+            out.print(f"[red]unreadable[/] {escape(str(item['path']))}: {escape(item['error'])}")
+            continue
+        xids = ", ".join(f"Xid {x}" for x in item.get("xids") or []) or "no Xids"
+        out.print(f"{item['path']}\n    {item.get('created', '')}  {item.get('scenario')} "
+                  f"({item.get('variant')}) trial {item.get('trial')}: {item.get('outcome')}"
+                  f" {item.get('cuda_error') or ''} ({xids})", highlight=False)
+
+
+@report_group.command("show")
+@click.argument("path", type=click.Path(exists=True, path_type=Path))
+@click.option("--format", "fmt", type=click.Choice(["markdown", "json"]), default="markdown",
+              show_default=True)
+def report_show(path: Path, fmt: str) -> None:
+    """Show one incident (its folder or its report.json): what to paste into a ticket."""
+    try:
+        report = load_report(path)
+    except ReportError as exc:
+        _fail(exc)
+    if fmt == "json":
+        click.echo(json.dumps(report, indent=2))
+    elif out.is_terminal:
+        out.print(Markdown(render_markdown(report)))
+    else:
+        click.echo(render_markdown(report))
+
+
+@main.command("doctor")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
+              show_default=True)
+def doctor_cmd(fmt: str) -> None:
+    """What works here: GPU, driver, CUDA, CuPy, NVML events, kernel log, and a verdict."""
+    report = diagnose()
+    if fmt == "json":
+        click.echo(json.dumps(report, indent=2))
+    else:
+        table = Table(title="gpurace doctor", box=box.SIMPLE_HEAD, show_header=False)
+        table.add_column("check", no_wrap=True)
+        table.add_column("ok", no_wrap=True)
+        table.add_column("what it says")
+        for check in report["checks"]:
+            mark = "[green]yes[/]" if check["ok"] else "[yellow]no[/]"
+            table.add_row(check["name"], mark, escape(check["detail"]))
+        out.print(table)
+        for line in report["verdict"]:
+            out.print(f"  {escape(line)}", highlight=False)
+    sys.exit(0)
 
 
 class _ProgressHooks(RunHooks):
@@ -210,6 +294,9 @@ class _ProgressHooks(RunHooks):
         if self.task is not None:
             self.progress.update(self.task, advance=1, description=self._label(result))
 
+    def note(self, text: str) -> None:
+        err.print(f"[yellow]note:[/] {escape(text)}", highlight=False)
+
     @staticmethod
     def _label(result: VariantResult) -> str:
         counts = result.outcomes()
@@ -217,7 +304,7 @@ class _ProgressHooks(RunHooks):
         return f"{result.scenario} ({result.variant}) {shown}"
 
 
-def _print_summary(result: RunResult) -> None:
+def _print_summary(result: RunResult, out_dir: Path) -> None:
     device = result.device.get("name", result.backend)
     table = Table(title=f"gpurace run on {result.backend} ({device}), seed {result.seed}",
                   box=box.SIMPLE_HEAD)
@@ -249,6 +336,14 @@ def _print_summary(result: RunResult) -> None:
         if first is not None and r.status is Status.FAIL:
             out.print(f"    first: trial {first.index} (seed {first.seed}) "
                       f"{first.outcome.value}: {escape(first.detail)}", highlight=False)
+    incidents = [p for r in result.results for p in r.reports]
+    if incidents:
+        out.print(f"  {len(incidents)} incident reports (gpurace report list {out_dir}):",
+                  highlight=False)
+        for path in incidents[:10]:
+            out.print(f"    {path}", highlight=False)
+    if result.stopped:
+        out.print(f"[bold red]stopped:[/] {escape(result.stopped)}")
     out.print(f"exit {int(result.exit_code)} ({result.exit_code.name.lower()}), "
               f"{result.wall_s:.1f} s", highlight=False)
 

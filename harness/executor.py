@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -96,8 +97,10 @@ class TrialExecutor:
     and one world serve every trial of the worker."""
 
     def __init__(self, scenario: Scenario, variant: Variant, backend: str, *,
-                 amplify: bool = True, delay_us: float | None = None) -> None:
+                 amplify: bool = True, delay_us: float | None = None,
+                 on_device: Callable[[kvcore.Device], None] | None = None) -> None:
         self.scenario = scenario
+        self.on_device = on_device
         self.variant = variant
         self.backend = backend
         self.amplify: Amplify | None = scenario.amplify if amplify else None
@@ -112,6 +115,8 @@ class TrialExecutor:
     def _open(self, seed: int) -> kvcore.Device:
         device = kvcore.open_device(self.backend, defects=self.variant.defects, seed=seed)
         self.device_info = device.info().to_json()
+        if self.on_device is not None:
+            self.on_device(device)
         return device
 
     def world(self, seed: int) -> World:
@@ -367,6 +372,8 @@ class _Conversation:
             exc.gpurace_step = f"request {request}"  # type: ignore[attr-defined]
             exc.gpurace_request = request  # type: ignore[attr-defined]
             raise
+        finally:
+            device.oplog.step = None
         w.context.synchronize()
         conversation.release()
         w.context.synchronize()
@@ -374,4 +381,5 @@ class _Conversation:
 
     def _phase(self, name: str, request: int) -> None:
         self.ex.amplifier(self.w, name)
+        self.w.device.oplog.step = f"request {request} {name}"
 

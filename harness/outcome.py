@@ -41,6 +41,9 @@ class TrialResult:
     race: bool = False
     worker_pid: int | None = None
     device_log: str = ""
+    trace: str | None = None  # the trial's op trace (kept when it was not clean)
+    ops_total: int = 0
+    xids: list[dict[str, object]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, object]:
         out = asdict(self)
@@ -113,6 +116,17 @@ class VariantResult:
                 self.reason = (f"expected to reproduce in at least {self.min_rate:.0%} of trials; "
                                f"reproduced in {got}/{n}: the harness lost its power here")
 
+    def xid_summary(self) -> list[dict[str, object]]:
+        """Each Xid seen in this variant's trials, once: number, meaning, class, and in how
+        many trials it came."""
+        seen: dict[object, dict[str, object]] = {}
+        for t in self.trials:
+            for x in {int(x["xid"]): x for x in t.xids}.values():  # type: ignore[call-overload]
+                entry = seen.setdefault(x["xid"], {"xid": x["xid"], "meaning": x.get("meaning"),
+                                                   "class": x.get("class"), "trials": 0})
+                entry["trials"] = int(entry["trials"]) + 1  # type: ignore[call-overload]
+        return list(seen.values())
+
     def to_json(self) -> dict[str, object]:
         first = next((t for t in self.trials if t.outcome.manifested), None)
         return {
@@ -135,4 +149,5 @@ class VariantResult:
             "first_manifested": None if first is None else first.to_json(),
             "crash_requests": [t.requests for t in self.trials
                                if t.outcome is Outcome.CRASH and t.requests is not None],
+            "xids": self.xid_summary(),
         }

@@ -9,20 +9,25 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import hashlib
 import multiprocessing
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import kvcore
 from harness.errors import BackendUnavailable, HarnessError, ScenarioError, TargetError
-from harness.model import Scenario, Suite
+from harness.flight import CURRENT, trace_path
+from harness.incidents import build_report, reproduce_argv
+from harness.model import Scenario, Suite, Variant
 from harness.outcome import Outcome, Status, TrialResult, VariantResult
 from harness.scenario import load_document
+from harness.watch import GpuWatch, TrialXids
 from harness.worker import WorkerJob, worker_main
+from reports import write_incident
 
 SCENARIO_ROOT = Path(__file__).resolve().parent.parent / "scenarios"
 """Where suite names and bare scenario names are looked up."""
@@ -55,6 +60,8 @@ class RunOptions:
     timeout_s: float | None = None
     sweep: bool = False
     out_dir: Path | None = None  # worker logs go to out_dir/workers (a temp folder if None)
+    trial: int | None = None  # run only this trial index of each variant (a reproduction)
+    max_incidents: int = 3  # incident folders written per variant; the rest are counted
 
 
 class RunHooks:
@@ -76,9 +83,14 @@ class RunResult:
     seed: int
     results: list[VariantResult] = field(default_factory=list)
     wall_s: float = 0.0
+    health: dict[str, object] = field(default_factory=dict)
+    stopped: str = ""  # why the run stopped early (a GPU-fatal Xid), or ""
+    watch_notes: list[str] = field(default_factory=list)
 
     @property
     def exit_code(self) -> ExitCode:
+        if self.stopped:
+            return ExitCode.EXPECTATION_FAILED
         ran = [r for r in self.results if r.status is not Status.SKIP]
         # A sweep maps the race window; its points at small delays are not expected to pass.
         if any(r.status is Status.FAIL and not r.sweep for r in ran):
@@ -93,6 +105,9 @@ class RunResult:
             "seed": self.seed,
             "wall_s": round(self.wall_s, 3),
             "exit_code": int(self.exit_code),
+            "stopped": self.stopped,
+            "health": self.health,
+            "watch_notes": self.watch_notes,
             "results": [r.to_json() for r in self.results],
         }
 
@@ -173,23 +188,40 @@ class Runner:
         self.backend = choose_backend(options.backend)
         self.device: dict[str, object] = {"backend": self.backend}
         self._workers = 0
-        if options.out_dir is not None:
-            self.log_dir = options.out_dir / "workers"
-        else:
-            self.log_dir = Path(tempfile.mkdtemp(prefix="gpurace-workers-"))
+        self.out_dir = options.out_dir or Path(tempfile.mkdtemp(prefix="gpurace-"))
+        self.log_dir = self.out_dir / "workers"
+        self.watch: GpuWatch | None = None
+        self.health: dict[str, object] = {}
+        self.stopped = ""
 
     def run(self, scenarios: Iterable[Scenario]) -> RunResult:
+        """Phases: watch and health first, then every variant's trials, then health again."""
         start = time.perf_counter()
         result = RunResult(self.backend, self.device, self.options.seed)
-        for scenario in scenarios:
-            sweep = scenario.amplify.sweep if (self.options.sweep and self.options.amplify
-                                               and scenario.amplify) else ()
-            for variant in scenario.variants:
-                if self.options.variants and variant.name not in self.options.variants:
-                    continue
-                for delay in sweep or (None,):
-                    result.results.append(self.run_variant(scenario, variant.name, delay))
+        self.started_wall = time.time()
+        self.watch = GpuWatch(self.backend)
+        if self.backend == "cuda":  # on sim there is nothing to watch, and reports say so
+            for note in self.watch.notes:
+                self.hooks.note(note)
+        self.health = {"before": self.watch.health(), "after": None}
+        try:
+            for scenario in scenarios:
+                sweep = scenario.amplify.sweep if (self.options.sweep and self.options.amplify
+                                                   and scenario.amplify) else ()
+                for variant in scenario.variants:
+                    if self.options.variants and variant.name not in self.options.variants:
+                        continue
+                    for delay in sweep or (None,):
+                        if not self.stopped:
+                            result.results.append(
+                                self.run_variant(scenario, variant.name, delay))
+        finally:
+            self.health["after"] = self.watch.health()
+            self.watch.stop()
         result.device = self.device
+        result.health = self.health
+        result.stopped = self.stopped
+        result.watch_notes = list(self.watch.notes)
         result.wall_s = time.perf_counter() - start
         return result
 
@@ -213,27 +245,43 @@ class Runner:
             result.reason = "dangerous: it can crash the CUDA context; pass --dangerous to run it"
             self.hooks.variant_finished(result)
             return result
-        trials = opts.trials or scenario.trials
+        indices = [opts.trial] if opts.trial is not None else range(
+            opts.trials or scenario.trials)
         timeout = opts.timeout_s or scenario.timeout_s
-        pending = [(i, trial_seed(opts.seed, scenario.name, variant.name, i))
-                   for i in range(trials)]
-        self.hooks.variant_started(result, trials)
-        while pending:
+        pending = [(i, trial_seed(opts.seed, scenario.name, variant.name, i)) for i in indices]
+        self.hooks.variant_started(result, len(pending))
+        header = {
+            "scenario": scenario.name, "path": str(scenario.path), "variant": variant.name,
+            "backend": self.backend, "defects": variant.defects.to_json(),
+            "run_seed": opts.seed, "delay_us": delay if amplified else None,
+            "amplify": None if not amplified or scenario.amplify is None else {
+                "stream": scenario.amplify.stream, "before": scenario.amplify.before},
+        }
+        argv = functools.partial(
+            reproduce_argv, scenario, variant, backend=self.backend, run_seed=opts.seed,
+            amplified=amplified, delay_us=delay,
+            delay_overridden=sweep_delay is not None or opts.delay_us is not None,
+            timeout_s=opts.timeout_s)
+        run = _VariantRun(scenario, variant, result, header["amplify"], argv)
+        if run.amplification is not None:
+            run.amplification = {**run.amplification, "delay_us": delay}
+        while pending and not self.stopped:
             self._workers += 1
-            log = self.log_dir / f"{self._workers:04d}-{scenario.name}-{variant.name}.log"
+            folder = self.log_dir / f"{self._workers:04d}-{scenario.name}-{variant.name}"
             job = WorkerJob(str(scenario.path), variant.name, self.backend, tuple(pending),
-                            amplified, delay if amplified else None, str(log))
-            done = self._supervise(job, timeout, result)
+                            amplified, delay if amplified else None,
+                            str(folder / "worker.log"), str(folder), header)
+            done = self._supervise(job, timeout, run)
             pending = pending[done:]
         result.judge()
         self.hooks.variant_finished(result)
         return result
 
-    def _supervise(self, job: WorkerJob, timeout: float, result: VariantResult) -> int:
+    def _supervise(self, job: WorkerJob, timeout: float, run: _VariantRun) -> int:
         """Run one worker until it finishes, crashes or hangs; returns how many of the job's
         trials ended (at least one, so the run always moves on)."""
         ctx = multiprocessing.get_context("spawn")
-        Path(job.log_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(job.trace_dir).mkdir(parents=True, exist_ok=True)
         parent, child = ctx.Pipe(duplex=False)
         proc = ctx.Process(target=worker_main, args=(child, job), daemon=True)
         proc.start()
@@ -244,9 +292,9 @@ class Runner:
             if message is None or message[0] == "error":
                 raise HarnessError(_worker_failed(job, proc, message))
             self.device.update({k: v for k, v in message[1].items() if k != "pid"})
-            while finished < len(job.trials):
+            while finished < len(job.trials) and not self.stopped:
                 index, seed = job.trials[finished]
-                started = time.monotonic()
+                started, wall = time.monotonic(), time.time()
                 message = _receive(parent, timeout)
                 if message is None:
                     hung = proc.is_alive()
@@ -263,9 +311,10 @@ class Runner:
                         kind, detail = Outcome.CRASH, (
                             f"worker {proc.pid} died (exit code {proc.exitcode}) after "
                             f"{waited:.1f} s")
-                    self._record(result, TrialResult(
+                    self._record(run, TrialResult(
                         index, seed, kind, detail=detail, duration_s=waited,
-                        worker_pid=proc.pid, device_log=_tail(job.log_path)))
+                        worker_pid=proc.pid, device_log=_tail(job.log_path),
+                        trace=_keep_current_trace(job, index)), wall, job)
                     return finished + 1
                 if message[0] == "error":
                     raise HarnessError(_worker_failed(job, proc, message))
@@ -277,7 +326,7 @@ class Runner:
                     # the worker's log once the process is gone.
                     proc.join(10)
                     trial = dataclasses.replace(trial, device_log=_tail(job.log_path))
-                self._record(result, trial)
+                self._record(run, trial, wall, job)
                 finished += 1
                 if trial.outcome is Outcome.CRASH and job.backend == "cuda":
                     return finished
@@ -288,9 +337,51 @@ class Runner:
             proc.join(5)
             parent.close()
 
-    def _record(self, result: VariantResult, trial: TrialResult) -> None:
-        result.trials.append(trial)
-        self.hooks.trial_finished(result, trial)
+    def _record(self, run: _VariantRun, trial: TrialResult, wall: float,
+                job: WorkerJob) -> None:
+        """Keep a finished trial; for one that was not clean, gather what the GPU said and write
+        its incident; stop the run if the GPU reported a fatal Xid."""
+        assert self.watch is not None
+        if trial.outcome.manifested:
+            said = self.watch.for_trial(trial.worker_pid, wall,
+                                        crashed=trial.outcome in (Outcome.CRASH, Outcome.HANG))
+            trial = dataclasses.replace(trial, xids=said.xids)
+            if len(run.result.reports) < self.options.max_incidents:
+                run.result.reports.append(str(self._incident(run, trial, said, job)))
+        run.result.trials.append(trial)
+        self.hooks.trial_finished(run.result, trial)
+        fatal = self.watch.fatal_since(self.started_wall)
+        if fatal and not self.stopped:
+            xids = ", ".join(f"Xid {ev.xid} ({ev.info.meaning})" for ev in fatal)
+            self.stopped = (f"the GPU reported {xids}: it needs attention (a reset or service) "
+                            "before it runs anything else; the run stopped here")
+            self.hooks.note(self.stopped)
+
+    def _incident(self, run: _VariantRun, trial: TrialResult, said: TrialXids,
+                  job: WorkerJob) -> Path:
+        report = build_report(
+            run.scenario, run.variant, trial, backend=self.backend, device=dict(self.device),
+            health={"before": self.health.get("before"), "after": self.watch.health()
+                    if self.watch else None, "note": ""},
+            run_seed=self.options.seed, amplification=run.amplification, xids=said.xids,
+            xid_note=said.note, kernel_log=said.kernel_log, argv=run.argv(trial))
+        log = _tail(job.log_path, 400)
+        extra = {"worker.log": log + "\n"} if log.strip() else {}
+        if said.kernel_log:
+            extra["kernel-log.txt"] = "\n".join(said.kernel_log) + "\n"
+        trace = Path(trial.trace) if trial.trace else None
+        return write_incident(self.out_dir, report, trace, extra)
+
+
+@dataclass
+class _VariantRun:
+    """What the runner carries for the variant it is running."""
+
+    scenario: Scenario
+    variant: Variant
+    result: VariantResult
+    amplification: dict[str, object] | None
+    argv: Callable[[TrialResult], list[str]]
 
 
 def _receive(conn: object, timeout: float) -> tuple | None:
@@ -301,6 +392,16 @@ def _receive(conn: object, timeout: float) -> tuple | None:
         return conn.recv()  # type: ignore[attr-defined,no-any-return]
     except (EOFError, OSError):
         return None
+
+
+def _keep_current_trace(job: WorkerJob, index: int) -> str | None:
+    """The trace of the trial a worker died in: everything flushed before its last wait."""
+    current = Path(job.trace_dir) / CURRENT
+    if not current.exists():
+        return None
+    kept = trace_path(Path(job.trace_dir), index)
+    current.replace(kept)
+    return str(kept)
 
 
 def _tail(path: str, lines: int = 20) -> str:

@@ -12,6 +12,8 @@ import sys
 import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,8 @@ class WorkerJob:
     amplify: bool
     delay_us: float | None
     log_path: str
+    trace_dir: str
+    header: dict[str, Any]
 
 
 def worker_main(conn: Connection, job: WorkerJob) -> None:
@@ -37,18 +41,25 @@ def worker_main(conn: Connection, job: WorkerJob) -> None:
     os.dup2(log, 2)
     # Imported here: a spawned child imports this module first, and only then the heavy parts.
     from harness.executor import TrialExecutor
+    from harness.flight import FlightRecorder
     from harness.outcome import Outcome
     from harness.scenario import load_scenario
 
     try:
         scenario = load_scenario(job.scenario_path)
+        recorder = FlightRecorder(Path(job.trace_dir))
         executor = TrialExecutor(scenario, scenario.variant(job.variant), job.backend,
-                                 amplify=job.amplify, delay_us=job.delay_us)
+                                 amplify=job.amplify, delay_us=job.delay_us,
+                                 on_device=recorder.attach)
         conn.send(("ready", {**executor.device_info, "pid": os.getpid()}))
         for index, seed in job.trials:
+            recorder.start_trial({**job.header, "trial": index, "seed": seed,
+                                  "pid": os.getpid()})
             result = executor.run(index, seed)
             payload = result.to_json()
             payload["worker_pid"] = os.getpid()
+            payload["trace"] = recorder.end_trial(index, keep=result.outcome.manifested)
+            payload["ops_total"] = recorder.total
             conn.send(("trial", payload))
             if result.outcome is Outcome.CRASH and job.backend == "cuda":
                 # The context is dead: exit now, without the destructors that would try to

@@ -313,9 +313,14 @@ class Device(ABC):
             self._emit(HOST, "host_read", reads=(Access(buf.id, off, nbytes),))
         return out
 
+    def _blocking(self) -> None:
+        for hook in self.oplog.blocking_hooks:
+            hook()
+
     def synchronize(self) -> None:
         """cudaDeviceSynchronize: the host waits for every stream."""
         self._alive()
+        self._blocking()
         self._do_sync_device()
         if self.oplog.active:
             self._emit(HOST, "sync_device")
@@ -323,6 +328,7 @@ class Device(ABC):
     def synchronize_stream(self, stream: Stream) -> None:
         """cudaStreamSynchronize: the host waits for all work issued to ``stream``."""
         self._check_stream(stream)
+        self._blocking()
         self._do_sync_stream(stream)
         if self.oplog.active:
             self._emit(HOST, "sync_stream", syncs=stream.name)
@@ -330,6 +336,7 @@ class Device(ABC):
     def synchronize_event(self, event: Event) -> None:
         """cudaEventSynchronize: the host waits for ``event``'s latest record."""
         self._alive()
+        self._blocking()
         self._do_sync_event(event)
         if self.oplog.active:
             self._emit(HOST, "sync_event", waits=event.name)

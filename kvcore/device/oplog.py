@@ -107,6 +107,7 @@ class OpLog:
         self._seq = 0
         self.active = False
         self.step: str | None = None
+        self.blocking_hooks: list[Callable[[], None]] = []
 
     def subscribe(self, observer: Observer) -> Callable[[], None]:
         """Send every later record to ``observer``; returns a function that unsubscribes it."""
@@ -119,6 +120,12 @@ class OpLog:
             self.active = bool(self._observers)
 
         return unsubscribe
+
+    def before_blocking(self, hook: Callable[[], None]) -> None:
+        """Call ``hook`` just before the host blocks on the device (every synchronize): the
+        moment a flight recorder must have its records on disk, since a hung kernel or a fault
+        is found there and the process may never come back."""
+        self.blocking_hooks.append(hook)
 
     def announce_buffer(self, info: BufferInfo) -> None:
         """Register a buffer, so observers can name the buffers that records refer to."""

@@ -1,0 +1,86 @@
+"""Incidents: what the runner knows about a trial that did not end clean, as a report.
+
+Builds the canonical report dict (schema gpurace.report/1) from the scenario, the trial, the
+device, the GPU's health, the Xids seen and the flight recorder's trace, with the exact command
+that reproduces it; ``reports`` renders and writes it.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import shlex
+from pathlib import Path
+from typing import Any
+
+from harness.flight import read_trace
+from harness.model import Scenario, Variant
+from harness.outcome import TrialResult
+
+LAST_OPS = 300
+"""How many of the last op records an incident report carries (the whole trace is beside it)."""
+
+
+def reproduce_argv(scenario: Scenario, variant: Variant, trial: TrialResult, *, backend: str,
+                   run_seed: int, amplified: bool, delay_us: float | None,
+                   delay_overridden: bool, timeout_s: float | None) -> list[str]:
+    """The gpurace command line that runs exactly this trial again."""
+    path = scenario.path
+    try:
+        shown = os.path.relpath(path)
+        if shown.startswith(".."):
+            shown = str(path)
+    except ValueError:  # another drive on Windows
+        shown = str(path)
+    argv = ["gpurace", "run", shown, "--backend", backend, "--variant", variant.name,
+            "--seed", str(run_seed), "--trial", str(trial.index)]
+    if scenario.dangerous:
+        argv.append("--dangerous")
+    if not amplified:
+        argv.append("--no-amplify")
+    elif delay_overridden and delay_us is not None:
+        argv += ["--delay-us", f"{delay_us:g}"]
+    if timeout_s is not None:
+        argv += ["--timeout", f"{timeout_s:g}"]
+    return argv
+
+
+def build_report(scenario: Scenario, variant: Variant, trial: TrialResult, *, backend: str,
+                 device: dict[str, Any], health: dict[str, Any], run_seed: int,
+                 amplification: dict[str, Any] | None, xids: list[dict[str, Any]],
+                 xid_note: str, kernel_log: list[str], argv: list[str]) -> dict[str, Any]:
+    """The gpurace.report/1 dict of one incident."""
+    last_ops: list[dict[str, Any]] = []
+    ops_total = trial.ops_total
+    if trial.trace and Path(trial.trace).exists():
+        _, _, ops = read_trace(Path(trial.trace))
+        ops_total = max(ops_total, len(ops))
+        last_ops = [{k: v for k, v in op.items() if k != "type"} for op in ops[-LAST_OPS:]]
+    return {
+        "schema": "gpurace.report/1",
+        "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "scenario": {"name": scenario.name, "path": str(scenario.path),
+                     "description": scenario.description, "dangerous": scenario.dangerous},
+        "variant": {"name": variant.name, "defects": variant.defects.to_json(),
+                    "expect": variant.expect},
+        "trial": {"index": trial.index, "seed": trial.seed,
+                  "duration_s": round(trial.duration_s, 4), "worker_pid": trial.worker_pid},
+        "run_seed": run_seed,
+        "backend": backend,
+        "device": device,
+        "health": health,
+        "outcome": trial.outcome.value,
+        "detail": trial.detail,
+        "cuda_error": trial.cuda_error,
+        "step": trial.step,
+        "request": trial.requests if trial.outcome.value == "crash" else None,
+        "xids": xids,
+        "xid_note": xid_note,
+        "kernel_log": kernel_log,
+        "device_log": trial.device_log,
+        "amplification": amplification,
+        "last_ops": last_ops,
+        "ops_total": ops_total,
+        "trace": "trace.jsonl",
+        "reproduce": {"command": shlex.join(argv), "argv": argv},
+    }

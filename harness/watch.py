@@ -1,0 +1,123 @@
+"""What the GPU said during a run: NVML Xid events and kernel-log Xid lines, per trial.
+
+One :class:`GpuWatch` lives for a whole run. NVML events carry no pid, so they are attributed
+to a trial by time; kernel-log lines carry the worker's pid, so they are attributed by pid. On the
+simulated device there is nothing to watch, and every answer says so.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.kernlog import KernelLog, KernelXid
+from harness.nvml import NvmlWatcher, XidEvent, health_snapshot
+
+XID_GRACE_S = 2.0
+"""How long to wait after a crash for its Xid: the driver reports it as it tears the context
+down, which can come a little after the worker saw the error."""
+
+
+@dataclass
+class TrialXids:
+    """The Xids of one trial, for its report."""
+
+    xids: list[dict[str, Any]] = field(default_factory=list)
+    kernel_log: list[str] = field(default_factory=list)
+    note: str = ""
+
+    @property
+    def fatal(self) -> list[dict[str, Any]]:
+        return [x for x in self.xids if x["class"] == "gpu-fatal"]
+
+
+class GpuWatch:
+    """NVML and kernel-log watching for one run (see the module docstring)."""
+
+    def __init__(self, backend: str) -> None:
+        self.backend = backend
+        self.nvml: NvmlWatcher | None = None
+        self.klog: KernelLog | None = None
+        self._lines: list[KernelXid] = []
+        self.notes: list[str] = []
+        if backend != "cuda":
+            self.notes.append("the simulated device has no GPU: no Xids to watch")
+            return
+        self.nvml = NvmlWatcher()
+        if not self.nvml.start():
+            self.notes.append(f"NVML Xid events unavailable: {self.nvml.note}")
+        self.klog = KernelLog()
+        if not self.klog.start():
+            self.notes.append(f"kernel log unavailable: {self.klog.note}")
+
+    def health(self) -> dict[str, Any]:
+        if self.backend != "cuda":
+            return {"available": False, "note": "the simulated device has no GPU health"}
+        return health_snapshot()
+
+    def for_trial(self, pid: int | None, t0: float, crashed: bool) -> TrialXids:
+        """The Xids of a trial that started (wall time) at ``t0`` in worker ``pid``; after a
+        crash, waits up to XID_GRACE_S for them to arrive."""
+        out = TrialXids(note="; ".join(self.notes))
+        if self.backend != "cuda":
+            return out
+        deadline = time.time() + (XID_GRACE_S if crashed else 0.0)
+        while True:
+            self._poll_klog()
+            events = self.nvml.events_between(t0 - 0.5, time.time()) if self.nvml else []
+            lines = [x for x in self._lines if pid is not None and x.pid == pid]
+            if events or lines or time.time() >= deadline:
+                break
+            time.sleep(0.05)
+        # A kernel line belongs to one trial: the next trial of the same worker must not get it.
+        self._lines = [x for x in self._lines if x not in lines]
+        seen: set[int] = set()
+        for ev in events:
+            out.xids.append(_from_event(ev, pid))
+            seen.add(ev.xid)
+        for line in lines:
+            out.kernel_log.append(line.line)
+            if line.xid not in seen:
+                out.xids.append(_from_line(line))
+                seen.add(line.xid)
+            else:  # the same Xid from both sources: one entry, with the kernel's line
+                for x in out.xids:
+                    if x["xid"] == line.xid and x["line"] is None:
+                        x["line"], x["sources"] = line.line, ["nvml", "kernel-log"]
+        if not out.xids:
+            out.note = "; ".join([*self.notes, "no Xid was reported for this trial"])
+        return out
+
+    def fatal_since(self, t0: float) -> list[XidEvent]:
+        """GPU-fatal events since ``t0``: the run must stop, the GPU needs attention."""
+        if self.nvml is None:
+            return []
+        return [ev for ev in self.nvml.events_between(t0, time.time()) if ev.fatal]
+
+    def _poll_klog(self) -> None:
+        if self.klog is not None:
+            self._lines.extend(self.klog.poll())
+
+    def stop(self) -> None:
+        if self.nvml is not None:
+            self.nvml.stop()
+
+
+def _iso(wall: float) -> str:
+    return _dt.datetime.fromtimestamp(wall, _dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _from_event(ev: XidEvent, pid: int | None) -> dict[str, Any]:
+    info = ev.info
+    return {"xid": ev.xid, "meaning": info.meaning, "class": info.klass, "source": "nvml",
+            "sources": ["nvml"], "time": _iso(ev.wall_time), "gpu": ev.gpu_index,
+            "event_type": ev.event_type, "pid": pid, "line": None}
+
+
+def _from_line(line: KernelXid) -> dict[str, Any]:
+    info = line.info
+    return {"xid": line.xid, "meaning": info.meaning, "class": info.klass,
+            "source": "kernel-log", "sources": ["kernel-log"], "time": line.timestamp,
+            "gpu": line.pci, "event_type": "xid", "pid": line.pid, "line": line.line}

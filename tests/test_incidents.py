@@ -1,0 +1,227 @@
+"""Incidents on the simulated device: the same files as on a GPU, the reproduce command, JUnit,
+doctor, `report list|show`, GPU-fatal Xids stopping a run, and SIGKILL mid-run."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import harness.runner
+from harness.cli import main
+from harness.nvml import XidEvent
+from harness.runner import SCENARIO_ROOT
+from harness.watch import GpuWatch, TrialXids
+from reports import list_incidents, load_report, remove_stale_temps
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _run(*args: str) -> tuple[int, dict]:
+    result = CliRunner().invoke(main, ["run", *args, "--format", "json"])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+    return result.exit_code, json.loads(result.stdout)
+
+
+@pytest.fixture(scope="module")
+def crash_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("crash")
+    code, doc = _run("catalog-reactivation", "--dangerous", "--backend", "sim", "--variant",
+                     "buggy", "--trials", "5", "--seed", "7", "--out", str(out))
+    assert code == 0
+    return out, doc
+
+
+def test_sim_crash_leaves_incident_folders(crash_run: tuple[Path, dict]) -> None:
+    out, doc = crash_run
+    [result] = doc["results"]
+    assert len(result["reports"]) == 3  # --max-incidents default; 5 crashes counted
+    for path in result["reports"]:
+        folder = Path(path)
+        assert folder.parent == out
+        assert {"report.json", "report.md", "trace.jsonl"} <= {p.name for p in folder.iterdir()}
+        report = load_report(folder)
+        assert report["schema"] == "gpurace.report/1"
+        assert report["outcome"] == "crash" and report["cuda_error"] == "CUDA_ERROR_ASSERT"
+        assert report["xids"] == [] and "no GPU" in report["xid_note"]
+        assert report["last_ops"][-1]["kind"] == "kernel:read_table"
+        assert report["last_ops"][-1]["step"] == "request 1 decode"
+        assert report["amplification"] == {"stream": "legacy_stream", "before": "activate",
+                                           "delay_us": 1000.0}
+        assert "--trial" in report["reproduce"]["command"]
+        markdown = (folder / "report.md").read_text()
+        assert "CUDA_ERROR_ASSERT" in markdown and report["reproduce"]["command"] in markdown
+        header = json.loads((folder / "trace.jsonl").read_text().splitlines()[0])
+        assert header["schema"] == "gpurace.trace/1" and header["trial"] == report["trial"][
+            "index"]
+
+
+def test_reproduce_command_crashes_the_same_way(crash_run: tuple[Path, dict],
+                                               tmp_path: Path) -> None:
+    _, doc = crash_run
+    report = load_report(Path(doc["results"][0]["reports"][1]))
+    argv = shlex.split(report["reproduce"]["command"])
+    assert argv[:2] == ["gpurace", "run"]
+    code, again = _run(*argv[2:], "--out", str(tmp_path))
+    [result] = again["results"]
+    first = result["first_manifested"]
+    assert result["trials"] == 1 and code == 0
+    assert first["index"] == report["trial"]["index"] and first["seed"] == report["trial"]["seed"]
+    assert first["cuda_error"] == "CUDA_ERROR_ASSERT"
+    assert first["detail"] == report["detail"]
+
+
+def test_hang_incident_keeps_the_ops_before_the_wait(tmp_path: Path) -> None:
+    hang = tmp_path / "hang.yaml"
+    hang.write_text(
+        "apiVersion: gpurace/v1\nkind: Scenario\n"
+        "metadata: {name: hang}\n"
+        "spec:\n  pool: {pages: 2}\n  trials: 1\n  timeout: 1\n"
+        "  variants: {fixed: {expect: clean}}\n"
+        "  steps:\n    - {id: page, op: materialize, pages: 1}\n"
+        "    - {id: stuck, op: delay, stream: compute, us: .inf}\n"
+        "    - {id: wait, op: synchronize}\n")
+    code, doc = _run(str(hang), "--backend", "sim", "--out", str(tmp_path / "out"))
+    report = load_report(Path(doc["results"][0]["reports"][0]))
+    assert code == 1 and report["outcome"] == "hang"
+    assert report["last_ops"][-1]["kind"] == "kernel:delay"
+    assert report["last_ops"][-1]["step"] == "stuck"
+
+
+def test_junit_from_a_run(tmp_path: Path) -> None:
+    junit = tmp_path / "junit.xml"
+    code, _ = _run(str(SCENARIO_ROOT / "release_fence.yaml"),
+                   str(SCENARIO_ROOT / "cross_stream_race.yaml"), "--backend", "sim",
+                   "--trials", "10", "--no-amplify", "--junit", str(junit),
+                   "--out", str(tmp_path / "out"))
+    root = ET.parse(junit).getroot()
+    assert root.tag == "testsuites"
+    suites = root.findall("testsuite")
+    assert [s.get("name") for s in suites] == ["release-fence", "cross-stream-race"]
+    cases = {(c.get("classname"), c.get("name")): c for c in root.iter("testcase")}
+    buggy = cases[("gpurace.release-fence", "buggy")]
+    assert buggy.find("failure") is not None  # unamplified, the race hid: a failure
+    assert cases[("gpurace.cross-stream-race", "buggy")].find("skipped") is not None
+    assert root.get("failures") == "1" and root.get("skipped") == "2" and code == 1
+
+
+def test_doctor_without_gpu_explains_and_exits_0() -> None:
+    result = CliRunner().invoke(main, ["doctor", "--format", "json"])
+    assert result.exit_code == 0
+    report = json.loads(result.stdout)
+    checks = {c["name"]: c for c in report["checks"]}
+    assert checks["simulated device"]["ok"]
+    if not checks["CUDA device"]["ok"]:
+        assert any("cuda backend: not usable here" in v for v in report["verdict"])
+        assert any(v.startswith("sim backend: usable") for v in report["verdict"])
+    text = CliRunner().invoke(main, ["doctor"])
+    assert text.exit_code == 0 and "sim backend" in text.output
+
+
+def test_report_list_and_show(crash_run: tuple[Path, dict]) -> None:
+    out, doc = crash_run
+    listed = CliRunner().invoke(main, ["report", "list", str(out), "--format", "json"])
+    items = json.loads(listed.stdout)
+    assert sorted(i["path"] for i in items) == sorted(doc["results"][0]["reports"])
+    shown = CliRunner().invoke(main, ["report", "show", items[0]["path"]])
+    assert shown.exit_code == 0 and "# gpurace incident: catalog-reactivation" in shown.output
+    missing = CliRunner().invoke(main, ["report", "list", str(out / "nope")])
+    assert missing.exit_code == 2 and "Traceback" not in missing.output
+
+
+class _FatalWatch(GpuWatch):
+    """A watch whose GPU reports Xid 79 as soon as the first trial ends."""
+
+    def __init__(self, backend: str) -> None:
+        super().__init__("sim")
+        self.notes = []
+
+    def for_trial(self, pid: int | None, t0: float, crashed: bool) -> TrialXids:
+        return TrialXids()
+
+    def fatal_since(self, t0: float) -> list[XidEvent]:
+        return [XidEvent(79, 0, "GPU-fake", "xid", time.time(), time.monotonic())]
+
+
+def test_gpu_fatal_xid_stops_the_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(harness.runner, "GpuWatch", _FatalWatch)
+    code, doc = _run(str(SCENARIO_ROOT / "release_fence.yaml"), "--backend", "sim",
+                     "--trials", "50", "--out", str(tmp_path))
+    assert code == 1
+    assert "Xid 79" in doc["stopped"] and "needs attention" in doc["stopped"]
+    assert sum(r["trials"] for r in doc["results"]) == 1  # nothing ran after the fatal Xid
+
+
+def test_sigkill_mid_run_leaves_no_half_written_file(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "harness.cli", "run", "catalog-reactivation", "--dangerous",
+           "--backend", "sim", "--variant", "buggy", "--trials", "2000", "--max-incidents",
+           "2000", "--out", str(out)]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "PYTHONPATH": str(REPO)},
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if out.exists() and len([p for p in out.iterdir() if p.name.startswith("2")]) >= 5:
+                break
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)  # the harness itself, mid-run
+        proc.wait(10)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # and its orphaned worker
+        except ProcessLookupError:
+            pass
+    incidents = [p for p in out.iterdir() if p.is_dir() and not p.name.startswith(".")
+                 and p.name != "workers"]
+    assert len(incidents) >= 5
+    for folder in incidents:
+        report = load_report(folder)  # complete JSON with the right schema
+        for name in report["files"]:
+            assert (folder / name).stat().st_size > 0
+    assert not (out / "run.json").exists()  # never half-written: it is written at the end
+    assert all("error" not in item for item in list_incidents(out))
+    remove_stale_temps(out)
+    assert not [p for p in out.rglob(".*.tmp")]
+
+
+class _FakeNvml:
+    def __init__(self, events: list[XidEvent]) -> None:
+        self.events = events
+
+    def events_between(self, t0: float, t1: float) -> list[XidEvent]:
+        return [e for e in self.events if t0 <= e.wall_time <= t1]
+
+
+def test_watch_attributes_xids_by_time_and_pid() -> None:
+    from harness.kernlog import KernelLog
+
+    lines = ["[1.0] unrelated"]
+    klog = KernelLog(read_lines=lambda: list(lines))
+    klog.start()
+    watch = GpuWatch("sim")
+    watch.backend, watch.notes = "cuda", []
+    now = time.time()
+    watch.nvml = _FakeNvml([XidEvent(43, 0, "GPU-x", "xid", now, time.monotonic()),
+                            XidEvent(13, 0, "GPU-x", "xid", now - 60, time.monotonic())])
+    watch.klog = klog
+    lines += ["NVRM: Xid (PCI:0000:00:06): 43, pid=516, name=python3, channel 0x0000000a",
+              "NVRM: Xid (PCI:0000:00:06): 31, pid=999, name=python3, channel 0x0000000a"]
+    said = watch.for_trial(516, now - 1, crashed=True)
+    assert [x["xid"] for x in said.xids] == [43]  # Xid 13 came before, 31 from another pid
+    [xid] = said.xids
+    assert xid["class"] == "application" and xid["sources"] == ["nvml", "kernel-log"]
+    assert "pid=516" in xid["line"] and said.kernel_log == [lines[1]]
+    assert not said.fatal
+    empty = watch.for_trial(516, now + 10, crashed=False)
+    assert empty.xids == [] and "no Xid was reported" in empty.note
