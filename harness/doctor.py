@@ -30,8 +30,11 @@ def _version(package: str) -> str:
 
 def diagnose() -> dict[str, Any]:
     """All checks and the verdict, as a JSON-able dict."""
-    checks = [_check("gpurace", True, f"gpurace {_version('gpurace')} on Python "
-                     f"{platform.python_version()} ({sys.platform})")]
+    version = _version("gpurace")
+    shown = f"gpurace {version}" if version != "not installed" else \
+        "gpurace from source (not installed as a package)"
+    checks = [_check("gpurace", True, f"{shown} on Python {platform.python_version()} "
+                     f"({sys.platform})")]
 
     cuda_ok, cuda_why = kvcore.cuda_available()
     cupy = _version("cupy-cuda13x")

@@ -380,6 +380,6 @@ class _Conversation:
         return Outcome.CLEAN, "", None, wl.requests
 
     def _phase(self, name: str, request: int) -> None:
-        self.ex.amplifier(self.w, name)
         self.w.device.oplog.step = f"request {request} {name}"
+        self.ex.amplifier(self.w, name)
 

@@ -86,6 +86,7 @@ class GpuWatch:
                 for x in out.xids:
                     if x["xid"] == line.xid and x["line"] is None:
                         x["line"], x["sources"] = line.line, ["nvml", "kernel-log"]
+                        x["source"] = "nvml, kernel-log"
         if not out.xids:
             out.note = "; ".join([*self.notes, "no Xid was reported for this trial"])
         return out
