@@ -22,7 +22,9 @@ from rich.table import Table
 
 import kvcore
 from harness.errors import GpuBusyError, HarnessError, ScenarioError
+from harness.detector import check_trace
 from harness.doctor import diagnose
+from harness.flight import load_trace
 from harness.gpu import other_gpu_processes
 from harness.model import Scenario, Suite
 from harness.outcome import Outcome, Status, TrialResult, VariantResult
@@ -123,6 +125,9 @@ def _describe(doc: Scenario | Suite) -> dict:
               help="Run only this variant (repeatable), e.g. --variant buggy.")
 @click.option("--amplify/--no-amplify", default=True, show_default=True,
               help="Queue each scenario's delay before the step under test.")
+@click.option("--detect/--no-detect", default=True, show_default=True,
+              help="Run the race detector in every trial: it finds unordered conflicting "
+                   "accesses whether or not the race manifested.")
 @click.option("--delay-us", type=click.FloatRange(min=0), help="Override the amplifying delay.")
 @click.option("--sweep", is_flag=True,
               help="Map the race window: run each variant at every delay of its scenario's "
@@ -143,7 +148,7 @@ def _describe(doc: Scenario | Suite) -> dict:
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
               show_default=True, help="json: one gpurace.run/1 document on stdout.")
 def run_cmd(targets: Sequence[str], dangerous: bool, insist: bool, backend: str,
-            trials: int | None, seed: int, variants: Sequence[str], amplify: bool,
+            trials: int | None, seed: int, variants: Sequence[str], amplify: bool, detect: bool,
             delay_us: float | None, sweep: bool, trial: int | None, timeout_s: float | None,
             out_dir: Path, junit: Path | None, max_incidents: int, fmt: str) -> None:
     """Run scenarios: TARGETS are scenario files, folders of them, suite files, or names
@@ -151,7 +156,7 @@ def run_cmd(targets: Sequence[str], dangerous: bool, insist: bool, backend: str,
     options = RunOptions(backend=backend, dangerous=dangerous, trials=trials, seed=seed,
                          variants=tuple(variants), amplify=amplify, delay_us=delay_us,
                          timeout_s=timeout_s, sweep=sweep, out_dir=out_dir, trial=trial,
-                         max_incidents=max_incidents)
+                         max_incidents=max_incidents, detect=detect)
     try:
         scenarios = resolve_targets(targets)
         _check_variants(scenarios, variants)
@@ -248,6 +253,42 @@ def report_show(path: Path, fmt: str) -> None:
         click.echo(render_markdown(report))
 
 
+@main.command("check")
+@click.argument("trace", type=click.Path(exists=True, dir_okay=True, path_type=Path))
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
+              show_default=True)
+def check_cmd(trace: Path, fmt: str) -> None:
+    """Run the race detector over a recorded op trace (a trace.jsonl, or an incident folder):
+    exit 1 when it finds races, 0 when none."""
+    path = trace / "trace.jsonl" if trace.is_dir() else trace
+    try:
+        records, note = load_trace(path)
+    except HarnessError as exc:
+        _fail(exc)
+    findings = check_trace(records).findings
+    if fmt == "json":
+        click.echo(json.dumps({"trace": str(path), "note": note,
+                               "findings": [f.to_json() for f in findings]}, indent=2))
+    else:
+        if note:
+            err.print(f"[yellow]note:[/] {escape(note)}")
+        ops = sum(1 for r in records if r["type"] == "op")
+        out.print(f"{path}: {ops} ops, {len(findings)} race(s)", highlight=False)
+        for f in findings:
+            _print_finding(f.to_json())
+    sys.exit(1 if findings else 0)
+
+
+def _print_finding(f: dict) -> None:
+    more = f" (x{f['count']})" if f.get("count", 1) > 1 else ""
+    out.print(f"  race{more}: {escape(f['missing'])}", highlight=False)
+    for side in ("first", "second"):
+        op = f[side]
+        out.print(f"    {side}: seq {op['seq']} {op['stream']} {op['kind']} "
+                  f"{op['access']} bytes {op['bytes'][0]}..{op['bytes'][1]}"
+                  + (f" at {op['site']}" if op.get("site") else ""), highlight=False)
+
+
 @main.command("doctor")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
               show_default=True)
@@ -328,6 +369,12 @@ def _print_summary(result: RunResult, out_dir: Path) -> None:
         names = sorted({r.scenario for r in dangerous})
         out.print(f"  skipped {len(dangerous)} dangerous variants ({', '.join(names)}): they can "
                   "crash the CUDA context; pass --dangerous to run them", highlight=False)
+    for r in result.results:
+        findings = r.finding_summary(1)
+        if findings and not r.sweep:
+            out.print(f"  {r.scenario} ({r.variant}): race detected in {r.detected}/"
+                      f"{len(r.trials)} trials", highlight=False)
+            _print_finding(findings[0])
     for r in result.results:
         if r.reason and not r.sweep and r not in dangerous:
             out.print(f"  {r.scenario} ({r.variant}) {r.status.value}: {escape(r.reason)}",

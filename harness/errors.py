@@ -52,3 +52,10 @@ class GpuBusyError(HarnessError):
     """
 
     exit_code = 2
+
+
+class TraceError(HarnessError):
+    """A trace file is not a gpurace trace: a line that is not JSON, a missing or unknown header,
+    or a record without the fields its type needs. The message names the file and line."""
+
+    exit_code = 2

@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 from typing import IO, Any
 
+from harness.errors import TraceError
 from kvcore.device import Device, OpRecord
 
 TRACE_SCHEMA = "gpurace.trace/1"
@@ -37,6 +38,7 @@ class FlightRecorder:
         self._pending: list[OpRecord] = []
         self._device: Device | None = None
         self._announced: set[int] = set()
+        self._streams: set[str] = set()
         self.total = 0
 
     def attach(self, device: Device) -> None:
@@ -45,6 +47,7 @@ class FlightRecorder:
             return
         self._device = device
         self._announced = set()
+        self._streams = set()
         device.oplog.subscribe(self._pending.append)
         device.oplog.before_blocking(self.flush)
 
@@ -54,6 +57,7 @@ class FlightRecorder:
         self._pending.clear()
         self.total = 0
         self._announced = set()
+        self._streams = set()
         self._file = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 - kept open per trial
         self._file.write(json.dumps({"type": "header", "schema": TRACE_SCHEMA, "level": "ops",
                                      **header}, separators=(",", ":")) + "\n")
@@ -65,12 +69,21 @@ class FlightRecorder:
             return
         lines = []
         if self._device is not None:
-            for info in self._device.oplog.buffers.values():
+            log = self._device.oplog
+            for info in log.buffers.values():
                 if info.id not in self._announced:
                     self._announced.add(info.id)
                     lines.append(json.dumps({"type": "buffer", "id": info.id, "name": info.name,
                                              "space": info.space, "nbytes": info.nbytes,
-                                             "role": info.role}, separators=(",", ":")))
+                                             "role": info.role,
+                                             "page_bytes": log.page_bytes.get(info.id, 0)},
+                                            separators=(",", ":")))
+            for stream in log.streams.values():
+                if stream.name not in self._streams:
+                    self._streams.add(stream.name)
+                    lines.append(json.dumps({"type": "stream", "name": stream.name,
+                                             "blocking": stream.blocking,
+                                             "legacy": stream.legacy}, separators=(",", ":")))
         for record in self._pending:
             data = record.to_json()
             data["type"] = "op"
@@ -117,3 +130,42 @@ def read_trace(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]], list[d
             elif kind == "op":
                 ops.append(record)
     return header, buffers, ops
+
+
+def load_trace(path: Path) -> tuple[list[dict[str, Any]], str]:
+    """Every record of a trace file, checked line by line; and a note when its last line was
+    torn (a worker killed mid-write), which is dropped rather than refused."""
+    records: list[dict[str, Any]] = []
+    note = ""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TraceError(f"{path}: cannot read it: {exc}") from exc
+    for number, line in enumerate(lines, 1):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if number == len(lines):
+                note = f"{path}:{number}: the last line is torn (a killed writer); ignored"
+                break
+            raise TraceError(f"{path}:{number}: not a JSON record ({exc.msg})") from exc
+        if not isinstance(record, dict) or "type" not in record:
+            raise TraceError(f"{path}:{number}: a record needs a \"type\"")
+        if number == 1 and (record["type"] != "header" or record.get("schema") != TRACE_SCHEMA):
+            raise TraceError(f"{path}:1: not a gpurace op trace: the first line must be a "
+                             f"header with schema {TRACE_SCHEMA}")
+        need = _NEEDS.get(record["type"])
+        if need is None:
+            raise TraceError(f"{path}:{number}: unknown record type {record['type']!r}")
+        missing = [k for k in need if k not in record]
+        if missing:
+            raise TraceError(f"{path}:{number}: a {record['type']} record needs "
+                             f"{', '.join(missing)}")
+        records.append(record)
+    if not records:
+        raise TraceError(f"{path}:1: empty trace")
+    return records, note
+
+
+_NEEDS = {"header": ("schema",), "buffer": ("id", "name", "space"),
+          "stream": ("name", "blocking", "legacy"), "op": ("seq", "stream", "kind")}

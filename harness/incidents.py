@@ -79,6 +79,7 @@ def build_report(scenario: Scenario, variant: Variant, trial: TrialResult, *, ba
         "kernel_log": kernel_log,
         "device_log": trial.device_log,
         "amplification": amplification,
+        "findings": trial.findings,
         "last_ops": last_ops,
         "ops_total": ops_total,
         "trace": "trace.jsonl",

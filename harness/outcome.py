@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import asdict, dataclass, field
+
+
+def step_shape(step: object) -> object:
+    """A step with its numbers taken out: request 1 and request 2 are the same place, and a
+    race found at both is one race."""
+    return re.sub(r"\d+", "N", step) if isinstance(step, str) else step
 
 
 class Outcome(str, enum.Enum):
@@ -44,6 +51,7 @@ class TrialResult:
     trace: str | None = None  # the trial's op trace (kept when it was not clean)
     ops_total: int = 0
     xids: list[dict[str, object]] = field(default_factory=list)
+    findings: list[dict[str, object]] = field(default_factory=list)  # the race detector's
 
     def to_json(self) -> dict[str, object]:
         out = asdict(self)
@@ -127,6 +135,20 @@ class VariantResult:
                 entry["trials"] = int(entry["trials"]) + 1  # type: ignore[call-overload]
         return list(seen.values())
 
+    def finding_summary(self, most: int = 5) -> list[dict[str, object]]:
+        """The detector's findings across trials, folded by the ops that raced: each once,
+        with in how many trials it was found."""
+        folded: dict[tuple[object, ...], dict[str, object]] = {}
+        for t in self.trials:
+            for f in t.findings:
+                first, second = f["first"], f["second"]  # type: ignore[index]
+                key = (f["buffer"], first["stream"], first["kind"],  # type: ignore[index]
+                       step_shape(first["step"]), second["stream"],  # type: ignore[index]
+                       second["kind"], step_shape(second["step"]))  # type: ignore[index]
+                entry = folded.setdefault(key, {**f, "trials": 0})
+                entry["trials"] = int(entry["trials"]) + 1  # type: ignore[call-overload]
+        return sorted(folded.values(), key=lambda f: -int(f["trials"]))[:most]  # type: ignore
+
     def to_json(self) -> dict[str, object]:
         first = next((t for t in self.trials if t.outcome.manifested), None)
         return {
@@ -150,4 +172,5 @@ class VariantResult:
             "crash_requests": [t.requests for t in self.trials
                                if t.outcome is Outcome.CRASH and t.requests is not None],
             "xids": self.xid_summary(),
+            "findings": self.finding_summary(),
         }

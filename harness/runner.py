@@ -62,6 +62,7 @@ class RunOptions:
     out_dir: Path | None = None  # worker logs go to out_dir/workers (a temp folder if None)
     trial: int | None = None  # run only this trial index of each variant (a reproduction)
     max_incidents: int = 3  # incident folders written per variant; the rest are counted
+    detect: bool = True  # run the race detector in every trial
 
 
 class RunHooks:
@@ -270,7 +271,7 @@ class Runner:
             folder = self.log_dir / f"{self._workers:04d}-{scenario.name}-{variant.name}"
             job = WorkerJob(str(scenario.path), variant.name, self.backend, tuple(pending),
                             amplified, delay if amplified else None,
-                            str(folder / "worker.log"), str(folder), header)
+                            str(folder / "worker.log"), str(folder), header, opts.detect)
             done = self._supervise(job, timeout, run)
             pending = pending[done:]
         result.judge()
@@ -342,7 +343,7 @@ class Runner:
         """Keep a finished trial; for one that was not clean, gather what the GPU said and write
         its incident; stop the run if the GPU reported a fatal Xid."""
         assert self.watch is not None
-        if trial.outcome.manifested:
+        if trial.outcome.manifested or trial.race:
             said = self.watch.for_trial(trial.worker_pid, wall,
                                         crashed=trial.outcome in (Outcome.CRASH, Outcome.HANG))
             trial = dataclasses.replace(trial, xids=said.xids)

@@ -7,6 +7,7 @@ the remaining trials; a hang is ended by the parent's watchdog killing the worke
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import traceback
@@ -29,6 +30,7 @@ class WorkerJob:
     log_path: str
     trace_dir: str
     header: dict[str, Any]
+    detect: bool = True
 
 
 def worker_main(conn: Connection, job: WorkerJob) -> None:
@@ -40,6 +42,7 @@ def worker_main(conn: Connection, job: WorkerJob) -> None:
     os.dup2(log, 1)
     os.dup2(log, 2)
     # Imported here: a spawned child imports this module first, and only then the heavy parts.
+    from harness.detector import RaceDetector
     from harness.executor import TrialExecutor
     from harness.flight import FlightRecorder
     from harness.outcome import Outcome
@@ -48,17 +51,30 @@ def worker_main(conn: Connection, job: WorkerJob) -> None:
     try:
         scenario = load_scenario(job.scenario_path)
         recorder = FlightRecorder(Path(job.trace_dir))
+        detector = RaceDetector() if job.detect else None
+
+        def on_device(device: Any) -> None:
+            recorder.attach(device)
+            if detector is not None:
+                detector.attach(device)
+
         executor = TrialExecutor(scenario, scenario.variant(job.variant), job.backend,
                                  amplify=job.amplify, delay_us=job.delay_us,
-                                 on_device=recorder.attach)
+                                 on_device=on_device)
         conn.send(("ready", {**executor.device_info, "pid": os.getpid()}))
         for index, seed in job.trials:
             recorder.start_trial({**job.header, "trial": index, "seed": seed,
                                   "pid": os.getpid()})
+            if detector is not None:
+                detector.reset()
             result = executor.run(index, seed)
+            if detector is not None and detector.findings:
+                result = dataclasses.replace(
+                    result, race=True, findings=[f.to_json() for f in detector.findings])
             payload = result.to_json()
             payload["worker_pid"] = os.getpid()
-            payload["trace"] = recorder.end_trial(index, keep=result.outcome.manifested)
+            payload["trace"] = recorder.end_trial(
+                index, keep=result.outcome.manifested or result.race)
             payload["ops_total"] = recorder.total
             conn.send(("trial", payload))
             if result.outcome is Outcome.CRASH and job.backend == "cuda":

@@ -155,6 +155,7 @@ class DeviceKVPagePool:
                 f"{pages} pages of {self.page_stride} bytes need {pages * self.page_stride} "
                 f"bytes; the arena has {self.arena.capacity}"
             )
+        self.device.oplog.describe_pages(self.arena.buffer.id, self.page_stride)
         self._free = FreeRuns(pages)
         self._reserved = 0
         # Per-page state in arrays, so a transfer of thousands of pages checks and marks them

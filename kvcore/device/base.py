@@ -13,7 +13,8 @@ call raises :class:`~kvcore.errors.DeviceFaultError`.
 from __future__ import annotations
 
 import itertools
-import traceback
+import os
+import sys
 import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -23,7 +24,7 @@ import numpy as np
 
 from kvcore.defects import Defects
 from kvcore.device.kernels import Kernel
-from kvcore.device.oplog import HOST, Access, BufferInfo, OpLog, OpRecord
+from kvcore.device.oplog import HOST, Access, BufferInfo, OpLog, OpRecord, StreamInfo
 from kvcore.errors import DeviceFaultError, DeviceUsageError
 
 DEVICE = "device"
@@ -97,12 +98,18 @@ class DeviceInfo:
         return {"backend": self.backend, "name": self.name, **self.details}
 
 
+_KVCORE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
 def _call_site() -> str:
-    """The innermost frame outside kvcore: where the user's code issued the op."""
-    for frame in reversed(traceback.extract_stack(limit=24)[:-2]):
-        if "/kvcore/" not in frame.filename.replace("\\", "/"):
-            return f"{frame.filename}:{frame.lineno}"
-    return "?"
+    """The innermost frame outside kvcore: where the user's code issued the op. A frame walk,
+    not traceback.extract_stack: this runs for every op while a detector listens."""
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename.startswith(_KVCORE):
+        frame = frame.f_back  # type: ignore[assignment]
+    if frame is None:
+        return "?"
+    return f"{frame.f_code.co_filename}:{frame.f_lineno}"
 
 
 class Device(ABC):
@@ -353,6 +360,7 @@ class Device(ABC):
     def _register_stream(self, stream: Stream) -> Stream:
         self._streams.append(stream)
         self._stream_ids[stream.id] = stream
+        self.oplog.announce_stream(StreamInfo(stream.name, stream.blocking, stream.legacy))
         return stream
 
     def _alloc(self, nbytes: int, space: str, name: str, role: str) -> Buffer:

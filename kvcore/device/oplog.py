@@ -52,6 +52,16 @@ class BufferInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class StreamInfo:
+    """What the op log knows of a stream: enough for a happens-before analysis. The legacy
+    stream synchronizes implicitly with blocking streams, and with nothing else."""
+
+    name: str
+    blocking: bool
+    legacy: bool
+
+
+@dataclass(frozen=True, slots=True)
 class OpRecord:
     """One device-visible action.
 
@@ -104,6 +114,8 @@ class OpLog:
     def __init__(self) -> None:
         self._observers: list[Observer] = []
         self.buffers: dict[int, BufferInfo] = {}
+        self.streams: dict[str, StreamInfo] = {}
+        self.page_bytes: dict[int, int] = {}  # buffer id -> page stride, for paged buffers
         self._seq = 0
         self.active = False
         self.step: str | None = None
@@ -126,6 +138,14 @@ class OpLog:
         moment a flight recorder must have its records on disk, since a hung kernel or a fault
         is found there and the process may never come back."""
         self.blocking_hooks.append(hook)
+
+    def announce_stream(self, info: StreamInfo) -> None:
+        self.streams[info.name] = info
+
+    def describe_pages(self, buffer: int, page_bytes: int) -> None:
+        """Say that ``buffer`` is carved into pages of ``page_bytes``, so findings can name the
+        page an access touched."""
+        self.page_bytes[buffer] = page_bytes
 
     def announce_buffer(self, info: BufferInfo) -> None:
         """Register a buffer, so observers can name the buffers that records refer to."""

@@ -1,0 +1,325 @@
+"""The race detector's semantics: small programs over kvcore's public API on the simulated
+device, each checked for exactly the findings CUDA's ordering rules imply."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import kvcore
+from harness.cli import main
+from harness.detector import Finding, RaceDetector, check_trace
+from harness.flight import FlightRecorder, load_trace
+from harness.runner import SCENARIO_ROOT
+from kvcore.device.kernels import Fill, Verify
+from seed_port import page_release_race
+
+N = 4096
+
+
+def findings(program: Callable[[kvcore.Device], None],
+             defects: kvcore.Defects = kvcore.Defects()) -> list[Finding]:
+    device = kvcore.open_device("sim", defects=defects)
+    detector = RaceDetector()
+    detector.attach(device)
+    program(device)
+    return detector.findings
+
+
+def _bufs(d: kvcore.Device) -> tuple[kvcore.device.Buffer, kvcore.device.Buffer]:
+    return d.alloc(N, name="dev"), d.alloc_host(N, name="pinned")
+
+
+def test_legacy_then_blocking_stream_is_ordered() -> None:
+    def program(d: kvcore.Device) -> None:
+        dev, _ = _bufs(d)
+        d.launch(Fill(dev, 0, N, 1), d.legacy_stream)
+        d.launch(Fill(dev, 0, N, 2), d.create_stream("blocking", blocking=True))
+    assert findings(program) == []
+
+
+def test_blocking_then_legacy_stream_is_ordered() -> None:
+    def program(d: kvcore.Device) -> None:
+        dev, _ = _bufs(d)
+        d.launch(Fill(dev, 0, N, 1), d.create_stream("blocking", blocking=True))
+        d.launch(Fill(dev, 0, N, 2), d.legacy_stream)
+    assert findings(program) == []
+
+
+def test_legacy_then_non_blocking_stream_races() -> None:
+    def program(d: kvcore.Device) -> None:
+        dev, _ = _bufs(d)
+        d.launch(Fill(dev, 0, N, 1), d.legacy_stream)
+        d.launch(Fill(dev, 0, N, 2), d.create_stream("worker"))
+    [f] = findings(program)
+    assert (f.first.stream, f.second.stream) == ("legacy_stream", "worker")
+    assert "record an event on legacy_stream" in f.missing
+
+
+def test_event_wait_orders_streams() -> None:
+    def program(d: kvcore.Device) -> None:
+        dev, _ = _bufs(d)
+        a, b = d.create_stream("a"), d.create_stream("b")
+        d.launch(Fill(dev, 0, N, 1), a)
+        e = d.create_event("e")
+        d.record_event(e, a)
+        d.wait_event(b, e)
+        d.launch(Fill(dev, 0, N, 2), b)
+    assert findings(program) == []
+
+
+def test_event_recorded_but_not_waited_races() -> None:
+    def program(d: kvcore.Device) -> None:
+        dev, _ = _bufs(d)
+        a, b = d.create_stream("a"), d.create_stream("b")
+        d.launch(Fill(dev, 0, N, 1), a)
+        d.record_event(d.create_event("e"), a)
+        d.launch(Fill(dev, 0, N, 2), b)
+    assert len(findings(program)) == 1
+
+
+def test_wait_on_an_event_recorded_before_the_write_races() -> None:
+    def program(d: kvcore.Device) -> None:
+        dev, _ = _bufs(d)
+        a, b = d.create_stream("a"), d.create_stream("b")
+        e = d.create_event("e")
+        d.record_event(e, a)
+        d.launch(Fill(dev, 0, N, 1), a)  # after the record: the wait does not cover it
+        d.wait_event(b, e)
+        d.launch(Fill(dev, 0, N, 2), b)
+    assert len(findings(program)) == 1
+
+
+def test_stream_synchronize_then_host_read_is_ordered() -> None:
+    def program(d: kvcore.Device) -> None:
+        dev, host = _bufs(d)
+        s = d.create_stream("s")
+        d.copy(host, 0, dev, 0, N, s)
+        d.synchronize_stream(s)
+        d.host_read(host, 0, N)
+    assert findings(program) == []
+
+
+def test_host_read_before_the_copy_lands_races() -> None:
+    def program(d: kvcore.Device) -> None:
+        dev, host = _bufs(d)
+        s = d.create_stream("s")
+        d.copy(host, 0, dev, 0, N, s)
+        d.host_read(host, 0, N)
+    [f] = findings(program)
+    assert f.second.stream == "host" and f.space == "host"
+    assert "synchronize s" in f.missing
+
+
+def test_host_write_to_pinned_memory_while_a_copy_from_it_is_pending_races() -> None:
+    def program(d: kvcore.Device) -> None:
+        dev, host = _bufs(d)
+        s = d.create_stream("s")
+        d.host_fill(host, 0, N, 1)
+        d.copy(dev, 0, host, 0, N, s)
+        d.host_fill(host, 0, N, 2)  # the copy reads the buffer when it runs, maybe after this
+    [f] = findings(program)
+    assert f.first.kind == "copy_htod" and not f.first.write
+    assert f.second.stream == "host" and f.second.write
+
+
+def test_host_write_then_copy_is_ordered_by_issue() -> None:
+    def program(d: kvcore.Device) -> None:
+        dev, host = _bufs(d)
+        d.host_fill(host, 0, N, 1)
+        d.copy(dev, 0, host, 0, N, d.create_stream("s"))
+    assert findings(program) == []
+
+
+def test_event_synchronize_then_host_write_is_ordered() -> None:
+    def program(d: kvcore.Device) -> None:
+        dev, host = _bufs(d)
+        s = d.create_stream("s")
+        d.copy(dev, 0, host, 0, N, s)
+        e = d.create_event("e")
+        d.record_event(e, s)
+        d.synchronize_event(e)
+        d.host_fill(host, 0, N, 2)
+    assert findings(program) == []
+
+
+def test_device_synchronize_orders_everything() -> None:
+    def program(d: kvcore.Device) -> None:
+        dev, _ = _bufs(d)
+        d.launch(Fill(dev, 0, N, 1), d.create_stream("a"))
+        d.synchronize()
+        d.launch(Fill(dev, 0, N, 2), d.create_stream("b"))
+    assert findings(program) == []
+
+
+def test_overlapping_ranges_race_disjoint_ones_do_not() -> None:
+    def program(lo: int) -> Callable[[kvcore.Device], None]:
+        def run(d: kvcore.Device) -> None:
+            dev, _ = _bufs(d)
+            d.launch(Fill(dev, 0, 1024, 1), d.create_stream("a"))
+            d.launch(Fill(dev, lo, 1024, 2), d.create_stream("b"))
+        return run
+    assert len(findings(program(1023))) == 1
+    assert findings(program(1024)) == []
+
+
+def test_read_read_is_not_a_race() -> None:
+    def program(d: kvcore.Device) -> None:
+        dev, _ = _bufs(d)
+        result = d.alloc(8, name="result")
+        d.launch(Verify(dev, 0, N, 0, result, 0), d.create_stream("a"))
+        d.launch(Verify(dev, 0, N, 0, result, 4), d.create_stream("b"))
+    assert findings(program) == []
+
+
+def test_kernel_read_racing_a_copy_write() -> None:
+    def program(d: kvcore.Device) -> None:
+        dev, host = _bufs(d)
+        result = d.alloc(4, name="result")
+        d.copy(dev, 0, host, 0, N, d.create_stream("a"))
+        d.launch(Verify(dev, 0, N, 0, result), d.create_stream("b"))
+    [f] = findings(program)
+    assert f.first.write and not f.second.write and f.second.kind == "kernel:verify"
+
+
+def test_same_stream_is_program_ordered() -> None:
+    def program(d: kvcore.Device) -> None:
+        dev, host = _bufs(d)
+        s = d.create_stream("s")
+        d.copy(dev, 0, host, 0, N, s)
+        d.launch(Fill(dev, 0, N, 3), s)
+        d.copy(host, 0, dev, 0, N, s)
+    assert findings(program) == []
+
+
+def _reuse(d: kvcore.Device) -> None:
+    page_release_race(kvcore.DeviceContext(d), None)
+
+
+def test_released_and_reused_page_written_from_two_streams_races() -> None:
+    [f] = findings(_reuse, kvcore.Defects(release_fence=False))
+    assert f.buffer == "kv-arena" and f.page == 0
+    assert (f.first.stream, f.second.stream) == ("transfer_stream", "stream")
+    assert "before reusing the page" in f.missing
+
+
+def test_released_and_reused_page_with_the_fence_is_ordered() -> None:
+    assert findings(_reuse) == []
+
+
+def test_oracle_buffers_are_not_judged() -> None:
+    def program(d: kvcore.Device) -> None:
+        mirror = d.alloc_host(N, name="mirror", role="oracle")
+        result = d.alloc(4, name="result")
+        d.launch(Verify(mirror, 0, N, 0, result), d.create_stream("s"))
+        d.host_fill(mirror, 0, N, 1)
+    assert findings(program) == []
+
+
+def _publish(d: kvcore.Device) -> None:
+    from programs import legacy_publish_trials
+
+    legacy_publish_trials(d, 1)
+
+
+def test_legacy_stream_table_publish_races_its_reader() -> None:
+    found = findings(_publish, kvcore.Defects(publish_on_legacy_stream=True))
+    assert any(f.buffer == "exec-table" and f.first.stream == "legacy_stream"
+               and f.second.kind == "kernel:read_table" for f in found)
+
+
+def test_table_publish_on_the_callers_stream_is_ordered() -> None:
+    assert findings(_publish) == []
+
+
+def test_repeated_race_is_folded_with_a_count() -> None:
+    def program(d: kvcore.Device) -> None:
+        dev, _ = _bufs(d)
+        a, b = d.create_stream("a"), d.create_stream("b")
+        for _ in range(10):
+            d.launch(Fill(dev, 0, 64, 1), a)
+            d.launch(Fill(dev, 0, 64, 2), b)
+            d.synchronize()
+    [f] = findings(program)
+    assert f.count == 10
+
+
+def test_finding_names_the_python_call_site() -> None:
+    def program(d: kvcore.Device) -> None:
+        dev, _ = _bufs(d)
+        d.launch(Fill(dev, 0, N, 1), d.create_stream("a"))
+        d.launch(Fill(dev, 0, N, 2), d.create_stream("b"))
+    [f] = findings(program)
+    assert f.second.site is not None and f.second.site.startswith(__file__)
+
+
+def test_offline_check_of_a_trace_finds_the_same_races(tmp_path: Path) -> None:
+    device = kvcore.open_device("sim", defects=kvcore.Defects(release_fence=False))
+    online = RaceDetector()
+    online.attach(device)
+    recorder = FlightRecorder(tmp_path)
+    recorder.attach(device)
+    recorder.start_trial({"scenario": "seed"})
+    page_release_race(kvcore.DeviceContext(device), None)
+    path = Path(recorder.end_trial(0, keep=True) or "")
+    records, note = load_trace(path)
+    offline = check_trace(records).findings
+    assert note == "" and [f.to_json() for f in offline] == [f.to_json() for f in
+                                                             online.findings]
+    result = CliRunner().invoke(main, ["check", str(path)])
+    assert result.exit_code == 1 and "nothing orders transfer_stream's write" in result.output
+
+
+def test_check_of_a_clean_trace_exits_0(tmp_path: Path) -> None:
+    device = kvcore.open_device("sim")
+    recorder = FlightRecorder(tmp_path)
+    recorder.attach(device)
+    recorder.start_trial({"scenario": "seed"})
+    page_release_race(kvcore.DeviceContext(device), None)
+    path = recorder.end_trial(0, keep=True)
+    result = CliRunner().invoke(main, ["check", str(path), "--format", "json"])
+    assert result.exit_code == 0 and json.loads(result.stdout)["findings"] == []
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    ('{"type":"op"}\n', ":1: not a gpurace op trace"),
+    ('{"type":"header","schema":"gpurace.trace/1"}\nnot json\n{"type":"op"}\n',
+     ":2: not a JSON record"),
+    ('{"type":"header","schema":"gpurace.trace/1"}\n{"type":"op","seq":1}\n',
+     ":2: a op record needs stream, kind"),
+    ('{"type":"header","schema":"gpurace.trace/1"}\n{"type":"bogus"}\n',
+     ":2: unknown record type 'bogus'"),
+])
+def test_check_refuses_bad_traces_with_a_line_number(tmp_path: Path, content: str,
+                                                     message: str) -> None:
+    path = tmp_path / "trace.jsonl"
+    path.write_text(content)
+    result = CliRunner().invoke(main, ["check", str(path)])
+    assert result.exit_code == 2 and message in result.output
+    assert "Traceback" not in result.output
+
+
+def test_buggy_variants_detected_on_trial_1_without_amplification(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, [
+        "run", *(str(SCENARIO_ROOT / n) for n in ("release_fence.yaml", "cross_stream_race.yaml",
+                                                  "catalog_reactivation.yaml")),
+        "--dangerous", "--backend", "sim", "--no-amplify", "--variant", "buggy", "--trials",
+        "1", "--format", "json", "--out", str(tmp_path)])
+    doc = json.loads(result.stdout)
+    assert [r["detected"] for r in doc["results"]] == [1, 1, 1]
+    assert all(r["manifested"] == 0 and r["status"] == "pass" for r in doc["results"])
+
+
+def test_fixed_variants_have_no_findings_over_300_trials(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, [
+        "run", *(str(SCENARIO_ROOT / n) for n in ("release_fence.yaml", "cross_stream_race.yaml",
+                                                  "catalog_reactivation.yaml")),
+        "--dangerous", "--backend", "sim", "--variant", "fixed", "--trials", "300",
+        "--format", "json", "--out", str(tmp_path)])
+    doc = json.loads(result.stdout)
+    assert [(r["trials"], r["detected"], r["manifested"]) for r in doc["results"]] == \
+        [(300, 0, 0)] * 3
