@@ -21,6 +21,7 @@ from collections.abc import Callable
 import numpy as np
 
 import kvcore
+from harness.detector import RaceDetector
 from harness.executor import TrialExecutor
 from harness.runner import SCENARIO_ROOT, choose_backend
 from harness.scenario import load_scenario
@@ -91,6 +92,39 @@ def measure(trials: int, variant: str, delay_us: float, block: int = 100) -> dic
             "trials": index}
 
 
+def measure_detector(backend: str, trials: int, variant: str, delay_us: float,
+                     block: int = 100) -> dict[str, float]:
+    """The race detector's cost: trials with it listening against trials without, the same
+    executor code, alternating in blocks in one process."""
+    scenario = load_scenario(SCENARIO_ROOT / "cross_stream_race.yaml")
+    detector = RaceDetector()
+    plain = TrialExecutor(scenario, scenario.variant(variant), backend, amplify=delay_us > 0,
+                          delay_us=delay_us or None)
+    watched = TrialExecutor(scenario, scenario.variant(variant), backend,
+                            amplify=delay_us > 0, delay_us=delay_us or None,
+                            on_device=detector.attach)
+    on_s: list[float] = []
+    off_s: list[float] = []
+    found = 0
+    index = 0
+    for _ in range(max(1, trials // block)):
+        t0 = time.perf_counter()
+        for _ in range(block):
+            detector.reset()
+            watched.run(index, index)
+            found += bool(detector.findings)
+            index += 1
+        t1 = time.perf_counter()
+        for _ in range(block):
+            plain.run(index, index)
+        t2 = time.perf_counter()
+        on_s.append((t1 - t0) / block)
+        off_s.append((t2 - t1) / block)
+    on, off = statistics.median(on_s), statistics.median(off_s)
+    return {"delay_us": delay_us, "on_us": on * 1e6, "off_us": off * 1e6, "ratio": on / off,
+            "found": found, "trials": index}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m harness.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -98,7 +132,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variant", default="fixed", choices=["fixed", "buggy"])
     parser.add_argument("--delays", default="0,1000",
                         help="comma-separated amplifying delays in us (0: none)")
+    parser.add_argument("--detector", action="store_true",
+                        help="measure the race detector's cost instead: trials with it on "
+                             "against trials with it off")
+    parser.add_argument("--backend", default="cuda", choices=["cuda", "sim"],
+                        help="backend for --detector (the bare loop needs cuda)")
     args = parser.parse_args(argv)
+    if args.detector:
+        return _detector_main(args)
     try:
         rows = [measure(args.trials, args.variant, float(d)) for d in args.delays.split(",")]
     except (kvcore.KVCoreError, Exception) as exc:  # noqa: BLE001 - a benchmark reports any
@@ -111,6 +152,22 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['bare_us']:8.1f} us, ratio {r['ratio']:.3f}  (manifested: harness "
               f"{r['harness_manifested']}/{r['trials']}, bare {r['bare_manifested']}/"
               f"{r['trials']})")
+    return 0
+
+
+def _detector_main(args: argparse.Namespace) -> int:
+    try:
+        rows = [measure_detector(args.backend, args.trials, args.variant, float(d))
+                for d in args.delays.split(",")]
+    except kvcore.KVCoreError as exc:
+        print(f"harness.bench: {exc}", file=sys.stderr)
+        return 77 if isinstance(exc, kvcore.DeviceUnavailableError) else 1
+    print(f"cross_stream_race [{args.variant}] on {args.backend}, per trial, median of blocks "
+          "of 100, race detector on vs off, same process:")
+    for r in rows:
+        print(f"  delay {r['delay_us']:6.0f} us: detector on {r['on_us']:8.1f} us, off "
+              f"{r['off_us']:8.1f} us, ratio {r['ratio']:.3f}  (trials with findings: "
+              f"{r['found']}/{r['trials']})")
     return 0
 
 

@@ -24,6 +24,7 @@ import kvcore
 from harness.errors import GpuBusyError, HarnessError, ScenarioError
 from harness.detector import check_trace
 from harness.doctor import diagnose
+from harness.explore import Strategy, explore
 from harness.flight import load_trace
 from harness.gpu import other_gpu_processes
 from harness.model import Scenario, Suite
@@ -132,6 +133,8 @@ def _describe(doc: Scenario | Suite) -> dict:
 @click.option("--sweep", is_flag=True,
               help="Map the race window: run each variant at every delay of its scenario's "
                    "amplify.sweep list (a map, so its points do not fail the run).")
+@click.option("--schedule", help="Replay a schedule token from `gpurace explore` (sim): every "
+                                  "trial runs that ordering of the unordered ops.")
 @click.option("--trial", "trial", type=click.IntRange(min=0),
               help="Run only this trial index of each variant, with the seed it had in the "
                    "full run: what an incident's reproduce command uses.")
@@ -149,14 +152,15 @@ def _describe(doc: Scenario | Suite) -> dict:
               show_default=True, help="json: one gpurace.run/1 document on stdout.")
 def run_cmd(targets: Sequence[str], dangerous: bool, insist: bool, backend: str,
             trials: int | None, seed: int, variants: Sequence[str], amplify: bool, detect: bool,
-            delay_us: float | None, sweep: bool, trial: int | None, timeout_s: float | None,
+            delay_us: float | None, sweep: bool, schedule: str | None, trial: int | None,
+            timeout_s: float | None,
             out_dir: Path, junit: Path | None, max_incidents: int, fmt: str) -> None:
     """Run scenarios: TARGETS are scenario files, folders of them, suite files, or names
     (`gpurace run smoke`, `gpurace run cross-stream-race --dangerous`)."""
     options = RunOptions(backend=backend, dangerous=dangerous, trials=trials, seed=seed,
                          variants=tuple(variants), amplify=amplify, delay_us=delay_us,
                          timeout_s=timeout_s, sweep=sweep, out_dir=out_dir, trial=trial,
-                         max_incidents=max_incidents, detect=detect)
+                         max_incidents=max_incidents, detect=detect, schedule=schedule)
     try:
         scenarios = resolve_targets(targets)
         _check_variants(scenarios, variants)
@@ -251,6 +255,60 @@ def report_show(path: Path, fmt: str) -> None:
         out.print(Markdown(render_markdown(report)))
     else:
         click.echo(render_markdown(report))
+
+
+@main.command("explore")
+@click.argument("target")
+@click.option("--variant", "variants", multiple=True, help="Explore only this variant.")
+@click.option("--strategy", type=click.Choice([s.value for s in Strategy]),
+              default="exhaustive", show_default=True,
+              help="exhaustive: every set of at most --bound held-back ops; random: each op "
+                   "held back with probability 1/n; pct: --depth random ops held back.")
+@click.option("--bound", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("--depth", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--runs", type=click.IntRange(min=1), default=200, show_default=True,
+              help="Schedules to try with random and pct.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--first", is_flag=True, help="Stop at the first failing schedule.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
+              show_default=True)
+def explore_cmd(target: str, variants: Sequence[str], strategy: str, bound: int, depth: int,
+                runs: int, seed: int, first: bool, fmt: str) -> None:
+    """Explore orderings of a scenario's unordered ops on the simulated device. Each failing
+    schedule is printed as a token that `gpurace run TARGET --backend sim --schedule TOKEN`
+    replays exactly. Exit 0 when every variant did what it expects (a buggy one fails in some
+    schedule, a fixed one in none), 1 otherwise."""
+    try:
+        scenarios = resolve_targets([target])
+        _check_variants(scenarios, variants)
+        found = []
+        for scenario in scenarios:
+            for variant in scenario.variants:
+                if not variants or variant.name in variants:
+                    found.append((scenario, variant, explore(
+                        scenario, variant, Strategy(strategy), bound=bound, depth=depth,
+                        runs=runs, seed=seed, first=first)))
+    except (HarnessError, kvcore.KVCoreError) as exc:
+        _fail(exc)
+    met = all(bool(e.failing) == (v.expect == "reproduces") for _, v, e in found)
+    if fmt == "json":
+        click.echo(json.dumps({"schema": "gpurace.explore/1", "met": met,
+                               "results": [e.to_json() for _, _, e in found]}, indent=2))
+    else:
+        for scenario, variant, e in found:
+            verdict = "as expected" if bool(e.failing) == (variant.expect == "reproduces") \
+                else "[bold red]NOT as expected[/]"
+            out.print(f"{e.scenario} ({e.variant}, expects {variant.expect}): {e.tried} "
+                      f"schedules over {e.ops} ops, {len(e.failing)} failing; "
+                      f"{e.stop.value}; {verdict}")
+            for t in e.failing[:10]:
+                out.print(f"  {t.token}  {t.outcome.value}: {escape(t.detail)}",
+                          highlight=False)
+            if e.failing:
+                out.print(f"  replay: gpurace run {scenario.path} --backend sim --variant "
+                          f"{variant.name} --dangerous --schedule {e.failing[0].token}",
+                          highlight=False)
+    sys.exit(0 if met else 1)
 
 
 @main.command("check")

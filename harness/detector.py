@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from harness.outcome import step_shape
 from kvcore.device import Device, OpRecord
@@ -36,9 +36,9 @@ BLOCK = 1 << 16
 """Bytes per history block of a buffer that is not carved into pages."""
 
 
-@dataclass(frozen=True)
-class OpRef:
-    """One side of a finding: which op, where it came from, what bytes it touched."""
+class OpRef(NamedTuple):
+    """One side of a finding: which op, where it came from, what bytes it touched. (A named
+    tuple: one is built for every access the detector sees.)"""
 
     seq: int
     stream: str
@@ -168,14 +168,14 @@ class RaceDetector:
 
     # ---- the edges -----------------------------------------------------------------------------
     def observe(self, record: OpRecord) -> None:
-        if (record.stream != HOST and record.stream not in self._streams) or any(
-                a.buffer not in self._buffers for a in record.reads + record.writes):
+        buffers = self._buffers
+        if (record.stream != HOST and record.stream not in self._streams) or not all(
+                a[0] in buffers for a in record.reads) or not all(
+                a[0] in buffers for a in record.writes):
             self.learn(self._device)  # streams and buffers made since the last look
         self._op(record.seq, record.stream, record.kind, record.step,
                  record.detail.get("site") if record.detail else None,
-                 [(a.buffer, a.offset, a.length) for a in record.reads],
-                 [(a.buffer, a.offset, a.length) for a in record.writes],
-                 record.records, record.waits, record.syncs)
+                 record.reads, record.writes, record.records, record.waits, record.syncs)
 
     def observe_json(self, op: dict[str, Any]) -> None:
         detail = op.get("detail") or {}

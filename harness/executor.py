@@ -21,6 +21,7 @@ import kvcore
 from harness.model import STREAMS, Amplify, Scenario, Step, Variant
 from harness.outcome import Outcome, TrialResult
 from kvcore.device.kernels import Delay
+from kvcore.device.schedule import Schedule
 
 
 class _Corruption(Exception):
@@ -98,8 +99,10 @@ class TrialExecutor:
 
     def __init__(self, scenario: Scenario, variant: Variant, backend: str, *,
                  amplify: bool = True, delay_us: float | None = None,
-                 on_device: Callable[[kvcore.Device], None] | None = None) -> None:
+                 on_device: Callable[[kvcore.Device], None] | None = None,
+                 schedule: Schedule | None = None) -> None:
         self.scenario = scenario
+        self.schedule = schedule
         self.on_device = on_device
         self.variant = variant
         self.backend = backend
@@ -113,8 +116,10 @@ class TrialExecutor:
             self._world = World(scenario, device)
 
     def _open(self, seed: int) -> kvcore.Device:
-        device = kvcore.open_device(self.backend, defects=self.variant.defects, seed=seed)
-        self.device_info = device.info().to_json()
+        device = kvcore.open_device(self.backend, defects=self.variant.defects, seed=seed,
+                                    schedule=self.schedule)
+        if not self.device_info:  # the same for every device of the run; not worth a rebuild
+            self.device_info = device.info().to_json()
         if self.on_device is not None:
             self.on_device(device)
         return device

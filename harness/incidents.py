@@ -23,7 +23,8 @@ LAST_OPS = 300
 
 def reproduce_argv(scenario: Scenario, variant: Variant, trial: TrialResult, *, backend: str,
                    run_seed: int, amplified: bool, delay_us: float | None,
-                   delay_overridden: bool, timeout_s: float | None) -> list[str]:
+                   delay_overridden: bool, timeout_s: float | None,
+                   schedule: str | None = None) -> list[str]:
     """The gpurace command line that runs exactly this trial again."""
     path = scenario.path
     try:
@@ -42,6 +43,8 @@ def reproduce_argv(scenario: Scenario, variant: Variant, trial: TrialResult, *, 
         argv += ["--delay-us", f"{delay_us:g}"]
     if timeout_s is not None:
         argv += ["--timeout", f"{timeout_s:g}"]
+    if schedule is not None:
+        argv += ["--schedule", schedule]
     return argv
 
 

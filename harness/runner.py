@@ -27,6 +27,7 @@ from harness.outcome import Outcome, Status, TrialResult, VariantResult
 from harness.scenario import load_document
 from harness.watch import GpuWatch, TrialXids
 from harness.worker import WorkerJob, worker_main
+from kvcore.device.schedule import Schedule
 from reports import write_incident
 
 SCENARIO_ROOT = Path(__file__).resolve().parent.parent / "scenarios"
@@ -63,6 +64,7 @@ class RunOptions:
     trial: int | None = None  # run only this trial index of each variant (a reproduction)
     max_incidents: int = 3  # incident folders written per variant; the rest are counted
     detect: bool = True  # run the race detector in every trial
+    schedule: str | None = None  # replay this schedule token in every trial (sim only)
 
 
 class RunHooks:
@@ -187,6 +189,14 @@ class Runner:
         self.options = options
         self.hooks = hooks or RunHooks()
         self.backend = choose_backend(options.backend)
+        if options.schedule is not None:
+            if self.backend != "sim":
+                raise TargetError("--schedule replays an ordering on the simulated device; "
+                                  "add --backend sim")
+            try:
+                Schedule.parse(options.schedule)
+            except kvcore.KVCoreError as exc:
+                raise TargetError(f"--schedule: {exc}") from exc
         self.device: dict[str, object] = {"backend": self.backend}
         self._workers = 0
         self.out_dir = options.out_dir or Path(tempfile.mkdtemp(prefix="gpurace-"))
@@ -231,7 +241,9 @@ class Runner:
         """All trials of one variant (at one point of a sweep when ``sweep_delay`` is given)."""
         opts = self.options
         variant = scenario.variant(variant_name)
-        amplified = opts.amplify and scenario.amplify is not None
+        # A schedule names ops by issue index, as explored without amplification: an amplifying
+        # delay would add an op and shift them.
+        amplified = opts.amplify and scenario.amplify is not None and opts.schedule is None
         delay = (sweep_delay if sweep_delay is not None else
                  opts.delay_us if opts.delay_us is not None else
                  scenario.amplify.delay_us if amplified and scenario.amplify else None)
@@ -262,7 +274,7 @@ class Runner:
             reproduce_argv, scenario, variant, backend=self.backend, run_seed=opts.seed,
             amplified=amplified, delay_us=delay,
             delay_overridden=sweep_delay is not None or opts.delay_us is not None,
-            timeout_s=opts.timeout_s)
+            timeout_s=opts.timeout_s, schedule=opts.schedule)
         run = _VariantRun(scenario, variant, result, header["amplify"], argv)
         if run.amplification is not None:
             run.amplification = {**run.amplification, "delay_us": delay}
@@ -271,7 +283,8 @@ class Runner:
             folder = self.log_dir / f"{self._workers:04d}-{scenario.name}-{variant.name}"
             job = WorkerJob(str(scenario.path), variant.name, self.backend, tuple(pending),
                             amplified, delay if amplified else None,
-                            str(folder / "worker.log"), str(folder), header, opts.detect)
+                            str(folder / "worker.log"), str(folder), header, opts.detect,
+                            opts.schedule)
             done = self._supervise(job, timeout, run)
             pending = pending[done:]
         result.judge()

@@ -31,6 +31,7 @@ class WorkerJob:
     trace_dir: str
     header: dict[str, Any]
     detect: bool = True
+    schedule: str | None = None  # a schedule token (sim): every trial replays that ordering
 
 
 def worker_main(conn: Connection, job: WorkerJob) -> None:
@@ -47,6 +48,7 @@ def worker_main(conn: Connection, job: WorkerJob) -> None:
     from harness.flight import FlightRecorder
     from harness.outcome import Outcome
     from harness.scenario import load_scenario
+    from kvcore.device.schedule import Schedule
 
     try:
         scenario = load_scenario(job.scenario_path)
@@ -60,7 +62,8 @@ def worker_main(conn: Connection, job: WorkerJob) -> None:
 
         executor = TrialExecutor(scenario, scenario.variant(job.variant), job.backend,
                                  amplify=job.amplify, delay_us=job.delay_us,
-                                 on_device=on_device)
+                                 on_device=on_device,
+                                 schedule=Schedule.parse(job.schedule) if job.schedule else None)
         conn.send(("ready", {**executor.device_info, "pid": os.getpid()}))
         for index, seed in job.trials:
             recorder.start_trial({**job.header, "trial": index, "seed": seed,

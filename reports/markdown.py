@@ -25,6 +25,7 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         _title(report),
         _summary(report),
         _facts(report),
+        _races(report),
         _gpu_said(report),
         _kernel_log(report),
         _device_log(report),
@@ -261,6 +262,26 @@ def _gpu_said(report: Mapping[str, Any]) -> str:
     table = _table(["Xid", "meaning", "class", "source", "pid", "time"], rows)
     note = f"\n\n{report['xid_note']}" if report.get("xid_note") else ""
     return head + table + note
+
+
+def _races(report: Mapping[str, Any]) -> str:
+    """The race detector's findings: each pair of unordered ops and the edge that is missing."""
+    findings = [f for f in report.get("findings") or [] if isinstance(f, Mapping)]
+    if not findings:
+        return ""
+    lines = ["## Races found", ""]
+    for f in findings:
+        count = f" (x{f['count']})" if isinstance(f.get("count"), int) and f["count"] > 1 else ""
+        lines.append(f"- {f.get('missing', '?')}{count}")
+        for side in ("first", "second"):
+            op = f.get(side)
+            if isinstance(op, Mapping):
+                span = op.get("bytes") or ["?", "?"]
+                site = f", issued at `{op['site']}`" if op.get("site") else ""
+                lines.append(f"  - {side}: seq {op.get('seq')} on {op.get('stream')}: "
+                             f"{op.get('kind')} {op.get('access')} of bytes "
+                             f"[{span[0]}, {span[1]}){site}")
+    return "\n".join(lines)
 
 
 def _xid_record(xid: Any) -> Mapping[str, Any]:

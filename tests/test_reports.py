@@ -474,3 +474,16 @@ def test_reports_never_imports_the_engine() -> None:
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                          text=True, check=True, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert out.stdout.strip() == "[]"
+
+
+def test_render_markdown_lists_race_findings() -> None:
+    finding = {"missing": "nothing orders transfer_stream's write before stream's write",
+               "count": 2,
+               "first": {"seq": 5, "stream": "transfer_stream", "kind": "copy_htod",
+                         "access": "write", "bytes": [0, 1024], "site": "x.py:3"},
+               "second": {"seq": 8, "stream": "stream", "kind": "copy_htod",
+                          "access": "write", "bytes": [0, 1024], "site": None}}
+    text = render_markdown(full_report(findings=[finding]))
+    assert "## Races found" in text and "nothing orders transfer_stream's write" in text
+    assert "(x2)" in text and "issued at `x.py:3`" in text
+    assert "## Races found" not in render_markdown(full_report(findings=[]))

@@ -5,7 +5,8 @@ from __future__ import annotations
 from kvcore.defects import Defects
 from kvcore.device.base import Buffer, Device, DeviceInfo, Event, Stream
 from kvcore.device.oplog import HOST, Access, BufferInfo, OpLog, OpRecord, OpRecorder
-from kvcore.errors import DeviceUnavailableError
+from kvcore.device.schedule import Schedule
+from kvcore.errors import DeviceUnavailableError, DeviceUsageError
 
 BACKENDS = ("auto", "cuda", "sim")
 
@@ -18,9 +19,10 @@ def cuda_available() -> tuple[bool, str]:
 
 
 def open_device(kind: str = "auto", *, defects: Defects = Defects(), seed: int = 0,
-                index: int = 0) -> Device:
+                index: int = 0, schedule: Schedule | None = None) -> Device:
     """Open a device: ``cuda`` (raises DeviceUnavailableError without a GPU), ``sim``, or
-    ``auto`` (cuda when a GPU is usable, else sim)."""
+    ``auto`` (cuda when a GPU is usable, else sim). A ``schedule`` (sim only) holds back the
+    device ops it names, to force one ordering of the unordered ones."""
     if kind not in BACKENDS:
         raise DeviceUnavailableError(f"unknown backend {kind!r}; use one of {', '.join(BACKENDS)}")
     if kind == "auto":
@@ -28,7 +30,9 @@ def open_device(kind: str = "auto", *, defects: Defects = Defects(), seed: int =
     if kind == "sim":
         from kvcore.device.sim import SimDevice
 
-        return SimDevice(defects=defects, seed=seed)
+        return SimDevice(defects=defects, seed=seed, schedule=schedule)
+    if schedule is not None:
+        raise DeviceUsageError("a schedule replays on the simulated device only (--backend sim)")
     ok, why = cuda_available()
     if not ok:
         raise DeviceUnavailableError(f"the cuda backend cannot run here: {why}")
@@ -39,5 +43,5 @@ def open_device(kind: str = "auto", *, defects: Defects = Defects(), seed: int =
 
 __all__ = [
     "BACKENDS", "HOST", "Access", "Buffer", "BufferInfo", "Device", "DeviceInfo", "Event",
-    "OpLog", "OpRecord", "OpRecorder", "Stream", "cuda_available", "open_device",
+    "OpLog", "OpRecord", "OpRecorder", "Schedule", "Stream", "cuda_available", "open_device",
 ]

@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import NamedTuple
 
 HOST = "host"
 """The pseudo-stream name of actions the host performs itself (pinned writes, reads, waits)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Access:
-    """A byte range of one buffer: the unit of reads and writes in the op log."""
+class Access(NamedTuple):
+    """A byte range of one buffer: the unit of reads and writes in the op log. (A named tuple,
+    not a dataclass: one is built per range of every op while anyone listens.)"""
 
     buffer: int
     offset: int
@@ -61,9 +62,8 @@ class StreamInfo:
     legacy: bool
 
 
-@dataclass(frozen=True, slots=True)
-class OpRecord:
-    """One device-visible action.
+class OpRecord(NamedTuple):
+    """One device-visible action (an immutable named tuple: cheap to build for every op).
 
     ``stream`` is the issuing stream's name, or ``HOST`` for an action of the host itself.
     ``t_issue_ns`` is the host clock when it was issued; ``t_start_ns``/``t_end_ns`` are when it
@@ -84,7 +84,7 @@ class OpRecord:
     t_issue_ns: int | None = None
     t_start_ns: int | None = None
     t_end_ns: int | None = None
-    detail: dict[str, object] = field(default_factory=dict)
+    detail: dict[str, object] | None = None
 
     def to_json(self) -> dict[str, object]:
         out: dict[str, object] = {"seq": self.seq, "stream": self.stream, "kind": self.kind}

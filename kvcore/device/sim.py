@@ -25,6 +25,7 @@ import numpy as np
 
 from kvcore.defects import Defects
 from kvcore.device.base import DEVICE, Buffer, Device, DeviceInfo, Event, Stream
+from kvcore.device.schedule import Schedule
 from kvcore.device.kernels import (
     GENERATION_BYTES,
     RESULT_BYTES,
@@ -96,9 +97,11 @@ class SimDevice(Device):
     kind = "sim"
 
     def __init__(self, *, defects: Defects = Defects(), seed: int = 0,
-                 cost: CostModel = CostModel()) -> None:
+                 cost: CostModel = CostModel(), schedule: Schedule | None = None) -> None:
         self.cost = cost
         self.rng = random.Random(seed)
+        self.schedule = schedule
+        self.ops_issued = 0  # stream ops so far: the index a schedule names ops by
         self.now = 0  # the host's virtual clock, ns
         self._effects: list[tuple[int, int, Callable[[], None]]] = []
         self._tiebreak = itertools.count()
@@ -144,7 +147,9 @@ class SimDevice(Device):
         with blocking streams are met."""
         self._advance(issue)
         state: _Stream = stream.handle  # type: ignore[assignment]
-        begin = max(self.now + self._vary(latency), state.last_end, after)
+        held = self.schedule.delay_ns(self.ops_issued) if self.schedule else 0
+        self.ops_issued += 1
+        begin = max(self.now + self._vary(latency) + held, state.last_end, after)
         if stream.legacy:
             for other in self.streams:
                 if other.blocking and not other.legacy:
@@ -320,8 +325,10 @@ class SimDevice(Device):
         self._wait_until(event.handle.completes_at)  # type: ignore[attr-defined]
 
     def info(self) -> DeviceInfo:
-        return DeviceInfo("sim", "simulated device (H200 cost model)",
-                          {"seed": self.seed, "cost_model": asdict(self.cost)})
+        details: dict[str, object] = {"seed": self.seed, "cost_model": asdict(self.cost)}
+        if self.schedule is not None:
+            details["schedule"] = self.schedule.token
+        return DeviceInfo("sim", "simulated device (H200 cost model)", details)
 
 
 def _arr(buf: Buffer) -> np.ndarray:

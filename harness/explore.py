@@ -1,0 +1,117 @@
+"""Schedule exploration on the simulated device: try orderings of the unordered ops on purpose.
+
+A schedule holds back some device ops (kvcore.device.schedule). Strategies:
+- ``random``: each op held back with probability 1/n, ``runs`` times;
+- ``pct``: probabilistic concurrency testing with bug depth d: hold back d ops chosen at random,
+  ``runs`` times (a depth-d ordering bug is found with probability at least 1/n^d per run);
+- ``exhaustive``: every set of at most ``bound`` ops, in order of size: bounded model checking.
+
+Each schedule runs one trial in this process with no amplification, and every schedule whose
+trial did not end clean is returned with its token, which ``gpurace run --schedule`` replays.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import kvcore
+from harness.errors import TargetError
+from harness.executor import TrialExecutor
+from harness.model import Scenario, Variant
+from harness.outcome import Outcome, TrialResult
+from kvcore.device.schedule import Schedule
+
+
+class Strategy(str, enum.Enum):
+    RANDOM = "random"
+    PCT = "pct"
+    EXHAUSTIVE = "exhaustive"
+
+
+class StopReason(str, enum.Enum):
+    """Why exploration ended; each carries its own message."""
+
+    EXHAUSTED = "every schedule within the bound was tried"
+    BUDGET = "the run budget was spent"
+    FIRST_FAILURE = "a failing schedule was found (--first)"
+
+
+@dataclass(frozen=True)
+class Tried:
+    token: str
+    outcome: Outcome
+    detail: str
+
+
+@dataclass
+class Exploration:
+    scenario: str
+    variant: str
+    strategy: Strategy
+    ops: int  # device ops in an unperturbed trial: what schedules choose from
+    tried: int = 0
+    failing: list[Tried] = field(default_factory=list)
+    stop: StopReason = StopReason.EXHAUSTED
+
+    def to_json(self) -> dict[str, object]:
+        return {"scenario": self.scenario, "variant": self.variant,
+                "strategy": self.strategy.value, "ops": self.ops, "tried": self.tried,
+                "stop": self.stop.name.lower(), "stop_reason": self.stop.value,
+                "failing": [{"token": t.token, "outcome": t.outcome.value, "detail": t.detail}
+                            for t in self.failing]}
+
+
+def _trial(scenario: Scenario, variant: Variant, schedule: Schedule,
+           seed: int) -> tuple[TrialResult, int]:
+    """One unamplified trial under ``schedule``; returns it and how many ops the device ran."""
+    devices: list[kvcore.Device] = []
+    executor = TrialExecutor(scenario, variant, "sim", amplify=False, schedule=schedule,
+                             on_device=devices.append)
+    result = executor.run(0, seed)
+    return result, getattr(devices[-1], "ops_issued", 0)
+
+
+def _schedules(strategy: Strategy, ops: int, *, bound: int, depth: int, runs: int,
+               rng: random.Random) -> Iterator[Schedule]:
+    if strategy is Strategy.EXHAUSTIVE:
+        for size in range(1, bound + 1):
+            for held in itertools.combinations(range(ops), size):
+                yield Schedule(frozenset(held))
+        return
+    for _ in range(runs):
+        if strategy is Strategy.RANDOM:
+            held = {i for i in range(ops) if rng.random() < 1.0 / max(ops, 1)}
+        else:
+            held = set(rng.sample(range(ops), min(depth, ops)))
+        yield Schedule(frozenset(held))
+
+
+def explore(scenario: Scenario, variant: Variant, strategy: Strategy, *, bound: int = 2,
+            depth: int = 1, runs: int = 200, seed: int = 0, first: bool = False,
+            progress: Callable[[int], None] | None = None) -> Exploration:
+    """Explore ``variant`` of ``scenario`` (a steps scenario) under ``strategy``."""
+    if scenario.workload is not None:
+        raise TargetError(f"{scenario.name}: exploration runs step scenarios; a workload's "
+                          "ops depend on its timing, so a schedule could not name them")
+    baseline, ops = _trial(scenario, variant, Schedule(), seed)
+    result = Exploration(scenario.name, variant.name, strategy, ops, tried=1)
+    if baseline.outcome is not Outcome.CLEAN:
+        result.failing.append(Tried(Schedule().token, baseline.outcome, baseline.detail))
+    rng = random.Random(seed)
+    for schedule in _schedules(strategy, ops, bound=bound, depth=depth, runs=runs, rng=rng):
+        trial, _ = _trial(scenario, variant, schedule, seed)
+        result.tried += 1
+        if progress is not None:
+            progress(result.tried)
+        if trial.outcome is not Outcome.CLEAN:
+            result.failing.append(Tried(schedule.token, trial.outcome, trial.detail))
+            if first:
+                result.stop = StopReason.FIRST_FAILURE
+                return result
+    result.stop = StopReason.EXHAUSTED if strategy is Strategy.EXHAUSTIVE else \
+        StopReason.BUDGET
+    return result
