@@ -107,15 +107,6 @@ class Finding:
 
 
 @dataclass
-class _Access:
-    thread: str
-    epoch: int
-    lo: int
-    hi: int
-    ref: OpRef
-
-
-@dataclass
 class _Buffer:
     name: str
     space: str
@@ -134,13 +125,15 @@ class RaceDetector:
     ``findings`` lists the races, folded by the pair of ops that raced."""
 
     def __init__(self) -> None:
+        self._device: Device | None = None
         self.reset()
 
     def reset(self) -> None:
         """Forget everything: a trial ends with the device idle, so nothing carries over."""
         self._clock: dict[str, dict[str, int]] = defaultdict(dict)
         self._events: dict[str, dict[str, int]] = {}
-        self._history: dict[tuple[int, int], list[_Access]] = defaultdict(list)
+        # (buffer, block) -> accesses: (thread, epoch, lo, hi, write, source) tuples
+        self._history: dict[tuple[int, int], list[tuple[Any, ...]]] = {}
         self._buffers: dict[int, _Buffer] = {}
         self._streams: dict[str, _Stream] = {}
         self._folded: dict[tuple[Any, ...], Finding] = {}
@@ -168,11 +161,8 @@ class RaceDetector:
 
     # ---- the edges -----------------------------------------------------------------------------
     def observe(self, record: OpRecord) -> None:
-        buffers = self._buffers
-        if (record.stream != HOST and record.stream not in self._streams) or not all(
-                a[0] in buffers for a in record.reads) or not all(
-                a[0] in buffers for a in record.writes):
-            self.learn(self._device)  # streams and buffers made since the last look
+        if record.stream != HOST and record.stream not in self._streams:
+            self.learn(self._device)  # a stream made since the last look
         self._op(record.seq, record.stream, record.kind, record.step,
                  record.detail.get("site") if record.detail else None,
                  record.reads, record.writes, record.records, record.waits, record.syncs)
@@ -217,40 +207,58 @@ class RaceDetector:
                 self._events[records] = dict(vc)
             elif kind == "event_wait" and waits is not None:
                 _join(vc, self._events.get(waits, {}))
+        if not reads and not writes:
+            return
+        # Who did it, once per op; an OpRef is built only for the accesses that race.
+        source = (seq, stream, kind, step, site)
         epoch = vc[stream]
         for buf, off, length in reads:
-            self._access(stream, epoch, vc, buf, off, length, False, seq, kind, step, site)
+            self._access(source, epoch, vc, buf, off, length, False)
         for buf, off, length in writes:
-            self._access(stream, epoch, vc, buf, off, length, True, seq, kind, step, site)
+            self._access(source, epoch, vc, buf, off, length, True)
 
-    def _access(self, thread: str, epoch: int, vc: dict[str, int], buf: int, off: int,
-                length: int, write: bool, seq: int, kind: str, step: str | None,
-                site: str | None) -> None:
+    def _access(self, source: tuple[Any, ...], epoch: int, vc: dict[str, int], buf: int,
+                off: int, length: int, write: bool) -> None:
         info = self._buffers.get(buf)
+        if info is None and self._device is not None:
+            self.learn(self._device)  # a buffer made since the last look
+            info = self._buffers.get(buf)
         if info is None or info.role != "data" or length <= 0:
             return  # oracle buffers (the generation mirror) are checking state, not under test
+        thread = source[1]
         lo, hi = off, off + length
         block = info.page_bytes or BLOCK
-        ref = OpRef(seq, thread, kind, step, site, write, off, length)
         for b in range(lo // block, (hi - 1) // block + 1):
-            history = self._history[(buf, b)]
+            key = (buf, b)
+            history = self._history.get(key, ())
+            kept = []
             for past in history:
-                if past.lo < hi and lo < past.hi and (write or past.ref.write) \
-                        and past.thread != thread and past.epoch > vc.get(past.thread, 0):
-                    self._report(info, block if info.page_bytes else 0, past, ref, lo, hi)
-            history.append(_Access(thread, epoch, lo, hi, ref))
-            if len(history) > HISTORY:
-                del history[: len(history) - HISTORY]
+                p_thread, p_epoch, p_lo, p_hi, p_write, _ = past
+                ordered = p_thread == thread or p_epoch <= vc.get(p_thread, 0)
+                if not ordered and p_lo < hi and lo < p_hi and (write or p_write):
+                    self._report(info, block if info.page_bytes else 0, past,
+                                 (thread, epoch, lo, hi, write, source))
+                # An access ordered after a past one and covering its bytes stands for it from
+                # now on, if it is a write or the past one was a read: whatever would race the
+                # past access races this one too (an op issued later cannot be ordered before
+                # it). A read cannot stand for a write: a later read would race only the write.
+                if not (ordered and (write or not p_write) and lo <= p_lo and p_hi <= hi):
+                    kept.append(past)
+            kept.append((thread, epoch, lo, hi, write, source))
+            if len(kept) > HISTORY:
+                del kept[: len(kept) - HISTORY]
+            self._history[key] = kept
 
-    def _report(self, info: _Buffer, page_bytes: int, past: _Access, ref: OpRef, lo: int,
-                hi: int) -> None:
-        pair = (past.ref.seq, ref.seq)
+    def _report(self, info: _Buffer, page_bytes: int, past: tuple[Any, ...],
+                now: tuple[Any, ...]) -> None:
+        first, second = _ref(past), _ref(now)
+        pair = (first.seq, second.seq)
         if pair in self._reported:
             return  # the same two ops met again in another block
         self._reported.add(pair)
-        start = max(lo, past.lo)
+        start = max(past[2], now[2])
         page = start // page_bytes if page_bytes else None
-        finding = Finding(info.name, info.space, page, past.ref, ref)
+        finding = Finding(info.name, info.space, page, first, second)
         folded = self._folded.get(finding.key)
         if folded is None:
             self._folded[finding.key] = finding
@@ -260,6 +268,12 @@ class RaceDetector:
     @property
     def findings(self) -> list[Finding]:
         return list(self._folded.values())
+
+
+def _ref(access: tuple[Any, ...]) -> OpRef:
+    """The OpRef of a history entry (thread, epoch, lo, hi, write, source)."""
+    _, _, lo, hi, write, (seq, stream, kind, step, site) = access
+    return OpRef(seq, stream, kind, step, site, write, lo, hi - lo)
 
 
 def _join(into: dict[str, int], other: dict[str, int]) -> None:
