@@ -124,8 +124,9 @@ class RaceDetector:
     """Feed it op records (``observe`` for OpRecords, ``observe_json`` for trace records);
     ``findings`` lists the races, folded by the pair of ops that raced."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, prune: bool = True) -> None:
         self._device: Device | None = None
+        self.prune = prune
         self.reset()
 
     def reset(self) -> None:
@@ -138,6 +139,7 @@ class RaceDetector:
         self._streams: dict[str, _Stream] = {}
         self._folded: dict[tuple[Any, ...], Finding] = {}
         self._reported: set[tuple[int, int]] = set()
+        self.racing: set[int] = set()  # ops that raced some earlier op
 
     # ---- what the detector knows of buffers and streams ----------------------------------------
     def attach(self, device: Device) -> None:
@@ -242,7 +244,8 @@ class RaceDetector:
                 # now on, if it is a write or the past one was a read: whatever would race the
                 # past access races this one too (an op issued later cannot be ordered before
                 # it). A read cannot stand for a write: a later read would race only the write.
-                if not (ordered and (write or not p_write) and lo <= p_lo and p_hi <= hi):
+                if not (self.prune and ordered and (write or not p_write)
+                        and lo <= p_lo and p_hi <= hi):
                     kept.append(past)
             kept.append((thread, epoch, lo, hi, write, source))
             if len(kept) > HISTORY:
@@ -253,6 +256,7 @@ class RaceDetector:
                 now: tuple[Any, ...]) -> None:
         first, second = _ref(past), _ref(now)
         pair = (first.seq, second.seq)
+        self.racing.add(second.seq)
         if pair in self._reported:
             return  # the same two ops met again in another block
         self._reported.add(pair)
