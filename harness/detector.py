@@ -7,7 +7,10 @@ Happens-before with vector clocks, one for the host and one per stream. The edge
 - stream, event and device synchronize: the host is ordered after what it waited for;
 - the legacy stream's implicit barriers: an op on the legacy stream waits for everything issued
   before it to blocking streams, and an op on a blocking stream waits for the legacy stream.
-  Non-blocking streams get no such edge (that is ninfer #210).
+  Non-blocking streams get no such edge (that is ninfer #210);
+- synchronous copies (``Device.copy_sync``, cudaMemcpy) are a legacy-stream copy plus a host
+  wait, so they get both edges above; from pageable memory (``copy_from_pageable``) there is no
+  host wait, since the call may return before the DMA from CUDA's staging buffer lands.
 
 Every access is a byte range of a device buffer or a pinned host buffer, the host's own reads and
 writes included. History is kept per byte range, not per lease, so a page released and

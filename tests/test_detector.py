@@ -4,6 +4,8 @@ device, each checked for exactly the findings CUDA's ordering rules imply."""
 from __future__ import annotations
 
 import json
+
+import numpy as np
 from collections.abc import Callable
 from pathlib import Path
 
@@ -367,3 +369,49 @@ def test_pruned_histories_find_exactly_the_racing_ops_of_full_ones() -> None:
         raced += len(full.racing)
         dropped += sum(map(len, full._history.values())) - sum(map(len, pruned._history.values()))
     assert raced > 0 and dropped > 0  # the programs do race, and pruning did drop accesses
+
+
+def test_synchronous_copy_orders_the_host_after_it() -> None:
+    def program(d: kvcore.Device) -> None:
+        dev, host = _bufs(d)
+        d.copy_sync(host, 0, dev, 0, N)
+        d.host_read(host, 0, N)
+        d.launch(Fill(dev, 0, N, 1), d.create_stream("later"))  # issued after the host waited
+    assert findings(program) == []
+
+
+def test_synchronous_copy_does_not_wait_for_a_non_blocking_stream() -> None:
+    def program(d: kvcore.Device) -> None:
+        dev, host = _bufs(d)
+        d.launch(Fill(dev, 0, N, 1), d.create_stream("worker"))
+        d.copy_sync(host, 0, dev, 0, N)
+    [f] = findings(program)
+    assert f.first.stream == "worker" and f.second.stream == "legacy_stream"
+
+
+def test_synchronous_copy_waits_for_a_blocking_stream() -> None:
+    def program(d: kvcore.Device) -> None:
+        dev, host = _bufs(d)
+        d.launch(Fill(dev, 0, N, 1), d.create_stream("blocking", blocking=True))
+        d.copy_sync(host, 0, dev, 0, N)
+    assert findings(program) == []
+
+
+def test_pageable_copy_may_return_before_its_dma_lands() -> None:
+    def program(d: kvcore.Device) -> None:
+        dev, _ = _bufs(d)
+        result = d.alloc(4, name="result")
+        d.copy_from_pageable(dev, 0, np.full(N, 7, np.uint8))
+        d.launch(Verify(dev, 0, N, 7, result), d.create_stream("reader"))
+    [f] = findings(program)
+    assert f.first.stream == "legacy_stream" and f.first.kind == "copy_htod"
+    assert f.second.kind == "kernel:verify"
+
+
+def test_pageable_copy_lands_on_the_device() -> None:
+    device = kvcore.open_device("sim")
+    dev, host = _bufs(device)
+    device.copy_from_pageable(dev, 0, np.arange(N, dtype=np.uint8))
+    device.synchronize()
+    device.copy_sync(host, 0, dev, 0, N)
+    assert (device.host_read(host, 0, N) == np.arange(N, dtype=np.uint8)).all()

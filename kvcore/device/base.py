@@ -130,6 +130,7 @@ class Device(ABC):
         # trial), not whenever a garbage collection runs: cudaFree synchronizes the device, and
         # one in the middle of a trial would close the race window it is trying to widen.
         self._buffers: weakref.WeakValueDictionary[int, Buffer] = weakref.WeakValueDictionary()
+        self._pageable_staging: tuple[Buffer, Event] | None = None
         self.legacy_stream = self._register_stream(
             Stream(0, "legacy_stream", True, True, self._legacy_handle())
         )
@@ -271,6 +272,31 @@ class Device(ABC):
                              for r in range(height)),
                 times=times,
             )
+
+    def copy_sync(self, dst: Buffer, dst_off: int, src: Buffer, src_off: int,
+                  nbytes: int) -> None:
+        """cudaMemcpy between device or pinned buffers: a copy on the legacy stream (so it waits
+        for blocking streams, not for non-blocking ones) that the host waits for. Built from the
+        primitives, so the op log shows exactly those two edges."""
+        self.copy(dst, dst_off, src, src_off, nbytes, self.legacy_stream)
+        self.synchronize_stream(self.legacy_stream)
+
+    def copy_from_pageable(self, dst: Buffer, dst_off: int, data: np.ndarray) -> None:
+        """cudaMemcpy from ordinary (pageable) host memory, done as CUDA does it: the bytes are
+        staged into pinned memory and the call returns while the DMA from there may still be in
+        flight. So the host is NOT ordered after the write, unlike :meth:`copy_sync`."""
+        raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
+        staging = self._pageable_staging
+        if staging is None or staging[0].nbytes < raw.size:
+            staging = (self.alloc_host(max(raw.size, 1 << 16), name="pageable-staging"),
+                       self.create_event("pageable-staging"))
+            self._pageable_staging = staging
+        else:
+            self.synchronize_event(staging[1])  # the last staged copy has read the buffer
+        buf, done = staging
+        self.host_write(buf, 0, raw)
+        self.copy(dst, dst_off, buf, 0, raw.size, self.legacy_stream)
+        self.record_event(done, self.legacy_stream)
 
     def memset(self, dst: Buffer, off: int, nbytes: int, value: int, stream: Stream) -> None:
         """cudaMemsetAsync of device memory."""
