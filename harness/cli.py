@@ -26,6 +26,7 @@ from harness.detector import check_trace
 from harness.doctor import diagnose
 from harness.explore import Strategy, explore
 from harness.flight import load_trace
+from harness.replay import replay_scenario
 from harness.gpu import other_gpu_processes
 from harness.model import Scenario, Suite
 from harness.outcome import Outcome, Status, TrialResult, VariantResult
@@ -146,6 +147,9 @@ def _describe(doc: Scenario | Suite) -> dict:
               help="Folder for the run summary (run.json) and the workers' logs.")
 @click.option("--junit", "junit", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write JUnit XML here: a testcase per scenario variant.")
+@click.option("--record", is_flag=True,
+              help="Keep every trial's op trace (JSON Lines) under --out/workers, not only "
+                   "the traces of trials that went wrong; `gpurace check` reads them.")
 @click.option("--max-incidents", type=click.IntRange(min=0), default=3, show_default=True,
               help="Incident folders written per variant; further bad trials are counted.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
@@ -153,19 +157,30 @@ def _describe(doc: Scenario | Suite) -> dict:
 def run_cmd(targets: Sequence[str], dangerous: bool, insist: bool, backend: str,
             trials: int | None, seed: int, variants: Sequence[str], amplify: bool, detect: bool,
             delay_us: float | None, sweep: bool, schedule: str | None, trial: int | None,
-            timeout_s: float | None,
-            out_dir: Path, junit: Path | None, max_incidents: int, fmt: str) -> None:
+            timeout_s: float | None, out_dir: Path, junit: Path | None, record: bool,
+            max_incidents: int, fmt: str) -> None:
     """Run scenarios: TARGETS are scenario files, folders of them, suite files, or names
     (`gpurace run smoke`, `gpurace run cross-stream-race --dangerous`)."""
     options = RunOptions(backend=backend, dangerous=dangerous, trials=trials, seed=seed,
                          variants=tuple(variants), amplify=amplify, delay_us=delay_us,
                          timeout_s=timeout_s, sweep=sweep, out_dir=out_dir, trial=trial,
-                         max_incidents=max_incidents, detect=detect, schedule=schedule)
+                         max_incidents=max_incidents, detect=detect, schedule=schedule,
+                         record=record)
     try:
         scenarios = resolve_targets(targets)
         _check_variants(scenarios, variants)
+    except (HarnessError, kvcore.KVCoreError) as exc:
+        _fail(exc)
+    _execute(scenarios, options, insist=insist, junit=junit, fmt=fmt)
+
+
+def _execute(scenarios: Sequence[Scenario], options: RunOptions, *, insist: bool,
+             junit: Path | None, fmt: str) -> None:
+    """Run, write run.json (and JUnit), print, and exit with the run's code: run and replay."""
+    out_dir = options.out_dir or Path("gpurace-reports")
+    try:
         runner = Runner(options, None)
-        if runner.backend == "cuda" and dangerous and any(s.dangerous for s in scenarios):
+        if runner.backend == "cuda" and options.dangerous and any(s.dangerous for s in scenarios):
             _refuse_busy_gpu(insist)
         hooks = _ProgressHooks(fmt == "text" and err.is_terminal)
         runner.hooks = hooks
@@ -188,6 +203,51 @@ def run_cmd(targets: Sequence[str], dangerous: bool, insist: bool, backend: str,
     else:
         _print_summary(result, out_dir)
     sys.exit(int(result.exit_code))
+
+
+@main.command("replay")
+@click.argument("ticket", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--defect", "defects", multiple=True,
+              type=click.Choice(list(kvcore.Defects.names())),
+              help="Switch on one of kvcore's known bugs (repeatable): publish_on_legacy_stream "
+                   "is ninfer #210, release_fence the unfenced release.")
+@click.option("--dangerous", is_flag=True,
+              help="Needed with --defect: the replay may crash the CUDA context (in a worker).")
+@click.option("--insist", is_flag=True, help="Replay even while other processes use the GPU.")
+@click.option("--backend", type=click.Choice(list(kvcore.device.BACKENDS)), default="auto",
+              show_default=True)
+@click.option("--trials", type=click.IntRange(min=1), default=1, show_default=True,
+              help="How many times to replay the whole ticket.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--amplify/--no-amplify", default=True, show_default=True,
+              help="Queue a delay on the legacy stream before each activation, where #210's "
+                   "publish went.")
+@click.option("--delay-us", type=click.FloatRange(min=0), help="Override that delay.")
+@click.option("--detect/--no-detect", default=True, show_default=True)
+@click.option("--record", is_flag=True, help="Keep every replay's op trace under --out/workers.")
+@click.option("--trial", "trial", type=click.IntRange(min=0),
+              help="Replay only this trial index, with its seed (an incident's reproduce).")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.1),
+              help="Seconds one replay of the ticket may take (default 120).")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
+              default=Path("gpurace-reports"), show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
+              show_default=True, help="json: the gpurace.run/1 document, as `gpurace run`.")
+def replay_cmd(ticket: Path, defects: Sequence[str], dangerous: bool, insist: bool,
+               backend: str, trials: int, seed: int, amplify: bool, delay_us: float | None,
+               detect: bool, record: bool, trial: int | None, timeout_s: float | None,
+               out_dir: Path, fmt: str) -> None:
+    """Replay a recorded ticket (a gpurace.ticket/1 request trace) against the pool: its lanes
+    run like an engine's batch slots, each conversation's pages stay retained and are
+    re-activated every turn. With --defect publish_on_legacy_stream, ninfer-210 crashes."""
+    try:
+        scenario = replay_scenario(ticket, tuple(defects))
+    except (HarnessError, kvcore.KVCoreError) as exc:
+        _fail(exc)
+    options = RunOptions(backend=backend, dangerous=dangerous, trials=trials, seed=seed,
+                         amplify=amplify, delay_us=delay_us, timeout_s=timeout_s,
+                         out_dir=out_dir, trial=trial, detect=detect, record=record)
+    _execute([scenario], options, insist=insist, junit=None, fmt=fmt)
 
 
 def _check_variants(scenarios: Sequence[Scenario], wanted: Sequence[str]) -> None:

@@ -9,17 +9,20 @@ to every race window.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 import kvcore
-from harness.model import STREAMS, Amplify, Scenario, Step, Variant
+from harness.model import STREAMS, Amplify, PlaneSpec, PoolSpec, Scenario, Step, Variant
 from harness.outcome import Outcome, TrialResult
+from harness.ticket import Ticket, load_ticket
 from kvcore.device.kernels import Delay
 from kvcore.device.schedule import Schedule
 
@@ -101,6 +104,12 @@ class TrialExecutor:
                  amplify: bool = True, delay_us: float | None = None,
                  on_device: Callable[[kvcore.Device], None] | None = None,
                  schedule: Schedule | None = None) -> None:
+        self.ticket: Ticket | None = None
+        workload = scenario.workload
+        if workload is not None and workload.kind == "ticket" and workload.ticket is not None:
+            self.ticket = load_ticket(workload.ticket)
+            # The pool a ticket ran on is part of the ticket: its geometry and size win.
+            scenario = dataclasses.replace(scenario, pool=pool_for(self.ticket))
         self.scenario = scenario
         self.schedule = schedule
         self.on_device = on_device
@@ -136,7 +145,9 @@ class TrialExecutor:
         # A collection inside the race window would stretch the host's part of it.
         gc.disable()
         try:
-            if self.scenario.workload is not None:
+            if self.ticket is not None:
+                outcome, detail, step, requests = _TicketReplay(self, world, self.ticket).run()
+            elif self.scenario.workload is not None:
                 outcome, detail, step, requests = _Conversation(self, world).run()
             else:
                 outcome, detail, step, requests = _Steps(self, world).run()
@@ -388,3 +399,78 @@ class _Conversation:
         self.w.device.oplog.step = f"request {request} {name}"
         self.ex.amplifier(self.w, name)
 
+
+
+DECODE_READS_CAP = 16
+"""Table reads per request at most: each decode step reads the row; more add time, not cover."""
+
+
+def pool_for(ticket: Ticket) -> PoolSpec:
+    """The pool a ticket describes: its KV geometry and page count, a table row per lane."""
+    h = ticket.header
+    return PoolSpec(pages=h.pool_pages, page_tokens=h.page_tokens,
+                    planes=(PlaneSpec(h.dtype, h.leading, h.heads, 256),),
+                    table_rows=h.lanes, max_pages_per_row=h.pool_pages)
+
+
+class _TicketReplay:
+    """One trial of a recorded ticket: its requests in order over its lanes, like an engine's
+    batch slots. A conversation's pages stay retained in its catalog between turns and are
+    re-activated every turn; prefill writes the new pages; each decode step reads the lane's
+    table row with the asserting reader; a finished conversation releases its pages, which other
+    lanes then reuse."""
+
+    def __init__(self, executor: TrialExecutor, world: World, ticket: Ticket) -> None:
+        self.ex = executor
+        self.w = world
+        self.ticket = ticket
+
+    def run(self) -> tuple[Outcome, str, str | None, int | None]:
+        w, header = self.w, self.ticket.header
+        pool, device, compute = w.pool, w.device, w.context.stream
+        fill = w.scratch
+        fill.fill(0x5A)
+        rows = [w.table.acquire() for _ in range(header.lanes)]
+        live: dict[str, kvcore.KVConversationCatalog] = {}
+        number = 0
+        try:
+            for number, req in enumerate(self.ticket.requests, 1):
+                catalog = live.get(req.conversation)
+                if catalog is None:
+                    catalog = kvcore.KVConversationCatalog(w.table, req.conversation)
+                    catalog.bind(rows[req.lane])
+                    live[req.conversation] = catalog
+                self._phase("prefill", number, req)
+                tokens = req.prompt_tokens + req.decode_tokens
+                missing = -(-tokens // header.page_tokens) - len(catalog.leases)
+                if missing > 0:
+                    fresh = pool.materialize(missing)
+                    pool.copy_from_host(fill, [lease.handle for lease in fresh], compute)
+                    catalog.retain(fresh)
+                self._phase("activate", number, req)
+                entries = catalog.activate(compute)
+                self._phase("decode", number, req)
+                for _ in range(max(1, min(req.decode_tokens, DECODE_READS_CAP))):
+                    w.table.read(rows[req.lane], entries, compute, result=w.counters)
+                # The engine waits for each step's tokens before the next request.
+                device.synchronize_stream(compute)
+                if req.end:
+                    pool.release(catalog.leases)
+                    del live[req.conversation]
+        except kvcore.DeviceFaultError as exc:
+            exc.gpurace_step = f"request {number}"  # type: ignore[attr-defined]
+            exc.gpurace_request = number  # type: ignore[attr-defined]
+            raise
+        finally:
+            device.oplog.step = None
+        w.context.synchronize()
+        for catalog in live.values():
+            pool.release(catalog.leases)
+        for row in rows:
+            w.table.release_row(row)
+        w.context.synchronize()
+        return Outcome.CLEAN, "", None, len(self.ticket.requests)
+
+    def _phase(self, name: str, number: int, req: Any) -> None:
+        self.w.device.oplog.step = f"request {number} {name}"
+        self.ex.amplifier(self.w, name)

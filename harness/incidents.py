@@ -33,8 +33,13 @@ def reproduce_argv(scenario: Scenario, variant: Variant, trial: TrialResult, *, 
             shown = str(path)
     except ValueError:  # another drive on Windows
         shown = str(path)
-    argv = ["gpurace", "run", shown, "--backend", backend, "--variant", variant.name,
-            "--seed", str(run_seed), "--trial", str(trial.index)]
+    if scenario.replay_defects is not None:
+        argv = ["gpurace", "replay", shown, "--backend", backend]
+        for defect in scenario.replay_defects:
+            argv += ["--defect", defect]
+    else:
+        argv = ["gpurace", "run", shown, "--backend", backend, "--variant", variant.name]
+    argv += ["--seed", str(run_seed), "--trial", str(trial.index)]
     if scenario.dangerous:
         argv.append("--dangerous")
     if not amplified:

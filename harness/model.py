@@ -130,15 +130,18 @@ class PoolSpec:
 
 @dataclass(frozen=True)
 class Workload:
-    """A request-level workload: ``requests`` turns of one conversation whose pages stay retained
-    in its catalog and are re-activated every turn (``pages_per_turn`` new pages each), while a
-    second lane materializes, writes and releases ``churn_pages`` pages per request."""
+    """A request-level workload. ``conversation``: ``requests`` turns of one conversation whose
+    pages stay retained in its catalog and are re-activated every turn (``pages_per_turn`` new
+    pages each), while a second lane materializes, writes and releases ``churn_pages`` pages per
+    request. ``ticket``: the requests of a recorded ticket (``ticket``, a gpurace.ticket/1 file),
+    replayed over its lanes."""
 
     kind: str = "conversation"
     requests: int = 50
     initial_pages: int = 4
     pages_per_turn: int = 1
     churn_pages: int = 2
+    ticket: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -157,6 +160,7 @@ class Scenario:
     steps: tuple[Step, ...] = ()
     workload: Workload | None = None
     tags: tuple[str, ...] = ()
+    replay_defects: tuple[str, ...] | None = None  # set for `gpurace replay TICKET --defect ...`
 
     def variant(self, name: str) -> Variant:
         for v in self.variants:

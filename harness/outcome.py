@@ -169,6 +169,7 @@ class VariantResult:
             "min_rate": self.min_rate,
             "sweep": self.sweep,
             "first_manifested": None if first is None else first.to_json(),
+            "traces": [t.trace for t in self.trials if t.trace],
             "crash_requests": [t.requests for t in self.trials
                                if t.outcome is Outcome.CRASH and t.requests is not None],
             "xids": self.xid_summary(),

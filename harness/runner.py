@@ -65,6 +65,7 @@ class RunOptions:
     max_incidents: int = 3  # incident folders written per variant; the rest are counted
     detect: bool = True  # run the race detector in every trial
     schedule: str | None = None  # replay this schedule token in every trial (sim only)
+    record: bool = False  # keep every trial's op trace under out_dir/workers
 
 
 class RunHooks:
@@ -281,10 +282,10 @@ class Runner:
         while pending and not self.stopped:
             self._workers += 1
             folder = self.log_dir / f"{self._workers:04d}-{scenario.name}-{variant.name}"
-            job = WorkerJob(str(scenario.path), variant.name, self.backend, tuple(pending),
+            job = WorkerJob(scenario, variant.name, self.backend, tuple(pending),
                             amplified, delay if amplified else None,
                             str(folder / "worker.log"), str(folder), header, opts.detect,
-                            opts.schedule)
+                            opts.schedule, opts.record)
             done = self._supervise(job, timeout, run)
             pending = pending[done:]
         result.judge()
@@ -430,9 +431,9 @@ def _tail(path: str, lines: int = 20) -> str:
 def _worker_failed(job: WorkerJob, proc: multiprocessing.process.BaseProcess,
                    message: tuple | None) -> str:
     if message is None:
-        return (f"the worker for {Path(job.scenario_path).name} ({job.variant}) did not start "
+        return (f"the worker for {Path(job.scenario.path).name} ({job.variant}) did not start "
                 f"(exit code {proc.exitcode}); run with --backend sim to check the scenario")
-    return (f"the worker for {Path(job.scenario_path).name} ({job.variant}) failed "
+    return (f"the worker for {Path(job.scenario.path).name} ({job.variant}) failed "
             f"(its log: {job.log_path}):\n{message[1]}")
 
 

@@ -46,7 +46,7 @@ API_VERSION = "gpurace/v1"
 KINDS = ("Scenario", "Suite")
 NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9_-]*")
 """Scenario, suite, variant, step, buffer and event names (matched whole)."""
-WORKLOAD_KINDS = ("conversation",)
+WORKLOAD_KINDS = ("conversation", "ticket")
 DTYPES = tuple(d.label for d in kvcore.DType)
 
 ROOT = "(document)"
@@ -529,8 +529,20 @@ def _variant(reader: _Reader, variants: _Fields, name: str) -> Variant:
 
 def _workload(reader: _Reader, node: Node, path: str) -> Workload:
     f = reader.mapping(node, path, ("kind", "requests", "initial_pages", "pages_per_turn",
-                                    "churn_pages"), ("kind",), what="the workload")
+                                    "churn_pages", "path"), ("kind",), what="the workload")
     kind = reader.choice(f.values["kind"], f.sub("kind"), WORKLOAD_KINDS, "workload kind")
+    if kind == "ticket":
+        if "path" not in f:
+            raise reader.error(node, path, "a ticket workload needs `path:` (a "
+                                           "gpurace.ticket/1 file, relative to this file)")
+        ticket = Path(reader.file).parent / reader.string(f.values["path"], f.sub("path"))
+        if not ticket.is_file():
+            raise reader.error(f.values["path"], f.sub("path"),
+                               f"no ticket file at {ticket}; record one or fix the path")
+        return Workload(kind=kind, ticket=ticket)
+    if "path" in f:
+        raise reader.error(f.values["path"], f.sub("path"),
+                           "`path` belongs to a ticket workload (kind: ticket)")
     defaults = Workload()
     minimums = {"requests": 1, "initial_pages": 0, "pages_per_turn": 1, "churn_pages": 0}
     counts = {key: reader.integer(f.values[key], f.sub(key), minimum) if key in f

@@ -21,7 +21,7 @@ from typing import Any
 class WorkerJob:
     """What a worker is to do: trials ``(index, seed)`` of one scenario variant."""
 
-    scenario_path: str
+    scenario: Any  # harness.model.Scenario, pickled whole: a replay's scenario has no file
     variant: str
     backend: str
     trials: tuple[tuple[int, int], ...]
@@ -32,6 +32,7 @@ class WorkerJob:
     header: dict[str, Any]
     detect: bool = True
     schedule: str | None = None  # a schedule token (sim): every trial replays that ordering
+    record: bool = False  # keep every trial's op trace, not only the ones that went wrong
 
 
 def worker_main(conn: Connection, job: WorkerJob) -> None:
@@ -47,11 +48,10 @@ def worker_main(conn: Connection, job: WorkerJob) -> None:
     from harness.executor import TrialExecutor
     from harness.flight import FlightRecorder
     from harness.outcome import Outcome
-    from harness.scenario import load_scenario
     from kvcore.device.schedule import Schedule
 
     try:
-        scenario = load_scenario(job.scenario_path)
+        scenario = job.scenario
         recorder = FlightRecorder(Path(job.trace_dir))
         detector = RaceDetector() if job.detect else None
 
@@ -77,7 +77,7 @@ def worker_main(conn: Connection, job: WorkerJob) -> None:
             payload = result.to_json()
             payload["worker_pid"] = os.getpid()
             payload["trace"] = recorder.end_trial(
-                index, keep=result.outcome.manifested or result.race)
+                index, keep=job.record or result.outcome.manifested or result.race)
             payload["ops_total"] = recorder.total
             conn.send(("trial", payload))
             if result.outcome is Outcome.CRASH and job.backend == "cuda":

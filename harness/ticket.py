@@ -1,0 +1,481 @@
+"""Tickets: request-level traces of inference traffic, to replay against the KV page pool.
+
+A ticket is JSON Lines: a header record, then one request per line in time order::
+
+    {"type": "header", "schema": "gpurace.ticket/1", "name": "ninfer-210", "lanes": 2,
+     "page_tokens": 64, "pool_pages": 256, "kv": {"dtype": "i8", "leading": 8, "heads": 2}}
+    {"type": "request", "id": 0, "time_ms": 0.0, "lane": 0, "conversation": "agent",
+     "turn": 1, "prompt_tokens": 7000, "prefix_tokens": 0, "new_tokens": 7000,
+     "decode_tokens": 64, "draft_tokens": 3, "end": false}
+
+(each record on one line in the file). A request is one turn of one conversation: its prompt is
+``prefix_tokens`` already cached from earlier turns plus ``new_tokens`` to prefill, after which it
+decodes ``decode_tokens`` with ``draft_tokens`` speculative tokens in flight. A conversation
+keeps its lane, counts its turns from 1, and with ``"end": true`` releases its pages for good.
+
+:func:`load_ticket` reads and checks one; every problem is a :class:`~harness.errors.TraceError`
+whose message starts with ``file:line: field:`` and says what to change. :func:`write_ticket`
+writes one atomically, checked by the same rules, so whatever it writes loads back equal.
+Whether the pool is big enough is not checked here: the replay engine does that with the real
+page geometry (:meth:`Ticket.peak_pages` gives the estimate a ticket author needs).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from difflib import get_close_matches
+from pathlib import Path
+from typing import Any
+
+from harness.errors import TraceError
+from kvcore.geometry import DType
+from reports import write_atomic
+
+TICKET_SCHEMA = "gpurace.ticket/1"
+"""The schema version this gpurace reads and writes."""
+
+KV_DTYPES = tuple(member.label for member in DType)
+"""The KV element types a ticket may name: kvcore's, so a ticket never names one the pool lacks."""
+
+NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
+
+_HEADER_KEYS = ("type", "schema", "name", "description", "lanes", "page_tokens", "pool_pages",
+                "kv", "source")
+_HEADER_REQUIRED = ("schema", "name", "lanes", "page_tokens", "pool_pages", "kv")
+_KV_KEYS = ("dtype", "leading", "heads")
+_REQUEST_KEYS = ("type", "id", "time_ms", "lane", "conversation", "turn", "prompt_tokens",
+                 "prefix_tokens", "new_tokens", "decode_tokens", "draft_tokens", "end")
+_MAX_TIME_MS = 1e15  # about 30,000 years; anything later is a unit mistake
+_TOKEN_FIELDS = ("prompt_tokens", "prefix_tokens", "new_tokens", "decode_tokens", "draft_tokens")
+
+
+@dataclass(frozen=True)
+class TicketHeader:
+    """What a ticket runs on: ``lanes`` concurrent lanes over a pool of ``pool_pages`` pages of
+    ``page_tokens`` tokens, each token's KV ``leading x heads`` elements of ``dtype``."""
+
+    name: str
+    description: str | None
+    lanes: int
+    page_tokens: int
+    pool_pages: int
+    dtype: str
+    leading: int
+    heads: int
+    source: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The header record, keys in file order; ``description`` and ``source`` only when set."""
+        record: dict[str, Any] = {"type": "header", "schema": TICKET_SCHEMA, "name": self.name}
+        if self.description is not None:
+            record["description"] = self.description
+        record.update(lanes=self.lanes, page_tokens=self.page_tokens, pool_pages=self.pool_pages,
+                      kv={"dtype": self.dtype, "leading": self.leading, "heads": self.heads})
+        if self.source is not None:
+            record["source"] = self.source
+        return record
+
+
+@dataclass(frozen=True)
+class Request:
+    """One turn of one conversation: ``prefix_tokens`` of its prompt are cached from earlier
+    turns, ``new_tokens`` are prefilled, then ``decode_tokens`` are decoded with
+    ``draft_tokens`` speculative tokens at a time; ``end`` releases the conversation's pages."""
+
+    id: int
+    time_ms: float
+    lane: int
+    conversation: str
+    turn: int
+    prompt_tokens: int
+    prefix_tokens: int
+    new_tokens: int
+    decode_tokens: int
+    draft_tokens: int
+    end: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        """The request record, keys in file order (``time_ms`` always a float, ``end`` always
+        written, so the file reads the same whatever the caller passed)."""
+        return {"type": "request", "id": self.id, "time_ms": float(self.time_ms),
+                "lane": self.lane, "conversation": self.conversation, "turn": self.turn,
+                "prompt_tokens": self.prompt_tokens, "prefix_tokens": self.prefix_tokens,
+                "new_tokens": self.new_tokens, "decode_tokens": self.decode_tokens,
+                "draft_tokens": self.draft_tokens, "end": self.end}
+
+    @property
+    def held_tokens(self) -> int:
+        """Tokens the conversation's KV holds at this request's peak: the prompt, the decoded
+        tokens and the speculative tail still to be verified."""
+        return self.prompt_tokens + self.decode_tokens + self.draft_tokens
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """A loaded ticket. ``path`` is where it was read from or written to; it takes no part in
+    equality, so a ticket written elsewhere and loaded back compares equal to the original."""
+
+    header: TicketHeader
+    requests: tuple[Request, ...]
+    path: Path | None = field(default=None, compare=False)
+
+    def conversations(self) -> dict[str, tuple[Request, ...]]:
+        """Each conversation's requests in turn order, conversations in order of first request."""
+        grouped: dict[str, list[Request]] = {}
+        for request in self.requests:
+            grouped.setdefault(request.conversation, []).append(request)
+        return {name: tuple(requests) for name, requests in grouped.items()}
+
+    def peak_pages(self) -> int:
+        """The most pages the ticket's live conversations hold at once, if each holds
+        ``ceil(held_tokens / page_tokens)`` pages from its latest request until its end.
+
+        An estimate for sizing ``pool_pages`` (the replay engine has the final word): keep
+        ``pool_pages`` comfortably above it.
+        """
+        page_tokens = self.header.page_tokens
+        held: dict[str, int] = {}
+        peak = 0
+        for request in self.requests:
+            held[request.conversation] = -(-request.held_tokens // page_tokens)
+            peak = max(peak, sum(held.values()))
+            if request.end:
+                del held[request.conversation]
+        return peak
+
+
+def load_ticket(path: Path | str) -> Ticket:
+    """Read and check the ticket at ``path``.
+
+    Raises :class:`TraceError` for the first problem found, as ``path:line: field: what is
+    wrong and what to do``; fix that line and load again.
+    """
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise _error(path, 1, "(file)", f"cannot read it ({exc.strerror or exc}); check the "
+                                        "path and its permissions") from exc
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise _error(path, line, "(record)", f"not UTF-8 text (byte {data[exc.start]:#04x}); "
+                                             "a ticket is UTF-8 JSON Lines") from exc
+    return _parse(path, text)
+
+
+def write_ticket(ticket: Ticket | tuple[TicketHeader, Sequence[Request]],
+                 path: Path | str) -> Ticket:
+    """Write ``ticket`` (a :class:`Ticket`, or a header and its requests) to ``path``
+    atomically, and return it as :func:`load_ticket` would read it back.
+
+    The records are checked by the same rules as :func:`load_ticket` before anything is
+    written, so an invalid ticket raises :class:`TraceError` (naming the line it would have
+    been on) and leaves ``path`` untouched.
+    """
+    path = Path(path)
+    header, requests = (ticket.header, ticket.requests) if isinstance(ticket, Ticket) else ticket
+    lines = []
+    for number, record in enumerate([header.to_json(), *(r.to_json() for r in requests)], 1):
+        try:
+            lines.append(json.dumps(record, allow_nan=False))
+        except (TypeError, ValueError) as exc:
+            raise _error(path, number, "(record)",
+                         f"cannot be written as JSON ({exc}); use strings, booleans and finite "
+                         "numbers") from exc
+    text = "\n".join(lines) + "\n"
+    checked = _parse(path, text)
+    write_atomic(path, text)
+    return checked
+
+
+class _Parser:
+    """Checks one ticket's records in order; ``fail`` raises the error for the current line."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.line = 0
+        self.header: TicketHeader | None = None
+        self.header_line = 0
+        self.requests: list[Request] = []
+        self.request_lines: list[int] = []
+        # conversation -> (lane, last turn, line of last request, line of its end or 0)
+        self.conversations: dict[str, tuple[int, int, int, int]] = {}
+
+    def fail(self, field_name: str, message: str) -> TraceError:
+        return _error(self.path, self.line, field_name, message)
+
+    # -- one record ------------------------------------------------------------------------
+
+    def record(self, record: Any) -> None:
+        if not isinstance(record, dict):
+            raise self.fail("(record)", f"a record must be a JSON object, not "
+                                        f"{_json_kind(record)}; write one {{...}} per line")
+        if "type" not in record:
+            raise self.fail("type", 'missing; every record needs "type": "header" or '
+                                    '"request"')
+        kind = record["type"]
+        if not isinstance(kind, str):
+            raise self.fail("type", f'must be "header" or "request", not {_show(kind)}')
+        if kind not in ("header", "request"):
+            raise self.fail("type", f"unknown record type {kind!r}; a ticket has header and "
+                                    "request records")
+        if self.header is None:
+            if kind != "header":
+                raise self.fail("type", f"the first record must be the header "
+                                        f'({{"type": "header", "schema": "{TICKET_SCHEMA}", '
+                                        f"...}}), not a {kind}; add the header as line 1")
+            self.read_header(record)
+        elif kind == "header":
+            raise self.fail("type", f"a second header (the first is on line {self.header_line}); "
+                                    "a ticket has one header, on its first line: split "
+                                    "concatenated tickets into separate files")
+        else:
+            self.read_request(record)
+
+    def read_header(self, record: dict[str, Any]) -> None:
+        # The schema first: a ticket of another version may legitimately have other keys,
+        # and "this version is not supported" is the useful thing to say about it.
+        if "schema" not in record:
+            raise self.fail("schema", f'missing; a ticket header starts with "type": "header", '
+                                      f'"schema": "{TICKET_SCHEMA}"')
+        schema = record["schema"]
+        if not isinstance(schema, str):
+            raise self.fail("schema", f'must be the string "{TICKET_SCHEMA}", not '
+                                      f"{_show(schema)}")
+        if schema != TICKET_SCHEMA:
+            if schema.startswith("gpurace.ticket/"):
+                raise self.fail("schema", f"{schema} is not supported; this gpurace reads "
+                                          f"{TICKET_SCHEMA}")
+            raise self.fail("schema", f"{schema!r} is not a ticket schema; this gpurace reads "
+                                      f"{TICKET_SCHEMA} (an op trace goes to `gpurace check`)")
+        self.check_keys(record, _HEADER_KEYS, _HEADER_REQUIRED, "header")
+        name = _string(self, record, "name")
+        if not NAME_PATTERN.match(name):
+            raise self.fail("name", f"{name!r} is not a ticket name; use lowercase letters, "
+                                    "digits, '-' and '_', starting with a letter or digit")
+        description = _optional_string(self, record, "description")
+        lanes = _integer(self, record, "lanes", minimum=1)
+        page_tokens = _integer(self, record, "page_tokens", minimum=1)
+        pool_pages = _integer(self, record, "pool_pages", minimum=1)
+        kv = record["kv"]
+        if not isinstance(kv, dict):
+            raise self.fail("kv", f'must be an object like {{"dtype": "i8", "leading": 8, '
+                                  f'"heads": 2}}, not {_show(kv)}')
+        self.check_keys(kv, _KV_KEYS, _KV_KEYS, "kv", prefix="kv.")
+        dtype = _string(self, kv, "dtype", prefix="kv.")
+        if dtype not in KV_DTYPES:
+            raise self.fail("kv.dtype", f"unknown dtype {dtype!r}; use one of "
+                                        f"{', '.join(KV_DTYPES)}")
+        leading = _integer(self, kv, "leading", minimum=1, prefix="kv.")
+        heads = _integer(self, kv, "heads", minimum=1, prefix="kv.")
+        source = _optional_string(self, record, "source")
+        self.header = TicketHeader(name, description, lanes, page_tokens, pool_pages, dtype,
+                                   leading, heads, source)
+        self.header_line = self.line
+
+    def read_request(self, record: dict[str, Any]) -> None:
+        assert self.header is not None
+        self.check_keys(record, _REQUEST_KEYS, _REQUEST_KEYS[1:-1], "request")
+        request_id = _integer(self, record, "id", minimum=0)
+        if self.requests and request_id <= self.requests[-1].id:
+            before = self.requests[-1]
+            what = "repeats" if request_id == before.id else "goes back from"
+            raise self.fail("id", f"{request_id} {what} id {before.id} on line "
+                                  f"{self.request_lines[-1]}; ids must increase down the file")
+        time_ms = _time(self, record)
+        if self.requests and time_ms < self.requests[-1].time_ms:
+            raise self.fail("time_ms", f"{time_ms} is before {self.requests[-1].time_ms} on line "
+                                       f"{self.request_lines[-1]}; requests are in time order, "
+                                       "so sort them by time_ms")
+        lane = _integer(self, record, "lane", minimum=0)
+        if lane >= self.header.lanes:
+            raise self.fail("lane", f"{lane} is out of range: the header declares "
+                                    f"{self.header.lanes} lane(s), so use 0 to "
+                                    f"{self.header.lanes - 1} or raise lanes")
+        conversation = _string(self, record, "conversation")
+        if not conversation:
+            raise self.fail("conversation", "must not be empty; name the conversation this "
+                                            "request belongs to")
+        turn = _integer(self, record, "turn", minimum=1)
+        tokens: dict[str, int] = {}
+        for name in _TOKEN_FIELDS:
+            tokens[name] = _integer(self, record, name, minimum=0)
+            # Relations as soon as their fields are read: a prefix longer than the prompt also
+            # makes new_tokens negative, and the prefix is the mistake to point at.
+            if name == "prefix_tokens" and tokens[name] > tokens["prompt_tokens"]:
+                raise self.fail(name, f"{tokens[name]} exceeds prompt_tokens "
+                                      f"{tokens['prompt_tokens']}; the cached prefix is part of "
+                                      "the prompt")
+            expected = tokens["prompt_tokens"] - tokens.get("prefix_tokens", 0)
+            if name == "new_tokens" and tokens[name] != expected:
+                raise self.fail(name, f"must be prompt_tokens - prefix_tokens = {expected}, "
+                                      f"not {tokens[name]}")
+        end = record.get("end", False)
+        if not isinstance(end, bool):
+            raise self.fail("end", f"must be true or false, not {_show(end)}")
+        self.follow(conversation, lane, turn, end)
+        self.requests.append(Request(request_id, time_ms, lane, conversation, turn, end=end,
+                                     **tokens))
+        self.request_lines.append(self.line)
+
+    def follow(self, conversation: str, lane: int, turn: int, end: bool) -> None:
+        """Check the request against its conversation so far, then record it."""
+        known = self.conversations.get(conversation)
+        if known is None:
+            if turn != 1:
+                raise self.fail("turn", f"conversation {conversation!r} starts here, so this is "
+                                        f"turn 1, not {turn}; is an earlier request missing?")
+        else:
+            known_lane, last_turn, last_line, end_line = known
+            if end_line:
+                raise self.fail("conversation", f"{conversation!r} ended on line {end_line} "
+                                                '("end": true) and cannot appear again; give a '
+                                                "new conversation a new name")
+            if lane != known_lane:
+                raise self.fail("lane", f"conversation {conversation!r} runs on lane "
+                                        f"{known_lane} (line {last_line}), not {lane}; a "
+                                        "conversation keeps its lane")
+            if turn != last_turn + 1:
+                raise self.fail("turn", f"conversation {conversation!r} was at turn {last_turn} "
+                                        f"on line {last_line}, so this is turn "
+                                        f"{last_turn + 1}, not {turn}")
+        self.conversations[conversation] = (lane, turn, self.line, self.line if end else 0)
+
+    def check_keys(self, record: dict[str, Any], allowed: Sequence[str],
+                   required: Sequence[str], what: str, prefix: str = "") -> None:
+        # Unknown keys first: a misspelt key would otherwise be reported as the right key
+        # missing, which hides the typo.
+        for key in record:
+            if key not in allowed:
+                close = get_close_matches(key, allowed, n=1)
+                hint = f"did you mean {close[0]!r}?" if close else \
+                    f"a {what} has {', '.join(allowed)}"
+                raise self.fail(f"{prefix}{key}", f"unknown key; {hint}")
+        for key in required:
+            if key not in record:
+                raise self.fail(f"{prefix}{key}", f"missing; a {what} needs "
+                                                  f"{', '.join(k for k in required)}")
+
+    # -- the whole file --------------------------------------------------------------------
+
+    def finish(self, text: str) -> Ticket:
+        lines = text.split("\n")
+        for number, raw in enumerate(lines, 1):
+            self.line = number
+            line = raw.removesuffix("\r")
+            if not line.strip():
+                continue  # blank lines (a trailing newline, an editor's extra one) carry nothing
+            try:
+                record = json.loads(line, object_pairs_hook=_no_duplicates,
+                                    parse_constant=_no_constant)
+            except json.JSONDecodeError as exc:
+                torn = number == len(lines) and not text.endswith("\n")
+                why = "the file ends mid-record; " if torn else ""
+                raise self.fail("(record)", f"truncated or not JSON ({why}{exc.msg} at column "
+                                            f"{exc.colno}); each line must be one whole JSON "
+                                            "object: remake the ticket or fix this line") from exc
+            except _DuplicateKey as exc:
+                raise self.fail(str(exc), "appears twice in this record; keep one") from None
+            except _NotANumber as exc:
+                raise self.fail("(record)", f"{exc} is not a JSON number; use a finite "
+                                            "number") from None
+            self.record(record)
+        if self.header is None:
+            self.line = 1
+            raise self.fail("(file)", "empty file; a ticket starts with a header line "
+                                      f'{{"type": "header", "schema": "{TICKET_SCHEMA}", ...}}')
+        return Ticket(self.header, tuple(self.requests), self.path)
+
+
+def _parse(path: Path, text: str) -> Ticket:
+    return _Parser(path).finish(text)
+
+
+def _error(path: Path, line: int, field_name: str, message: str) -> TraceError:
+    return TraceError(f"{path}:{line}: {field_name}: {message}")
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+class _NotANumber(Exception):
+    pass
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # json.loads keeps the last of two equal keys; in a hand-edited ticket that silently drops
+    # the value the author meant, so refuse it.
+    record: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in record:
+            raise _DuplicateKey(key)
+        record[key] = value
+    return record
+
+
+def _no_constant(name: str) -> Any:
+    # NaN and Infinity are not JSON, though Python's json accepts them.
+    raise _NotANumber(name)
+
+
+def _json_kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object"
+
+
+def _show(value: Any) -> str:
+    """A value as it appears in the file, and what kind of JSON value it is."""
+    return f"{json.dumps(value)} ({_json_kind(value)})"
+
+
+def _integer(parser: _Parser, record: dict[str, Any], key: str, minimum: int,
+             prefix: str = "") -> int:
+    value = record[key]
+    # bool is an int to Python, but `true` in a token count is a mistake, not a 1.
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise parser.fail(f"{prefix}{key}", f"must be an integer, not {_show(value)}")
+    if value < minimum:
+        raise parser.fail(f"{prefix}{key}", f"must be {minimum} or more, not {value}")
+    return value
+
+
+def _time(parser: _Parser, record: dict[str, Any]) -> float:
+    value = record["time_ms"]
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise parser.fail("time_ms", f"must be a number of milliseconds, not {_show(value)}")
+    if value < 0:
+        raise parser.fail("time_ms", f"must be 0 or more, not {value}")
+    # An integer too big for a float (or an infinity) is no time a replay can wait for.
+    if value > _MAX_TIME_MS or not math.isfinite(value):
+        raise parser.fail("time_ms", f"{value} is too large; use milliseconds since the "
+                                     "ticket's start")
+    return float(value)
+
+
+def _string(parser: _Parser, record: dict[str, Any], key: str, prefix: str = "") -> str:
+    value = record[key]
+    if not isinstance(value, str):
+        raise parser.fail(f"{prefix}{key}", f"must be a string, not {_show(value)}")
+    return value
+
+
+def _optional_string(parser: _Parser, record: dict[str, Any], key: str) -> str | None:
+    if key not in record:
+        return None
+    return _string(parser, record, key)

@@ -1,0 +1,84 @@
+"""Ticket replay on the simulated device: ninfer-210 with and without its defect, record and
+replay round trips, bad tickets, and incident reproduction."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from harness.cli import main
+from harness.runner import SCENARIO_ROOT
+from reports import load_report
+
+TICKET = str(SCENARIO_ROOT / "tickets" / "ninfer-210.jsonl")
+DEFECT = ["--defect", "publish_on_legacy_stream", "--dangerous"]
+
+
+def _replay(*args: str) -> tuple[int, dict]:
+    result = CliRunner().invoke(main, ["replay", *args, "--backend", "sim", "--format", "json"])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+    return result.exit_code, json.loads(result.stdout)
+
+
+def test_ninfer_210_without_the_defect_completes_clean(tmp_path: Path) -> None:
+    code, doc = _replay(TICKET, "--trials", "3", "--out", str(tmp_path))
+    [r] = doc["results"]
+    assert r["variant"] == "as-recorded" and r["expect"] == "clean"
+    assert (r["manifested"], r["detected"], r["outcomes"]["clean"]) == (0, 0, 3)
+    assert code == 0
+
+
+def test_ninfer_210_with_the_defect_is_detected_unamplified(tmp_path: Path) -> None:
+    code, doc = _replay(TICKET, *DEFECT, "--no-amplify", "--trials", "3", "--out", str(tmp_path))
+    [r] = doc["results"]
+    assert r["detected"] == 3 and r["status"] == "pass" and code == 0
+    [finding] = r["findings"][:1]
+    assert finding["buffer"] == "exec-table" and finding["first"]["stream"] == "legacy_stream"
+
+
+def test_ninfer_210_with_the_defect_crashes_amplified(tmp_path: Path) -> None:
+    code, doc = _replay(TICKET, *DEFECT, "--trials", "5", "--out", str(tmp_path))
+    [r] = doc["results"]
+    assert r["outcomes"]["crash"] == 5 and max(r["crash_requests"]) <= 3
+    report = load_report(Path(r["reports"][0]))
+    assert report["cuda_error"] == "CUDA_ERROR_ASSERT"
+    argv = shlex.split(report["reproduce"]["command"])
+    assert argv[:2] == ["gpurace", "replay"] and "publish_on_legacy_stream" in argv
+    code2, again = _replay(*argv[2:], "--out", str(tmp_path / "again"))
+    [rerun] = again["results"]
+    assert rerun["outcomes"]["crash"] == 1 and rerun["crash_requests"] == [report["request"]]
+    assert code == 0 and code2 == 0
+
+
+def test_replay_with_a_defect_needs_dangerous(tmp_path: Path) -> None:
+    code, doc = _replay(TICKET, "--defect", "publish_on_legacy_stream", "--out", str(tmp_path))
+    assert code == 77 and "--dangerous" in doc["results"][0]["reason"]
+
+
+def _ops(trace: str) -> list[str]:
+    lines = Path(trace).read_text().splitlines()
+    return [line for line in lines if '"type":"header"' not in line]  # the header names a pid
+
+
+def test_record_then_replay_round_trips_exactly(tmp_path: Path) -> None:
+    _, first = _replay(TICKET, "--record", "--seed", "4", "--out", str(tmp_path / "a"))
+    _, second = _replay(TICKET, "--record", "--seed", "4", "--out", str(tmp_path / "b"))
+    [a], [b] = first["results"][0]["traces"], second["results"][0]["traces"]
+    assert len(_ops(a)) > 1000
+    assert _ops(a) == _ops(b)
+    _, other = _replay(TICKET, "--record", "--seed", "5", "--out", str(tmp_path / "c"))
+    assert _ops(other["results"][0]["traces"][0]) != _ops(a)  # the seed moves device times
+    check = CliRunner().invoke(main, ["check", a])
+    assert check.exit_code == 0
+
+
+def test_bad_ticket_is_a_line_numbered_usage_error(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    lines = Path(TICKET).read_text().splitlines()
+    bad.write_text("\n".join(lines[:3]) + "\n" + lines[3][:40] + "\n")
+    result = CliRunner().invoke(main, ["replay", str(bad), "--backend", "sim"])
+    assert result.exit_code == 2 and f"{bad}:4:" in result.output
+    assert "Traceback" not in result.output
