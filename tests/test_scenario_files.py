@@ -386,7 +386,7 @@ def test_workload_defaults_and_kind(tmp_path: Path) -> None:
     assert s.workload == Workload(requests=3) and s.steps == () and s.amplify is None
     path = write(tmp_path, head + "  workload: {kind: chat}\n", "chat.yaml")
     assert error_of(path) == (f"{path}:12:20: spec.workload.kind: unknown workload kind "
-                              "'chat'; use one of conversation")
+                              "'chat'; use one of conversation, ticket")
 
 
 # --------------------------------------------------------------------------------------------
@@ -501,3 +501,18 @@ def test_suite_with_no_scenarios(tmp_path: Path) -> None:
     assert error_of(path, load_suite) == (
         f"{path}:5:14: spec.scenarios: expected a non-empty list of scenario file paths, got "
         "an empty list")
+
+
+def test_ticket_workload_resolves_its_path(tmp_path: Path) -> None:
+    ticket = tmp_path / "t.jsonl"
+    ticket.write_text("")
+    text = ("apiVersion: gpurace/v1\nkind: Scenario\nmetadata: {name: t}\n"
+            "spec:\n  pool: {pages: 2}\n  variants: {fixed: {}}\n"
+            "  workload: {kind: ticket, path: t.jsonl}\n")
+    path = write(tmp_path, text)
+    scenario = load_scenario(path)
+    assert scenario.workload is not None and scenario.workload.ticket == ticket
+    missing = write(tmp_path, text.replace("t.jsonl", "nope.jsonl"))
+    assert "no ticket file at" in error_of(missing)
+    needs = write(tmp_path, text.replace(", path: t.jsonl", ""))
+    assert "a ticket workload needs `path:`" in error_of(needs)
