@@ -26,6 +26,7 @@ from harness.detector import check_trace
 from harness.doctor import diagnose
 from harness.explore import Strategy, explore
 from harness.flight import load_trace
+from harness.minimize import minimize, write_minimized
 from harness.replay import replay_scenario
 from harness.gpu import other_gpu_processes
 from harness.model import Scenario, Suite
@@ -369,6 +370,34 @@ def explore_cmd(target: str, variants: Sequence[str], strategy: str, bound: int,
                           f"{variant.name} --dangerous --schedule {e.failing[0].token}",
                           highlight=False)
     sys.exit(0 if met else 1)
+
+
+@main.command("minimize")
+@click.argument("source", type=click.Path(exists=True, path_type=Path))
+@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="Where to write the minimized scenario (YAML).")
+@click.option("--defect", "defects", multiple=True,
+              type=click.Choice(list(kvcore.Defects.names())),
+              help="For a ticket SOURCE: the defect that makes it fail (repeatable).")
+@click.option("--amplify/--no-amplify", default=None,
+              help="Keep the amplification (default: as the incident had it).")
+def minimize_cmd(source: Path, output: Path, defects: Sequence[str],
+                 amplify: bool | None) -> None:
+    """Shrink a failure to the smallest scenario that still fails. SOURCE is an incident folder
+    (or its report.json), or a ticket with --defect. Delta debugging over the ticket's requests,
+    then over the kvcore steps they perform, on the simulated device; the scenario written to
+    --output runs with `gpurace run`."""
+    try:
+        result = minimize(source, defects=tuple(defects), amplify=amplify,
+                          progress=lambda text: err.print(f"  {escape(text)}"))
+        write_minimized(result, output)
+    except (HarnessError, kvcore.KVCoreError) as exc:
+        _fail(exc)
+    kept = (f"{result.requests_from} requests -> {result.requests_kept}, "
+            if result.requests_from is not None else "")
+    out.print(f"{output}: {result.steps} steps ({kept}{result.steps_from} steps -> "
+              f"{result.steps}; {result.tries} trial runs); it {result.failure.describe()}",
+              highlight=False)
 
 
 @main.command("check")

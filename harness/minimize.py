@@ -1,0 +1,405 @@
+"""Minimize a failure to the smallest scenario that still fails: delta debugging.
+
+From an incident (or a ticket with the defects to switch on), the failure is first shrunk at the
+request level (which requests of the ticket it needs), then turned into the kvcore steps those
+requests perform, and shrunk again at the step level, keeping every step that a kept step depends
+on (the materialize of a lease it uses, the catalog it names, the host buffer it reads). Each
+candidate runs one trial on the simulated device with the race detector on; it "still fails"
+when it ends the same way (crash, corruption) or, for a race that did not manifest, when the
+detector finds the same race. The result is a scenario file that `gpurace run` accepts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+import kvcore
+from harness.detector import RaceDetector
+from harness.errors import TargetError
+from harness.executor import TrialExecutor, pool_for
+from harness.model import Amplify, Scenario, Step, Variant
+from harness.outcome import Outcome
+from harness.replay import replay_scenario
+from harness.scenario import load_scenario
+from harness.ticket import Request, Ticket, load_ticket, write_ticket
+from reports import load_report, write_atomic
+
+# What each step argument names, to keep a step's dependencies (STEP_OPS in the model says
+# which keys a step takes; these are the ones that refer to something another step made).
+_USES = {"lease": "lease", "catalog": "catalog", "event": "event"}
+_USES_BY_OP = {("copy_from_host", "src"): "buffer", ("copy_from_host", "dst"): "lease",
+               ("copy_to_host", "src"): "lease", ("copy_page", "src"): "lease",
+               ("copy_page", "dst"): "lease", ("check", "buffer"): "buffer",
+               ("check", "equals"): "buffer"}
+
+
+@dataclass(frozen=True)
+class Failure:
+    """How the original failed: what a candidate must reproduce."""
+
+    outcome: Outcome | None  # a manifestation (crash, corruption, hang), or None
+    race: tuple[str, str, str, str, str] | None  # (buffer, first stream/kind, second ...)
+
+    def matches(self, outcome: Outcome, findings: Sequence[dict[str, Any]]) -> bool:
+        if self.outcome is not None:
+            return outcome is self.outcome
+        return any(_race_key(f) == self.race for f in findings)
+
+    def describe(self) -> str:
+        if self.outcome is not None:
+            return f"ends in {self.outcome.value}"
+        assert self.race is not None
+        return (f"races on {self.race[0]}: {self.race[1]} {self.race[2]} vs {self.race[3]} "
+                f"{self.race[4]}")
+
+
+def _race_key(finding: dict[str, Any]) -> tuple[str, str, str, str, str]:
+    first, second = finding["first"], finding["second"]
+    return (finding["buffer"], first["stream"], first["kind"], second["stream"],
+            second["kind"])
+
+
+@dataclass
+class Minimized:
+    scenario_text: str
+    steps: int
+    requests_from: int | None
+    requests_kept: int | None
+    steps_from: int
+    failure: Failure
+    tries: int
+
+
+class _Judge:
+    """Runs candidates: one sim trial each, detector on, with the original's amplification.
+    A candidate fails when its buggy variant fails the same way AND the same steps with no
+    defect stay clean: otherwise the candidate shows some other bug (a read of a row nobody
+    wrote, say), not this one."""
+
+    def __init__(self, variant: Variant, failure: Failure, amplified: bool, delay_us: float | None,
+                 seed: int) -> None:
+        self.variant = variant
+        self.failure = failure
+        self.amplified = amplified
+        self.delay_us = delay_us
+        self.seed = seed
+        self.tries = 0
+
+    def fails(self, scenario: Scenario) -> bool:
+        self.tries += 1
+        buggy = self._run(scenario, self.variant)
+        if buggy is None or not self.failure.matches(*buggy):
+            return False
+        fixed = self._run(scenario, dataclasses.replace(self.variant, defects=kvcore.Defects()))
+        return fixed is not None and fixed[0] is Outcome.CLEAN and not fixed[1]
+
+    def _run(self, scenario: Scenario,
+             variant: Variant) -> tuple[Outcome, list[dict[str, Any]]] | None:
+        detector = RaceDetector()
+        try:
+            executor = TrialExecutor(scenario, variant, "sim", amplify=self.amplified,
+                                     delay_us=self.delay_us, on_device=detector.attach)
+            detector.reset()
+            result = executor.run(0, self.seed)
+        except (kvcore.KVCoreError, KeyError, IndexError, ValueError):
+            return None  # a candidate that cannot even run (pool exhausted, a dangling name)
+        return result.outcome, [f.to_json() for f in detector.findings]
+
+
+def ddmin(items: list[Any], fails: Callable[[list[Any]], bool]) -> list[Any]:
+    """Zeller's delta debugging: a 1-minimal sublist of ``items`` for which ``fails`` holds."""
+    n = 2
+    while len(items) >= 2:
+        chunk = -(-len(items) // n)
+        parts = [items[i:i + chunk] for i in range(0, len(items), chunk)]
+        for i in range(len(parts)):
+            complement = [x for j, part in enumerate(parts) if j != i for x in part]
+            if fails(complement):
+                items, n = complement, max(n - 1, 2)
+                break
+        else:
+            if n >= len(items):
+                break
+            n = min(len(items), n * 2)
+    return items
+
+
+# ---- requests -> steps ---------------------------------------------------------------------------
+def _renumbered(requests: Sequence[Request]) -> list[Request]:
+    """A kept subset as a valid ticket: ids and turns renumbered, each turn's prefix no longer
+    than its prompt."""
+    turns: dict[str, int] = {}
+    out = []
+    for i, r in enumerate(requests):
+        turns[r.conversation] = turns.get(r.conversation, 0) + 1
+        prefix = min(r.prefix_tokens, r.prompt_tokens) if turns[r.conversation] > 1 else 0
+        out.append(dataclasses.replace(r, id=i, turn=turns[r.conversation], prefix_tokens=prefix,
+                                       new_tokens=r.prompt_tokens - prefix))
+    ends = {r.conversation: i for i, r in enumerate(out)}
+    return [dataclasses.replace(r, end=r.end and ends[r.conversation] == i)
+            for i, r in enumerate(out)]
+
+
+def steps_for(ticket: Ticket) -> list[dict[str, Any]]:
+    """The kvcore steps the replay engine performs for ``ticket``, in the scenario vocabulary:
+    one table read per request (the first decode step is where #210 read the row)."""
+    steps: list[dict[str, Any]] = []
+    held: dict[str, list[str]] = {}
+    pages: dict[str, int] = {}
+    widest = 1
+    for n, r in enumerate(ticket.requests, 1):
+        cat = f"conv-{r.conversation}"
+        if r.conversation not in held:
+            held[r.conversation], pages[r.conversation] = [], 0
+            steps.append({"id": cat, "op": "catalog"})
+            steps.append({"op": "bind", "catalog": cat})
+        need = -(-(r.prompt_tokens + r.decode_tokens) // ticket.header.page_tokens)
+        missing = need - pages[r.conversation]
+        if missing > 0:
+            lease = f"r{n}-pages"
+            widest = max(widest, missing)
+            steps += [{"id": lease, "op": "materialize", "pages": missing},
+                      {"op": "copy_from_host", "src": "kv", "dst": lease, "stream": "compute"},
+                      {"op": "retain", "catalog": cat, "lease": lease}]
+            held[r.conversation].append(lease)
+            pages[r.conversation] = need
+        steps += [{"id": f"r{n}-activate", "op": "activate", "catalog": cat,
+                   "stream": "compute"},
+                  {"id": f"r{n}-decode", "op": "read_table", "catalog": cat,
+                   "stream": "compute"},
+                  {"op": "synchronize", "stream": "compute"}]
+        if r.end:
+            steps += [{"op": "release", "lease": lease} for lease in held.pop(r.conversation)]
+    return [{"op": "host_fill", "buffer": "kv", "byte": 0x5A, "pages": widest}, *steps]
+
+
+def _closure(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Drop every step that uses a name no kept step defines (cascading)."""
+    while True:
+        defined: set[tuple[str, str]] = set()
+        kept = []
+        for step in steps:
+            if all((kind, name) in defined for kind, name in _uses(step)):
+                kept.append(step)
+                defined |= _defines(step)
+        if len(kept) == len(steps):
+            return kept
+        steps = kept
+
+
+def _uses(step: dict[str, Any]) -> list[tuple[str, str]]:
+    op = step["op"]
+    out = []
+    for key, value in step.items():
+        kind = _USES_BY_OP.get((op, key)) or (_USES.get(key) if key not in ("id", "op") else None)
+        if kind == "event" and op == "record_event":
+            continue
+        if kind is not None:
+            out.append((kind, str(value)))
+    return out
+
+
+def _defines(step: dict[str, Any]) -> set[tuple[str, str]]:
+    op = step["op"]
+    if op == "materialize":
+        return {("lease", str(step["id"]))}
+    if op == "catalog":
+        return {("catalog", str(step["id"]))}
+    if op == "host_fill":
+        return {("buffer", str(step["buffer"]))}
+    if op == "copy_to_host":
+        return {("buffer", str(step["dst"]))}
+    if op == "record_event":
+        return {("event", str(step["event"]))}
+    return set()
+
+
+def _as_steps(raw: list[dict[str, Any]]) -> tuple[Step, ...]:
+    return tuple(Step(op=s["op"], args={k: v for k, v in s.items() if k not in ("id", "op")},
+                      id=s.get("id"), index=i) for i, s in enumerate(raw))
+
+
+def _raw(steps: Sequence[Step]) -> list[dict[str, Any]]:
+    return [{**({"id": s.id} if s.id else {}), "op": s.op, **s.args} for s in steps]
+
+
+# ---- the whole pipeline ----------------------------------------------------------------------
+def minimize(source: Path, *, defects: tuple[str, ...] = (), amplify: bool | None = None,
+             progress: Callable[[str], None] | None = None) -> Minimized:
+    """Minimize the failure of an incident folder (or report.json), or of a ticket replayed with
+    ``defects``."""
+    say = progress or (lambda _: None)
+    if source.is_dir() or source.name == "report.json":
+        report = load_report(source)
+        argv = report.get("reproduce", {}).get("argv", [])
+        names = tuple(n for n, on in report["variant"]["defects"].items()
+                      if on != getattr(kvcore.Defects(), n))
+        amp = report.get("amplification")
+        amplified = amp is not None if amplify is None else amplify
+        delay = (amp or {}).get("delay_us")
+        failure = _failure(report)
+        seed = int(report["trial"]["seed"])
+        path = Path(report["scenario"]["path"])
+        if len(argv) > 1 and argv[1] == "replay":
+            scenario = replay_scenario(path, names)
+        else:
+            scenario = load_scenario(path)
+        variant = scenario.variant(report["variant"]["name"])
+    else:
+        if not defects:
+            raise TargetError(f"{source}: a ticket alone does not fail; name the defect that "
+                              "makes it fail with --defect (e.g. publish_on_legacy_stream)")
+        scenario = replay_scenario(source, defects)
+        variant = scenario.variants[0]
+        amplified = True if amplify is None else amplify
+        delay, seed = (scenario.amplify.delay_us if scenario.amplify else None), 0
+        failure = _observe(scenario, variant, amplified, delay, seed)
+    judge = _Judge(variant, failure, amplified, delay, seed)
+    say(f"the failure to keep: it {failure.describe()}")
+
+    requests_from = requests_kept = None
+    if scenario.workload is not None and scenario.workload.ticket is not None:
+        ticket = load_ticket(scenario.workload.ticket)
+        requests_from = len(ticket.requests)
+        with tempfile.TemporaryDirectory(prefix="gpurace-min-") as tmp:
+            def ticket_fails(kept: list[Request]) -> bool:
+                candidate = Ticket(ticket.header, tuple(_renumbered(kept)))
+                file = Path(tmp) / f"t{judge.tries}.jsonl"
+                write_ticket(candidate, file)
+                return judge.fails(replay_scenario(file, names_of(variant)))
+
+            if not ticket_fails(list(ticket.requests)):
+                raise TargetError(f"{source}: replaying it on the simulated device does not "
+                                  f"{failure.describe()}; nothing to minimize")
+            kept = ddmin(list(ticket.requests), ticket_fails)
+        requests_kept = len(kept)
+        say(f"requests: {requests_from} -> {requests_kept}")
+        small = Ticket(ticket.header, tuple(_renumbered(kept)))
+        raw = steps_for(small)
+        base = dataclasses.replace(scenario, pool=pool_for(ticket), workload=None,
+                                   steps=_as_steps(raw), replay_defects=None,
+                                   amplify=_step_amplify(scenario.amplify, raw))
+    else:
+        raw = _raw(scenario.steps)
+        base = scenario
+
+    steps_from = len(raw)
+
+    def steps_fail(candidate: list[dict[str, Any]]) -> bool:
+        closed = _closure(candidate)
+        amp = _step_amplify(base.amplify, closed) if amplified else base.amplify
+        if amplified and base.amplify is not None and amp is None:
+            return False  # the amplified step is gone; the failure would only show by luck
+        return judge.fails(dataclasses.replace(base, steps=_as_steps(closed), amplify=amp))
+
+    if not steps_fail(raw):
+        raise TargetError(f"{source}: its steps on the simulated device do not "
+                          f"{failure.describe()}; nothing to minimize")
+    raw = _closure(ddmin(raw, steps_fail))
+    raw = _shrink_counts(raw, steps_fail)
+    say(f"steps: {steps_from} -> {len(raw)}")
+    final = dataclasses.replace(base, steps=_as_steps(raw),
+                                amplify=_step_amplify(base.amplify, raw) if amplified else None)
+    return Minimized(_yaml(final, variant, source, failure), len(raw), requests_from,
+                     requests_kept, steps_from, failure, judge.tries)
+
+
+def names_of(variant: Variant) -> tuple[str, ...]:
+    default = kvcore.Defects()
+    return tuple(n for n in kvcore.Defects.names()
+                 if getattr(variant.defects, n) != getattr(default, n))
+
+
+def _failure(report: dict[str, Any]) -> Failure:
+    outcome = Outcome(report["outcome"])
+    if outcome is not Outcome.CLEAN:
+        return Failure(outcome, None)
+    findings = report.get("findings") or []
+    if not findings:
+        raise TargetError("this incident neither manifested nor found a race: nothing to keep")
+    return Failure(None, _race_key(findings[0]))
+
+
+def _observe(scenario: Scenario, variant: Variant, amplified: bool, delay: float | None,
+             seed: int) -> Failure:
+    detector = RaceDetector()
+    executor = TrialExecutor(scenario, variant, "sim", amplify=amplified, delay_us=delay,
+                             on_device=detector.attach)
+    result = executor.run(0, seed)
+    if result.outcome is not Outcome.CLEAN:
+        return Failure(result.outcome, None)
+    if detector.findings:
+        return Failure(None, _race_key(detector.findings[0].to_json()))
+    raise TargetError(f"{scenario.path}: with {', '.join(names_of(variant)) or 'no defect'} "
+                      "it neither fails nor races on the simulated device; nothing to minimize")
+
+
+def _step_amplify(amp: Amplify | None, raw: Sequence[dict[str, Any]]) -> Amplify | None:
+    """The amplification moved onto a kept step: before the first activation for a replay's
+    (which named a phase), or the same step if it is still there."""
+    if amp is None:
+        return None
+    ids = [s.get("id") for s in raw]
+    if amp.before in ids:
+        return amp
+    activations = [s["id"] for s in raw if s["op"] == "activate" and s.get("id")]
+    return dataclasses.replace(amp, before=activations[0], sweep=()) if activations else None
+
+
+def _shrink_counts(raw: list[dict[str, Any]],
+                   fails: Callable[[list[dict[str, Any]]], bool]) -> list[dict[str, Any]]:
+    """Halve page counts while the failure holds: a race on one page is easier to read."""
+    raw = [dict(s) for s in raw]
+    for step in raw:
+        while "pages" in step and step["pages"] > 1:
+            before = step["pages"]
+            step["pages"] = max(1, before // 2)
+            if not fails(raw):
+                step["pages"] = before
+                break
+    return raw
+
+
+def _yaml(scenario: Scenario, variant: Variant, source: Path, failure: Failure) -> str:
+    pool = scenario.pool
+    spec: dict[str, Any] = {
+        "pool": {"pages": pool.pages, "page_tokens": pool.page_tokens,
+                 "planes": [{"dtype": p.dtype, "leading": p.leading, "heads": p.heads,
+                             "align": p.align} for p in pool.planes],
+                 "table_rows": pool.table_rows,
+                 **({"max_pages_per_row": pool.max_pages_per_row}
+                    if pool.max_pages_per_row else {})},
+        "trials": 20,
+        "timeout": scenario.timeout_s,
+        "variants": {
+            "buggy": {"defects": {n: getattr(variant.defects, n) for n in names_of(variant)},
+                      "expect": "reproduces"},
+            "fixed": {"expect": "clean"},
+        },
+    }
+    if scenario.amplify is not None:
+        spec["amplify"] = {"delay_us": scenario.amplify.delay_us,
+                           "stream": scenario.amplify.stream, "before": scenario.amplify.before}
+    spec["steps"] = _raw(scenario.steps)
+    doc = {"apiVersion": "gpurace/v1", "kind": "Scenario",
+           "metadata": {"name": f"{scenario.name}-min",
+                        "description": f"minimized from {source}: it {failure.describe()}",
+                        "dangerous": scenario.dangerous or failure.outcome is Outcome.CRASH},
+           "spec": spec}
+    head = (f"# Minimized by `gpurace minimize {source}`.\n"
+            f"# It {failure.describe()} on the simulated device; `gpurace run` it to check.\n")
+    # Steps one per line, as a person writes them: flow style below the top level.
+    text = yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=100)
+    return head + text
+
+
+def write_minimized(result: Minimized, output: Path) -> None:
+    write_atomic(output, result.scenario_text)
+
