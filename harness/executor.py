@@ -15,7 +15,6 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -346,13 +345,30 @@ def _describe(label: str, page: int, got: np.ndarray, want: np.ndarray, bad: int
             f"(0x{int(want[0]):02X}...); found {shown}")
 
 
-class _Conversation:
-    """One trial of the conversation workload (#210's shape): a retained catalog re-activated
-    every request, the decode reading its row, while a second lane churns pages."""
+class _RequestLoop:
+    """What request-level workloads share: each request's phases label the ops (and may carry
+    the amplifying delay), and a fault is attributed to the request it surfaced in."""
 
     def __init__(self, executor: TrialExecutor, world: World) -> None:
         self.ex = executor
         self.w = world
+
+    def _phase(self, name: str, number: int) -> None:
+        self.w.device.oplog.step = f"request {number} {name}"
+        self.ex.amplifier(self.w, name)
+
+    @staticmethod
+    def _crashed_in(exc: kvcore.DeviceFaultError, number: int) -> None:
+        exc.gpurace_step = f"request {number}"  # type: ignore[attr-defined]
+        exc.gpurace_request = number  # type: ignore[attr-defined]
+
+
+class _Conversation(_RequestLoop):
+    """One trial of the conversation workload (#210's shape): a retained catalog re-activated
+    every request, the decode reading its row, while a second lane churns pages."""
+
+    def __init__(self, executor: TrialExecutor, world: World) -> None:
+        super().__init__(executor, world)
         assert executor.scenario.workload is not None
         self.wl = executor.scenario.workload
 
@@ -385,8 +401,7 @@ class _Conversation:
                 # assert, if one fired, surfaces here.
                 device.synchronize_stream(compute)
         except kvcore.DeviceFaultError as exc:
-            exc.gpurace_step = f"request {request}"  # type: ignore[attr-defined]
-            exc.gpurace_request = request  # type: ignore[attr-defined]
+            self._crashed_in(exc, request)
             raise
         finally:
             device.oplog.step = None
@@ -395,9 +410,6 @@ class _Conversation:
         w.context.synchronize()
         return Outcome.CLEAN, "", None, wl.requests
 
-    def _phase(self, name: str, request: int) -> None:
-        self.w.device.oplog.step = f"request {request} {name}"
-        self.ex.amplifier(self.w, name)
 
 
 
@@ -413,7 +425,7 @@ def pool_for(ticket: Ticket) -> PoolSpec:
                     table_rows=h.lanes, max_pages_per_row=h.pool_pages)
 
 
-class _TicketReplay:
+class _TicketReplay(_RequestLoop):
     """One trial of a recorded ticket: its requests in order over its lanes, like an engine's
     batch slots. A conversation's pages stay retained in its catalog between turns and are
     re-activated every turn; prefill writes the new pages; each decode step reads the lane's
@@ -421,8 +433,7 @@ class _TicketReplay:
     lanes then reuse."""
 
     def __init__(self, executor: TrialExecutor, world: World, ticket: Ticket) -> None:
-        self.ex = executor
-        self.w = world
+        super().__init__(executor, world)
         self.ticket = ticket
 
     def run(self) -> tuple[Outcome, str, str | None, int | None]:
@@ -440,16 +451,16 @@ class _TicketReplay:
                     catalog = kvcore.KVConversationCatalog(w.table, req.conversation)
                     catalog.bind(rows[req.lane])
                     live[req.conversation] = catalog
-                self._phase("prefill", number, req)
+                self._phase("prefill", number)
                 tokens = req.prompt_tokens + req.decode_tokens
                 missing = -(-tokens // header.page_tokens) - len(catalog.leases)
                 if missing > 0:
                     fresh = pool.materialize(missing)
                     pool.copy_from_host(fill, [lease.handle for lease in fresh], compute)
                     catalog.retain(fresh)
-                self._phase("activate", number, req)
+                self._phase("activate", number)
                 entries = catalog.activate(compute)
-                self._phase("decode", number, req)
+                self._phase("decode", number)
                 for _ in range(max(1, min(req.decode_tokens, DECODE_READS_CAP))):
                     w.table.read(rows[req.lane], entries, compute, result=w.counters)
                 # The engine waits for each step's tokens before the next request.
@@ -458,8 +469,7 @@ class _TicketReplay:
                     pool.release(catalog.leases)
                     del live[req.conversation]
         except kvcore.DeviceFaultError as exc:
-            exc.gpurace_step = f"request {number}"  # type: ignore[attr-defined]
-            exc.gpurace_request = number  # type: ignore[attr-defined]
+            self._crashed_in(exc, number)
             raise
         finally:
             device.oplog.step = None
@@ -470,7 +480,3 @@ class _TicketReplay:
             w.table.release_row(row)
         w.context.synchronize()
         return Outcome.CLEAN, "", None, len(self.ticket.requests)
-
-    def _phase(self, name: str, number: int, req: Any) -> None:
-        self.w.device.oplog.step = f"request {number} {name}"
-        self.ex.amplifier(self.w, name)
