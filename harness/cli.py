@@ -28,8 +28,9 @@ from harness.explore import Strategy, explore
 from harness.flight import load_trace
 from harness.minimize import minimize, write_minimized
 from harness.replay import replay_scenario
-from harness.gpu import other_gpu_processes
+
 from harness.model import Scenario, Suite
+from harness.nvml import other_gpu_processes
 from harness.outcome import Outcome, Status, TrialResult, VariantResult
 from reports import (
     ReportError,

@@ -12,9 +12,9 @@ from importlib import metadata
 from typing import Any
 
 import kvcore
-from harness.gpu import other_gpu_processes
+
 from harness.kernlog import KernelLog
-from harness.nvml import health_snapshot, nvml_summary
+from harness.nvml import health_snapshot, nvml_summary, other_gpu_processes
 
 
 def _check(name: str, ok: bool, detail: str, **data: Any) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -568,3 +569,16 @@ def _xid_support(mod: Any, handles: list[tuple[int, Any]]) -> str:
             mod.nvmlEventSetFree(event_set)
         except Exception:
             pass  # the check's answer stands either way
+
+
+def other_gpu_processes(index: int = 0, nvml: Any | None = None) -> tuple[list[int], str]:
+    """PIDs of other processes with a compute context on GPU ``index``, and a note when NVML
+    could not tell (no NVML, no GPU, no permission): then the list is empty and the caller
+    decides."""
+    snap = health_snapshot(nvml, index)
+    if not snap.get("available"):
+        return [], str(snap.get("note") or "NVML is not available")
+    if snap.get("processes") is None:
+        return [], str((snap.get("notes") or {}).get("processes", "process list unavailable"))
+    me = os.getpid()
+    return sorted({int(p["pid"]) for p in snap["processes"] if int(p["pid"]) != me}), ""

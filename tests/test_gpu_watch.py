@@ -615,3 +615,12 @@ def test_nvml_summary_with_real_pynvml() -> None:
         pytest.skip("NVML initialized here: this machine has a GPU")
     assert out["note"].startswith("NVML is not available here")
     assert out["xid_events"] == out["note"] and out["devices"] == []
+
+
+def test_other_gpu_processes_lists_others_and_says_why_not() -> None:
+    from harness.nvml import other_gpu_processes
+
+    assert other_gpu_processes(nvml=FakeNvml()) == ([4242, 4343], "")
+    none = FakeNvml(fail={"nvmlInit": NVMLError_LibraryNotFound("NVML Shared Library Not Found")})
+    pids, note = other_gpu_processes(nvml=none)
+    assert pids == [] and "Library Not Found" in note
