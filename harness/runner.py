@@ -264,21 +264,20 @@ class Runner:
         timeout = opts.timeout_s or scenario.timeout_s
         pending = [(i, trial_seed(opts.seed, scenario.name, variant.name, i)) for i in indices]
         self.hooks.variant_started(result, len(pending))
+        amp = scenario.amplify if amplified else None
+        where = None if amp is None else {"stream": amp.stream, "before": amp.before}
         header = {
             "scenario": scenario.name, "path": str(scenario.path), "variant": variant.name,
             "backend": self.backend, "defects": variant.defects.to_json(),
-            "run_seed": opts.seed, "delay_us": delay if amplified else None,
-            "amplify": None if not amplified or scenario.amplify is None else {
-                "stream": scenario.amplify.stream, "before": scenario.amplify.before},
+            "run_seed": opts.seed, "delay_us": delay if amplified else None, "amplify": where,
         }
         argv = functools.partial(
             reproduce_argv, scenario, variant, backend=self.backend, run_seed=opts.seed,
             amplified=amplified, delay_us=delay,
             delay_overridden=sweep_delay is not None or opts.delay_us is not None,
             timeout_s=opts.timeout_s, schedule=opts.schedule)
-        run = _VariantRun(scenario, variant, result, header["amplify"], argv)
-        if run.amplification is not None:
-            run.amplification = {**run.amplification, "delay_us": delay}
+        run = _VariantRun(scenario, variant, result,
+                          None if where is None else {**where, "delay_us": delay}, argv)
         while pending and not self.stopped:
             self._workers += 1
             folder = self.log_dir / f"{self._workers:04d}-{scenario.name}-{variant.name}"

@@ -248,17 +248,17 @@ class SimDevice(Device):
             def fill(lo: int, hi: int) -> None:
                 d[base + lo:base + hi] = value
 
-            return self._kernel_transfer(stream, kernel.nbytes, fill)
+            return self._transfer(stream, kernel.nbytes, False, fill, kernel=True)
         elif isinstance(kernel, Scatter):
-            return self._kernel_transfer(stream, kernel.chunk * len(kernel.dst_offsets),
-                                         _pieces(kernel.chunk, kernel.dst_offsets, scatter=True,
-                                                 dev=_arr(kernel.dst), packed=_arr(kernel.src),
-                                                 packed_off=kernel.src_offset))
+            move = _pieces(kernel.chunk, kernel.dst_offsets, scatter=True, dev=_arr(kernel.dst),
+                           packed=_arr(kernel.src), packed_off=kernel.src_offset)
+            return self._transfer(stream, kernel.chunk * len(kernel.dst_offsets), False, move,
+                                  kernel=True)
         elif isinstance(kernel, Gather):
-            return self._kernel_transfer(stream, kernel.chunk * len(kernel.src_offsets),
-                                         _pieces(kernel.chunk, kernel.src_offsets, scatter=False,
-                                                 dev=_arr(kernel.src), packed=_arr(kernel.dst),
-                                                 packed_off=kernel.dst_offset))
+            move = _pieces(kernel.chunk, kernel.src_offsets, scatter=False, dev=_arr(kernel.src),
+                           packed=_arr(kernel.dst), packed_off=kernel.dst_offset)
+            return self._transfer(stream, kernel.chunk * len(kernel.src_offsets), False, move,
+                                  kernel=True)
         elif isinstance(kernel, (Verify, ReadTable)):
             begin, end = self._schedule(stream, c.kernel_min_ns, latency=c.kernel_latency_ns,
                                         issue=c.launch_issue_ns)
@@ -267,10 +267,6 @@ class SimDevice(Device):
             self._at(begin, lambda: check(kernel))
             return begin, end
         raise DeviceUsageError(f"the simulated device has no kernel {kernel.name!r}")
-
-    def _kernel_transfer(self, stream: Stream, nbytes: int,
-                         piece: Callable[[int, int], None]) -> tuple[int, int]:
-        return self._transfer(stream, nbytes, False, piece, kernel=True)
 
     @staticmethod
     def _verify(k: Verify) -> None:
