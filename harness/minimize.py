@@ -102,15 +102,20 @@ class _Judge:
 
     def _run(self, scenario: Scenario,
              variant: Variant) -> tuple[Outcome, list[dict[str, Any]]] | None:
-        detector = RaceDetector()
         try:
-            executor = TrialExecutor(scenario, variant, "sim", amplify=self.amplified,
-                                     delay_us=self.delay_us, on_device=detector.attach)
-            detector.reset()
-            result = executor.run(0, self.seed)
+            return _trial(scenario, variant, self.amplified, self.delay_us, self.seed)
         except (kvcore.KVCoreError, KeyError, IndexError, ValueError):
             return None  # a candidate that cannot even run (pool exhausted, a dangling name)
-        return result.outcome, [f.to_json() for f in detector.findings]
+
+
+def _trial(scenario: Scenario, variant: Variant, amplified: bool, delay: float | None,
+           seed: int) -> tuple[Outcome, list[dict[str, Any]]]:
+    """One sim trial with the detector on: its outcome and its findings."""
+    detector = RaceDetector()
+    executor = TrialExecutor(scenario, variant, "sim", amplify=amplified, delay_us=delay,
+                             on_device=detector.attach)
+    result = executor.run(0, seed)
+    return result.outcome, [f.to_json() for f in detector.findings]
 
 
 def ddmin(items: list[Any], fails: Callable[[list[Any]], bool]) -> list[Any]:
@@ -329,14 +334,11 @@ def _failure(report: dict[str, Any]) -> Failure:
 
 def _observe(scenario: Scenario, variant: Variant, amplified: bool, delay: float | None,
              seed: int) -> Failure:
-    detector = RaceDetector()
-    executor = TrialExecutor(scenario, variant, "sim", amplify=amplified, delay_us=delay,
-                             on_device=detector.attach)
-    result = executor.run(0, seed)
-    if result.outcome is not Outcome.CLEAN:
-        return Failure(result.outcome, None)
-    if detector.findings:
-        return Failure(None, _race_key(detector.findings[0].to_json()))
+    outcome, findings = _trial(scenario, variant, amplified, delay, seed)
+    if outcome is not Outcome.CLEAN:
+        return Failure(outcome, None)
+    if findings:
+        return Failure(None, _race_key(findings[0]))
     raise TargetError(f"{scenario.path}: with {', '.join(names_of(variant)) or 'no defect'} "
                       "it neither fails nor races on the simulated device; nothing to minimize")
 
