@@ -110,28 +110,6 @@ class FlightRecorder:
             self._file = None
 
 
-def read_trace(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
-    """(header, buffers, ops) of a trace file; a torn last line (a worker killed mid-write) is
-    dropped, not fatal."""
-    header: dict[str, Any] = {}
-    buffers: list[dict[str, Any]] = []
-    ops: list[dict[str, Any]] = []
-    with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            kind = record.get("type")
-            if kind == "header":
-                header = record
-            elif kind == "buffer":
-                buffers.append(record)
-            elif kind == "op":
-                ops.append(record)
-    return header, buffers, ops
-
-
 def load_trace(path: Path) -> tuple[list[dict[str, Any]], str]:
     """Every record of a trace file, checked line by line; and a note when its last line was
     torn (a worker killed mid-write), which is dropped rather than refused."""

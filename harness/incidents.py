@@ -13,7 +13,8 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from harness.flight import read_trace
+from harness.errors import TraceError
+from harness.flight import load_trace
 from harness.model import Scenario, Variant
 from harness.outcome import TrialResult
 
@@ -61,7 +62,11 @@ def build_report(scenario: Scenario, variant: Variant, trial: TrialResult, *, ba
     last_ops: list[dict[str, Any]] = []
     ops_total = trial.ops_total
     if trial.trace and Path(trial.trace).exists():
-        _, _, ops = read_trace(Path(trial.trace))
+        try:
+            records, _ = load_trace(Path(trial.trace))  # a torn last line is dropped
+        except TraceError:
+            records = []
+        ops = [r for r in records if r["type"] == "op"]
         ops_total = max(ops_total, len(ops))
         last_ops = [{k: v for k, v in op.items() if k != "type"} for op in ops[-LAST_OPS:]]
     return {
