@@ -8,9 +8,11 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TextIO
 
 import click
 from rich import box
@@ -51,8 +53,18 @@ from harness.runner import (
     resolve_targets,
 )
 
-err = Console(stderr=True)
-out = Console()
+
+
+def _console(stream: TextIO) -> Console:
+    """A console for ``stream``. Piped into a CI log or a file, rich would assume 80 columns,
+    truncate the results table's headers and wrap every finding; logs are wide, so there a
+    line keeps its width unless COLUMNS says otherwise."""
+    wide = not stream.isatty() and "COLUMNS" not in os.environ
+    return Console(stderr=stream is sys.stderr, width=160 if wide else None)
+
+
+err = _console(sys.stderr)
+out = _console(sys.stdout)
 
 _STATUS_STYLE = {Status.PASS: "green", Status.FAIL: "bold red", Status.SKIP: "yellow"}
 
@@ -428,13 +440,19 @@ def check_cmd(trace: Path, fmt: str) -> None:
 
 
 def _print_finding(f: dict) -> None:
-    more = f" (x{f['count']})" if f.get("count", 1) > 1 else ""
-    out.print(f"  race{more}: {escape(f['missing'])}", highlight=False)
+    # `count` is how many op pairs of this shape one trace held; across a run the summary
+    # keeps the first trial's, so say so rather than print a bare multiplier.
+    pairs = int(f.get("count", 1))
+    more = f" ({pairs} op pairs{' in the first trial' if 'trials' in f else ''})" \
+        if pairs > 1 else ""
+    # soft_wrap: a finding is one line in a log, whole for grep, however wide.
+    out.print(f"  race{more}: {escape(f['missing'])}", highlight=False, soft_wrap=True)
     for side in ("first", "second"):
         op = f[side]
         out.print(f"    {side}: seq {op['seq']} {op['stream']} {op['kind']} "
                   f"{op['access']} bytes {op['bytes'][0]}..{op['bytes'][1]}"
-                  + (f" at {op['site']}" if op.get("site") else ""), highlight=False)
+                  + (f" at {op['site']}" if op.get("site") else ""), highlight=False,
+                  soft_wrap=True)
 
 
 @main.command("doctor")

@@ -271,7 +271,8 @@ def _races(report: Mapping[str, Any]) -> str:
         return ""
     lines = ["## Races found", ""]
     for f in findings:
-        count = f" (x{f['count']})" if isinstance(f.get("count"), int) and f["count"] > 1 else ""
+        pairs = f.get("count")
+        count = f" ({pairs} op pairs)" if isinstance(pairs, int) and pairs > 1 else ""
         lines.append(f"- {f.get('missing', '?')}{count}")
         for side in ("first", "second"):
             op = f.get(side)

@@ -4,6 +4,8 @@ the dangerous ones in spawned worker processes, so a dead CUDA context kills onl
 from __future__ import annotations
 
 import multiprocessing
+import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -110,6 +112,13 @@ def _child(queue: Any, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
         queue.put(("ok", fn(*args)))
     except BaseException as exc:  # report anything, including a CUDA error, to the parent
         queue.put(("error", f"{type(exc).__name__}: {exc}"))
+    # Exit without destructors: after a device-side assert they would try to free memory in the
+    # dead context and print CuPy tracebacks into the test log (the harness worker does the same).
+    queue.close()
+    queue.join_thread()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def in_worker(fn: Callable[..., Any], *args: Any, timeout: float = 120.0) -> Any:

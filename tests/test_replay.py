@@ -4,7 +4,10 @@ replay round trips, bad tickets, and incident reproduction."""
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -13,6 +16,7 @@ from harness.cli import main
 from harness.runner import SCENARIO_ROOT
 from reports import load_report
 
+REPO = Path(__file__).resolve().parents[1]
 TICKET = str(SCENARIO_ROOT / "tickets" / "ninfer-210.jsonl")
 DEFECT = ["--defect", "publish_on_legacy_stream", "--dangerous"]
 
@@ -82,3 +86,17 @@ def test_bad_ticket_is_a_line_numbered_usage_error(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["replay", str(bad), "--backend", "sim"])
     assert result.exit_code == 2 and f"{bad}:4:" in result.output
     assert "Traceback" not in result.output
+
+
+def test_text_output_piped_to_a_log_keeps_whole_lines(tmp_path: Path) -> None:
+    """A CI log is not a terminal: the table's names and each finding stay whole on their
+    line instead of being cut to 80 columns."""
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    proc = subprocess.run([sys.executable, "-m", "harness.cli", "replay", TICKET, *DEFECT,
+                           "--backend", "sim", "--out", str(tmp_path)],
+                          capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert any("publish_on_legacy_stream" in ln and "reproduces" in ln for ln in lines)
+    race = next(ln for ln in lines if "race" in ln and "nothing orders" in ln)
+    assert "record an event on legacy_stream" in race

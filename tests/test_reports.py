@@ -485,5 +485,5 @@ def test_render_markdown_lists_race_findings() -> None:
                           "access": "write", "bytes": [0, 1024], "site": None}}
     text = render_markdown(full_report(findings=[finding]))
     assert "## Races found" in text and "nothing orders transfer_stream's write" in text
-    assert "(x2)" in text and "issued at `x.py:3`" in text
+    assert "(2 op pairs)" in text and "issued at `x.py:3`" in text
     assert "## Races found" not in render_markdown(full_report(findings=[]))
