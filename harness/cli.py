@@ -27,7 +27,7 @@ from harness.errors import GpuBusyError, HarnessError, ScenarioError
 from harness.detector import check_trace
 from harness.doctor import diagnose
 from harness.explore import Strategy, explore
-from harness.flight import load_trace
+from harness.optrace import load_trace
 from harness.minimize import minimize, write_minimized
 from harness.replay import replay_scenario
 
@@ -74,7 +74,9 @@ def _fail(exc: BaseException) -> None:
     code = ExitCode.USAGE if isinstance(exc, ReportError) else getattr(
         exc, "exit_code", ExitCode.INTERNAL)
     prefix = "error" if code != ExitCode.INTERNAL else "internal error"
-    err.print(f"[bold red]{prefix}:[/] {exc}", highlight=False, markup=True, soft_wrap=True)
+    # escape: a message may quote a file's text ("[buffer, offset, length]"), not markup.
+    err.print(f"[bold red]{prefix}:[/] {escape(str(exc))}", highlight=False, markup=True,
+              soft_wrap=True)
     sys.exit(int(code))
 
 
@@ -422,18 +424,15 @@ def check_cmd(trace: Path, fmt: str) -> None:
     exit 1 when it finds races, 0 when none."""
     path = trace / "trace.jsonl" if trace.is_dir() else trace
     try:
-        records, note = load_trace(path)
+        trace_file = load_trace(path)
     except HarnessError as exc:
         _fail(exc)
-    findings = check_trace(records).findings
+    findings = check_trace(trace_file.records).findings
     if fmt == "json":
-        click.echo(json.dumps({"trace": str(path), "note": note,
+        click.echo(json.dumps({"trace": str(path),
                                "findings": [f.to_json() for f in findings]}, indent=2))
     else:
-        if note:
-            err.print(f"[yellow]note:[/] {escape(note)}")
-        ops = sum(1 for r in records if r["type"] == "op")
-        out.print(f"{path}: {ops} ops, {len(findings)} race(s)", highlight=False)
+        out.print(f"{path}: {len(trace_file.ops)} ops, {len(findings)} race(s)", highlight=False)
         for f in findings:
             _print_finding(f.to_json())
     sys.exit(1 if findings else 0)

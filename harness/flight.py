@@ -5,7 +5,9 @@ one until the watchdog kills it). So the recorder keeps records in memory while 
 work, and writes them to the trial's trace file just before every blocking call. Whatever the
 worker's fate, the parent then finds every op issued before the fatal wait.
 
-The trace file is versioned JSON Lines: a header record, then "buffer" and "op" records.
+The trace file is versioned JSON Lines (:mod:`harness.optrace` describes and reads it). A worker
+killed in the middle of a write leaves a torn last line; :func:`cut_torn_tail` is how the parent
+takes such a file in, so every reader after it can be strict.
 """
 
 from __future__ import annotations
@@ -15,10 +17,9 @@ import os
 from pathlib import Path
 from typing import IO, Any
 
-from harness.errors import TraceError
+from harness.optrace import TRACE_SCHEMA
 from kvcore.device import Device, OpRecord
 
-TRACE_SCHEMA = "gpurace.trace/1"
 CURRENT = "trial-current.jsonl"
 
 
@@ -110,40 +111,15 @@ class FlightRecorder:
             self._file = None
 
 
-def load_trace(path: Path) -> tuple[list[dict[str, Any]], str]:
-    """Every record of a trace file, checked line by line; and a note when its last line was
-    torn (a worker killed mid-write), which is dropped rather than refused."""
-    records: list[dict[str, Any]] = []
-    note = ""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TraceError(f"{path}: cannot read it: {exc}") from exc
-    for number, line in enumerate(lines, 1):
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            if number == len(lines):
-                note = f"{path}:{number}: the last line is torn (a killed writer); ignored"
-                break
-            raise TraceError(f"{path}:{number}: not a JSON record ({exc.msg})") from exc
-        if not isinstance(record, dict) or "type" not in record:
-            raise TraceError(f"{path}:{number}: a record needs a \"type\"")
-        if number == 1 and (record["type"] != "header" or record.get("schema") != TRACE_SCHEMA):
-            raise TraceError(f"{path}:1: not a gpurace op trace: the first line must be a "
-                             f"header with schema {TRACE_SCHEMA}")
-        need = _NEEDS.get(record["type"])
-        if need is None:
-            raise TraceError(f"{path}:{number}: unknown record type {record['type']!r}")
-        missing = [k for k in need if k not in record]
-        if missing:
-            raise TraceError(f"{path}:{number}: a {record['type']} record needs "
-                             f"{', '.join(missing)}")
-        records.append(record)
-    if not records:
-        raise TraceError(f"{path}:1: empty trace")
-    return records, note
+def cut_torn_tail(path: Path) -> bool:
+    """Cut a torn last line (a writer killed mid-line) off ``path``; whether there was one.
 
-
-_NEEDS = {"header": ("schema",), "buffer": ("id", "name", "space"),
-          "stream": ("name", "blocking", "legacy"), "op": ("seq", "stream", "kind")}
+    The recorder writes whole lines, so only the end of the file can be torn, and only when its
+    process died in the write; what came before is intact and is what the parent keeps.
+    """
+    with open(path, "rb+") as file:
+        data = file.read()
+        if not data or data.endswith(b"\n"):
+            return False
+        file.truncate(data.rfind(b"\n") + 1)
+        return True

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import TraceError
-from harness.flight import load_trace
+from harness.optrace import load_trace
 from harness.model import Scenario, Variant
 from harness.outcome import TrialResult
 
@@ -63,10 +63,9 @@ def build_report(scenario: Scenario, variant: Variant, trial: TrialResult, *, ba
     ops_total = trial.ops_total
     if trial.trace and Path(trial.trace).exists():
         try:
-            records, _ = load_trace(Path(trial.trace))  # a torn last line is dropped
+            ops = load_trace(Path(trial.trace)).ops
         except TraceError:
-            records = []
-        ops = [r for r in records if r["type"] == "op"]
+            ops = []  # the report still stands without its last ops
         ops_total = max(ops_total, len(ops))
         last_ops = [{k: v for k, v in op.items() if k != "type"} for op in ops[-LAST_OPS:]]
     return {

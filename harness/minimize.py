@@ -12,6 +12,7 @@ detector finds the same race. The result is a scenario file that `gpurace run` a
 from __future__ import annotations
 
 import dataclasses
+import json
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -21,10 +22,11 @@ from typing import Any
 import yaml
 
 import kvcore
-from harness.detector import RaceDetector
+from harness.detector import RaceDetector, check_trace
 from harness.errors import TargetError
 from harness.executor import TrialExecutor, pool_for
 from harness.model import Amplify, Scenario, Step, Variant
+from harness.optrace import load_trace
 from harness.outcome import Outcome
 from harness.replay import replay_scenario
 from harness.scenario import load_scenario
@@ -236,36 +238,32 @@ def _raw(steps: Sequence[Step]) -> list[dict[str, Any]]:
 
 
 # ---- the whole pipeline ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Origin:
+    """What to minimize: a scenario, the variant that fails, how the failing trial ran, and
+    the failure to keep."""
+
+    scenario: Scenario
+    variant: Variant
+    amplified: bool
+    delay_us: float | None
+    seed: int
+    failure: Failure
+
+
 def minimize(source: Path, *, defects: tuple[str, ...] = (), amplify: bool | None = None,
              progress: Callable[[str], None] | None = None) -> Minimized:
-    """Minimize the failure of an incident folder (or report.json), or of a ticket replayed with
-    ``defects``."""
+    """Minimize the failure of an incident folder (or report.json), of an op trace (a trial
+    recorded by the flight recorder), or of a ticket replayed with ``defects``."""
     say = progress or (lambda _: None)
     if source.is_dir() or source.name == "report.json":
-        report = load_report(source)
-        argv = report.get("reproduce", {}).get("argv", [])
-        names = tuple(n for n, on in report["variant"]["defects"].items()
-                      if on != getattr(kvcore.Defects(), n))
-        amp = report.get("amplification")
-        amplified = amp is not None if amplify is None else amplify
-        delay = (amp or {}).get("delay_us")
-        failure = _failure(report)
-        seed = int(report["trial"]["seed"])
-        path = Path(report["scenario"]["path"])
-        if len(argv) > 1 and argv[1] == "replay":
-            scenario = replay_scenario(path, names)
-        else:
-            scenario = load_scenario(path)
-        variant = scenario.variant(report["variant"]["name"])
+        origin = _from_incident(source, amplify)
+    elif _is_op_trace(source):
+        origin = _from_op_trace(source, amplify)
     else:
-        if not defects:
-            raise TargetError(f"{source}: a ticket alone does not fail; name the defect that "
-                              "makes it fail with --defect (e.g. publish_on_legacy_stream)")
-        scenario = replay_scenario(source, defects)
-        variant = scenario.variants[0]
-        amplified = True if amplify is None else amplify
-        delay, seed = (scenario.amplify.delay_us if scenario.amplify else None), 0
-        failure = _observe(scenario, variant, amplified, delay, seed)
+        origin = _from_ticket(source, defects, amplify)
+    scenario, variant, failure = origin.scenario, origin.variant, origin.failure
+    amplified, delay, seed = origin.amplified, origin.delay_us, origin.seed
     judge = _Judge(variant, failure, amplified, delay, seed)
     say(f"the failure to keep: it {failure.describe()}")
 
@@ -320,6 +318,83 @@ def names_of(variant: Variant) -> tuple[str, ...]:
     default = kvcore.Defects()
     return tuple(n for n in kvcore.Defects.names()
                  if getattr(variant.defects, n) != getattr(default, n))
+
+
+def _from_incident(source: Path, amplify: bool | None) -> _Origin:
+    report = load_report(source)
+    argv = report.get("reproduce", {}).get("argv", [])
+    amp = report.get("amplification")
+    path = Path(report["scenario"]["path"])
+    replayed = len(argv) > 1 and argv[1] == "replay"
+    scenario = _scenario_at(path, replayed, report["variant"]["defects"], source)
+    return _Origin(scenario, scenario.variant(report["variant"]["name"]),
+                   amp is not None if amplify is None else amplify, (amp or {}).get("delay_us"),
+                   int(report["trial"]["seed"]), _failure(report))
+
+
+def _is_op_trace(path: Path) -> bool:
+    """Whether ``path`` starts like an op trace (its header names an op trace schema); the
+    full check is load_trace's."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            first = json.loads(file.readline())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(first, dict) and str(first.get("schema", "")).startswith("gpurace.trace/")
+
+
+def _from_op_trace(source: Path, amplify: bool | None) -> _Origin:
+    trace = load_trace(source)
+    header = trace.header
+    missing = [k for k in ("path", "variant", "seed") if k not in header]
+    if missing:
+        raise TargetError(f"{source}:1: its header lacks {', '.join(missing)}, so the trial "
+                          "cannot be run again; minimize a trace that `gpurace run --record` "
+                          "or `gpurace replay --record` wrote")
+    path = Path(header["path"])
+    scenario = _scenario_at(path, path.suffix == ".jsonl", header.get("defects", {}), source)
+    variant = scenario.variant(header["variant"])
+    amplified = header.get("amplify") is not None if amplify is None else amplify
+    delay, seed = header.get("delay_us"), int(header["seed"])
+    if amplified and delay is None and scenario.amplify is not None:
+        delay = scenario.amplify.delay_us
+    # The trial again on sim says whether it manifests; the trace itself may hold a race the
+    # detector finds even when the run did not manifest it.
+    try:
+        failure = _observe(scenario, variant, amplified, delay, seed)
+    except TargetError:
+        findings = [f.to_json() for f in check_trace(trace.records).findings]
+        if not findings:
+            raise TargetError(f"{source}: the trial neither fails again on the simulated device "
+                              "nor holds a race the detector finds; nothing to minimize") from None
+        failure = Failure(None, _race_key(findings[0]))
+    return _Origin(scenario, variant, amplified, delay, seed, failure)
+
+
+def _from_ticket(source: Path, defects: tuple[str, ...], amplify: bool | None) -> _Origin:
+    load_ticket(source)  # a bad ticket is said as such, at its line, before anything else
+    if not defects:
+        raise TargetError(f"{source}: a ticket alone does not fail; name the defect that "
+                          "makes it fail with --defect (e.g. publish_on_legacy_stream)")
+    scenario = replay_scenario(source, defects)
+    variant = scenario.variants[0]
+    amplified = True if amplify is None else amplify
+    delay = scenario.amplify.delay_us if scenario.amplify else None
+    return _Origin(scenario, variant, amplified, delay, 0,
+                   _observe(scenario, variant, amplified, delay, 0))
+
+
+def _scenario_at(path: Path, replayed: bool, defects: dict[str, Any], source: Path) -> Scenario:
+    """The scenario a recorded trial ran: ``path`` is its scenario file, or for a replay the
+    ticket (with the defects that were on)."""
+    if not path.exists():
+        raise TargetError(f"{source}: it was recorded from {path}, which is not here; run "
+                          "minimize in the folder it was recorded in, or copy the file there")
+    if not replayed:
+        return load_scenario(path)
+    names = tuple(n for n, on in defects.items()
+                  if n in kvcore.Defects.names() and on != getattr(kvcore.Defects(), n))
+    return replay_scenario(path, names)
 
 
 def _failure(report: dict[str, Any]) -> Failure:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import kvcore
 from harness.errors import BackendUnavailable, HarnessError, ScenarioError, TargetError
-from harness.flight import CURRENT, trace_path
+from harness.flight import CURRENT, cut_torn_tail, trace_path
 from harness.incidents import build_report, reproduce_argv
 from harness.model import Scenario, Suite, Variant
 from harness.outcome import Outcome, Status, TrialResult, VariantResult
@@ -413,6 +413,9 @@ def _keep_current_trace(job: WorkerJob, index: int) -> str | None:
     current = Path(job.trace_dir) / CURRENT
     if not current.exists():
         return None
+    # Killed in the middle of a flush, the worker may have left half a line: drop it here, the
+    # one place a trace can be torn, so every reader downstream refuses a torn trace.
+    cut_torn_tail(current)
     kept = trace_path(Path(job.trace_dir), index)
     current.replace(kept)
     return str(kept)

@@ -27,11 +27,10 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from difflib import get_close_matches
 from pathlib import Path
 from typing import Any
 
-from harness.errors import TraceError
+from harness.jsonl import LineParser, line_error, read_text, show
 from kvcore.geometry import DType
 from reports import write_atomic
 
@@ -155,17 +154,7 @@ def load_ticket(path: Path | str) -> Ticket:
     wrong and what to do``; fix that line and load again.
     """
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise _error(path, 1, "(file)", f"cannot read it ({exc.strerror or exc}); check the "
-                                        "path and its permissions") from exc
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data[:exc.start].count(b"\n") + 1
-        raise _error(path, line, "(record)", f"not UTF-8 text (byte {data[exc.start]:#04x}); "
-                                             "a ticket is UTF-8 JSON Lines") from exc
+    text = read_text(path, "a ticket")
     return _parse(path, text)
 
 
@@ -185,7 +174,7 @@ def write_ticket(ticket: Ticket | tuple[TicketHeader, Sequence[Request]],
         try:
             lines.append(json.dumps(record, allow_nan=False))
         except (TypeError, ValueError) as exc:
-            raise _error(path, number, "(record)",
+            raise line_error(path, number, "(record)",
                          f"cannot be written as JSON ({exc}); use strings, booleans and finite "
                          "numbers") from exc
     text = "\n".join(lines) + "\n"
@@ -194,12 +183,13 @@ def write_ticket(ticket: Ticket | tuple[TicketHeader, Sequence[Request]],
     return checked
 
 
-class _Parser:
+class _Parser(LineParser):
     """Checks one ticket's records in order; ``fail`` raises the error for the current line."""
 
+    remedy = "remake the ticket or fix this line"
+
     def __init__(self, path: Path) -> None:
-        self.path = path
-        self.line = 0
+        super().__init__(path)
         self.header: TicketHeader | None = None
         self.header_line = 0
         self.requests: list[Request] = []
@@ -207,21 +197,15 @@ class _Parser:
         # conversation -> (lane, last turn, line of last request, line of its end or 0)
         self.conversations: dict[str, tuple[int, int, int, int]] = {}
 
-    def fail(self, field_name: str, message: str) -> TraceError:
-        return _error(self.path, self.line, field_name, message)
-
     # -- one record ------------------------------------------------------------------------
 
-    def record(self, record: Any) -> None:
-        if not isinstance(record, dict):
-            raise self.fail("(record)", f"a record must be a JSON object, not "
-                                        f"{_json_kind(record)}; write one {{...}} per line")
+    def record(self, record: dict[str, Any]) -> None:
         if "type" not in record:
             raise self.fail("type", 'missing; every record needs "type": "header" or '
                                     '"request"')
         kind = record["type"]
         if not isinstance(kind, str):
-            raise self.fail("type", f'must be "header" or "request", not {_show(kind)}')
+            raise self.fail("type", f'must be "header" or "request", not {show(kind)}')
         if kind not in ("header", "request"):
             raise self.fail("type", f"unknown record type {kind!r}; a ticket has header and "
                                     "request records")
@@ -247,7 +231,7 @@ class _Parser:
         schema = record["schema"]
         if not isinstance(schema, str):
             raise self.fail("schema", f'must be the string "{TICKET_SCHEMA}", not '
-                                      f"{_show(schema)}")
+                                      f"{show(schema)}")
         if schema != TICKET_SCHEMA:
             if schema.startswith("gpurace.ticket/"):
                 raise self.fail("schema", f"{schema} is not supported; this gpurace reads "
@@ -255,26 +239,26 @@ class _Parser:
             raise self.fail("schema", f"{schema!r} is not a ticket schema; this gpurace reads "
                                       f"{TICKET_SCHEMA} (an op trace goes to `gpurace check`)")
         self.check_keys(record, _HEADER_KEYS, _HEADER_REQUIRED, "header")
-        name = _string(self, record, "name")
+        name = self.string(record, "name")
         if not NAME_PATTERN.match(name):
             raise self.fail("name", f"{name!r} is not a ticket name; use lowercase letters, "
                                     "digits, '-' and '_', starting with a letter or digit")
-        description = _optional_string(self, record, "description")
-        lanes = _integer(self, record, "lanes", minimum=1)
-        page_tokens = _integer(self, record, "page_tokens", minimum=1)
-        pool_pages = _integer(self, record, "pool_pages", minimum=1)
+        description = self.optional_string(record, "description")
+        lanes = self.integer(record, "lanes", minimum=1)
+        page_tokens = self.integer(record, "page_tokens", minimum=1)
+        pool_pages = self.integer(record, "pool_pages", minimum=1)
         kv = record["kv"]
         if not isinstance(kv, dict):
             raise self.fail("kv", f'must be an object like {{"dtype": "i8", "leading": 8, '
-                                  f'"heads": 2}}, not {_show(kv)}')
+                                  f'"heads": 2}}, not {show(kv)}')
         self.check_keys(kv, _KV_KEYS, _KV_KEYS, "kv", prefix="kv.")
-        dtype = _string(self, kv, "dtype", prefix="kv.")
+        dtype = self.string(kv, "dtype", prefix="kv.")
         if dtype not in KV_DTYPES:
             raise self.fail("kv.dtype", f"unknown dtype {dtype!r}; use one of "
                                         f"{', '.join(KV_DTYPES)}")
-        leading = _integer(self, kv, "leading", minimum=1, prefix="kv.")
-        heads = _integer(self, kv, "heads", minimum=1, prefix="kv.")
-        source = _optional_string(self, record, "source")
+        leading = self.integer(kv, "leading", minimum=1, prefix="kv.")
+        heads = self.integer(kv, "heads", minimum=1, prefix="kv.")
+        source = self.optional_string(record, "source")
         self.header = TicketHeader(name, description, lanes, page_tokens, pool_pages, dtype,
                                    leading, heads, source)
         self.header_line = self.line
@@ -282,7 +266,7 @@ class _Parser:
     def read_request(self, record: dict[str, Any]) -> None:
         assert self.header is not None
         self.check_keys(record, _REQUEST_KEYS, _REQUEST_KEYS[1:-1], "request")
-        request_id = _integer(self, record, "id", minimum=0)
+        request_id = self.integer(record, "id", minimum=0)
         if self.requests and request_id <= self.requests[-1].id:
             before = self.requests[-1]
             what = "repeats" if request_id == before.id else "goes back from"
@@ -293,19 +277,19 @@ class _Parser:
             raise self.fail("time_ms", f"{time_ms} is before {self.requests[-1].time_ms} on line "
                                        f"{self.request_lines[-1]}; requests are in time order, "
                                        "so sort them by time_ms")
-        lane = _integer(self, record, "lane", minimum=0)
+        lane = self.integer(record, "lane", minimum=0)
         if lane >= self.header.lanes:
             raise self.fail("lane", f"{lane} is out of range: the header declares "
                                     f"{self.header.lanes} lane(s), so use 0 to "
                                     f"{self.header.lanes - 1} or raise lanes")
-        conversation = _string(self, record, "conversation")
+        conversation = self.string(record, "conversation")
         if not conversation:
             raise self.fail("conversation", "must not be empty; name the conversation this "
                                             "request belongs to")
-        turn = _integer(self, record, "turn", minimum=1)
+        turn = self.integer(record, "turn", minimum=1)
         tokens: dict[str, int] = {}
         for name in _TOKEN_FIELDS:
-            tokens[name] = _integer(self, record, name, minimum=0)
+            tokens[name] = self.integer(record, name, minimum=0)
             # Relations as soon as their fields are read: a prefix longer than the prompt also
             # makes new_tokens negative, and the prefix is the mistake to point at.
             if name == "prefix_tokens" and tokens[name] > tokens["prompt_tokens"]:
@@ -318,7 +302,7 @@ class _Parser:
                                       f"not {tokens[name]}")
         end = record.get("end", False)
         if not isinstance(end, bool):
-            raise self.fail("end", f"must be true or false, not {_show(end)}")
+            raise self.fail("end", f"must be true or false, not {show(end)}")
         self.follow(conversation, lane, turn, end)
         self.requests.append(Request(request_id, time_ms, lane, conversation, turn, end=end,
                                      **tokens))
@@ -347,44 +331,10 @@ class _Parser:
                                         f"{last_turn + 1}, not {turn}")
         self.conversations[conversation] = (lane, turn, self.line, self.line if end else 0)
 
-    def check_keys(self, record: dict[str, Any], allowed: Sequence[str],
-                   required: Sequence[str], what: str, prefix: str = "") -> None:
-        # Unknown keys first: a misspelt key would otherwise be reported as the right key
-        # missing, which hides the typo.
-        for key in record:
-            if key not in allowed:
-                close = get_close_matches(key, allowed, n=1)
-                hint = f"did you mean {close[0]!r}?" if close else \
-                    f"a {what} has {', '.join(allowed)}"
-                raise self.fail(f"{prefix}{key}", f"unknown key; {hint}")
-        for key in required:
-            if key not in record:
-                raise self.fail(f"{prefix}{key}", f"missing; a {what} needs "
-                                                  f"{', '.join(k for k in required)}")
-
     # -- the whole file --------------------------------------------------------------------
 
     def finish(self, text: str) -> Ticket:
-        lines = text.split("\n")
-        for number, raw in enumerate(lines, 1):
-            self.line = number
-            line = raw.removesuffix("\r")
-            if not line.strip():
-                continue  # blank lines (a trailing newline, an editor's extra one) carry nothing
-            try:
-                record = json.loads(line, object_pairs_hook=_no_duplicates,
-                                    parse_constant=_no_constant)
-            except json.JSONDecodeError as exc:
-                torn = number == len(lines) and not text.endswith("\n")
-                why = "the file ends mid-record; " if torn else ""
-                raise self.fail("(record)", f"truncated or not JSON ({why}{exc.msg} at column "
-                                            f"{exc.colno}); each line must be one whole JSON "
-                                            "object: remake the ticket or fix this line") from exc
-            except _DuplicateKey as exc:
-                raise self.fail(str(exc), "appears twice in this record; keep one") from None
-            except _NotANumber as exc:
-                raise self.fail("(record)", f"{exc} is not a JSON number; use a finite "
-                                            "number") from None
+        for record in self.records(text):
             self.record(record)
         if self.header is None:
             self.line = 1
@@ -397,68 +347,10 @@ def _parse(path: Path, text: str) -> Ticket:
     return _Parser(path).finish(text)
 
 
-def _error(path: Path, line: int, field_name: str, message: str) -> TraceError:
-    return TraceError(f"{path}:{line}: {field_name}: {message}")
-
-
-class _DuplicateKey(Exception):
-    pass
-
-
-class _NotANumber(Exception):
-    pass
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    # json.loads keeps the last of two equal keys; in a hand-edited ticket that silently drops
-    # the value the author meant, so refuse it.
-    record: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in record:
-            raise _DuplicateKey(key)
-        record[key] = value
-    return record
-
-
-def _no_constant(name: str) -> Any:
-    # NaN and Infinity are not JSON, though Python's json accepts them.
-    raise _NotANumber(name)
-
-
-def _json_kind(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, (int, float)):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    return "an object"
-
-
-def _show(value: Any) -> str:
-    """A value as it appears in the file, and what kind of JSON value it is."""
-    return f"{json.dumps(value)} ({_json_kind(value)})"
-
-
-def _integer(parser: _Parser, record: dict[str, Any], key: str, minimum: int,
-             prefix: str = "") -> int:
-    value = record[key]
-    # bool is an int to Python, but `true` in a token count is a mistake, not a 1.
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise parser.fail(f"{prefix}{key}", f"must be an integer, not {_show(value)}")
-    if value < minimum:
-        raise parser.fail(f"{prefix}{key}", f"must be {minimum} or more, not {value}")
-    return value
-
-
 def _time(parser: _Parser, record: dict[str, Any]) -> float:
     value = record["time_ms"]
     if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise parser.fail("time_ms", f"must be a number of milliseconds, not {_show(value)}")
+        raise parser.fail("time_ms", f"must be a number of milliseconds, not {show(value)}")
     if value < 0:
         raise parser.fail("time_ms", f"must be 0 or more, not {value}")
     # An integer too big for a float (or an infinity) is no time a replay can wait for.
@@ -466,16 +358,3 @@ def _time(parser: _Parser, record: dict[str, Any]) -> float:
         raise parser.fail("time_ms", f"{value} is too large; use milliseconds since the "
                                      "ticket's start")
     return float(value)
-
-
-def _string(parser: _Parser, record: dict[str, Any], key: str, prefix: str = "") -> str:
-    value = record[key]
-    if not isinstance(value, str):
-        raise parser.fail(f"{prefix}{key}", f"must be a string, not {_show(value)}")
-    return value
-
-
-def _optional_string(parser: _Parser, record: dict[str, Any], key: str) -> str | None:
-    if key not in record:
-        return None
-    return _string(parser, record, key)

@@ -24,7 +24,15 @@ import numpy as np
 
 from kvcore.defects import Defects
 from kvcore.device.kernels import Kernel
-from kvcore.device.oplog import HOST, Access, BufferInfo, OpLog, OpRecord, StreamInfo
+from kvcore.device.oplog import (
+    HOST,
+    KERNEL_PREFIX,
+    Access,
+    BufferInfo,
+    OpLog,
+    OpRecord,
+    StreamInfo,
+)
 from kvcore.errors import DeviceFaultError, DeviceUsageError
 
 DEVICE = "device"
@@ -316,7 +324,7 @@ class Device(ABC):
             self._check_range(buf, lo, hi - lo)
         times = self._do_launch(kernel, stream)
         if self.oplog.active:
-            self._emit(stream.name, "kernel:" + kernel.name, reads=kernel.reads(),
+            self._emit(stream.name, KERNEL_PREFIX + kernel.name, reads=kernel.reads(),
                        writes=kernel.writes(), times=times, detail=kernel.detail())
 
     def host_write(self, buf: Buffer, off: int, data: bytes | np.ndarray) -> None:

@@ -15,6 +15,22 @@ from typing import NamedTuple
 HOST = "host"
 """The pseudo-stream name of actions the host performs itself (pinned writes, reads, waits)."""
 
+HOST_KINDS = frozenset({"host_write", "host_read", "sync_device", "sync_stream", "sync_event"})
+"""The kinds of record the host issues (stream ``HOST``)."""
+
+STREAM_KINDS = frozenset({"event_record", "event_wait", "memset"} | {
+    f"{copy}_{src}to{dst}" for copy in ("copy", "copy2d") for src in "hd" for dst in "hd"})
+"""The kinds of record a stream runs, besides ``kernel:NAME``: copies are named by direction
+(``copy_htod``: pinned host to device; ``copy2d_`` for the strided ones)."""
+
+KERNEL_PREFIX = "kernel:"
+
+
+def is_stream_kind(kind: str) -> bool:
+    """Whether a stream can run an op of ``kind`` (a known kind, or a kernel launch)."""
+    return kind in STREAM_KINDS or (kind.startswith(KERNEL_PREFIX)
+                                    and kind[len(KERNEL_PREFIX):].isidentifier())
+
 
 class Access(NamedTuple):
     """A byte range of one buffer: the unit of reads and writes in the op log. (A named tuple,

@@ -1,0 +1,162 @@
+"""Strict JSON Lines reading, shared by the two trace levels (tickets and op traces).
+
+A trace is edited by hand, cut by a killed writer, or made by another version of gpurace; each of
+those must come back as one error naming the file, the line and the field, with what to change.
+:class:`LineParser` holds where the reader is and the field checks; the readers subclass it and
+check their own records.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from difflib import get_close_matches
+from pathlib import Path
+from typing import Any
+
+from harness.errors import TraceError
+
+
+def read_text(path: Path, what: str) -> str:
+    """The UTF-8 text of ``path``; ``what`` names the format in the error ("a ticket")."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise line_error(path, 1, "(file)", f"cannot read it ({exc.strerror or exc}); check the "
+                                            "path and its permissions") from exc
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise line_error(path, line, "(record)", f"not UTF-8 text (byte {data[exc.start]:#04x}); "
+                                                 f"{what} is UTF-8 JSON Lines") from exc
+
+
+def line_error(path: Path, line: int, field_name: str, message: str) -> TraceError:
+    return TraceError(f"{path}:{line}: {field_name}: {message}")
+
+
+class LineParser:
+    """Where a reader is in a JSON Lines file, and the checks its records share. ``fail``
+    builds the error for the current line; subclasses raise it."""
+
+    remedy = "fix this line"
+    """What to do about a line that is not one whole JSON object."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.line = 0
+
+    def fail(self, field_name: str, message: str) -> TraceError:
+        return line_error(self.path, self.line, field_name, message)
+
+    def records(self, text: str) -> Iterator[Any]:
+        """Each line's JSON value, with :attr:`line` set to its number; blank lines skipped."""
+        lines = text.split("\n")
+        for number, raw in enumerate(lines, 1):
+            self.line = number
+            line = raw.removesuffix("\r")
+            if not line.strip():
+                continue  # blank lines (a trailing newline, an editor's extra one) carry nothing
+            try:
+                record = json.loads(line, object_pairs_hook=_no_duplicates,
+                                    parse_constant=_no_constant)
+            except json.JSONDecodeError as exc:
+                torn = number == len(lines) and not text.endswith("\n")
+                why = "the file ends mid-record; " if torn else ""
+                raise self.fail("(record)", f"truncated or not JSON ({why}{exc.msg} at column "
+                                            f"{exc.colno}); each line must be one whole JSON "
+                                            f"object: {self.remedy}") from exc
+            except _DuplicateKey as exc:
+                raise self.fail(str(exc), "appears twice in this record; keep one") from None
+            except _NotANumber as exc:
+                raise self.fail("(record)", f"{exc} is not a JSON number; use a finite "
+                                            "number") from None
+            if not isinstance(record, dict):
+                raise self.fail("(record)", f"a record must be a JSON object, not "
+                                            f"{json_kind(record)}; write one {{...}} per line")
+            yield record
+
+    def check_keys(self, record: dict[str, Any], allowed: Sequence[str],
+                   required: Sequence[str], what: str, prefix: str = "") -> None:
+        # Unknown keys first: a misspelt key would otherwise be reported as the right key
+        # missing, which hides the typo.
+        for key in record:
+            if key not in allowed:
+                close = get_close_matches(key, allowed, n=1)
+                hint = f"did you mean {close[0]!r}?" if close else \
+                    f"a {what} has {', '.join(allowed)}"
+                raise self.fail(f"{prefix}{key}", f"unknown key; {hint}")
+        for key in required:
+            if key not in record:
+                raise self.fail(f"{prefix}{key}", f"missing; a {what} needs "
+                                                  f"{', '.join(required)}")
+
+    def integer(self, record: dict[str, Any], key: str, minimum: int, prefix: str = "") -> int:
+        value = record[key]
+        # bool is an int to Python, but `true` in a count is a mistake, not a 1.
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise self.fail(f"{prefix}{key}", f"must be an integer, not {show(value)}")
+        if value < minimum:
+            raise self.fail(f"{prefix}{key}", f"must be {minimum} or more, not {value}")
+        return value
+
+    def string(self, record: dict[str, Any], key: str, prefix: str = "") -> str:
+        value = record[key]
+        if not isinstance(value, str):
+            raise self.fail(f"{prefix}{key}", f"must be a string, not {show(value)}")
+        return value
+
+    def boolean(self, record: dict[str, Any], key: str) -> bool:
+        value = record[key]
+        if not isinstance(value, bool):
+            raise self.fail(key, f"must be true or false, not {show(value)}")
+        return value
+
+    def optional_string(self, record: dict[str, Any], key: str) -> str | None:
+        if key not in record:
+            return None
+        return self.string(record, key)
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+class _NotANumber(Exception):
+    pass
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # json.loads keeps the last of two equal keys; in a hand-edited trace that silently drops
+    # the value the author meant, so refuse it.
+    record: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in record:
+            raise _DuplicateKey(key)
+        record[key] = value
+    return record
+
+
+def _no_constant(name: str) -> Any:
+    # NaN and Infinity are not JSON, though Python's json accepts them.
+    raise _NotANumber(name)
+
+
+def json_kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object"
+
+
+def show(value: Any) -> str:
+    """A value as it appears in the file, and what kind of JSON value it is."""
+    return f"{json.dumps(value)} ({json_kind(value)})"

@@ -1,0 +1,231 @@
+"""Op traces: what a worker did, one device-visible action a line (the flight recorder's files).
+
+An op trace is versioned JSON Lines. Line 1 is the header; then "buffer" and "stream" records
+declare what the ops name, each before the first op that uses it; then one "op" record per
+action, in the order the host issued them::
+
+    {"type":"header","schema":"gpurace.trace/1","level":"ops","scenario":"release-fence",...}
+    {"type":"buffer","id":3,"name":"kv-arena","space":"device","nbytes":262144,...}
+    {"type":"stream","name":"stream","blocking":false,"legacy":false}
+    {"seq":8,"stream":"stream","kind":"copy_htod","reads":[[6,0,4096]],"writes":[[3,0,4096]],
+     "step":"write-new","type":"op"}
+
+:func:`load_trace` reads one and checks every record: a trace is evidence another engineer
+replays, so one it cannot vouch for is refused, at its line and field, rather than half-read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.jsonl import LineParser, read_text, show
+from kvcore.device.oplog import HOST, HOST_KINDS, is_stream_kind
+
+TRACE_SCHEMA = "gpurace.trace/1"
+"""The schema version this gpurace writes and reads."""
+
+# The header says where the trial came from: enough for `gpurace minimize` to run it again.
+_HEADER_KEYS = ("type", "schema", "level", "scenario", "path", "variant", "backend", "defects",
+                "run_seed", "delay_us", "amplify", "trial", "seed", "pid")
+_BUFFER_KEYS = ("type", "id", "name", "space", "nbytes", "role", "page_bytes")
+_STREAM_KEYS = ("type", "name", "blocking", "legacy")
+_OP_KEYS = ("type", "seq", "stream", "kind", "reads", "writes", "records", "waits", "syncs",
+            "step", "t_issue_ns", "t_start_ns", "t_end_ns", "detail")
+_SPACES = ("device", "host")
+
+
+@dataclass(frozen=True)
+class OpTrace:
+    """A checked op trace: its header, and every record (header first) in file order, as the
+    race detector's :func:`~harness.detector.check_trace` takes them."""
+
+    path: Path
+    header: dict[str, Any]
+    records: tuple[dict[str, Any], ...]
+
+    @property
+    def ops(self) -> list[dict[str, Any]]:
+        return [r for r in self.records if r["type"] == "op"]
+
+
+def load_trace(path: Path | str) -> OpTrace:
+    """Read and check the op trace at ``path``.
+
+    Raises :class:`~harness.errors.TraceError` for the first problem, as ``path:line: field:
+    what is wrong and what to do``.
+    """
+    path = Path(path)
+    return _Parser(path).finish(read_text(path, "an op trace"))
+
+
+class _Parser(LineParser):
+    remedy = "the trace was cut or edited; record it again (`gpurace run --record`)"
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.kept: list[dict[str, Any]] = []
+        self.buffers: dict[int, tuple[int, int]] = {}  # id -> (nbytes, line declared)
+        self.streams: dict[str, int] = {}  # name -> line declared
+        self.seq = 0
+        self.seq_line = 0
+
+    def finish(self, text: str) -> OpTrace:
+        for record in self.records(text):
+            self.record(record)
+        if not self.kept:
+            self.line = 1
+            raise self.fail("(file)", "empty file; an op trace starts with a header line "
+                                      f'{{"type": "header", "schema": "{TRACE_SCHEMA}", ...}}')
+        return OpTrace(self.path, self.kept[0], tuple(self.kept))
+
+    def record(self, record: dict[str, Any]) -> None:
+        kind = record.get("type")
+        if not self.kept:
+            self.header(record)
+        elif kind == "op":
+            self.op(record)
+        elif kind == "buffer":
+            self.buffer(record)
+        elif kind == "stream":
+            self.stream(record)
+        elif kind == "header":
+            raise self.fail("type", "a second header (the first is on line 1); an op trace "
+                                    "holds one trial: split concatenated traces into files")
+        elif "type" not in record:
+            raise self.fail("type", 'missing; every record needs "type": "header", "buffer", '
+                                    '"stream" or "op"')
+        else:
+            raise self.fail("type", f"unknown record type {show(kind)}; an op trace has "
+                                    "header, buffer, stream and op records")
+        self.kept.append(record)
+
+    def header(self, record: dict[str, Any]) -> None:
+        schema = record.get("schema")
+        if record.get("type") != "header" or not isinstance(schema, str):
+            raise self.fail("type", f"the first record must be the header "
+                                    f'({{"type": "header", "schema": "{TRACE_SCHEMA}", ...}}); '
+                                    "this is not a gpurace op trace")
+        # The schema before anything else: another version may have other keys, and "this
+        # version is not supported" is the useful thing to say about it.
+        if schema != TRACE_SCHEMA:
+            if schema.startswith("gpurace.trace/"):
+                raise self.fail("schema", f"{schema} is not supported; this gpurace reads "
+                                          f"{TRACE_SCHEMA}: record the trace again with it")
+            if schema.startswith("gpurace.ticket/"):
+                raise self.fail("schema", f"{schema} is a request-level ticket, not an op "
+                                          "trace; replay it with `gpurace replay`")
+            raise self.fail("schema", f"{schema!r} is not an op trace schema; this gpurace "
+                                      f"reads {TRACE_SCHEMA}")
+        self.check_keys(record, _HEADER_KEYS, ("type", "schema"), "header")
+        if record.get("level", "ops") != "ops":
+            raise self.fail("level", f'must be "ops", not {show(record["level"])}')
+        for key in ("scenario", "path", "variant", "backend"):
+            self.optional_string(record, key)
+        for key in ("trial", "seed", "pid"):
+            if key in record:
+                self.integer(record, key, minimum=0)
+        if "run_seed" in record and (not isinstance(record["run_seed"], int)
+                                     or isinstance(record["run_seed"], bool)):
+            raise self.fail("run_seed", f"must be an integer, not {show(record['run_seed'])}")
+        delay = record.get("delay_us")
+        if delay is not None and (not isinstance(delay, (int, float)) or isinstance(delay, bool)
+                                  or delay < 0):
+            raise self.fail("delay_us", f"must be null or microseconds (0 or more), not "
+                                        f"{show(delay)}")
+        defects = record.get("defects", {})
+        if not isinstance(defects, dict) or not all(isinstance(v, bool)
+                                                    for v in defects.values()):
+            raise self.fail("defects", f"must be an object of kvcore defect names to true or "
+                                       f"false, not {show(defects)}")
+        amplify = record.get("amplify")
+        if amplify is not None and not (isinstance(amplify, dict) and set(amplify) ==
+                                        {"stream", "before"}):
+            raise self.fail("amplify", f'must be null or {{"stream": ..., "before": ...}}, not '
+                                       f"{show(amplify)}")
+
+    def buffer(self, record: dict[str, Any]) -> None:
+        self.check_keys(record, _BUFFER_KEYS, ("type", "id", "name", "space", "nbytes"),
+                        "buffer record")
+        buffer_id = self.integer(record, "id", minimum=0)
+        if buffer_id in self.buffers:
+            raise self.fail("id", f"buffer {buffer_id} is already declared on line "
+                                  f"{self.buffers[buffer_id][1]}; each buffer once")
+        self.string(record, "name")
+        space = self.string(record, "space")
+        if space not in _SPACES:
+            raise self.fail("space", f'must be "device" or "host", not {space!r}')
+        nbytes = self.integer(record, "nbytes", minimum=1)
+        self.optional_string(record, "role")
+        if "page_bytes" in record:
+            self.integer(record, "page_bytes", minimum=0)
+        self.buffers[buffer_id] = (nbytes, self.line)
+
+    def stream(self, record: dict[str, Any]) -> None:
+        self.check_keys(record, _STREAM_KEYS, _STREAM_KEYS, "stream record")
+        name = self.string(record, "name")
+        if name == HOST or not name:
+            raise self.fail("name", f"{name!r} cannot name a stream ({HOST!r} is the host's "
+                                    "own actions)")
+        if name in self.streams:
+            raise self.fail("name", f"stream {name!r} is already declared on line "
+                                    f"{self.streams[name]}; each stream once")
+        self.boolean(record, "blocking")
+        self.boolean(record, "legacy")
+        self.streams[name] = self.line
+
+    def op(self, record: dict[str, Any]) -> None:
+        self.check_keys(record, _OP_KEYS, ("type", "seq", "stream", "kind"), "op record")
+        seq = self.integer(record, "seq", minimum=1)
+        if seq <= self.seq:
+            raise self.fail("seq", f"{seq} does not follow seq {self.seq} on line "
+                                   f"{self.seq_line}; ops are in issue order")
+        self.seq, self.seq_line = seq, self.line
+        stream = self.string(record, "stream")
+        kind = self.string(record, "kind")
+        if stream == HOST:
+            if kind not in HOST_KINDS:
+                raise self.fail("kind", f"unknown host op {kind!r}; the host's ops are "
+                                        f"{', '.join(sorted(HOST_KINDS))}")
+        else:
+            if stream not in self.streams:
+                raise self.fail("stream", f"{stream!r} is not declared above; a stream record "
+                                          "must come before its first op")
+            if not is_stream_kind(kind):
+                raise self.fail("kind", f"unknown op {kind!r} on stream {stream!r}; a stream "
+                                        "runs copies, memsets, kernels (kernel:NAME) and "
+                                        "event records and waits")
+        for key in ("reads", "writes"):
+            if key in record:
+                self.accesses(record, key)
+        for key in ("records", "waits", "step"):
+            self.optional_string(record, key)
+        syncs = self.optional_string(record, "syncs")
+        if syncs is not None and syncs not in self.streams:
+            raise self.fail("syncs", f"{syncs!r} is not a stream declared above")
+        for key in ("t_issue_ns", "t_start_ns", "t_end_ns"):
+            if key in record:
+                self.integer(record, key, minimum=0)
+        if not isinstance(record.get("detail", {}), dict):
+            raise self.fail("detail", f"must be an object, not {show(record['detail'])}")
+
+    def accesses(self, record: dict[str, Any], key: str) -> None:
+        ranges = record[key]
+        if not isinstance(ranges, list):
+            raise self.fail(key, f"must be an array of [buffer, offset, length], not "
+                                 f"{show(ranges)}")
+        for i, access in enumerate(ranges):
+            where = f"{key}[{i}]"
+            if not (isinstance(access, list) and len(access) == 3 and all(
+                    isinstance(v, int) and not isinstance(v, bool) for v in access)):
+                raise self.fail(where, f"must be [buffer, offset, length] integers, not "
+                                       f"{show(access)}")
+            buffer_id, offset, length = access
+            if buffer_id not in self.buffers:
+                raise self.fail(where, f"buffer {buffer_id} is not declared above; a buffer "
+                                       "record must come before its first use")
+            nbytes = self.buffers[buffer_id][0]
+            if offset < 0 or length < 0 or offset + length > nbytes:
+                raise self.fail(where, f"bytes {offset}..{offset + length} are outside buffer "
+                                       f"{buffer_id} (0..{nbytes})")

@@ -1,0 +1,152 @@
+"""Op traces: the strict reader (each bad trace is one line-numbered error and exit 2, never a
+traceback), the parent cutting a dead worker's torn last line, and minimize from a recorded op
+trace."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from harness.cli import main
+from harness.errors import TraceError
+from harness.flight import cut_torn_tail
+from harness.optrace import TRACE_SCHEMA, load_trace
+from harness.runner import SCENARIO_ROOT
+from harness.scenario import load_scenario
+
+HEADER = {"type": "header", "schema": TRACE_SCHEMA, "level": "ops", "scenario": "t",
+          "trial": 0, "seed": 7}
+KV = {"type": "buffer", "id": 1, "name": "kv", "space": "device", "nbytes": 4096,
+      "role": "data", "page_bytes": 1024}
+STAGING = {"type": "buffer", "id": 2, "name": "staging", "space": "host", "nbytes": 4096}
+S1 = {"type": "stream", "name": "s1", "blocking": False, "legacy": False}
+
+
+def op(seq: int, stream: str, kind: str, **rest: Any) -> dict[str, Any]:
+    return {"seq": seq, "stream": stream, "kind": kind, **rest, "type": "op"}
+
+
+FILL = op(1, "host", "host_write", writes=[[2, 0, 4096]])
+COPY = op(2, "s1", "copy_htod", reads=[[2, 0, 4096]], writes=[[1, 0, 4096]], step="w")
+SYNC = op(3, "host", "sync_stream", syncs="s1")
+GOOD = [HEADER, KV, STAGING, S1, FILL, COPY, SYNC]
+
+
+def lines(records: list[dict[str, Any]]) -> str:
+    return "".join(json.dumps(r) + "\n" for r in records)
+
+
+def replaced(index: int, **changes: Any) -> Callable[[], str]:
+    return lambda: lines([{**r, **changes} if i == index else r for i, r in enumerate(GOOD)])
+
+
+BAD: dict[str, tuple[Callable[[], str], int, str, str]] = {
+    "truncated line": (lambda: lines(GOOD)[:-20], 7, "(record)", "the file ends mid-record"),
+    "not JSON mid-file": (lambda: lines(GOOD[:3]) + "{op\n" + lines(GOOD[3:]), 4, "(record)",
+                          "truncated or not JSON"),
+    "wrong schema version": (replaced(0, schema="gpurace.trace/2"), 1, "schema",
+                             "gpurace.trace/2 is not supported; this gpurace reads "
+                             "gpurace.trace/1"),
+    "a ticket": (replaced(0, schema="gpurace.ticket/1"), 1, "schema",
+                 "replay it with `gpurace replay`"),
+    "no header": (lambda: lines(GOOD[1:]), 1, "type", "this is not a gpurace op trace"),
+    "second header": (lambda: lines(GOOD + [HEADER]), 8, "type", "a second header"),
+    "wrong level": (replaced(0, level="requests"), 1, "level", 'must be "ops"'),
+    "unknown header key": (replaced(0, sead=3), 1, "sead", "did you mean 'seed'?"),
+    "unknown op": (replaced(5, kind="teleport"), 6, "kind", "unknown op 'teleport' on stream"),
+    "unknown host op": (replaced(4, kind="host_poke"), 5, "kind", "unknown host op"),
+    "host op on a stream": (replaced(4, stream="s1"), 5, "kind", "unknown op 'host_write'"),
+    "unknown record type": (lambda: lines(GOOD + [{"type": "event"}]), 8, "type",
+                            "unknown record type \"event\""),
+    "undeclared stream": (replaced(5, stream="s9"), 6, "stream", "'s9' is not declared above"),
+    "undeclared buffer": (replaced(5, reads=[[9, 0, 16]]), 6, "reads[0]",
+                          "buffer 9 is not declared above"),
+    "negative offset": (replaced(5, writes=[[1, -64, 64]]), 6, "writes[0]",
+                        "outside buffer 1 (0..4096)"),
+    "beyond the buffer": (replaced(5, writes=[[1, 4000, 200]]), 6, "writes[0]",
+                          "bytes 4000..4200 are outside buffer 1"),
+    "bad access": (replaced(5, reads=[[2, 0]]), 6, "reads[0]",
+                   "must be [buffer, offset, length] integers"),
+    "seq going back": (replaced(6, seq=1), 7, "seq", "1 does not follow seq 2 on line 6"),
+    "seq not an integer": (replaced(4, seq=True), 5, "seq", "must be an integer"),
+    "negative time": (replaced(5, t_issue_ns=-5), 6, "t_issue_ns", "must be 0 or more"),
+    "unknown op key": (replaced(5, steps="w"), 6, "steps", "did you mean 'step'?"),
+    "sync of no stream": (replaced(6, syncs="s7"), 7, "syncs", "'s7' is not a stream"),
+    "buffer declared twice": (lambda: lines(GOOD[:2] + [KV] + GOOD[2:]), 3, "id",
+                              "already declared on line 2"),
+    "bad space": (replaced(1, space="shared"), 2, "space", 'must be "device" or "host"'),
+    "duplicate key": (lambda: lines(GOOD[:4]) + '{"seq":1,"seq":2,"stream":"host",'
+                      '"kind":"sync_device","type":"op"}\n', 5, "seq", "appears twice"),
+    "empty": (lambda: "", 1, "(file)", "empty file"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_trace_is_one_line_numbered_error_and_exit_2(tmp_path: Path, case: str) -> None:
+    make, line, field, phrase = BAD[case]
+    path = tmp_path / "t.jsonl"
+    path.write_text(make())
+    with pytest.raises(TraceError) as caught:
+        load_trace(path)
+    message = str(caught.value)
+    assert message.startswith(f"{path}:{line}: {field}: ") and phrase in message, message
+    check = CliRunner().invoke(main, ["check", str(path)])
+    assert check.exit_code == 2 and check.output == f"error: {message}\n"  # one line, all
+    # minimize reads a file without an op trace header as a ticket, and says so at its line.
+    shrink = CliRunner().invoke(main, ["minimize", str(path), "-o", str(tmp_path / "m.yaml")])
+    said = shrink.output.splitlines()
+    assert shrink.exit_code == 2 and len(said) == 1 and "Traceback" not in shrink.output
+    assert re.match(rf"error: {re.escape(str(path))}:\d+: ", said[0]), said
+    assert not (tmp_path / "m.yaml").exists()
+
+
+def test_a_good_trace_loads_and_checks_clean(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text(lines(GOOD))
+    trace = load_trace(path)
+    assert trace.header == HEADER and [o["seq"] for o in trace.ops] == [1, 2, 3]
+    assert CliRunner().invoke(main, ["check", str(path)]).exit_code == 0
+
+
+def test_an_op_trace_given_to_replay_points_to_check(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text(lines(GOOD))
+    result = CliRunner().invoke(main, ["replay", str(path), "--backend", "sim"])
+    assert result.exit_code == 2 and "an op trace goes to `gpurace check`" in result.output
+
+
+def test_the_parent_cuts_a_torn_last_line_and_keeps_the_rest(tmp_path: Path) -> None:
+    path = tmp_path / "trial-current.jsonl"
+    whole = lines(GOOD)
+    path.write_text(whole + '{"seq":4,"stream":"ho')
+    assert cut_torn_tail(path) is True
+    assert path.read_text() == whole and len(load_trace(path).ops) == 3
+    assert cut_torn_tail(path) is False and path.read_text() == whole  # whole: left alone
+
+
+def test_minimize_from_a_recorded_op_trace(tmp_path: Path) -> None:
+    """A trace `gpurace replay --record` wrote is enough to minimize from: its header says how
+    the trial ran, and the result is a scenario that still fails."""
+    ticket = str(SCENARIO_ROOT / "tickets" / "ninfer-210.jsonl")
+    result = CliRunner().invoke(main, [
+        "replay", ticket, "--defect", "publish_on_legacy_stream", "--dangerous", "--backend",
+        "sim", "--no-amplify", "--record", "--format", "json", "--out", str(tmp_path / "rec")])
+    [trace] = json.loads(result.stdout)["results"][0]["traces"]
+    output = tmp_path / "min.yaml"
+    result = CliRunner().invoke(main, ["minimize", trace, "-o", str(output)])
+    assert result.exit_code == 0, result.output
+    assert "races on exec-table" in result.output  # unamplified: kept by the detector finding
+    scenario = load_scenario(output)
+    assert len(scenario.steps) <= 15
+    ran = CliRunner().invoke(main, ["run", str(output), "--dangerous", "--backend", "sim",
+                                    "--trials", "3", "--format", "json",
+                                    "--out", str(tmp_path / "run")])
+    doc = json.loads(ran.stdout)
+    assert {r["variant"]: r["detected"] for r in doc["results"]} == {"buggy": 3, "fixed": 0}
+    assert ran.exit_code == 0
