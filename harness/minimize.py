@@ -25,7 +25,7 @@ import kvcore
 from harness.detector import RaceDetector, check_trace
 from harness.errors import TargetError
 from harness.executor import TrialExecutor, pool_for
-from harness.model import Amplify, Scenario, Step, Variant
+from harness.model import Amplify, Scenario, Step, Variant, Workload
 from harness.optrace import load_trace
 from harness.outcome import Outcome
 from harness.replay import replay_scenario
@@ -187,6 +187,44 @@ def steps_for(ticket: Ticket) -> list[dict[str, Any]]:
     return [{"op": "host_fill", "buffer": "kv", "byte": 0x5A, "pages": widest}, *steps]
 
 
+def conversation_steps(workload: Workload) -> list[dict[str, Any]]:
+    """The kvcore steps of the conversation workload, in the scenario vocabulary: a retained
+    catalog, then per request the churn lane's pages, the turn's new pages, the activation and
+    the decode's table read (what the executor's conversation does, one step each)."""
+    steps: list[dict[str, Any]] = [
+        {"op": "host_fill", "buffer": "kv", "byte": 0x5A,
+         "pages": max(workload.initial_pages, workload.pages_per_turn, workload.churn_pages)},
+        {"id": "conversation", "op": "catalog"},
+        {"id": "initial", "op": "materialize", "pages": workload.initial_pages},
+        {"op": "copy_from_host", "src": "kv", "dst": "initial", "stream": "compute"},
+        {"op": "retain", "catalog": "conversation", "lease": "initial"},
+        {"op": "bind", "catalog": "conversation"}]
+    for n in range(1, workload.requests + 1):
+        churn, fresh = f"r{n}-churn", f"r{n}-pages"
+        steps += [{"id": churn, "op": "materialize", "pages": workload.churn_pages},
+                  {"op": "copy_from_host", "src": "kv", "dst": churn, "stream": "transfer"},
+                  {"op": "release", "lease": churn},
+                  {"id": fresh, "op": "materialize", "pages": workload.pages_per_turn},
+                  {"op": "copy_from_host", "src": "kv", "dst": fresh, "stream": "compute"},
+                  {"op": "retain", "catalog": "conversation", "lease": fresh},
+                  {"id": f"r{n}-activate", "op": "activate", "catalog": "conversation",
+                   "stream": "compute"},
+                  {"id": f"r{n}-decode", "op": "read_table", "catalog": "conversation",
+                   "stream": "compute"},
+                  {"op": "synchronize", "stream": "compute"}]
+    return steps
+
+
+def _doubling(limit: int) -> list[int]:
+    """1, 2, 4, ... up to ``limit``, and ``limit`` itself: request counts to try, smallest first."""
+    counts = []
+    n = 1
+    while n < limit:
+        counts.append(n)
+        n *= 2
+    return [*counts, limit]
+
+
 def _closure(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Drop every step that uses a name no kept step defines (cascading)."""
     while True:
@@ -279,7 +317,7 @@ def minimize(source: Path, *, defects: tuple[str, ...] = (), amplify: bool | Non
                 return judge.fails(replay_scenario(file, names_of(variant)))
 
             if not ticket_fails(list(ticket.requests)):
-                raise TargetError(f"{source}: replaying it on the simulated device does not "
+                raise TargetError(f"{source}: replayed on the simulated device, it no longer "
                                   f"{failure.describe()}; nothing to minimize")
             kept = ddmin(list(ticket.requests), ticket_fails)
         requests_kept = len(kept)
@@ -288,6 +326,20 @@ def minimize(source: Path, *, defects: tuple[str, ...] = (), amplify: bool | Non
         raw = steps_for(small)
         base = dataclasses.replace(scenario, pool=pool_for(ticket), workload=None,
                                    steps=_as_steps(raw), replay_defects=None,
+                                   amplify=_step_amplify(scenario.amplify, raw))
+    elif scenario.workload is not None:
+        # The conversation workload's requests are all alike: what matters is how many it takes.
+        workload = scenario.workload
+        requests_from = workload.requests
+        requests_kept = next((n for n in _doubling(workload.requests) if judge.fails(
+            dataclasses.replace(scenario, workload=dataclasses.replace(workload, requests=n)))),
+            None)
+        if requests_kept is None:
+            raise TargetError(f"{source}: run again on the simulated device, it no longer "
+                              f"{failure.describe()}; nothing to minimize")
+        say(f"requests: {requests_from} -> {requests_kept}")
+        raw = conversation_steps(dataclasses.replace(workload, requests=requests_kept))
+        base = dataclasses.replace(scenario, workload=None, steps=_as_steps(raw),
                                    amplify=_step_amplify(scenario.amplify, raw))
     else:
         raw = _raw(scenario.steps)
@@ -303,7 +355,7 @@ def minimize(source: Path, *, defects: tuple[str, ...] = (), amplify: bool | Non
         return judge.fails(dataclasses.replace(base, steps=_as_steps(closed), amplify=amp))
 
     if not steps_fail(raw):
-        raise TargetError(f"{source}: its steps on the simulated device do not "
+        raise TargetError(f"{source}: run as steps on the simulated device, it no longer "
                           f"{failure.describe()}; nothing to minimize")
     raw = _closure(ddmin(raw, steps_fail))
     raw = _shrink_counts(raw, steps_fail)

@@ -91,6 +91,21 @@ def test_a_step_scenario_incident_minimizes_over_its_steps(tmp_path: Path) -> No
     assert by["fixed"]["manifested"] == 0 and code == 0
 
 
+def test_a_conversation_workload_incident_minimizes_to_one_request(tmp_path: Path) -> None:
+    """catalog-reactivation (#210 as a workload) crashes; minimize finds how many requests it
+    takes, then which of their steps."""
+    incident = _incident(tmp_path, "run", "catalog-reactivation", "--dangerous", "--variant",
+                         "buggy")
+    output = tmp_path / "min.yaml"
+    said = _minimize(incident, output)
+    assert "requests: 100 -> 1" in said
+    assert len(load_scenario(output).steps) <= 15
+    code, doc = _run(output, tmp_path)
+    by = {r["variant"]: r for r in doc["results"]}
+    assert by["buggy"]["outcomes"]["crash"] == by["buggy"]["trials"] == 20
+    assert by["fixed"]["outcomes"]["clean"] == 20 and by["fixed"]["detected"] == 0 and code == 0
+
+
 def test_a_ticket_minimizes_with_the_defect_named(tmp_path: Path) -> None:
     output = tmp_path / "min.yaml"
     _minimize(TICKET, output, "--defect", "publish_on_legacy_stream")
