@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import kvcore
+from harness import batching
 from harness.model import STREAMS, Amplify, PlaneSpec, PoolSpec, Scenario, Step, Variant
 from harness.outcome import Outcome, TrialResult
 from harness.ticket import Ticket, load_ticket
@@ -413,10 +414,6 @@ class _Conversation(_RequestLoop):
 
 
 
-DECODE_READS_CAP = 16
-"""Table reads per request at most: each decode step reads the row; more add time, not cover."""
-
-
 def pool_for(ticket: Ticket) -> PoolSpec:
     """The pool a ticket describes: its KV geometry and page count, a table row per lane."""
     h = ticket.header
@@ -437,39 +434,47 @@ class _TicketReplay(_RequestLoop):
         self.ticket = ticket
 
     def run(self) -> tuple[Outcome, str, str | None, int | None]:
-        w, header = self.w, self.ticket.header
+        w = self.w
         pool, device, compute = w.pool, w.device, w.context.stream
         fill = w.scratch
         fill.fill(0x5A)
-        rows = [w.table.acquire() for _ in range(header.lanes)]
+        rows = [w.table.acquire() for _ in range(self.ticket.header.lanes)]
         live: dict[str, kvcore.KVConversationCatalog] = {}
-        number = 0
+        entries: dict[str, int] = {}  # conversation -> entries its row holds
+        step = None
         try:
-            for number, req in enumerate(self.ticket.requests, 1):
-                catalog = live.get(req.conversation)
-                if catalog is None:
-                    catalog = kvcore.KVConversationCatalog(w.table, req.conversation)
-                    catalog.bind(rows[req.lane])
-                    live[req.conversation] = catalog
-                self._phase("prefill", number)
-                tokens = req.prompt_tokens + req.decode_tokens
-                missing = -(-tokens // header.page_tokens) - len(catalog.leases)
-                if missing > 0:
-                    fresh = pool.materialize(missing)
-                    pool.copy_from_host(fill, [lease.handle for lease in fresh], compute)
-                    catalog.retain(fresh)
-                self._phase("activate", number)
-                entries = catalog.activate(compute)
-                self._phase("decode", number)
-                for _ in range(max(1, min(req.decode_tokens, DECODE_READS_CAP))):
-                    w.table.read(rows[req.lane], entries, compute, result=w.counters)
-                # The engine waits for each step's tokens before the next request.
+            for step in batching.plan(self.ticket):
+                for work in step.work:
+                    req = work.request
+                    if work.opens:
+                        live[req.conversation] = kvcore.KVConversationCatalog(
+                            w.table, req.conversation)
+                        live[req.conversation].bind(rows[req.lane])
+                    catalog = live[req.conversation]
+                    if work.new_pages:
+                        self._phase("prefill", work.number)
+                        fresh = pool.materialize(work.new_pages)
+                        pool.copy_from_host(fill, [lease.handle for lease in fresh], compute)
+                        catalog.retain(fresh)
+                    if work.activate:
+                        self._phase("activate", work.number)
+                        entries[req.conversation] = catalog.activate(compute)
+                    self._phase("decode", work.number)
+                    w.table.read(rows[req.lane], entries[req.conversation], compute,
+                                 result=w.counters)
+                # The engine waits for the step's tokens before it schedules the next one.
                 device.synchronize_stream(compute)
-                if req.end:
-                    pool.release(catalog.leases)
-                    del live[req.conversation]
+                for conversation in step.releases:
+                    pool.release(live.pop(conversation).leases)
+                    del entries[conversation]
         except kvcore.DeviceFaultError as exc:
-            self._crashed_in(exc, number)
+            if step is not None:
+                # Several requests were in flight; the fault names none of them. Say how far
+                # into the ticket the engine had got, and which were in the batch.
+                self._crashed_in(exc, step.admitted)
+                exc.gpurace_step = (  # type: ignore[attr-defined]
+                    f"request {step.admitted} (in flight: requests "
+                    f"{', '.join(map(str, step.in_flight))})")
             raise
         finally:
             device.oplog.step = None

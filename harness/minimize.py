@@ -22,10 +22,11 @@ from typing import Any
 import yaml
 
 import kvcore
+from harness import batching
 from harness.detector import RaceDetector, check_trace
 from harness.errors import TargetError
 from harness.executor import TrialExecutor, pool_for
-from harness.model import Amplify, Scenario, Step, Variant, Workload
+from harness.model import Amplify, PoolSpec, Scenario, Step, Variant, Workload
 from harness.optrace import load_trace
 from harness.outcome import Outcome
 from harness.replay import replay_scenario
@@ -155,36 +156,47 @@ def _renumbered(requests: Sequence[Request]) -> list[Request]:
 
 
 def steps_for(ticket: Ticket) -> list[dict[str, Any]]:
-    """The kvcore steps the replay engine performs for ``ticket``, in the scenario vocabulary:
-    one table read per request (the first decode step is where #210 read the row)."""
+    """The kvcore steps the replay engine performs for ``ticket`` (its batching plan), in the
+    scenario vocabulary; each conversation gets a catalog of its own (and a table row: see
+    :func:`_pool_for_steps`)."""
     steps: list[dict[str, Any]] = []
-    held: dict[str, list[str]] = {}
-    pages: dict[str, int] = {}
+    leases: dict[str, list[str]] = {}
+    decodes: dict[int, int] = {}
     widest = 1
-    for n, r in enumerate(ticket.requests, 1):
-        cat = f"conv-{r.conversation}"
-        if r.conversation not in held:
-            held[r.conversation], pages[r.conversation] = [], 0
-            steps.append({"id": cat, "op": "catalog"})
-            steps.append({"op": "bind", "catalog": cat})
-        need = -(-(r.prompt_tokens + r.decode_tokens) // ticket.header.page_tokens)
-        missing = need - pages[r.conversation]
-        if missing > 0:
-            lease = f"r{n}-pages"
-            widest = max(widest, missing)
-            steps += [{"id": lease, "op": "materialize", "pages": missing},
-                      {"op": "copy_from_host", "src": "kv", "dst": lease, "stream": "compute"},
-                      {"op": "retain", "catalog": cat, "lease": lease}]
-            held[r.conversation].append(lease)
-            pages[r.conversation] = need
-        steps += [{"id": f"r{n}-activate", "op": "activate", "catalog": cat,
-                   "stream": "compute"},
-                  {"id": f"r{n}-decode", "op": "read_table", "catalog": cat,
-                   "stream": "compute"},
-                  {"op": "synchronize", "stream": "compute"}]
-        if r.end:
-            steps += [{"op": "release", "lease": lease} for lease in held.pop(r.conversation)]
+    for step in batching.plan(ticket):
+        for work in step.work:
+            n, conversation = work.number, work.request.conversation
+            cat = f"conv-{conversation}"
+            if work.opens:
+                leases[conversation] = []
+                steps += [{"id": cat, "op": "catalog"}, {"op": "bind", "catalog": cat}]
+            if work.new_pages:
+                lease = f"r{n}-pages"
+                widest = max(widest, work.new_pages)
+                steps += [{"id": lease, "op": "materialize", "pages": work.new_pages},
+                          {"op": "copy_from_host", "src": "kv", "dst": lease,
+                           "stream": "compute"},
+                          {"op": "retain", "catalog": cat, "lease": lease}]
+                leases[conversation].append(lease)
+            if work.activate:
+                steps.append({"id": f"r{n}-activate", "op": "activate", "catalog": cat,
+                              "stream": "compute"})
+            decodes[n] = decodes.get(n, 0) + 1
+            suffix = "" if decodes[n] == 1 else str(decodes[n])
+            steps.append({"id": f"r{n}-decode{suffix}", "op": "read_table", "catalog": cat,
+                          "stream": "compute"})
+        steps.append({"op": "synchronize", "stream": "compute"})
+        for conversation in step.releases:
+            steps += [{"op": "release", "lease": lease} for lease in leases.pop(conversation)]
     return [{"op": "host_fill", "buffer": "kv", "byte": 0x5A, "pages": widest}, *steps]
+
+
+def _pool_for_steps(ticket: Ticket) -> PoolSpec:
+    """The ticket's pool, with a table row for every conversation: as steps, each binds a row
+    of its own (the replay engine reuses a lane's row for the lane's next conversation)."""
+    pool = pool_for(ticket)
+    return dataclasses.replace(pool, table_rows=max(pool.table_rows,
+                                                    len(ticket.conversations())))
 
 
 def conversation_steps(workload: Workload) -> list[dict[str, Any]]:
@@ -324,7 +336,7 @@ def minimize(source: Path, *, defects: tuple[str, ...] = (), amplify: bool | Non
         say(f"requests: {requests_from} -> {requests_kept}")
         small = Ticket(ticket.header, tuple(_renumbered(kept)))
         raw = steps_for(small)
-        base = dataclasses.replace(scenario, pool=pool_for(ticket), workload=None,
+        base = dataclasses.replace(scenario, pool=_pool_for_steps(small), workload=None,
                                    steps=_as_steps(raw), replay_defects=None,
                                    amplify=_step_amplify(scenario.amplify, raw))
     elif scenario.workload is not None:
