@@ -1,7 +1,8 @@
 """Minimize a failure to the smallest scenario that still fails: delta debugging.
 
-From an incident (or a ticket with the defects to switch on), the failure is first shrunk at the
-request level (which requests of the ticket it needs), then turned into the kvcore steps those
+From an incident, an op trace (whose header says how its trial ran) or a ticket with the defects
+to switch on, the failure is first shrunk at the request level (which requests of a ticket it
+needs; how many turns of the conversation workload), then turned into the kvcore steps those
 requests perform, and shrunk again at the step level, keeping every step that a kept step depends
 on (the materialize of a lease it uses, the catalog it names, the host buffer it reads). Each
 candidate runs one trial on the simulated device with the race detector on; it "still fails"
