@@ -399,9 +399,10 @@ def explore_cmd(target: str, variants: Sequence[str], strategy: str, bound: int,
 def minimize_cmd(source: Path, output: Path, defects: Sequence[str],
                  amplify: bool | None) -> None:
     """Shrink a failure to the smallest scenario that still fails. SOURCE is an incident folder
-    (or its report.json), or a ticket with --defect. Delta debugging over the ticket's requests,
-    then over the kvcore steps they perform, on the simulated device; the scenario written to
-    --output runs with `gpurace run`."""
+    (or its report.json), an op trace (a trial-*.jsonl that --record kept, or an incident's
+    trace.jsonl), or a ticket with --defect. Delta debugging over the requests, then over the
+    kvcore steps they perform, on the simulated device; the scenario written to --output runs
+    with `gpurace run`."""
     try:
         result = minimize(source, defects=tuple(defects), amplify=amplify,
                           progress=lambda text: err.print(f"  {escape(text)}"))
