@@ -18,6 +18,7 @@ Times in the ticket order the admissions; the replay runs as fast as the device 
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -61,14 +62,14 @@ def decode_steps(request: Request) -> int:
 def plan(ticket: Ticket) -> Iterator[EngineStep]:
     """The engine steps that serve ``ticket``, in order."""
     page_tokens = ticket.header.page_tokens
-    pending = list(enumerate(ticket.requests, 1))
+    pending = deque(enumerate(ticket.requests, 1))
     held: dict[str, int] = {}  # conversation -> pages its catalog holds
     busy: dict[int, tuple[int, Request, int]] = {}  # lane -> (number, request, steps left)
     admitted = 0
     while pending or busy:
         fresh: set[int] = set()
         while pending and pending[0][1].lane not in busy:
-            number, request = pending.pop(0)
+            number, request = pending.popleft()
             busy[request.lane] = (number, request, decode_steps(request))
             fresh.add(request.lane)
             admitted = number

@@ -13,7 +13,6 @@ detector finds the same race. The result is a scenario file that `gpurace run` a
 from __future__ import annotations
 
 import dataclasses
-import json
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from harness.detector import RaceDetector, check_trace
 from harness.errors import TargetError
 from harness.executor import TrialExecutor, pool_for
 from harness.model import Amplify, PoolSpec, Scenario, Step, Variant, Workload
-from harness.optrace import load_trace
+from harness.optrace import is_op_trace, load_trace
 from harness.outcome import Outcome
 from harness.replay import replay_scenario
 from harness.scenario import load_scenario
@@ -309,7 +308,7 @@ def minimize(source: Path, *, defects: tuple[str, ...] = (), amplify: bool | Non
     say = progress or (lambda _: None)
     if source.is_dir() or source.name == "report.json":
         origin = _from_incident(source, amplify)
-    elif _is_op_trace(source):
+    elif is_op_trace(source):
         origin = _from_op_trace(source, amplify)
     else:
         origin = _from_ticket(source, defects, amplify)
@@ -327,7 +326,7 @@ def minimize(source: Path, *, defects: tuple[str, ...] = (), amplify: bool | Non
                 candidate = Ticket(ticket.header, tuple(_renumbered(kept)))
                 file = Path(tmp) / f"t{judge.tries}.jsonl"
                 write_ticket(candidate, file)
-                return judge.fails(replay_scenario(file, names_of(variant)))
+                return judge.fails(replay_scenario(file, variant.defects.active()))
 
             if not ticket_fails(list(ticket.requests)):
                 raise TargetError(f"{source}: replayed on the simulated device, it no longer "
@@ -379,12 +378,6 @@ def minimize(source: Path, *, defects: tuple[str, ...] = (), amplify: bool | Non
                      requests_kept, steps_from, failure, judge.tries)
 
 
-def names_of(variant: Variant) -> tuple[str, ...]:
-    default = kvcore.Defects()
-    return tuple(n for n in kvcore.Defects.names()
-                 if getattr(variant.defects, n) != getattr(default, n))
-
-
 def _from_incident(source: Path, amplify: bool | None) -> _Origin:
     report = load_report(source)
     argv = report.get("reproduce", {}).get("argv", [])
@@ -395,17 +388,6 @@ def _from_incident(source: Path, amplify: bool | None) -> _Origin:
     return _Origin(scenario, scenario.variant(report["variant"]["name"]),
                    amp is not None if amplify is None else amplify, (amp or {}).get("delay_us"),
                    int(report["trial"]["seed"]), _failure(report))
-
-
-def _is_op_trace(path: Path) -> bool:
-    """Whether ``path`` starts like an op trace (its header names an op trace schema); the
-    full check is load_trace's."""
-    try:
-        with open(path, encoding="utf-8") as file:
-            first = json.loads(file.readline())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return False
-    return isinstance(first, dict) and str(first.get("schema", "")).startswith("gpurace.trace/")
 
 
 def _from_op_trace(source: Path, amplify: bool | None) -> _Origin:
@@ -457,9 +439,8 @@ def _scenario_at(path: Path, replayed: bool, defects: dict[str, Any], source: Pa
                           "minimize in the folder it was recorded in, or copy the file there")
     if not replayed:
         return load_scenario(path)
-    names = tuple(n for n, on in defects.items()
-                  if n in kvcore.Defects.names() and on != getattr(kvcore.Defects(), n))
-    return replay_scenario(path, names)
+    known = {n: on for n, on in defects.items() if n in kvcore.Defects.names()}
+    return replay_scenario(path, kvcore.Defects(**known).active())
 
 
 def _failure(report: dict[str, Any]) -> Failure:
@@ -479,7 +460,7 @@ def _observe(scenario: Scenario, variant: Variant, amplified: bool, delay: float
         return Failure(outcome, None)
     if findings:
         return Failure(None, _race_key(findings[0]))
-    raise TargetError(f"{scenario.path}: with {', '.join(names_of(variant)) or 'no defect'} "
+    raise TargetError(f"{scenario.path}: with {', '.join(variant.defects.active()) or 'no defect'} "
                       "it neither fails nor races on the simulated device; nothing to minimize")
 
 
@@ -521,7 +502,7 @@ def _yaml(scenario: Scenario, variant: Variant, source: Path, failure: Failure) 
         "trials": 20,
         "timeout": scenario.timeout_s,
         "variants": {
-            "buggy": {"defects": {n: getattr(variant.defects, n) for n in names_of(variant)},
+            "buggy": {"defects": {n: getattr(variant.defects, n) for n in variant.defects.active()},
                       "expect": "reproduces"},
             "fixed": {"expect": "clean"},
         },

@@ -16,6 +16,7 @@ replays, so one it cannot vouch for is refused, at its line and field, rather th
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from kvcore.device.oplog import HOST, HOST_KINDS, is_stream_kind
 
 TRACE_SCHEMA = "gpurace.trace/1"
 """The schema version this gpurace writes and reads."""
+_SCHEMA_FAMILY = "gpurace.trace/"
 
 # The header says where the trial came from: enough for `gpurace minimize` to run it again.
 _HEADER_KEYS = ("type", "schema", "level", "scenario", "path", "variant", "backend", "defects",
@@ -58,6 +60,17 @@ def load_trace(path: Path | str) -> OpTrace:
     """
     path = Path(path)
     return _Parser(path).finish(read_text(path, "an op trace"))
+
+
+def is_op_trace(path: Path) -> bool:
+    """Whether ``path`` starts like an op trace (a header naming an op trace schema, of any
+    version, so that load_trace can say which it does not read); the full check is load_trace's."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            first = json.loads(file.readline())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(first, dict) and str(first.get("schema", "")).startswith(_SCHEMA_FAMILY)
 
 
 class _Parser(LineParser):
@@ -110,7 +123,7 @@ class _Parser(LineParser):
         # The schema before anything else: another version may have other keys, and "this
         # version is not supported" is the useful thing to say about it.
         if schema != TRACE_SCHEMA:
-            if schema.startswith("gpurace.trace/"):
+            if schema.startswith(_SCHEMA_FAMILY):
                 raise self.fail("schema", f"{schema} is not supported; this gpurace reads "
                                           f"{TRACE_SCHEMA}: record the trace again with it")
             if schema.startswith("gpurace.ticket/"):

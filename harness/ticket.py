@@ -300,9 +300,7 @@ class _Parser(LineParser):
             if name == "new_tokens" and tokens[name] != expected:
                 raise self.fail(name, f"must be prompt_tokens - prefix_tokens = {expected}, "
                                       f"not {tokens[name]}")
-        end = record.get("end", False)
-        if not isinstance(end, bool):
-            raise self.fail("end", f"must be true or false, not {show(end)}")
+        end = self.boolean(record, "end") if "end" in record else False
         self.follow(conversation, lane, turn, end)
         self.requests.append(Request(request_id, time_ms, lane, conversation, turn, end=end,
                                      **tokens))
