@@ -449,10 +449,12 @@ def _print_finding(f: dict) -> None:
     out.print(f"  race{more}: {escape(f['missing'])}", highlight=False, soft_wrap=True)
     for side in ("first", "second"):
         op = f[side]
+        # The scenario's line when a scenario issued it; the Python line for API users.
+        where = f" at {op['origin']}" if op.get("origin") else (
+            f" issued at {op['site']}" if op.get("site") else "")
         out.print(f"    {side}: seq {op['seq']} {op['stream']} {op['kind']} "
-                  f"{op['access']} bytes {op['bytes'][0]}..{op['bytes'][1]}"
-                  + (f" at {op['site']}" if op.get("site") else ""), highlight=False,
-                  soft_wrap=True)
+                  f"{op['access']} bytes {op['bytes'][0]}..{op['bytes'][1]}{where}",
+                  highlight=False, soft_wrap=True)
 
 
 @main.command("doctor")

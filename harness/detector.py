@@ -37,11 +37,14 @@ HISTORY = 4096
 """Accesses remembered per block of a buffer (the oldest are forgotten first)."""
 BLOCK = 1 << 16
 """Bytes per history block of a buffer that is not carved into pages."""
+WAITS_KEPT = 64
+"""Waits remembered per stream (and records per event), to explain a wait that missed."""
 
 
 class OpRef(NamedTuple):
     """One side of a finding: which op, where it came from, what bytes it touched. (A named
-    tuple: one is built for every access the detector sees.)"""
+    tuple: one is built for every access that races.) ``origin`` is the scenario line that
+    issued it (``file:line:col``), ``site`` the Python line."""
 
     seq: int
     stream: str
@@ -51,6 +54,7 @@ class OpRef(NamedTuple):
     write: bool
     offset: int
     length: int
+    origin: str | None = None
 
     @property
     def who(self) -> str:
@@ -59,15 +63,90 @@ class OpRef(NamedTuple):
         at = f" at step {self.step}" if self.step else ""
         return f"{side}'s {verb} ({self.kind}{at})"
 
+    @property
+    def at(self) -> str:
+        """The op as a place: its step, or its sequence number."""
+        return self.step or f"op {self.seq}"
+
     def to_json(self) -> dict[str, Any]:
         return {"seq": self.seq, "stream": self.stream, "kind": self.kind, "step": self.step,
-                "site": self.site, "access": "write" if self.write else "read",
+                "site": self.site, "origin": self.origin,
+                "access": "write" if self.write else "read",
                 "bytes": [self.offset, self.offset + self.length]}
 
 
 @dataclass
+class Owner:
+    """Who held some bytes of a buffer, from one op to another: a lease, a pinned buffer, a
+    table row (``name`` says which, in the scenario's words)."""
+
+    lo: int
+    hi: int
+    name: str
+    since: int  # seq of the alloc (0: held when the trace began)
+    until: int | None = None  # seq of the free
+    freed_at: str | None = None  # the step that gave the bytes back
+
+
+class _Owners:
+    """Every owner each buffer's bytes have had, so a finding can name the bytes as the
+    scenario does, and say "reuse" only when bytes really were given back and handed out."""
+
+    def __init__(self) -> None:
+        self._by_buffer: dict[int, list[Owner]] = defaultdict(list)
+
+    def alloc(self, buffer: int, lo: int, hi: int, name: str, seq: int) -> None:
+        self.free(buffer, lo, hi, seq, None)
+        self._by_buffer[buffer].append(Owner(lo, hi, name, seq))
+
+    def free(self, buffer: int, lo: int, hi: int, seq: int, step: str | None) -> None:
+        owners = self._by_buffer.get(buffer, [])
+        for owner in list(owners):
+            if owner.until is not None or not (owner.lo < hi and lo < owner.hi):
+                continue
+            # The part outside [lo, hi) stays with the owner, as a piece of its own.
+            for a, b in ((owner.lo, lo), (hi, owner.hi)):
+                if a < b:
+                    owners.append(Owner(a, b, owner.name, owner.since))
+            owner.lo, owner.hi = max(owner.lo, lo), min(owner.hi, hi)
+            owner.until, owner.freed_at = seq, step
+
+    def at(self, buffer: int, offset: int, seq: int) -> Owner | None:
+        """Who held byte ``offset`` of ``buffer`` when op ``seq`` ran."""
+        for owner in reversed(self._by_buffer.get(buffer, [])):
+            if owner.lo <= offset < owner.hi and owner.since <= seq and (
+                    owner.until is None or seq < owner.until):
+                return owner
+        return None
+
+    def live(self) -> list[tuple[int, Owner]]:
+        return [(b, o) for b, owners in self._by_buffer.items() for o in owners
+                if o.until is None]
+
+
+class _Wait(NamedTuple):
+    seq: int
+    event: str
+    step: str | None
+    records_before: int  # how many records of the event had been issued when it waited
+    done: bool  # False: a host query that saw "not ready"
+
+
+class _Record(NamedTuple):
+    seq: int
+    stream: str
+    step: str | None
+    clock: dict[str, int]
+
+
+@dataclass
 class Finding:
-    """Two unordered conflicting accesses, and the edge that is missing."""
+    """Two unordered conflicting accesses, and the edge that is missing.
+
+    ``buffer`` is kvcore's buffer; ``owner`` who held the bytes at the second access (a lease,
+    a pinned buffer of the scenario), ``first_owner`` at the first when that was someone else
+    (``reused``: the first owner gave the bytes back and they were handed out again).
+    ``event_note`` explains a wait that was meant to order the two and did not."""
 
     buffer: str
     space: str
@@ -75,6 +154,12 @@ class Finding:
     first: OpRef
     second: OpRef
     count: int = 1
+    owner: str | None = None
+    first_owner: str | None = None
+    reused: bool = False
+    freed_at: str | None = None
+    event_note: str | None = None
+    legacy_note: str | None = None
 
     @property
     def key(self) -> tuple[Any, ...]:
@@ -85,26 +170,58 @@ class Finding:
                 step_shape(self.second.step))
 
     @property
+    def where(self) -> str:
+        """The bytes, as the scenario calls them."""
+        pinned = self.owner is not None and self.owner.startswith("buffer ")
+        if pinned:
+            place = f"pinned {self.owner}"
+        else:
+            place = ("pinned buffer " if self.space == "host" else "") + self.buffer + (
+                f" page {self.page}" if self.page is not None else "")
+        notes = [self.owner] if self.owner and not pinned else []
+        if self.reused:
+            freed = f" at step {self.freed_at}" if self.freed_at else ""
+            notes.append(f"{self.first_owner} gave it back{freed} and it was handed out again"
+                         if self.first_owner != self.owner else
+                         f"given back{freed} and handed out again")
+        return place + (f" ({'; '.join(notes)})" if notes else "")
+
+    @property
     def missing(self) -> str:
-        """The missing edge, in words, with the fix."""
+        """The missing edge, in words, with the fix that fits the race."""
         a, b = self.first, self.second
-        where = f"{self.buffer}" + (f" page {self.page}" if self.page is not None else "")
-        head = f"nothing orders {a.who} before {b.who} on {where}"
-        at_a = f" after {a.step}" if a.step else ""
-        before_b = f" before {b.step}" if b.step else ""
+        head = f"nothing orders {a.who} before {b.who} on {self.where}"
+        if self.event_note:
+            return f"{head}: {self.event_note}"
         if a.stream != HOST and b.stream != HOST:
-            if self.page is not None:
-                before_b = f" before reusing the page{' at ' + b.step if b.step else ''}"
-            return (f"{head}; record an event on {a.stream}{at_a} and make {b.stream} wait on "
-                    f"it{before_b}")
+            reuse = f" before {b.at} reuses the bytes" if self.reused else f" before {b.at}"
+            if self.reused and self.page is not None:
+                reuse += " (what a release with a fence does: kvcore's release_fence)"
+            note = f" ({self.legacy_note})" if self.legacy_note else ""
+            return (f"{head}; record an event on {a.stream} after {a.at} and make {b.stream} "
+                    f"wait on it{reuse}{note}")
+        if b.stream == HOST and b.write and self.reused:
+            return (f"{head}; {self.first_owner} was given back while {a.stream}'s "
+                    f"{'copy' if a.kind.startswith('copy') else a.kind} still used it: give "
+                    f"it back only after an event recorded on {a.stream} after {a.at} has "
+                    "completed (host_free after: the event, as a caching host allocator "
+                    "does), or synchronize before giving it back")
+        if b.stream == HOST and b.write and not a.write:
+            return (f"{head}; synchronize on the copy's event (record one on {a.stream} after "
+                    f"{a.at}) before the host rewrites the buffer at {b.at}, or write into a "
+                    "fresh buffer")
+        if b.stream == HOST and b.write:
+            return (f"{head}; synchronize on an event recorded on {a.stream} after {a.at} "
+                    f"before the host writes the buffer at {b.at}")
         if b.stream == HOST:
-            return (f"{head}; synchronize {a.stream} (or an event recorded{at_a}) before the "
-                    f"host touches these bytes")
+            return (f"{head}; synchronize on an event recorded on {a.stream} after {a.at} (or "
+                    f"synchronize {a.stream}) before the host reads the buffer at {b.at}")
         return (f"{head}; the host's access must come after {b.stream}'s op is issued, or "
                 f"{b.stream} must wait for it")
 
     def to_json(self) -> dict[str, Any]:
         return {"buffer": self.buffer, "space": self.space, "page": self.page,
+                "owner": self.owner, "first_owner": self.first_owner, "reused": self.reused,
                 "first": self.first.to_json(), "second": self.second.to_json(),
                 "missing": self.missing, "count": self.count}
 
@@ -130,10 +247,12 @@ class RaceDetector:
     def __init__(self, *, prune: bool = True) -> None:
         self._device: Device | None = None
         self.prune = prune
+        self._owners = _Owners()
         self.reset()
 
     def reset(self) -> None:
-        """Forget everything: a trial ends with the device idle, so nothing carries over."""
+        """Forget the trial: it ends with the device idle, so no ordering carries over. Who
+        owns which bytes does (a world's buffers outlive its trials)."""
         self._clock: dict[str, dict[str, int]] = defaultdict(dict)
         self._events: dict[str, dict[str, int]] = {}
         # (buffer, block) -> accesses: (thread, epoch, lo, hi, write, source) tuples
@@ -142,13 +261,18 @@ class RaceDetector:
         self._streams: dict[str, _Stream] = {}
         self._folded: dict[tuple[Any, ...], Finding] = {}
         self._reported: set[tuple[int, int]] = set()
+        self._waits: dict[str, list[_Wait]] = defaultdict(list)
+        self._records: dict[str, list[_Record]] = defaultdict(list)
         self.racing: set[int] = set()  # ops that raced some earlier op
 
-    # ---- what the detector knows of buffers and streams ----------------------------------------
+    # ---- what the detector knows of buffers, streams and owners --------------------------------
     def attach(self, device: Device) -> None:
         """Watch ``device``'s op log, from now on."""
         self._device = device
         device.record_call_sites = True
+        self._owners = _Owners()  # a new device numbers its ops from 1 again
+        for label in device.oplog.labels.live():
+            self.owner(label.buffer, label.offset, label.length, label.name)
         device.oplog.subscribe(self.observe)
 
     def learn(self, device: Device) -> None:
@@ -164,18 +288,20 @@ class RaceDetector:
     def stream(self, name: str, blocking: bool, legacy: bool) -> None:
         self._streams[name] = _Stream(blocking, legacy)
 
+    def owner(self, buffer: int, offset: int, length: int, name: str) -> None:
+        """Bytes that already had an owner when the ops began (a trace's label records)."""
+        self._owners.alloc(buffer, offset, offset + length, name, 0)
+
     # ---- the edges -----------------------------------------------------------------------------
     def observe(self, record: OpRecord) -> None:
         if record.stream != HOST and record.stream not in self._streams:
             self.learn(self._device)  # a stream made since the last look
-        self._op(record.seq, record.stream, record.kind, record.step,
-                 record.detail.get("site") if record.detail else None,
+        self._op(record.seq, record.stream, record.kind, record.step, record.detail or {},
                  record.reads, record.writes, record.records, record.waits, record.syncs)
 
     def observe_json(self, op: dict[str, Any]) -> None:
-        detail = op.get("detail") or {}
         self._op(int(op["seq"]), str(op["stream"]), str(op["kind"]), op.get("step"),
-                 detail.get("site"), [tuple(r) for r in op.get("reads", [])],
+                 op.get("detail") or {}, [tuple(r) for r in op.get("reads", [])],
                  [tuple(w) for w in op.get("writes", [])], op.get("records"), op.get("waits"),
                  op.get("syncs"))
 
@@ -184,15 +310,27 @@ class RaceDetector:
         vc[thread] = vc.get(thread, 0) + 1
         return vc
 
-    def _op(self, seq: int, stream: str, kind: str, step: str | None, site: str | None,
+    def _op(self, seq: int, stream: str, kind: str, step: str | None, detail: dict[str, Any],
             reads: Iterable[tuple[int, int, int]], writes: Iterable[tuple[int, int, int]],
             records: str | None, waits: str | None, syncs: str | None) -> None:
         if stream == HOST:
+            if kind in ("alloc", "free"):
+                buf, off, length = detail["range"]
+                if kind == "alloc":
+                    self._owners.alloc(buf, off, off + length, detail["name"], seq)
+                else:
+                    self._owners.free(buf, off, off + length, seq, step)
+                return
             vc = self._tick(HOST)
             if kind == "sync_stream" and syncs is not None:
                 _join(vc, self._clock[syncs])
-            elif kind == "sync_event" and waits is not None:
-                _join(vc, self._events.get(waits, {}))
+            elif kind in ("sync_event", "event_query") and waits is not None:
+                # A query that saw "done" orders the host after the record, as a synchronize
+                # does; one that saw "not ready" orders nothing.
+                done = kind == "sync_event" or bool(detail.get("done"))
+                if done:
+                    _join(vc, self._events.get(waits, {}))
+                self._remember_wait(HOST, seq, waits, step, done)
             elif kind == "sync_device":
                 for name in list(self._clock):
                     _join(vc, self._clock[name])
@@ -210,17 +348,27 @@ class RaceDetector:
                         _join(vc, self._clock[name])
             if kind == "event_record" and records is not None:
                 self._events[records] = dict(vc)
+                kept = self._records[records]
+                kept.append(_Record(seq, stream, step, dict(vc)))
+                del kept[:-WAITS_KEPT]
             elif kind == "event_wait" and waits is not None:
                 _join(vc, self._events.get(waits, {}))
+                self._remember_wait(stream, seq, waits, step, True)
         if not reads and not writes:
             return
         # Who did it, once per op; an OpRef is built only for the accesses that race.
-        source = (seq, stream, kind, step, site)
+        source = (seq, stream, kind, step, detail.get("site"), detail.get("origin"))
         epoch = vc[stream]
         for buf, off, length in reads:
             self._access(source, epoch, vc, buf, off, length, False)
         for buf, off, length in writes:
             self._access(source, epoch, vc, buf, off, length, True)
+
+    def _remember_wait(self, thread: str, seq: int, event: str, step: str | None,
+                       done: bool) -> None:
+        kept = self._waits[thread]
+        kept.append(_Wait(seq, event, step, len(self._records.get(event, ())), done))
+        del kept[:-WAITS_KEPT]
 
     def _access(self, source: tuple[Any, ...], epoch: int, vc: dict[str, int], buf: int,
                 off: int, length: int, write: bool) -> None:
@@ -241,7 +389,7 @@ class RaceDetector:
                 p_thread, p_epoch, p_lo, p_hi, p_write, _ = past
                 ordered = p_thread == thread or p_epoch <= vc.get(p_thread, 0)
                 if not ordered and p_lo < hi and lo < p_hi and (write or p_write):
-                    self._report(info, block if info.page_bytes else 0, past,
+                    self._report(buf, info, block if info.page_bytes else 0, past,
                                  (thread, epoch, lo, hi, write, source))
                 # An access ordered after a past one and covering its bytes stands for it from
                 # now on, if it is a write or the past one was a read: whatever would race the
@@ -255,7 +403,8 @@ class RaceDetector:
                 del kept[: len(kept) - HISTORY]
             self._history[key] = kept
 
-    def _report(self, info: _Buffer, page_bytes: int, past: tuple[Any, ...],
+    # ---- findings ------------------------------------------------------------------------------
+    def _report(self, buf: int, info: _Buffer, page_bytes: int, past: tuple[Any, ...],
                 now: tuple[Any, ...]) -> None:
         first, second = _ref(past), _ref(now)
         pair = (first.seq, second.seq)
@@ -267,10 +416,67 @@ class RaceDetector:
         page = start // page_bytes if page_bytes else None
         finding = Finding(info.name, info.space, page, first, second)
         folded = self._folded.get(finding.key)
-        if folded is None:
-            self._folded[finding.key] = finding
-        else:
+        if folded is not None:
             folded.count += 1
+            return
+        self._name_bytes(finding, buf, start)
+        finding.event_note = self._explain_wait(past[0], past[1], first, second)
+        finding.legacy_note = self._legacy_note(first.stream, second.stream)
+        self._folded[finding.key] = finding
+
+    def _name_bytes(self, finding: Finding, buf: int, offset: int) -> None:
+        before = self._owners.at(buf, offset, finding.first.seq)
+        now = self._owners.at(buf, offset, finding.second.seq)
+        finding.owner = now.name if now else None
+        if before is not None and before is not now:
+            finding.first_owner = before.name
+            finding.reused = before.until is not None and before.until <= finding.second.seq
+            finding.freed_at = before.freed_at
+
+    def _explain_wait(self, thread: str, epoch: int, first: OpRef, second: OpRef) -> str | None:
+        """Why a wait of the second side did not order it after the first, when it meant to:
+        the record that covers the first op came after the wait (a stale record), or the event
+        was recorded again before the wait (an overwritten record), or the host's query of it
+        saw "not ready" and went on."""
+        for wait in reversed(self._waits.get(second.stream, ())):
+            if wait.seq > second.seq:
+                continue
+            records = self._records.get(wait.event, [])
+            covering = [r for r in records if r.clock.get(thread, 0) >= epoch]
+            if not covering:
+                continue
+            waited = "synchronize" if second.stream == HOST else "wait"
+            at = wait.step or f"op {wait.seq}"
+            later = [r for r in covering if r.seq > wait.seq]
+            if not wait.done:
+                return (f"the host's query of event {wait.event} at {at} saw it not ready, and "
+                        f"the host went on without waiting; synchronize on {wait.event} (or "
+                        f"poll it until done) before {second.at}")
+            if later:
+                r = later[0]
+                return (f"the {waited} at {at} used an earlier record of event {wait.event}; "
+                        f"the record that covers {first.at} came after it (at "
+                        f"{r.step or f'op {r.seq}'}): {waited} on {wait.event} only once that "
+                        f"record is issued, or record it before the {waited}")
+            used = records[wait.records_before - 1] if wait.records_before else None
+            mine = covering[-1]
+            if used is not None and used.seq > mine.seq:
+                return (f"event {wait.event} was recorded again at {used.step or used.seq} on "
+                        f"{used.stream} before the {waited} at {at}, and a {waited} uses only "
+                        f"the latest record, so it did not cover the one at "
+                        f"{mine.step or mine.seq} that covers {first.at}; record one event per "
+                        f"stream and {waited} on each")
+        return None
+
+    def _legacy_note(self, first: str, second: str) -> str | None:
+        a, b = self._streams.get(first), self._streams.get(second)
+        if a is None or b is None or (a.legacy == b.legacy):
+            return None
+        other = second if a.legacy else first
+        if (b if a.legacy else a).blocking:
+            return None
+        return (f"{other} is a non-blocking stream: it and the legacy stream do not wait for "
+                "each other")
 
     @property
     def findings(self) -> list[Finding]:
@@ -279,8 +485,8 @@ class RaceDetector:
 
 def _ref(access: tuple[Any, ...]) -> OpRef:
     """The OpRef of a history entry (thread, epoch, lo, hi, write, source)."""
-    _, _, lo, hi, write, (seq, stream, kind, step, site) = access
-    return OpRef(seq, stream, kind, step, site, write, lo, hi - lo)
+    _, _, lo, hi, write, (seq, stream, kind, step, site, origin) = access
+    return OpRef(seq, stream, kind, step, site, write, lo, hi - lo, origin)
 
 
 def _join(into: dict[str, int], other: dict[str, int]) -> None:
@@ -300,6 +506,9 @@ def check_trace(records: Iterable[dict[str, Any]]) -> RaceDetector:
         elif kind == "stream":
             detector.stream(str(record["name"]), bool(record["blocking"]),
                             bool(record["legacy"]))
+        elif kind == "label":
+            detector.owner(int(record["buffer"]), int(record["offset"]),
+                           int(record["length"]), str(record["name"]))
         elif kind == "op":
             detector.observe_json(record)
     return detector

@@ -20,7 +20,7 @@ import numpy as np
 
 import kvcore
 from harness import batching
-from harness.model import STREAMS, Amplify, PlaneSpec, PoolSpec, Scenario, Step, Variant
+from harness.model import Amplify, PlaneSpec, PoolSpec, Scenario, Step, Variant
 from harness.outcome import Outcome, TrialResult
 from harness.ticket import Ticket, load_ticket
 from kvcore.device.kernels import Delay
@@ -42,52 +42,76 @@ class _HostBuffer:
     readback: bool  # written by the device (copy_to_host): zeroed before every trial
 
 
-class World:
-    """The device-side world of one scenario on one device."""
+CHECK_STREAM = "(check)"
+"""The stream a check reads device pages back on: its own, so that a check adds no ordering to
+the scenario's streams (and no scenario can name it)."""
 
-    def __init__(self, scenario: Scenario, device: kvcore.Device) -> None:
+
+class World:
+    """The device-side world of one scenario variant on one device: its streams (with the
+    scenario's names, so the op log and findings speak them), the pool, the execution table,
+    and the pinned arena its world buffers and its host_alloc'd buffers come from."""
+
+    def __init__(self, scenario: Scenario, device: kvcore.Device,
+                 variant: Variant | None = None) -> None:
         self.device = device
-        self.context = kvcore.DeviceContext(device)
+        self.streams: dict[str, kvcore.device.Stream] = {}
+        for spec in (scenario.streams_of(variant) if variant else scenario.streams):
+            if spec.kind == "legacy":
+                device.rename_stream(device.legacy_stream, spec.name)
+                self.streams[spec.name] = device.legacy_stream
+            else:
+                self.streams[spec.name] = device.create_stream(
+                    spec.name, blocking=spec.kind == "blocking", priority=spec.priority)
+        self.check_stream = device.create_stream(CHECK_STREAM)
+        self.context = kvcore.DeviceContext(
+            device, stream=self.streams.get("compute", self.check_stream),
+            transfer_stream=self.streams.get("transfer", self.check_stream))
         spec = scenario.pool
         self.pool = kvcore.DeviceKVPagePool(self.context, spec.geometry(), spec.pages)
         self.layout = kvcore.plan_host_kv_page_layout(self.pool.geometry)
         rows = spec.max_pages_per_row or spec.pages
         self.table = kvcore.KVExecutionTablePool(self.pool, spec.table_rows, rows)
-        sizes = _host_buffer_sizes(scenario)
+        steps = scenario.steps_of(variant.name) if variant else scenario.steps
+        sizes = _host_buffer_sizes(steps)
+        allocs = sum(int(s.args.get("pages", 1)) for s in steps  # type: ignore[arg-type]
+                     if s.op == "host_alloc")
         scratch = max([spec.pages, 1])
-        total = sum(pages for pages, _ in sizes.values()) + scratch
+        total = sum(pages for pages, _ in sizes.values()) + scratch + allocs
         self.arena = kvcore.HostKVArena(self.context, total * self.layout.page_stride,
                                         [self.layout])
         self.host: dict[str, _HostBuffer] = {}
         for name, (pages, readback) in sizes.items():
-            self.host[name] = _HostBuffer(self._view(pages), pages, readback)
-        self.scratch = self._view(scratch)
+            self.host[name] = _HostBuffer(self.view(pages, f"buffer {name}"), pages, readback)
+        self.scratch = self.view(scratch, "the check's readback")
         self.counters = device.alloc(4 * 64, name="table-read-counts")
         self.counters_host = device.alloc_host(4 * 64, name="table-read-counts-host")
 
-    def _view(self, pages: int) -> kvcore.HostKVAllocationView:
-        allocation = self.arena.allocate(self.layout, pages)
+    def view(self, pages: int, name: str | None = None) -> kvcore.HostKVAllocationView:
+        allocation = self.arena.allocate(self.layout, pages, name=name)
         assert allocation is not None  # sized above
         return self.arena.writable_view(allocation)
 
     def stream(self, name: str) -> kvcore.device.Stream:
-        return getattr(self.context, STREAMS.get(name, name))
+        return self.streams[name]
 
 
-def _host_buffer_sizes(scenario: Scenario) -> dict[str, tuple[int, bool]]:
-    """Each host buffer the steps name: its size in pages and whether the device writes it."""
+def _host_buffer_sizes(steps: tuple[Step, ...]) -> dict[str, tuple[int, bool]]:
+    """Each world buffer the steps name (pinned buffers not from host_alloc): its size in
+    pages and whether the device writes it."""
     lease_pages: dict[str, int] = {}
+    allocated: set[str] = {str(s.args["buffer"]) for s in steps if s.op == "host_alloc"}
     sizes: dict[str, tuple[int, bool]] = {}
-    for step in scenario.steps:
+    for step in steps:
         a = step.args
         if step.op == "materialize" and step.id:
             lease_pages[step.id] = int(a["pages"])  # type: ignore[arg-type]
-        elif step.op == "host_fill":
+        elif step.op == "host_fill" and str(a["buffer"]) not in allocated:
             name = str(a["buffer"])
             pages = int(a.get("pages", 1))  # type: ignore[arg-type]
             old = sizes.get(name, (0, False))
             sizes[name] = (max(old[0], pages), old[1])
-        elif step.op == "copy_to_host":
+        elif step.op == "copy_to_host" and str(a["dst"]) not in allocated:
             name = str(a["dst"])
             pages = lease_pages.get(str(a["src"]), 1)
             old = sizes.get(name, (0, True))
@@ -118,11 +142,13 @@ class TrialExecutor:
         self.amplify: Amplify | None = scenario.amplify if amplify else None
         self.delay_us = delay_us if delay_us is not None else (
             self.amplify.delay_us if self.amplify else None)
+        self.amplified_stream = scenario.amplified_stream(variant.name)
+        self.steps = scenario.steps_of(variant.name)
         self._world: World | None = None
         self.device_info: dict[str, object] = {}
         device = self._open(0)
         if backend == "cuda":
-            self._world = World(scenario, device)
+            self._world = World(scenario, device, variant)
 
     def _open(self, seed: int) -> kvcore.Device:
         device = kvcore.open_device(self.backend, defects=self.variant.defects, seed=seed,
@@ -135,7 +161,7 @@ class TrialExecutor:
 
     def world(self, seed: int) -> World:
         if self._world is None or self.backend == "sim":
-            return World(self.scenario, self._open(seed))
+            return World(self.scenario, self._open(seed), self.variant)
         return self._world
 
     def run(self, index: int, seed: int) -> TrialResult:
@@ -166,7 +192,9 @@ class TrialExecutor:
         """Queue the amplifying delay if it belongs before ``before``."""
         amp = self.amplify
         if amp is not None and amp.before == before and self.delay_us:
-            world.device.launch(Delay(self.delay_us), world.stream(amp.stream))
+            stream = self.amplified_stream
+            assert stream is not None  # the loader saw to it
+            world.device.launch(Delay(self.delay_us), world.stream(stream))
 
 
 class _Steps:
@@ -178,6 +206,7 @@ class _Steps:
         self.leases: dict[str, list[kvcore.DeviceKVPageLease]] = {}
         self.catalogs: dict[str, kvcore.KVConversationCatalog] = {}
         self.events: dict[str, kvcore.device.Event] = {}
+        self.allocs: dict[str, _HostBuffer] = {}  # host_alloc'd buffers not freed yet
         self.counted: list[tuple[str, int]] = []  # read_table steps counting instead of asserting
         self.idle = False  # every stream is known idle (the trial's last synchronize ran)
 
@@ -189,11 +218,11 @@ class _Steps:
         step: Step | None = None
         oplog = w.device.oplog
         try:
-            for step in self.ex.scenario.steps:
-                self.ex.amplifier(w, step.id or "")
+            for step in self.ex.steps:
                 # Set directly, not through oplog.in_step: a context manager per step is a
                 # measurable share of a trial's host time, which sits inside race windows.
-                oplog.step = step.label
+                oplog.step, oplog.origin = step.label, step.origin
+                self.ex.amplifier(w, step.id or "")
                 getattr(self, "_" + step.op)(step)
             w.context.synchronize()
             self.idle = True
@@ -205,7 +234,7 @@ class _Steps:
             exc.gpurace_step = step.label if step else None  # type: ignore[attr-defined]
             raise
         finally:
-            oplog.step = None
+            oplog.step = oplog.origin = None
             self._cleanup()
 
     def _cleanup(self) -> None:
@@ -221,10 +250,14 @@ class _Steps:
         held = [lease for group in self.leases.values() for lease in group if not lease.released]
         if held:
             w.pool.release(held)
+        for buf in self.allocs.values():
+            w.arena.free(buf.view.allocation)
+        w.arena.reclaim()  # the device is idle: every deferred free is due
 
     # ---- steps ---------------------------------------------------------------------------------
     def _materialize(self, s: Step) -> None:
-        self.leases[str(s.id)] = self.w.pool.materialize(int(s.args["pages"]))  # type: ignore
+        self.leases[str(s.id)] = self.w.pool.materialize(
+            int(s.args["pages"]), name=f"lease {s.id}")  # type: ignore[arg-type]
 
     def _release(self, s: Step) -> None:
         self.w.pool.release(self.leases[str(s.args["lease"])])
@@ -232,17 +265,42 @@ class _Steps:
     def _handles(self, lease: object) -> list[kvcore.DeviceKVPageHandle]:
         return [lease_.handle for lease_ in self.leases[str(lease)]]
 
+    def _buffer(self, name: object) -> _HostBuffer:
+        """A pinned buffer: one host_alloc'd in this trial, else a world buffer."""
+        return self.allocs.get(str(name)) or self.w.host[str(name)]
+
     def _host_fill(self, s: Step) -> None:
-        self.w.host[str(s.args["buffer"])].view.fill(int(s.args["byte"]))  # type: ignore
+        a = s.args
+        view = self._buffer(a["buffer"]).view
+        value = int(a["byte"])  # type: ignore[arg-type]
+        if "offset" in a:
+            self.w.device.host_fill(view.buffer, view.allocation.offset + int(a["offset"]),  # type: ignore
+                                    int(a.get("length", 1)), value)  # type: ignore[arg-type]
+        elif "page" in a:
+            page = a["page"]
+            for p in page if isinstance(page, tuple) else (page,):
+                view.fill(value, page=int(p))  # type: ignore[arg-type]
+        else:
+            view.fill(value)
+
+    def _host_alloc(self, s: Step) -> None:
+        name, pages = str(s.args["buffer"]), int(s.args.get("pages", 1))  # type: ignore
+        self.allocs[name] = _HostBuffer(self.w.view(pages, f"buffer {name}"), pages, False)
+
+    def _host_free(self, s: Step) -> None:
+        after = s.args.get("after", ())
+        names = after if isinstance(after, tuple) else (after,)
+        buf = self.allocs.pop(str(s.args["buffer"]))
+        self.w.arena.free(buf.view.allocation, after=tuple(self.events[str(n)] for n in names))
 
     def _copy_from_host(self, s: Step) -> None:
         a = s.args
-        self.w.pool.copy_from_host(self.w.host[str(a["src"])].view, self._handles(a["dst"]),
+        self.w.pool.copy_from_host(self._buffer(a["src"]).view, self._handles(a["dst"]),
                                    self.w.stream(str(a["stream"])))
 
     def _copy_to_host(self, s: Step) -> None:
         a = s.args
-        self.w.pool.copy_to_host(self._handles(a["src"]), self.w.host[str(a["dst"])].view,
+        self.w.pool.copy_to_host(self._handles(a["src"]), self._buffer(a["dst"]).view,
                                  self.w.stream(str(a["stream"])))
 
     def _copy_page(self, s: Step) -> None:
@@ -294,8 +352,17 @@ class _Steps:
     def _synchronize(self, s: Step) -> None:
         if "stream" in s.args:
             self.w.device.synchronize_stream(self.w.stream(str(s.args["stream"])))
+        elif "event" in s.args:
+            self.w.device.synchronize_event(self.events[str(s.args["event"])])
         else:
             self.w.context.synchronize()
+
+    def _event_query(self, s: Step) -> None:
+        event = self.events[str(s.args["event"])]
+        if s.args.get("poll", False):
+            self.w.device.poll_event(event)
+        else:
+            self.w.device.query_event(event)
 
     def _delay(self, s: Step) -> None:
         us = float(s.args["us"])  # type: ignore[arg-type]
@@ -308,14 +375,14 @@ class _Steps:
         if "lease" in s.args:
             handles = self._handles(s.args["lease"])
             view = w.scratch
-            w.pool.copy_to_host(handles, view, w.context.stream)
-            w.device.synchronize_stream(w.context.stream)
+            w.pool.copy_to_host(handles, view, w.check_stream)
+            w.device.synchronize_stream(w.check_stream)
             pages = len(handles)
         else:
-            buf = w.host[str(s.args["buffer"])]
+            buf = self._buffer(s.args["buffer"])
             view, pages = buf.view, buf.pages
         if "equals" in s.args:
-            expected = w.host[str(s.args["equals"])].view
+            expected = self._buffer(s.args["equals"]).view
             want = [expected.payload(p) for p in range(pages)]
         else:
             value = int(s.args["byte"])  # type: ignore[arg-type]
@@ -330,8 +397,8 @@ class _Steps:
         if not self.counted:
             return
         w = self.w
-        w.device.copy(w.counters_host, 0, w.counters, 0, 4 * len(self.counted), w.context.stream)
-        w.device.synchronize_stream(w.context.stream)
+        w.device.copy(w.counters_host, 0, w.counters, 0, 4 * len(self.counted), w.check_stream)
+        w.device.synchronize_stream(w.check_stream)
         counts = w.device.host_read(w.counters_host, 0, 4 * len(self.counted)).view(np.int32)
         for (label, _), count in zip(self.counted, counts.tolist()):
             if count:

@@ -19,6 +19,7 @@ from typing import IO, Any
 
 from harness.optrace import TRACE_SCHEMA
 from kvcore.device import Device, OpRecord
+from kvcore.device.oplog import Label
 
 CURRENT = "trial-current.jsonl"
 
@@ -40,6 +41,7 @@ class FlightRecorder:
         self._device: Device | None = None
         self._announced: set[int] = set()
         self._streams: set[str] = set()
+        self._labels: list[Label] = []
         self.total = 0
 
     def attach(self, device: Device) -> None:
@@ -49,6 +51,7 @@ class FlightRecorder:
         self._device = device
         self._announced = set()
         self._streams = set()
+        self._labels = device.oplog.labels.live()
         device.oplog.subscribe(self._pending.append)
         device.oplog.before_blocking(self.flush)
 
@@ -59,6 +62,7 @@ class FlightRecorder:
         self.total = 0
         self._announced = set()
         self._streams = set()
+        self._labels = self._device.oplog.labels.live() if self._device is not None else []
         self._file = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 - kept open per trial
         self._file.write(json.dumps({"type": "header", "schema": TRACE_SCHEMA, "level": "ops",
                                      **header}, separators=(",", ":")) + "\n")
@@ -84,7 +88,16 @@ class FlightRecorder:
                     self._streams.add(stream.name)
                     lines.append(json.dumps({"type": "stream", "name": stream.name,
                                              "blocking": stream.blocking,
-                                             "legacy": stream.legacy}, separators=(",", ":")))
+                                             "legacy": stream.legacy,
+                                             "priority": stream.priority},
+                                            separators=(",", ":")))
+            # Who owned which bytes when the trial began (a world's buffers outlive trials);
+            # later changes are the trace's alloc and free ops.
+            for label in self._labels:
+                lines.append(json.dumps({"type": "label", "buffer": label.buffer,
+                                         "offset": label.offset, "length": label.length,
+                                         "name": label.name}, separators=(",", ":")))
+            self._labels = []
         for record in self._pending:
             data = record.to_json()
             data["type"] = "op"

@@ -11,42 +11,12 @@ from pathlib import Path
 
 import kvcore
 
-STREAMS = {
-    "compute": "stream",
-    "stream": "stream",
-    "transfer": "transfer_stream",
-    "transfer_stream": "transfer_stream",
-    "legacy": "legacy_stream",
-    "legacy_stream": "legacy_stream",
-}
-"""Stream names a scenario may use, mapped to the DeviceContext attribute they mean."""
+STREAM_KINDS = ("non-blocking", "blocking", "legacy")
+"""What a declared stream can be: non-blocking (what engines create; no implicit ordering with
+the legacy stream), blocking (implicitly ordered with the legacy stream both ways), or the
+legacy default stream itself (stream 0)."""
 
 EXPECTATIONS = ("clean", "reproduces")
-
-STEP_OPS: dict[str, dict[str, tuple[str, ...]]] = {
-    # op: {"required": keys, "optional": keys}; every step may also have "id" and "op".
-    "materialize": {"required": ("pages",), "optional": ()},
-    "release": {"required": ("lease",), "optional": ()},
-    "host_fill": {"required": ("buffer", "byte"), "optional": ("pages",)},
-    "copy_from_host": {"required": ("src", "dst", "stream"), "optional": ()},
-    "copy_to_host": {"required": ("src", "dst", "stream"), "optional": ()},
-    "copy_page": {"required": ("src", "dst", "stream"), "optional": ()},
-    "zero_pages": {"required": ("lease", "stream"), "optional": ()},
-    "catalog": {"required": (), "optional": ()},
-    "retain": {"required": ("catalog", "lease"), "optional": ()},
-    "bind": {"required": ("catalog",), "optional": ()},
-    "publish": {"required": ("catalog", "stream"), "optional": ()},
-    "activate": {"required": ("catalog", "stream"), "optional": ()},
-    "read_table": {"required": ("catalog", "stream"), "optional": ("assert",)},
-    "record_event": {"required": ("event", "stream"), "optional": ()},
-    "wait_event": {"required": ("event", "stream"), "optional": ()},
-    "synchronize": {"required": (), "optional": ("stream",)},
-    "delay": {"required": ("stream", "us"), "optional": ()},
-    # check: exactly one of lease (device pages, read back) / buffer (a host buffer), and exactly
-    # one of equals (a host buffer's payload) / byte (every payload byte).
-    "check": {"required": (), "optional": ("lease", "buffer", "equals", "byte")},
-}
-"""The step vocabulary (kvcore's nouns) and the keys each step takes."""
 
 WORKLOAD_PHASES = ("churn", "prefill", "activate", "decode")
 """The phases of a workload's request, in the order they run; ``amplify.before`` names one."""
@@ -67,19 +37,47 @@ class Location:
 
 
 @dataclass(frozen=True)
+class StreamSpec:
+    """A stream a scenario declares: its name (what steps and findings call it), its kind and
+    CUDA priority (lower runs first; no ordering guarantee)."""
+
+    name: str
+    kind: str = "non-blocking"
+    priority: int = 0
+
+
+DEFAULT_STREAMS = (StreamSpec("compute"), StreamSpec("transfer"), StreamSpec("legacy", "legacy"))
+"""The streams of a scenario that declares none: an engine's two non-blocking streams and the
+legacy default stream."""
+
+STREAM_ALIASES = {"stream": "compute", "transfer_stream": "transfer", "legacy_stream": "legacy"}
+"""kvcore's names for the default streams, accepted where no streams are declared."""
+
+
+@dataclass(frozen=True)
 class Step:
     """One step: ``op`` and its arguments; ``id`` names it for amplification and for leases or
-    catalogs it creates."""
+    catalogs it creates. ``only`` lists the variants it runs in (None: all of them)."""
 
     op: str
     args: dict[str, object]
     id: str | None = None
     index: int = 0
     where: Location | None = None
+    only: frozenset[str] | None = None
 
     @property
     def label(self) -> str:
         return self.id or f"{self.index}:{self.op}"
+
+    def runs_in(self, variant: str) -> bool:
+        return self.only is None or variant in self.only
+
+    @property
+    def origin(self) -> str | None:
+        """``file:line:col`` of the step in its scenario file, for findings."""
+        w = self.where
+        return None if w is None else f"{w.file}:{w.line}:{w.column}"
 
 
 @dataclass(frozen=True)
@@ -90,16 +88,18 @@ class Variant:
     defects: kvcore.Defects = field(default_factory=kvcore.Defects)
     expect: str = "clean"
     min_rate: float = 0.0
+    streams: tuple[tuple[str, str], ...] = ()  # (stream, kind): this variant's kinds
 
 
 @dataclass(frozen=True)
 class Amplify:
     """A delay of ``delay_us`` queued on ``stream`` just before step ``before`` (or, in a
     workload, before phase ``before``): it widens the race window so the race shows at once.
-    ``sweep`` lists delays to map the window with ``--sweep``."""
+    ``stream`` None: the stream of step ``before`` itself, in each variant. ``sweep`` lists
+    delays to map the window with ``--sweep``."""
 
     delay_us: float
-    stream: str
+    stream: str | None
     before: str
     sweep: tuple[float, ...] = ()
 
@@ -161,12 +161,32 @@ class Scenario:
     workload: Workload | None = None
     tags: tuple[str, ...] = ()
     replay_defects: tuple[str, ...] | None = None  # set for `gpurace replay TICKET --defect ...`
+    streams: tuple[StreamSpec, ...] = DEFAULT_STREAMS
+    declared_streams: bool = False  # spec.streams was written (else the default three)
 
     def variant(self, name: str) -> Variant:
         for v in self.variants:
             if v.name == name:
                 return v
         raise KeyError(name)
+
+    def steps_of(self, variant: str) -> tuple[Step, ...]:
+        """The steps ``variant`` runs, in order."""
+        return tuple(s for s in self.steps if s.runs_in(variant))
+
+    def streams_of(self, variant: Variant) -> tuple[StreamSpec, ...]:
+        """The scenario's streams with ``variant``'s kinds applied."""
+        kinds = dict(variant.streams)
+        return tuple(StreamSpec(s.name, kinds.get(s.name, s.kind), s.priority)
+                     for s in self.streams)
+
+    def amplified_stream(self, variant: str) -> str | None:
+        """The stream the amplifying delay goes to in ``variant``."""
+        amp = self.amplify
+        if amp is None or amp.stream is not None:
+            return None if amp is None else amp.stream
+        step = next((s for s in self.steps_of(variant) if s.id == amp.before), None)
+        return None if step is None else str(step.args["stream"])
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,8 @@ _SCHEMA_FAMILY = "gpurace.trace/"
 _HEADER_KEYS = ("type", "schema", "level", "scenario", "path", "variant", "backend", "defects",
                 "run_seed", "delay_us", "amplify", "trial", "seed", "pid")
 _BUFFER_KEYS = ("type", "id", "name", "space", "nbytes", "role", "page_bytes")
-_STREAM_KEYS = ("type", "name", "blocking", "legacy")
+_STREAM_KEYS = ("type", "name", "blocking", "legacy", "priority")
+_LABEL_KEYS = ("type", "buffer", "offset", "length", "name")
 _OP_KEYS = ("type", "seq", "stream", "kind", "reads", "writes", "records", "waits", "syncs",
             "step", "t_issue_ns", "t_start_ns", "t_end_ns", "detail")
 _SPACES = ("device", "host")
@@ -103,15 +104,17 @@ class _Parser(LineParser):
             self.buffer(record)
         elif kind == "stream":
             self.stream(record)
+        elif kind == "label":
+            self.label(record)
         elif kind == "header":
             raise self.fail("type", "a second header (the first is on line 1); an op trace "
                                     "holds one trial: split concatenated traces into files")
         elif "type" not in record:
             raise self.fail("type", 'missing; every record needs "type": "header", "buffer", '
-                                    '"stream" or "op"')
+                                    '"stream", "label" or "op"')
         else:
             raise self.fail("type", f"unknown record type {show(kind)}; an op trace has "
-                                    "header, buffer, stream and op records")
+                                    "header, buffer, stream, label and op records")
         self.kept.append(record)
 
     def header(self, record: dict[str, Any]) -> None:
@@ -176,7 +179,9 @@ class _Parser(LineParser):
         self.buffers[buffer_id] = (nbytes, self.line)
 
     def stream(self, record: dict[str, Any]) -> None:
-        self.check_keys(record, _STREAM_KEYS, _STREAM_KEYS, "stream record")
+        self.check_keys(record, _STREAM_KEYS, _STREAM_KEYS[:4], "stream record")
+        if "priority" in record:
+            self.integer(record, "priority", minimum=-(1 << 31))
         name = self.string(record, "name")
         if name == HOST or not name:
             raise self.fail("name", f"{name!r} cannot name a stream ({HOST!r} is the host's "
@@ -187,6 +192,12 @@ class _Parser(LineParser):
         self.boolean(record, "blocking")
         self.boolean(record, "legacy")
         self.streams[name] = self.line
+
+    def label(self, record: dict[str, Any]) -> None:
+        """Bytes that had an owner (a lease, a pinned buffer) when the trial began."""
+        self.check_keys(record, _LABEL_KEYS, _LABEL_KEYS, "label record")
+        self.string(record, "name")
+        self.span("offset", [record["buffer"], record["offset"], record["length"]])
 
     def op(self, record: dict[str, Any]) -> None:
         self.check_keys(record, _OP_KEYS, ("type", "seq", "stream", "kind"), "op record")
@@ -220,8 +231,15 @@ class _Parser(LineParser):
         for key in ("t_issue_ns", "t_start_ns", "t_end_ns"):
             if key in record:
                 self.integer(record, key, minimum=0)
-        if not isinstance(record.get("detail", {}), dict):
+        detail = record.get("detail", {})
+        if not isinstance(detail, dict):
             raise self.fail("detail", f"must be an object, not {show(record['detail'])}")
+        if kind in ("alloc", "free"):
+            # The detector names bytes by these: a range it cannot place is refused here.
+            self.span("detail.range", detail.get("range"))
+        if kind == "alloc" and not isinstance(detail.get("name"), str):
+            raise self.fail("detail.name", f"must be a string (who the bytes belong to), not "
+                                           f"{show(detail.get('name'))}")
 
     def accesses(self, record: dict[str, Any], key: str) -> None:
         ranges = record[key]
@@ -229,16 +247,19 @@ class _Parser(LineParser):
             raise self.fail(key, f"must be an array of [buffer, offset, length], not "
                                  f"{show(ranges)}")
         for i, access in enumerate(ranges):
-            where = f"{key}[{i}]"
-            if not (isinstance(access, list) and len(access) == 3 and all(
-                    isinstance(v, int) and not isinstance(v, bool) for v in access)):
-                raise self.fail(where, f"must be [buffer, offset, length] integers, not "
-                                       f"{show(access)}")
-            buffer_id, offset, length = access
-            if buffer_id not in self.buffers:
-                raise self.fail(where, f"buffer {buffer_id} is not declared above; a buffer "
-                                       "record must come before its first use")
-            nbytes = self.buffers[buffer_id][0]
-            if offset < 0 or length < 0 or offset + length > nbytes:
-                raise self.fail(where, f"bytes {offset}..{offset + length} are outside buffer "
-                                       f"{buffer_id} (0..{nbytes})")
+            self.span(f"{key}[{i}]", access)
+
+    def span(self, where: str, access: Any) -> None:
+        """``[buffer, offset, length]``: bytes of a buffer declared above, inside it."""
+        if not (isinstance(access, list) and len(access) == 3 and all(
+                isinstance(v, int) and not isinstance(v, bool) for v in access)):
+            raise self.fail(where, f"must be [buffer, offset, length] integers, not "
+                                   f"{show(access)}")
+        buffer_id, offset, length = access
+        if buffer_id not in self.buffers:
+            raise self.fail(where, f"buffer {buffer_id} is not declared above; a buffer "
+                                   "record must come before its first use")
+        nbytes = self.buffers[buffer_id][0]
+        if offset < 0 or length < 0 or offset + length > nbytes:
+            raise self.fail(where, f"bytes {offset}..{offset + length} are outside buffer "
+                                   f"{buffer_id} (0..{nbytes})")

@@ -36,6 +36,6 @@ def replay_scenario(path: Path, defects: tuple[str, ...], *,
         description=ticket.header.description or f"replay of {path.name}",
         dangerous=bool(defects), pool=pool_for(ticket), trials=1, timeout_s=timeout_s,
         variants=(variant,),
-        amplify=Amplify(REPLAY_DELAY_US, "legacy_stream", "activate",
+        amplify=Amplify(REPLAY_DELAY_US, "legacy", "activate",
                         (0.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0)),
         workload=Workload(kind="ticket", ticket=path), replay_defects=defects)

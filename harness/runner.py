@@ -265,7 +265,8 @@ class Runner:
         pending = [(i, trial_seed(opts.seed, scenario.name, variant.name, i)) for i in indices]
         self.hooks.variant_started(result, len(pending))
         amp = scenario.amplify if amplified else None
-        where = None if amp is None else {"stream": amp.stream, "before": amp.before}
+        where = None if amp is None else {"stream": scenario.amplified_stream(variant.name),
+                                          "before": amp.before}
         header = {
             "scenario": scenario.name, "path": str(scenario.path), "variant": variant.name,
             "backend": self.backend, "defects": variant.defects.to_json(),

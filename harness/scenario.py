@@ -1,106 +1,46 @@
 """Load scenario and suite files (YAML) into the frozen records of :mod:`harness.model`.
 
 The loader is strict: an unknown key, a wrong type, a duplicate key or a reference to a stream,
-lease, catalog, buffer, event or step that does not exist (yet) is a
-:class:`~harness.errors.ScenarioError` whose message starts ``file:line:col: path:``, pointing
-at the YAML node to fix. It walks PyYAML's node tree rather than the constructed Python objects
-because only nodes remember where they were written.
+lease, catalog, buffer, event, variant or step that does not exist (yet, or in some variant) is
+a :class:`~harness.errors.ScenarioError` whose message starts ``file:line:col: path:``, pointing
+at the YAML node to fix. The step list is checked per variant by :mod:`harness.steplist`.
 """
 
 from __future__ import annotations
 
-import difflib
-import math
-import re
-from collections.abc import Collection, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+from yaml.nodes import MappingNode, Node
 
 import kvcore
-from harness.errors import ScenarioError
 from harness.model import (
+    DEFAULT_STREAMS,
+    STREAM_ALIASES,
     EXPECTATIONS,
-    STEP_OPS,
-    STREAMS,
+    STREAM_KINDS,
     WORKLOAD_PHASES,
     Amplify,
-    Location,
     PlaneSpec,
     PoolSpec,
     Scenario,
     Step,
+    StreamSpec,
     Suite,
     Variant,
     Workload,
 )
+from harness.steplist import StepList, unknown_stream
+from harness.yamlnodes import API_VERSION, NAME_PATTERN, ROOT, Fields, Reader, open_yaml, suggest
 
 __all__ = [
-    "API_VERSION", "KINDS", "NAME_PATTERN", "WORKLOAD_KINDS", "WORKLOAD_PHASES", "arg_kind",
+    "API_VERSION", "KINDS", "NAME_PATTERN", "WORKLOAD_KINDS", "WORKLOAD_PHASES",
     "load_document", "load_scenario", "load_suite",
 ]
 
-API_VERSION = "gpurace/v1"
 KINDS = ("Scenario", "Suite")
-NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9_-]*")
-"""Scenario, suite, variant, step, buffer and event names (matched whole)."""
 WORKLOAD_KINDS = ("conversation", "ticket")
 DTYPES = tuple(d.label for d in kvcore.DType)
-
-ROOT = "(document)"
 TOP_KEYS = ("apiVersion", "kind", "metadata", "spec")
-
-# What each step argument is. A key's kind is looked up as (op, key) first, then key alone,
-# because src/dst/buffer/event mean different things for different ops.
-_ARG_KINDS: dict[tuple[str, str] | str, str] = {
-    "stream": "stream",
-    "pages": "count",
-    "byte": "byte",
-    "us": "duration",
-    "assert": "bool",
-    "lease": "lease",
-    "catalog": "catalog",
-    ("host_fill", "buffer"): "name",
-    ("check", "buffer"): "buffer",
-    ("check", "equals"): "buffer",
-    ("copy_from_host", "src"): "buffer",
-    ("copy_from_host", "dst"): "lease",
-    ("copy_to_host", "src"): "lease",
-    ("copy_to_host", "dst"): "name",
-    ("copy_page", "src"): "lease",
-    ("copy_page", "dst"): "lease",
-    ("record_event", "event"): "name",
-    ("wait_event", "event"): "event",
-}
-
-# Steps that introduce a name later steps may refer to: (op, key) -> what the name is.
-_DEFINES: dict[tuple[str, str], str] = {
-    ("materialize", "id"): "lease",
-    ("catalog", "id"): "catalog",
-    ("host_fill", "buffer"): "buffer",
-    ("copy_to_host", "dst"): "buffer",
-    ("record_event", "event"): "event",
-}
-
-_HOW_TO_DEFINE = {
-    "lease": "a materialize step with an id defines one",
-    "catalog": "a catalog step with an id defines one",
-    "buffer": "a host_fill or copy_to_host step defines one",
-    "event": "a record_event step records one",
-}
-
-# A check reads one thing and compares it with one thing; keys and what they mean to the user.
-_CHECK_CHOICES = (
-    (("lease", "buffer"), "lease (device pages) or buffer (a host buffer), to read"),
-    (("equals", "byte"), "equals (a host buffer) or byte (0-255), to compare with"),
-)
-
-
-def arg_kind(op: str, key: str) -> str:
-    """What the argument ``key`` of a step ``op`` holds (``stream``, ``lease``, ``count``...)."""
-    return _ARG_KINDS.get((op, key)) or _ARG_KINDS[key]
 
 
 # --------------------------------------------------------------------------------------------
@@ -109,7 +49,7 @@ def arg_kind(op: str, key: str) -> str:
 
 def load_scenario(path: str | Path) -> Scenario:
     """Read and check the scenario file ``path``; raise ScenarioError on anything wrong."""
-    reader, root = _open(path)
+    reader, root = open_yaml(path)
     kind, top = _header(reader, root)
     _expect_kind(reader, top, kind, "Scenario")
     return _scenario(reader, top, Path(path))
@@ -118,7 +58,7 @@ def load_scenario(path: str | Path) -> Scenario:
 def load_suite(path: str | Path) -> Suite:
     """Read and check the suite file ``path``; its scenario paths must exist (they are not
     loaded here)."""
-    reader, root = _open(path)
+    reader, root = open_yaml(path)
     kind, top = _header(reader, root)
     _expect_kind(reader, top, kind, "Suite")
     return _suite(reader, top, Path(path))
@@ -126,7 +66,7 @@ def load_suite(path: str | Path) -> Suite:
 
 def load_document(path: str | Path) -> Scenario | Suite:
     """Read a scenario or a suite file, whichever its ``kind`` says it is."""
-    reader, root = _open(path)
+    reader, root = open_yaml(path)
     kind, top = _header(reader, root)
     if kind == "Suite":
         return _suite(reader, top, Path(path))
@@ -134,264 +74,10 @@ def load_document(path: str | Path) -> Scenario | Suite:
 
 
 # --------------------------------------------------------------------------------------------
-# Reading nodes
-
-
-@dataclass
-class _Fields:
-    """A YAML mapping whose keys are known to be unique strings, in document order."""
-
-    node: MappingNode
-    path: str
-    keys: dict[str, Node]
-    values: dict[str, Node]
-
-    def __contains__(self, key: str) -> bool:
-        return key in self.values
-
-    def sub(self, key: str) -> str:
-        return _sub(self.path, key)
-
-
-def _sub(path: str, key: str) -> str:
-    return key if path == ROOT else f"{path}.{key}"
-
-
-def _suggest(word: str, choices: Collection[str]) -> str:
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
-def _short_tag(tag: str) -> str:
-    return tag.replace("tag:yaml.org,2002:", "!!")
-
-
-def _describe(value: object, node: Node) -> str:
-    """How a value reads in an error message: YAML's words, not Python's."""
-    if isinstance(node, MappingNode):
-        return "a mapping"
-    if isinstance(node, SequenceNode):
-        return "a list"
-    if value is None:
-        return "nothing (null)"
-    if isinstance(value, bool):
-        return f"the boolean {str(value).lower()}"
-    if isinstance(value, str):
-        return f"the string {value!r}"
-    if isinstance(value, (int, float)):
-        return f"{value!r}"
-    return f"a {type(value).__name__} ({node.value!r})"
-
-
-class _Reader:
-    """Turns nodes of one file into checked Python values, or ScenarioErrors that point at
-    them."""
-
-    def __init__(self, file: str) -> None:
-        self.file = file
-        # Only its constructor is used: scalars resolve (0xAB, true, 1e3) exactly as YAML says.
-        self._loader = yaml.SafeLoader("")
-
-    def where(self, node: Node, path: str) -> Location:
-        mark = node.start_mark
-        return Location(self.file, mark.line + 1, mark.column + 1, path)
-
-    def error(self, node: Node, path: str, message: str) -> ScenarioError:
-        return ScenarioError(self.where(node, path), message)
-
-    def value(self, node: Node, path: str) -> object:
-        """The Python value of a scalar node; mappings and lists come back as their node."""
-        if not isinstance(node, ScalarNode):
-            return node
-        try:
-            return self._loader.construct_object(node, deep=True)
-        except yaml.YAMLError:
-            raise self.error(node, path,
-                             f"unsupported tag {_short_tag(node.tag)}; remove it") from None
-        except (ValueError, TypeError):
-            # An explicit tag the text does not fit: !!int abc.
-            raise self.error(node, path, f"{node.value!r} cannot be read as "
-                             f"{_short_tag(node.tag)}; remove the tag or fix the value") from None
-
-    def mismatch(self, node: Node, path: str, expected: str, value: object) -> ScenarioError:
-        return self.error(node, path, f"expected {expected}, got {_describe(value, node)}")
-
-    def fields(self, node: Node, path: str, expected: str) -> _Fields:
-        """Check that ``node`` is a mapping with unique scalar keys."""
-        if not isinstance(node, MappingNode):
-            raise self.mismatch(node, path, expected, self.value(node, path))
-        self.plain_tag(node, path, "tag:yaml.org,2002:map")
-        keys: dict[str, Node] = {}
-        values: dict[str, Node] = {}
-        for key_node, value_node in node.value:
-            if not isinstance(key_node, ScalarNode):
-                raise self.error(key_node, path, "a key must be a plain name, not a list or "
-                                 "a mapping")
-            # Keys are names, so they are read as written: a variant called `on` or `1` stays
-            # a string instead of turning into a boolean or an integer.
-            key = key_node.value
-            key_path = _sub(path, key)
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                raise self.error(key_node, key_path, "merge keys (<<) are not supported; "
-                                 "write the keys out")
-            if key in keys:
-                first = keys[key].start_mark
-                raise self.error(key_node, key_path,
-                                 f"duplicate key {key!r} (first at line {first.line + 1}, "
-                                 f"column {first.column + 1}); keep one")
-            keys[key] = key_node
-            values[key] = value_node
-        return _Fields(node, path, keys, values)
-
-    def plain_tag(self, node: Node, path: str, tag: str) -> None:
-        """Reject tagged collections (!!set, !!omap, !foo): they mean something else."""
-        if node.tag != tag:
-            raise self.error(node, path, f"unsupported tag {_short_tag(node.tag)}; remove it")
-
-    def allow(self, fields: _Fields, allowed: Sequence[str], context: str = "") -> None:
-        """Reject keys not in ``allowed``, at the first such key."""
-        for key, key_node in fields.keys.items():
-            if key not in allowed:
-                raise self.error(key_node, fields.sub(key),
-                                 f"unknown key {key!r}{context}{_suggest(key, allowed)}; "
-                                 f"allowed keys: {', '.join(allowed)}")
-
-    def require(self, fields: _Fields, required: Sequence[str], what: str) -> None:
-        for key in required:
-            if key not in fields:
-                raise self.error(fields.node, fields.path,
-                                 f"{what} is missing the required key {key!r}; add it")
-
-    def mapping(self, node: Node, path: str, allowed: Sequence[str],
-                required: Sequence[str] = (), what: str = "") -> _Fields:
-        """A mapping with only ``allowed`` keys and every ``required`` one."""
-        what = what or path
-        fields = self.fields(node, path, f"a mapping with keys {', '.join(allowed)}")
-        self.allow(fields, allowed)
-        self.require(fields, required, what)
-        return fields
-
-    def sequence(self, node: Node, path: str, expected: str,
-                 nonempty: bool = True) -> list[Node]:
-        if not isinstance(node, SequenceNode):
-            raise self.mismatch(node, path, expected, self.value(node, path))
-        self.plain_tag(node, path, "tag:yaml.org,2002:seq")
-        if nonempty and not node.value:
-            raise self.error(node, path, f"expected {expected}, got an empty list")
-        return list(node.value)
-
-    def string(self, node: Node, path: str) -> str:
-        value = self.value(node, path)
-        if not isinstance(value, str):
-            hint = ""
-            if isinstance(node, ScalarNode) and node.style is None and value is not None:
-                hint = f" (quote it, '{node.value}', if you mean the text)"
-            raise self.error(node, path, f"expected a string, got {_describe(value, node)}{hint}")
-        return value
-
-    def name(self, node: Node, path: str, text: str | None = None) -> str:
-        """A name matching NAME_PATTERN; ``text`` is a key's text, already a string."""
-        text = self.string(node, path) if text is None else text
-        if not NAME_PATTERN.fullmatch(text):
-            raise self.error(node, path, f"invalid name {text!r}: use lower-case letters, "
-                             "digits, '-' and '_', starting with a letter or digit")
-        return text
-
-    def choice(self, node: Node, path: str, choices: Collection[str], what: str) -> str:
-        text = self.string(node, path)
-        if text not in choices:
-            raise self.error(node, path, f"unknown {what} {text!r}{_suggest(text, choices)}; "
-                             f"use one of {', '.join(choices)}")
-        return text
-
-    def boolean(self, node: Node, path: str) -> bool:
-        value = self.value(node, path)
-        if not isinstance(value, bool):
-            raise self.mismatch(node, path, "true or false", value)
-        return value
-
-    def integer(self, node: Node, path: str, minimum: int | None = None,
-                maximum: int | None = None) -> int:
-        """An integer in [minimum, maximum]; a YAML bool or float is not one."""
-        if maximum is not None:
-            expected = f"an integer from {minimum} to {maximum}"
-        elif minimum == 1:
-            expected = "a positive integer"
-        elif minimum == 0:
-            expected = "a non-negative integer"
-        else:
-            expected = "an integer"
-        value = self.value(node, path)
-        if (not isinstance(value, int) or isinstance(value, bool)
-                or (minimum is not None and value < minimum)
-                or (maximum is not None and value > maximum)):
-            raise self.mismatch(node, path, expected, value)
-        return value
-
-    def number(self, node: Node, path: str, expected: str, positive: bool = False,
-               maximum: float | None = None, infinite: bool = False) -> float:
-        """A finite int or float (``.inf`` too, if ``infinite``), at least 0 (above 0 if
-        ``positive``, at most ``maximum``)."""
-        value = self.value(node, path)
-        ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
-              and (math.isfinite(value) or (infinite and value == math.inf))
-              and (value > 0 if positive else value >= 0)
-              and (maximum is None or value <= maximum))
-        if not ok:
-            raise self.mismatch(node, path, expected, value)
-        return float(value)  # type: ignore[arg-type]
-
-
-# --------------------------------------------------------------------------------------------
 # The file and its header
 
 
-def _open(path: str | Path) -> tuple[_Reader, Node]:
-    """Read and compose ``path``; return its reader and its top-level node."""
-    file = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = getattr(exc, "strerror", None) or str(exc)
-        raise ScenarioError(file, f"cannot read the file ({reason}); check the path") from None
-    reader = _Reader(file)
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.MarkedYAMLError as exc:
-        raise _syntax_error(file, exc) from None
-    except yaml.reader.ReaderError as exc:
-        line = text.count("\n", 0, exc.position) + 1
-        column = exc.position - (text.rfind("\n", 0, exc.position) + 1) + 1
-        raise ScenarioError(Location(file, line, column, "(yaml)"),
-                            f"unacceptable character #x{exc.character:04x}; remove it") from None
-    if root is None or (isinstance(root, ScalarNode) and root.tag == "tag:yaml.org,2002:null"):
-        raise ScenarioError(Location(file, 1, 1, ROOT),
-                            f"the file is empty; start it with apiVersion: {API_VERSION}, "
-                            "kind, metadata and spec")
-    return reader, root
-
-
-def _syntax_error(file: str, exc: yaml.MarkedYAMLError) -> ScenarioError:
-    mark = exc.problem_mark or exc.context_mark
-    line, column = (mark.line + 1, mark.column + 1) if mark else (1, 1)
-    problem = exc.problem or "invalid YAML"
-    if exc.context and problem.startswith("but "):
-        # PyYAML splits some messages: "expected a single document" / "but found another".
-        message = f"{exc.context}, {problem}"
-    elif exc.context and exc.context_mark:
-        # "while parsing a flow mapping" at the '{' tells which bracket is left open.
-        context_at = f"line {exc.context_mark.line + 1}, column {exc.context_mark.column + 1}"
-        message = f"{problem} ({exc.context} at {context_at})"
-    else:
-        message = problem
-    if "'\\t'" in message:
-        message += "; indent with spaces, not tabs"
-    elif "expected <block end>" in message:
-        message += "; check this line's indentation"
-    return ScenarioError(Location(file, line, column, "(yaml)"), message)
-
-
-def _header(reader: _Reader, root: Node) -> tuple[str, _Fields]:
+def _header(reader: Reader, root: Node) -> tuple[str, Fields]:
     """Check apiVersion and kind (first, since a file of another version or kind would fail
     on its keys confusingly) and the top-level keys; return the kind and the top mapping."""
     top = reader.fields(root, ROOT, "a mapping with keys " + ", ".join(TOP_KEYS))
@@ -410,7 +96,7 @@ def _header(reader: _Reader, root: Node) -> tuple[str, _Fields]:
     return kind, top
 
 
-def _expect_kind(reader: _Reader, top: _Fields, kind: str, expected: str) -> None:
+def _expect_kind(reader: Reader, top: Fields, kind: str, expected: str) -> None:
     if kind != expected:
         raise reader.error(top.values["kind"], "kind",
                            f"this is a {kind} file, but a {expected} was expected; "
@@ -421,7 +107,7 @@ def _expect_kind(reader: _Reader, top: _Fields, kind: str, expected: str) -> Non
 # Scenario
 
 
-def _scenario(reader: _Reader, top: _Fields, path: Path) -> Scenario:
+def _scenario(reader: Reader, top: Fields, path: Path) -> Scenario:
     meta = reader.mapping(top.values["metadata"], "metadata",
                           ("name", "description", "dangerous", "tags"), ("name",))
     name = reader.name(meta.values["name"], "metadata.name")
@@ -435,15 +121,18 @@ def _scenario(reader: _Reader, top: _Fields, path: Path) -> Scenario:
         tags = tuple(reader.string(n, f"metadata.tags[{i}]") for i, n in enumerate(items))
 
     spec = reader.mapping(top.values["spec"], "spec",
-                          ("pool", "trials", "timeout", "variants", "amplify", "steps",
-                           "workload"), ("pool", "variants"))
+                          ("pool", "streams", "trials", "timeout", "variants", "amplify",
+                           "steps", "workload"), ("pool", "variants"))
     pool = _pool(reader, spec.values["pool"], "spec.pool")
     trials = reader.integer(spec.values["trials"], "spec.trials", 1) \
         if "trials" in spec else 100
     timeout = reader.number(spec.values["timeout"], "spec.timeout",
                             "a positive number of seconds", positive=True) \
         if "timeout" in spec else 10.0
-    variants = _variants(reader, spec.values["variants"], "spec.variants")
+    declared = "streams" in spec
+    streams = _streams(reader, spec.values["streams"], "spec.streams") if declared \
+        else DEFAULT_STREAMS
+    variants = _variants(reader, spec.values["variants"], "spec.variants", streams)
 
     steps: tuple[Step, ...] = ()
     workload: Workload | None = None
@@ -452,25 +141,65 @@ def _scenario(reader: _Reader, top: _Fields, path: Path) -> Scenario:
         raise reader.error(spec.keys[later], spec.sub(later),
                            "a scenario has either steps or a workload, not both; remove one")
     if "steps" in spec:
-        steps = _Steps(reader).parse(spec.values["steps"], "spec.steps")
+        page_bytes = kvcore.plan_host_kv_page_layout(pool.geometry()).page_stride
+        steps = StepList(reader, [v.name for v in variants], streams, declared,
+                         page_bytes).parse(spec.values["steps"], "spec.steps")
     elif "workload" in spec:
+        if declared:
+            raise reader.error(spec.keys["streams"], "spec.streams", "a workload runs on the "
+                               "default streams (compute, transfer, legacy); declare streams "
+                               "in a scenario with steps")
         workload = _workload(reader, spec.values["workload"], "spec.workload")
     else:
         raise reader.error(spec.node, "spec", "a scenario needs steps (a list of steps) or a "
                            "workload; add one")
 
-    amplify = _amplify(reader, spec.values["amplify"], "spec.amplify", steps, workload) \
-        if "amplify" in spec else None
+    amplify = _amplify(reader, spec.values["amplify"], "spec.amplify", steps, workload,
+                       variants, streams, declared) if "amplify" in spec else None
     return Scenario(name=name, path=path, description=description, dangerous=dangerous,
                     pool=pool, trials=trials, timeout_s=timeout, variants=variants,
-                    amplify=amplify, steps=steps, workload=workload, tags=tags)
+                    amplify=amplify, steps=steps, workload=workload, tags=tags,
+                    streams=streams, declared_streams=declared)
 
 
-def _optional_string(reader: _Reader, fields: _Fields, key: str) -> str:
+def _optional_string(reader: Reader, fields: Fields, key: str) -> str:
     return reader.string(fields.values[key], fields.sub(key)) if key in fields else ""
 
 
-def _pool(reader: _Reader, node: Node, path: str) -> PoolSpec:
+def _streams(reader: Reader, node: Node, path: str) -> tuple[StreamSpec, ...]:
+    """``spec.streams``: name -> kind, or name -> {kind, priority}."""
+    f = reader.fields(node, path, "a mapping of stream names to kinds")
+    if not f.values:
+        raise reader.error(node, path, "declare at least one stream, e.g. "
+                           "streams: {compute: non-blocking, copy: non-blocking}")
+    streams = []
+    legacy = None
+    for name, value in f.values.items():
+        sub = f.sub(name)
+        reader.name(f.keys[name], sub, text=name)
+        priority = 0
+        if isinstance(value, MappingNode):
+            g = reader.mapping(value, sub, ("kind", "priority"), what=f"stream {name!r}")
+            kind = reader.choice(g.values["kind"], g.sub("kind"), STREAM_KINDS, "stream kind") \
+                if "kind" in g else "non-blocking"
+            if "priority" in g:
+                priority = reader.integer(g.values["priority"], g.sub("priority"))
+                if kind == "legacy":
+                    raise reader.error(g.values["priority"], g.sub("priority"), "the legacy "
+                                       "stream has the default priority; remove this")
+        else:
+            kind = reader.choice(value, sub, STREAM_KINDS, "stream kind")
+        if kind == "legacy":
+            if legacy is not None:
+                raise reader.error(f.keys[name], sub, f"there is one legacy default stream, "
+                                   f"and {legacy!r} is it already; make this one non-blocking "
+                                   "or blocking")
+            legacy = name
+        streams.append(StreamSpec(name, kind, priority))
+    return tuple(streams)
+
+
+def _pool(reader: Reader, node: Node, path: str) -> PoolSpec:
     f = reader.mapping(node, path, ("pages", "page_tokens", "planes", "table_rows",
                                     "max_pages_per_row"), ("pages",), what="the pool")
     defaults = PoolSpec(pages=1)
@@ -488,7 +217,7 @@ def _pool(reader: _Reader, node: Node, path: str) -> PoolSpec:
                     max_pages_per_row=count("max_pages_per_row", 0, minimum=0))
 
 
-def _plane(reader: _Reader, node: Node, path: str) -> PlaneSpec:
+def _plane(reader: Reader, node: Node, path: str) -> PlaneSpec:
     f = reader.mapping(node, path, ("dtype", "leading", "heads", "align"),
                        ("dtype", "leading", "heads"), what="a plane")
     dtype = reader.choice(f.values["dtype"], f.sub("dtype"), DTYPES, "dtype")
@@ -502,18 +231,20 @@ def _plane(reader: _Reader, node: Node, path: str) -> PlaneSpec:
                      heads=reader.integer(f.values["heads"], f.sub("heads"), 1), align=align)
 
 
-def _variants(reader: _Reader, node: Node, path: str) -> tuple[Variant, ...]:
+def _variants(reader: Reader, node: Node, path: str,
+              streams: tuple[StreamSpec, ...]) -> tuple[Variant, ...]:
     f = reader.fields(node, path, "a mapping of variant names to variants")
     if not f.values:
         raise reader.error(node, path, "a scenario needs at least one variant, e.g. "
                            "buggy: {defects: {release_fence: false}, expect: reproduces}")
-    return tuple(_variant(reader, f, name) for name in f.values)
+    return tuple(_variant(reader, f, name, streams) for name in f.values)
 
 
-def _variant(reader: _Reader, variants: _Fields, name: str) -> Variant:
+def _variant(reader: Reader, variants: Fields, name: str,
+             streams: tuple[StreamSpec, ...]) -> Variant:
     path = variants.sub(name)
     reader.name(variants.keys[name], path, text=name)
-    f = reader.mapping(variants.values[name], path, ("defects", "expect", "min_rate"),
+    f = reader.mapping(variants.values[name], path, ("defects", "expect", "min_rate", "streams"),
                        what=f"variant {name!r}")
     defects = kvcore.Defects()
     if "defects" in f:
@@ -524,10 +255,34 @@ def _variant(reader: _Reader, variants: _Fields, name: str) -> Variant:
         if "expect" in f else "clean"
     min_rate = reader.number(f.values["min_rate"], f.sub("min_rate"), "a number from 0 to 1",
                              maximum=1.0) if "min_rate" in f else 0.0
-    return Variant(name=name, defects=defects, expect=expect, min_rate=min_rate)
+    kinds: tuple[tuple[str, str], ...] = ()
+    if "streams" in f:
+        kinds = _stream_kinds(reader, f.values["streams"], f.sub("streams"), streams)
+    return Variant(name=name, defects=defects, expect=expect, min_rate=min_rate, streams=kinds)
 
 
-def _workload(reader: _Reader, node: Node, path: str) -> Workload:
+def _stream_kinds(reader: Reader, node: Node, path: str,
+                  streams: tuple[StreamSpec, ...]) -> tuple[tuple[str, str], ...]:
+    """A variant's ``streams``: the kind of some declared streams in this variant (a fix that
+    makes a stream blocking, say)."""
+    g = reader.fields(node, path, "a mapping of stream names to kinds")
+    by_name = {s.name: s for s in streams}
+    kinds = []
+    for stream, value in g.values.items():
+        sub = g.sub(stream)
+        if stream not in by_name:
+            raise reader.error(g.keys[stream], sub, f"unknown stream {stream!r}"
+                               f"{suggest(stream, by_name)}; this scenario's streams are "
+                               f"{', '.join(by_name)}")
+        kind = reader.choice(value, sub, STREAM_KINDS, "stream kind")
+        if "legacy" in (kind, by_name[stream].kind) and kind != by_name[stream].kind:
+            raise reader.error(value, sub, "a variant can make a stream blocking or "
+                               "non-blocking, not turn it into or out of the legacy stream")
+        kinds.append((stream, kind))
+    return tuple(kinds)
+
+
+def _workload(reader: Reader, node: Node, path: str) -> Workload:
     f = reader.mapping(node, path, ("kind", "requests", "initial_pages", "pages_per_turn",
                                     "churn_pages", "path"), ("kind",), what="the workload")
     kind = reader.choice(f.values["kind"], f.sub("kind"), WORKLOAD_KINDS, "workload kind")
@@ -550,13 +305,22 @@ def _workload(reader: _Reader, node: Node, path: str) -> Workload:
     return Workload(kind=kind, **counts)
 
 
-def _amplify(reader: _Reader, node: Node, path: str, steps: tuple[Step, ...],
-             workload: Workload | None) -> Amplify:
+def _amplify(reader: Reader, node: Node, path: str, steps: tuple[Step, ...],
+             workload: Workload | None, variants: tuple[Variant, ...],
+             streams: tuple[StreamSpec, ...], declared: bool) -> Amplify:
     f = reader.mapping(node, path, ("delay_us", "stream", "before", "sweep"),
-                       ("delay_us", "stream", "before"), what="amplify")
+                       ("delay_us", "before"), what="amplify")
     delay = reader.number(f.values["delay_us"], f.sub("delay_us"),
                           "a non-negative number of microseconds")
-    stream = STREAMS[reader.choice(f.values["stream"], f.sub("stream"), STREAMS, "stream")]
+    stream = None
+    if "stream" in f:
+        names = {s.name for s in streams}
+        stream = reader.string(f.values["stream"], f.sub("stream"))
+        if not declared:
+            stream = STREAM_ALIASES.get(stream, stream)
+        if stream not in names:
+            raise reader.error(f.values["stream"], f.sub("stream"),
+                               unknown_stream(stream, [s.name for s in streams], declared))
     sweep: tuple[float, ...] = ()
     if "sweep" in f:
         items = reader.sequence(f.values["sweep"], f.sub("sweep"),
@@ -567,140 +331,36 @@ def _amplify(reader: _Reader, node: Node, path: str, steps: tuple[Step, ...],
     before_node, before_path = f.values["before"], f.sub("before")
     if workload is not None:
         before = reader.choice(before_node, before_path, WORKLOAD_PHASES, "workload phase")
-    else:
-        before = reader.string(before_node, before_path)
-        ids = [s.id for s in steps if s.id is not None]
-        if before not in ids:
-            known = f"step ids: {', '.join(ids)}" if ids else \
-                "no step has an id; give the step to delay one"
-            raise reader.error(before_node, before_path,
-                               f"no step has id {before!r}{_suggest(before, ids)}; {known}")
+        if stream is None:
+            raise reader.error(node, path, "amplify needs `stream` in a workload scenario "
+                               "(the stream to delay before that phase)")
+        return Amplify(delay_us=delay, stream=stream, before=before, sweep=sweep)
+    before = reader.string(before_node, before_path)
+    ids = list(dict.fromkeys(s.id for s in steps if s.id is not None))
+    if before not in ids:
+        known = f"step ids: {', '.join(ids)}" if ids else \
+            "no step has an id; give the step to delay one"
+        raise reader.error(before_node, before_path,
+                           f"no step has id {before!r}{suggest(before, ids)}; {known}")
+    for variant in variants:
+        step = next((s for s in steps if s.id == before and s.runs_in(variant.name)), None)
+        if step is None:
+            other = next(s for s in steps if s.id == before)
+            raise reader.error(before_node, before_path, (
+                f"variant {variant.name} runs no step with id {before!r} (steps[{other.index}] "
+                f"runs only in {', '.join(sorted(other.only or ()))}); amplify a step every "
+                f"variant runs, or give {variant.name} a step with this id"))
+        if stream is None and "stream" not in step.args:
+            raise reader.error(node, path, f"step {before!r} runs on no stream ({step.op}); "
+                               "say which stream to delay with `stream`")
     return Amplify(delay_us=delay, stream=stream, before=before, sweep=sweep)
-
-
-# --------------------------------------------------------------------------------------------
-# Steps
-
-
-class _Steps:
-    """Parses a step list top to bottom, tracking the names defined so far, so that a step may
-    only refer to what an earlier step defined (the order the executor runs them in)."""
-
-    def __init__(self, reader: _Reader) -> None:
-        self.reader = reader
-        self.ids: dict[str, int] = {}
-        self.defined: dict[str, list[str]] = {kind: [] for kind in _HOW_TO_DEFINE}
-        self.nodes: list[Node] = []
-        self.index = 0
-
-    def parse(self, node: Node, path: str) -> tuple[Step, ...]:
-        self.nodes = self.reader.sequence(node, path, "a non-empty list of steps")
-        return tuple(self.step(n, f"{path}[{i}]", i) for i, n in enumerate(self.nodes))
-
-    def step(self, node: Node, path: str, index: int) -> Step:
-        reader = self.reader
-        self.index = index
-        f = reader.fields(node, path, "a step (a mapping with an op)")
-        if "op" not in f:
-            raise reader.error(node, path, f"a step needs an op; use one of {', '.join(STEP_OPS)}")
-        op = reader.choice(f.values["op"], f.sub("op"), STEP_OPS, "op")
-        keys = STEP_OPS[op]
-        reader.allow(f, ("id", "op", *keys["required"], *keys["optional"]), f" for op {op}")
-        reader.require(f, keys["required"], f"a {op} step")
-        step_id = self.step_id(f, index) if "id" in f else None
-        if step_id is None and (op, "id") in _DEFINES:
-            raise reader.error(node, path, f"a {op} step needs an id: it names the "
-                               f"{_DEFINES[(op, 'id')]} later steps refer to")
-        if op == "check":
-            self.check_choices(f)
-        args = {key: self.arg(op, key, value, f.sub(key))
-                for key, value in f.values.items() if key not in ("id", "op")}
-        # Defined after the arguments are read: a step cannot refer to its own name.
-        for (defining_op, key), kind in _DEFINES.items():
-            if defining_op == op:
-                defined = str(step_id if key == "id" else args[key])
-                if defined not in self.defined[kind]:
-                    self.defined[kind].append(defined)
-        return Step(op=op, args=args, id=step_id, index=index, where=reader.where(node, path))
-
-    def step_id(self, f: _Fields, index: int) -> str:
-        node, path = f.values["id"], f.sub("id")
-        step_id = self.reader.name(node, path)
-        if step_id in self.ids:
-            raise self.reader.error(node, path, f"duplicate step id {step_id!r}: "
-                                    f"steps[{self.ids[step_id]}] already has it; rename one")
-        self.ids[step_id] = index
-        return step_id
-
-    def check_choices(self, f: _Fields) -> None:
-        for keys, meaning in _CHECK_CHOICES:
-            present = [k for k in keys if k in f]
-            if len(present) != 1:
-                found = "both" if present else "neither"
-                raise self.reader.error(f.node, f.path, f"a check step needs exactly one of "
-                                        f"{meaning}; it has {found}")
-
-    def arg(self, op: str, key: str, node: Node, path: str) -> object:
-        reader = self.reader
-        kind = arg_kind(op, key)
-        if kind == "stream":
-            return STREAMS[reader.choice(node, path, STREAMS, "stream")]
-        if kind == "count":
-            return reader.integer(node, path, 1)
-        if kind == "byte":
-            return reader.integer(node, path, 0, 255)
-        if kind == "duration":
-            # .inf is a kernel that never ends: how a scenario provokes a hang on purpose.
-            return reader.number(node, path, "a positive number of microseconds (or .inf)",
-                                 positive=True, infinite=True)
-        if kind == "bool":
-            return reader.boolean(node, path)
-        if kind == "name":
-            return reader.name(node, path)
-        return self.reference(kind, node, path)
-
-    def reference(self, kind: str, node: Node, path: str) -> str:
-        """A name of ``kind`` (lease, catalog, buffer, event) that an earlier step defined."""
-        name = self.reader.string(node, path)
-        known = self.defined[kind]
-        if name in known:
-            return name
-        later = self.defined_later(kind, name, self.index)
-        verb = "recorded" if kind == "event" else "defined"
-        if later is not None:
-            message = (f"unknown {kind} {name!r}: steps[{later}] defines it, after this "
-                       "step; move that step before this one")
-        elif known:
-            message = (f"unknown {kind} {name!r}{_suggest(name, known)}; "
-                       f"{verb} so far: {', '.join(known)}")
-        else:
-            message = (f"unknown {kind} {name!r}; none is {verb} before this step "
-                       f"({_HOW_TO_DEFINE[kind]})")
-        raise self.reader.error(node, path, message)
-
-    def defined_later(self, kind: str, name: str, index: int) -> int | None:
-        """The index of a later step that would define ``name``, read leniently from the
-        raw nodes: it only shapes the message of an error already found."""
-        for later in range(index + 1, len(self.nodes)):
-            raw = _raw_scalars(self.nodes[later])
-            for (op, key), defined_kind in _DEFINES.items():
-                if defined_kind == kind and raw.get("op") == op and raw.get(key) == name:
-                    return later
-        return None
-
-
-def _raw_scalars(node: Node) -> dict[str, str]:
-    if not isinstance(node, MappingNode):
-        return {}
-    return {k.value: v.value for k, v in node.value
-            if isinstance(k, ScalarNode) and isinstance(v, ScalarNode)}
 
 
 # --------------------------------------------------------------------------------------------
 # Suite
 
 
-def _suite(reader: _Reader, top: _Fields, path: Path) -> Suite:
+def _suite(reader: Reader, top: Fields, path: Path) -> Suite:
     meta = reader.mapping(top.values["metadata"], "metadata", ("name", "description"),
                           ("name",))
     name = reader.name(meta.values["name"], "metadata.name")

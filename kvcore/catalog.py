@@ -35,7 +35,11 @@ class KVConversationCatalog:
 
     def bind(self, row: int | None = None) -> int:
         """Bind the sequence to a table row (a fresh one when ``row`` is None); returns it."""
-        row = self.table.acquire() if row is None else row
+        label = f"row of catalog {self.name}"
+        if row is None:
+            row = self.table.acquire(name=label)
+        else:
+            self.table.name_row(row, label)
         if row not in self.rows:
             self.rows.append(row)
         return row

@@ -10,13 +10,14 @@ class DeviceContext:
 
     ``stream`` (compute) and ``transfer_stream`` are both non-blocking, as engines create
     theirs; ``legacy_stream`` is the legacy default stream (stream 0), which they do not wait
-    for. That asymmetry is ninfer #210.
+    for. That asymmetry is ninfer #210. An engine that made its streams already passes them.
     """
 
-    def __init__(self, device: Device) -> None:
+    def __init__(self, device: Device, *, stream: Stream | None = None,
+                 transfer_stream: Stream | None = None) -> None:
         self.device = device
-        self.stream: Stream = device.create_stream("stream")
-        self.transfer_stream: Stream = device.create_stream("transfer_stream")
+        self.stream: Stream = stream or device.create_stream("stream")
+        self.transfer_stream: Stream = transfer_stream or device.create_stream("transfer_stream")
         self.legacy_stream: Stream = device.legacy_stream
 
     def synchronize(self) -> None:

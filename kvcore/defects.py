@@ -1,4 +1,4 @@
-"""The pool's switchable defects: the known bugs of ninfer #210, off by default."""
+"""The pool's switchable defects: the known bugs of ninfer #210 and its kin, off by default."""
 
 from __future__ import annotations
 
@@ -14,10 +14,15 @@ class Defects:
     remaining suspect of #210). ``publish_on_legacy_stream=True``: execution-table publishes
     (and so catalog activation) ignore the caller's stream and go to the legacy default stream,
     which non-blocking streams do not wait for (#210 itself, fixed by PR #211).
+    ``table_shadow_wait=False``: a publish rewrites a table row's pinned host shadow without
+    waiting for the previous publish's copy to have read it, so the device may copy the new
+    entries, or a torn mix, where the old ones were meant (a host overwrite of pinned memory
+    still being copied).
     """
 
     release_fence: bool = True
     publish_on_legacy_stream: bool = False
+    table_shadow_wait: bool = True
 
     @classmethod
     def names(cls) -> tuple[str, ...]:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvcore.context import DeviceContext
-from kvcore.device.base import Buffer
+from kvcore.device.base import Buffer, Event
 from kvcore.errors import GeometryError
 from kvcore.freeruns import FreeRuns
 from kvcore.geometry import HostKVPageLayout
@@ -29,11 +29,13 @@ class HostKVAllocation:
 
 
 class HostKVArena:
-    """A pinned host buffer that allocations of whole pages are carved from.
+    """A pinned host buffer that allocations of whole pages are carved from: a small recycling
+    pinned pool. A freed allocation's bytes go back to the free list and the next allocation
+    that fits gets them again, lowest first, as a caching host allocator hands out a block.
 
     Host code reaches the bytes only through views, so every CPU read and write of pinned memory
     is an op-log record: a host write while an async copy from the same bytes is pending is a race
-    the detector must see.
+    the detector must see, whichever allocation the bytes belong to now.
     """
 
     def __init__(self, context: DeviceContext, capacity: int,
@@ -43,26 +45,62 @@ class HostKVArena:
         self.layouts = tuple(layouts)
         self.buffer: Buffer = self.device.alloc_host(capacity, name=name)
         self._free = FreeRuns(capacity // _GRANULE)
+        self._live: set[int] = set()  # offsets of allocations not freed yet
+        self._deferred: list[tuple[HostKVAllocation, tuple[Event, ...]]] = []
 
     @property
     def capacity(self) -> int:
         return self.buffer.nbytes
 
-    def allocate(self, layout: HostKVPageLayout, pages: int) -> HostKVAllocation | None:
-        """Room for ``pages`` pages of ``layout``, or None when the arena has no such run free."""
+    def allocate(self, layout: HostKVPageLayout, pages: int,
+                 *, name: str | None = None) -> HostKVAllocation | None:
+        """Room for ``pages`` pages of ``layout``, or None when the arena has no such run free.
+        ``name`` is how race findings will call the bytes while this allocation holds them."""
         if self.layouts and layout not in self.layouts:
             raise GeometryError("this layout was not declared when the HostKVArena was made")
         if pages <= 0:
             raise GeometryError(f"allocate at least one page, not {pages}")
+        self.reclaim()
         granules = -(-pages * layout.page_stride // _GRANULE)
         start = self._free.take_contiguous(granules)
         if start is None:
             return None
-        return HostKVAllocation(start * _GRANULE, pages, layout)
+        allocation = HostKVAllocation(start * _GRANULE, pages, layout)
+        self._live.add(allocation.offset)
+        if name is not None:
+            self.device.label(self.buffer, [(allocation.offset, allocation.nbytes)], name)
+        return allocation
 
-    def free(self, allocation: HostKVAllocation) -> None:
-        self._free.give(allocation.offset // _GRANULE,
-                        -(-allocation.nbytes // _GRANULE))
+    def free(self, allocation: HostKVAllocation, *, after: tuple[Event, ...] = ()) -> None:
+        """Give the allocation back. With ``after`` (events recorded behind the copies that use
+        it), its bytes are handed out again only once a query sees every one of them complete,
+        as PyTorch's CachingHostAllocator does; without, at once: the next allocation may get
+        the bytes while a copy from them is still in flight."""
+        if allocation.offset not in self._live:
+            raise GeometryError(f"the allocation at byte {allocation.offset} of "
+                                f"{self.buffer.name} is not allocated (freed twice?)")
+        self._live.discard(allocation.offset)
+        self.device.unlabel(self.buffer, [(allocation.offset, allocation.nbytes)])
+        if after:
+            self._deferred.append((allocation, tuple(after)))
+        else:
+            self._give(allocation)
+
+    def _give(self, allocation: HostKVAllocation) -> None:
+        self._free.give(allocation.offset // _GRANULE, -(-allocation.nbytes // _GRANULE))
+
+    def reclaim(self) -> None:
+        """Hand back the deferred frees whose events a query now sees complete (allocate does
+        this itself; call it to settle the arena once the device is idle)."""
+        if not self._deferred:
+            return
+        waiting = []
+        for allocation, events in self._deferred:
+            if all(self.device.query_event(event) for event in events):
+                self._give(allocation)
+            else:
+                waiting.append((allocation, events))
+        self._deferred = waiting
 
     def view(self, allocation: HostKVAllocation) -> HostKVAllocationView:
         """A read-only view of the allocation."""

@@ -198,9 +198,11 @@ class DeviceKVPagePool:
         return DeviceKVPageReservation(self, pages)
 
     def materialize(self, pages: int | DeviceKVPageReservation,
-                    count: int | None = None) -> list[DeviceKVPageLease]:
+                    count: int | None = None, *, name: str | None = None
+                    ) -> list[DeviceKVPageLease]:
         """Lease pages: ``materialize(n)`` takes n free pages, ``materialize(reservation[, n])``
-        turns (n of) a reservation into pages. The lowest free pages come first."""
+        turns (n of) a reservation into pages. The lowest free pages come first. ``name`` (a
+        lease's name in a scenario) is how race findings will call these pages."""
         if isinstance(pages, DeviceKVPageReservation):
             n = pages.remaining if count is None else count
             if n > pages.remaining:
@@ -212,6 +214,8 @@ class DeviceKVPagePool:
             self._check_room(n)
         taken = self._free.take(n)
         self._leased[taken] = True
+        if self.device.oplog.active and taken:
+            self.device.label(self.buffer, self._byte_runs(taken), name or "lease")
         generation = self._generation
         return [DeviceKVPageLease(self, DeviceKVPageHandle(i, int(generation[i]))) for i in taken]
 
@@ -249,6 +253,19 @@ class DeviceKVPagePool:
         lo, hi = min(indices), max(indices) + 1
         self.device.host_write(self.generations, lo * GENERATION_BYTES,
                                self._generation[lo:hi].astype(np.int32))
+        if self.device.oplog.active:
+            self.device.unlabel(self.buffer, self._byte_runs(sorted(indices)))
+
+    def _byte_runs(self, indices: Sequence[int]) -> list[tuple[int, int]]:
+        """Sorted page indices as (offset, nbytes) runs of consecutive pages."""
+        runs: list[tuple[int, int]] = []
+        stride = self.page_stride
+        for i in indices:
+            if runs and runs[-1][0] + runs[-1][1] == i * stride:
+                runs[-1] = (runs[-1][0], runs[-1][1] + stride)
+            else:
+                runs.append((i * stride, stride))
+        return runs
 
     def _fence(self, indices: list[int], masks: list[int]) -> None:
         """Record one event on each stream that used any of these pages, and make each page

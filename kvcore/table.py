@@ -3,7 +3,9 @@
 Rows live on the device; each is published from a pinned host shadow with one async copy on the
 caller's stream, so a kernel later on that stream reads the row it was meant to. With
 ``Defects(publish_on_legacy_stream=True)`` the copy goes to the legacy default stream instead,
-which the engine's non-blocking streams do not wait for: ninfer #210.
+which the engine's non-blocking streams do not wait for: ninfer #210. A publish rewrites the
+shadow row only once the previous publish's copy has read it; ``Defects(table_shadow_wait=False)``
+skips that wait.
 """
 
 from __future__ import annotations
@@ -46,17 +48,29 @@ class KVExecutionTablePool:
         self.device.copy(self.table, 0, self.shadow, 0, nbytes, stream)
         self.device.synchronize_stream(stream)
 
-    def acquire(self) -> int:
-        """A free row index."""
+    def acquire(self, *, name: str | None = None) -> int:
+        """A free row index; ``name`` (whose row it is) is how race findings will call it."""
         if not self._free_rows:
             raise TableError(f"all {self.rows} execution-table rows are in use")
-        return self._free_rows.pop()
+        row = self._free_rows.pop()
+        if name is not None:
+            self.name_row(row, name)
+        return row
+
+    def name_row(self, row: int, name: str) -> None:
+        """Findings on this row's bytes (on the device and in the shadow) will say ``name``."""
+        span = [(self.row_offset(row), self.row_bytes)]
+        self.device.label(self.table, span, name)
+        self.device.label(self.shadow, span, name)
 
     def release_row(self, row: int) -> None:
         self._check_row(row)
         if row in self._free_rows:
             raise TableError(f"row {row} is already free")
         self._free_rows.append(row)
+        span = [(self.row_offset(row), self.row_bytes)]
+        self.device.unlabel(self.table, span)
+        self.device.unlabel(self.shadow, span)
 
     def _check_row(self, row: int) -> None:
         if not 0 <= row < self.rows:
@@ -83,7 +97,7 @@ class KVExecutionTablePool:
             else stream
         # The shadow row may still be the source of the previous publish's copy: overwrite it
         # only once that copy has read it.
-        if self._published[row]:
+        if self._published[row] and self.device.defects.table_shadow_wait:
             self.device.synchronize_event(self._events[row])
         offset = self.row_offset(row)
         if entries.size:

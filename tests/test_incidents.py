@@ -55,7 +55,7 @@ def test_sim_crash_leaves_incident_folders(crash_run: tuple[Path, dict]) -> None
         assert report["xids"] == [] and "no GPU" in report["xid_note"]
         assert report["last_ops"][-1]["kind"] == "kernel:read_table"
         assert report["last_ops"][-1]["step"] == "request 1 decode"
-        assert report["amplification"] == {"stream": "legacy_stream", "before": "activate",
+        assert report["amplification"] == {"stream": "legacy", "before": "activate",
                                            "delay_us": 1000.0}
         assert "--trial" in report["reproduce"]["command"]
         markdown = (folder / "report.md").read_text()

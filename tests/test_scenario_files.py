@@ -9,8 +9,9 @@ import pytest
 
 import kvcore
 from harness.errors import ScenarioError
-from harness.model import STEP_OPS, Amplify, Location, Scenario, Suite, Workload
-from harness.scenario import arg_kind, load_document, load_scenario, load_suite
+from harness.model import Amplify, Location, Scenario, Suite, Workload
+from harness.scenario import load_document, load_scenario, load_suite
+from harness.vocabulary import OPS, REFERENCES, holds
 
 REPO = Path(__file__).resolve().parent.parent
 SCENARIOS = REPO / "scenarios"
@@ -81,7 +82,7 @@ def test_cross_stream_race_values() -> None:
     assert s.pool.pages == 2 and s.pool.planes[0].dtype == "i8"
     assert len(s.steps) == 9
     assert s.workload is None
-    assert s.amplify == Amplify(delay_us=1000.0, stream="transfer_stream", before="write-old",
+    assert s.amplify == Amplify(delay_us=1000.0, stream="transfer", before="write-old",
                                 sweep=(0.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0))
     buggy = s.variant("buggy")
     assert buggy.defects == kvcore.Defects(release_fence=False)
@@ -96,8 +97,8 @@ def test_cross_stream_race_steps() -> None:
     assert (fill.op, fill.args, fill.id, fill.index) == ("host_fill",
                                                          {"buffer": "old", "byte": 0xAB}, None, 1)
     write_old = s.steps[2]
-    assert write_old.args == {"src": "old", "dst": "old-page", "stream": "transfer_stream"}
-    assert s.steps[6].args["stream"] == "stream"  # "compute" is the context's .stream
+    assert write_old.args == {"src": "old", "dst": "old-page", "stream": "transfer"}
+    assert s.steps[6].args["stream"] == "compute"
     assert s.steps[7].args == {}
     assert s.steps[8].label == "verify" and s.steps[7].label == "7:synchronize"
     assert write_old.where == Location(str(SCENARIOS / "cross_stream_race.yaml"), 22, 7,
@@ -108,7 +109,7 @@ def test_release_fence_values() -> None:
     s = load_scenario(SCENARIOS / "release_fence.yaml")
     assert s.name == "release-fence" and s.dangerous is False
     assert len(s.steps) == 12
-    assert s.steps[4].args == {"src": "old-page", "dst": "readback", "stream": "transfer_stream"}
+    assert s.steps[4].args == {"src": "old-page", "dst": "readback", "stream": "transfer"}
     assert s.steps[10].args == {"buffer": "readback", "equals": "old"}
     assert s.amplify is not None and s.amplify.before == "read-old"
 
@@ -121,7 +122,7 @@ def test_catalog_reactivation_values() -> None:
     assert (s.pool.pages, s.pool.table_rows, s.pool.max_pages_per_row) == (256, 4, 128)
     assert s.variant("buggy").defects == kvcore.Defects(publish_on_legacy_stream=True)
     assert s.amplify is not None
-    assert (s.amplify.stream, s.amplify.before) == ("legacy_stream", "activate")
+    assert (s.amplify.stream, s.amplify.before) == ("legacy", "activate")
     assert (s.trials, s.timeout_s) == (20, 30.0)
 
 
@@ -149,9 +150,12 @@ def test_base_and_defaults(tmp_path: Path) -> None:
 
 
 def test_every_step_key_has_a_meaning() -> None:
-    for op, keys in STEP_OPS.items():
-        for key in (*keys["required"], *keys["optional"]):
-            assert arg_kind(op, key)
+    kinds = {"stream", "count", "index", "pages", "byte", "duration", "bool", "new-buffer",
+             "alloc-buffer", "new-event", *REFERENCES}
+    for op, spec in OPS.items():
+        assert spec.doc
+        for key in spec.keys:
+            assert holds(op, key) in kinds, (op, key)
 
 
 def test_all_step_ops_accepted(tmp_path: Path) -> None:
@@ -171,14 +175,23 @@ def test_all_step_ops_accepted(tmp_path: Path) -> None:
     - {op: synchronize, stream: legacy_stream}
     - {op: check, buffer: back, byte: 0}
     - {op: host_fill, buffer: old, byte: 1, pages: 1}
-    - {op: release, lease: old-page}"""
+    - {op: host_alloc, buffer: staging, pages: 2}
+    - {op: host_fill, buffer: staging, byte: 3, page: [0, 1]}
+    - {op: event_query, event: done, poll: true}
+    - {op: host_free, buffer: staging, after: done}
+    - {op: synchronize, event: done}
+    - {id: spare, op: materialize, pages: 1}
+    - {op: release, lease: spare}"""
     s = load_scenario(write(tmp_path, edited(SYNC, steps)))
-    assert {step.op for step in s.steps} == set(STEP_OPS)
+    assert {step.op for step in s.steps} == set(OPS)
     by_op = {step.op: step for step in s.steps}  # the last step of each op
-    assert by_op["delay"].args == {"us": 2.5, "stream": "transfer_stream"}
-    assert by_op["record_event"].args == {"event": "done", "stream": "transfer_stream"}
-    assert by_op["synchronize"].args == {"stream": "legacy_stream"}
-    assert by_op["read_table"].args == {"catalog": "conv", "stream": "stream", "assert": False}
+    # kvcore's stream names are aliases of a scenario's default streams.
+    assert by_op["delay"].args == {"us": 2.5, "stream": "transfer"}
+    assert by_op["record_event"].args == {"event": "done", "stream": "transfer"}
+    assert by_op["synchronize"].args == {"event": "done"}
+    assert by_op["read_table"].args == {"catalog": "conv", "stream": "compute", "assert": False}
+    assert by_op["host_fill"].args == {"buffer": "staging", "byte": 3, "page": (0, 1)}
+    assert by_op["host_free"].args == {"buffer": "staging", "after": "done"}
     assert by_op["catalog"].id == "conv" and by_op["catalog"].args == {}
 
 
@@ -203,11 +216,11 @@ CASES = {
     "unknown-spec-key": (
         "  trials: 10", "  trails: 10",
         "7:3: spec.trails: unknown key 'trails' (did you mean 'trials'?); allowed keys: pool, "
-        "trials, timeout, variants, amplify, steps, workload"),
+        "streams, trials, timeout, variants, amplify, steps, workload"),
     "unknown-step-key": (
         SYNC, "    - {op: synchronize, steam: compute}",
         "17:25: spec.steps[3].steam: unknown key 'steam' for op synchronize (did you mean "
-        "'stream'?); allowed keys: id, op, stream"),
+        "'stream'?); allowed keys: id, op, only, unless, stream, event"),
     "missing-metadata-name": (
         "  name: demo", "  description: no name",
         "4:3: metadata: metadata is missing the required key 'name'; add it"),
@@ -247,7 +260,7 @@ CASES = {
         "release_fence: false", "release_fences: false",
         "10:23: spec.variants.buggy.defects.release_fences: unknown key 'release_fences' "
         "(did you mean 'release_fence'?); allowed keys: release_fence, "
-        "publish_on_legacy_stream"),
+        "publish_on_legacy_stream, table_shadow_wait"),
     "defect-not-bool": (
         "release_fence: false", "release_fence: 0",
         "10:38: spec.variants.buggy.defects.release_fence: expected true or false, got 0"),
@@ -272,22 +285,24 @@ CASES = {
         "step ids: old-page, write-old, verify"),
     "amplify-unknown-stream": (
         "stream: transfer, before", "stream: gpu, before",
-        "12:36: spec.amplify.stream: unknown stream 'gpu'; use one of compute, stream, "
-        "transfer, transfer_stream, legacy, legacy_stream"),
+        "12:36: spec.amplify.stream: unknown stream 'gpu'; use compute, transfer, legacy (or "
+        "kvcore's names for them, stream, transfer_stream and legacy_stream), or declare the "
+        "scenario's own streams under spec.streams"),
     "both-steps-and-workload": (
         "  steps:\n", "  workload: {kind: conversation}\n  steps:\n",
         "14:3: spec.steps: a scenario has either steps or a workload, not both; remove one"),
     "unknown-op": (
         SYNC, "    - {op: synchronise}",
         "17:12: spec.steps[3].op: unknown op 'synchronise' (did you mean 'synchronize'?); use "
-        "one of materialize, release, host_fill, copy_from_host, copy_to_host, copy_page, "
-        "zero_pages, catalog, retain, bind, publish, activate, read_table, record_event, "
-        "wait_event, synchronize, delay, check"),
+        "one of materialize, release, host_fill, host_alloc, host_free, copy_from_host, "
+        "copy_to_host, copy_page, zero_pages, catalog, retain, bind, publish, activate, "
+        "read_table, record_event, wait_event, event_query, synchronize, delay, check"),
     "step-without-op": (
         SYNC, "    - {stream: compute}",
         "17:7: spec.steps[3]: a step needs an op; use one of materialize, release, host_fill, "
-        "copy_from_host, copy_to_host, copy_page, zero_pages, catalog, retain, bind, publish, "
-        "activate, read_table, record_event, wait_event, synchronize, delay, check"),
+        "host_alloc, host_free, copy_from_host, copy_to_host, copy_page, zero_pages, catalog, "
+        "retain, bind, publish, activate, read_table, record_event, wait_event, event_query, "
+        "synchronize, delay, check"),
     "step-not-a-mapping": (
         SYNC, "    - synchronize",
         "17:7: spec.steps[3]: expected a step (a mapping with an op), got the string "
@@ -295,14 +310,15 @@ CASES = {
     "unknown-stream": (
         SYNC, "    - {op: synchronize, stream: transfr}",
         "17:33: spec.steps[3].stream: unknown stream 'transfr' (did you mean 'transfer'?); "
-        "use one of compute, stream, transfer, transfer_stream, legacy, legacy_stream"),
+        "use compute, transfer, legacy (or kvcore's names for them, stream, transfer_stream and "
+        "legacy_stream), or declare the scenario's own streams under spec.streams"),
     "missing-step-key": (
         SYNC, "    - {op: copy_page, src: old-page, dst: old-page}",
         "17:7: spec.steps[3]: a copy_page step is missing the required key 'stream'; add it"),
     "undefined-lease": (
         SYNC, "    - {op: release, lease: new-page}",
         "17:28: spec.steps[3].lease: unknown lease 'new-page' (did you mean 'old-page'?); "
-        "defined so far: old-page"),
+        "leases defined so far: old-page"),
     "lease-defined-later": (
         SYNC, "    - {op: zero_pages, lease: new-page, stream: compute}\n"
               "    - {id: new-page, op: materialize, pages: 1}",
@@ -310,7 +326,7 @@ CASES = {
         "step; move that step before this one"),
     "buffer-never-filled": (
         "src: old, dst: old-page", "src: new, dst: old-page",
-        "16:48: spec.steps[2].src: unknown buffer 'new'; defined so far: old"),
+        "16:48: spec.steps[2].src: unknown buffer 'new'; buffers defined so far: old"),
     "undefined-catalog": (
         SYNC, "    - {op: retain, catalog: conv, lease: old-page}",
         "17:29: spec.steps[3].catalog: unknown catalog 'conv'; none is defined before this "
@@ -321,8 +337,8 @@ CASES = {
         "refer to"),
     "duplicate-step-id": (
         SYNC, "    - {id: verify, op: synchronize}",
-        "18:12: spec.steps[4].id: duplicate step id 'verify': steps[3] already has it; "
-        "rename one"),
+        "18:12: spec.steps[4].id: duplicate step id 'verify': steps[3] ({file}:17:7) has it "
+        "too; rename one"),
     "duplicate-mapping-key": (
         "  timeout: 5", "  timeout: 5\n  timeout: 6",
         "9:3: spec.timeout: duplicate key 'timeout' (first at line 8, column 3); keep one"),
@@ -361,7 +377,7 @@ CASES = {
 @pytest.mark.parametrize("old, new, expected", CASES.values(), ids=CASES.keys())
 def test_bad_scenario(tmp_path: Path, old: str, new: str, expected: str) -> None:
     path = write(tmp_path, edited(old, new))
-    assert error_of(path) == f"{path}:{expected}"
+    assert error_of(path) == f"{path}:{expected}".replace("{file}", str(path))
 
 
 def test_neither_steps_nor_workload(tmp_path: Path) -> None:

@@ -64,16 +64,19 @@ class Buffer:
 
 class Stream:
     """A CUDA stream. ``blocking`` streams synchronize implicitly with the legacy stream;
-    non-blocking ones (what engines use) do not."""
+    non-blocking ones (what engines use) do not. ``priority`` follows CUDA (lower numbers run
+    first when both have work ready); it changes no ordering guarantee."""
 
-    __slots__ = ("id", "name", "blocking", "legacy", "handle")
+    __slots__ = ("id", "name", "blocking", "legacy", "handle", "priority")
 
-    def __init__(self, id: int, name: str, blocking: bool, legacy: bool, handle: object):
+    def __init__(self, id: int, name: str, blocking: bool, legacy: bool, handle: object,
+                 priority: int = 0):
         self.id = id
         self.name = name
         self.blocking = blocking
         self.legacy = legacy
         self.handle = handle
+        self.priority = priority
 
     def __repr__(self) -> str:
         flavour = "legacy" if self.legacy else ("blocking" if self.blocking else "non-blocking")
@@ -148,7 +151,7 @@ class Device(ABC):
     def _legacy_handle(self) -> object: ...
 
     @abstractmethod
-    def _do_stream(self, blocking: bool) -> object: ...
+    def _do_stream(self, blocking: bool, priority: int) -> object: ...
 
     @abstractmethod
     def _do_alloc(self, nbytes: int, space: str) -> object: ...
@@ -199,6 +202,11 @@ class Device(ABC):
     def _do_sync_event(self, event: Event) -> None: ...
 
     @abstractmethod
+    def _do_query(self, event: Event) -> bool:
+        """cudaEventQuery: whether ``event``'s latest record has completed (an event never
+        recorded counts as completed, as in CUDA). Must not block."""
+
+    @abstractmethod
     def _clock_ns(self) -> int:
         """The host's clock for op records: virtual on sim, perf_counter on cuda."""
 
@@ -209,11 +217,25 @@ class Device(ABC):
         """Release what the backend holds. Safe to call twice."""
 
     # ---- the interface -------------------------------------------------------------------------
-    def create_stream(self, name: str, *, blocking: bool = False) -> Stream:
-        """A new stream; non-blocking by default, as inference engines create theirs."""
+    def create_stream(self, name: str, *, blocking: bool = False, priority: int = 0) -> Stream:
+        """A new stream; non-blocking by default, as inference engines create theirs.
+        ``priority`` is CUDA's (lower runs first; the device clamps it to its range)."""
         self._alive()
+        if name in self.oplog.streams:
+            raise DeviceUsageError(f"a stream named {name!r} exists already; name it otherwise")
         return self._register_stream(Stream(next(self._ids), name, blocking, False,
-                                            self._do_stream(blocking)))
+                                            self._do_stream(blocking, priority), priority))
+
+    def rename_stream(self, stream: Stream, name: str) -> None:
+        """Give ``stream`` the name the op log and findings use (the legacy stream of a scenario
+        that calls it ``default``, say). Rename before issuing work to it."""
+        self._check_stream(stream)
+        if name != stream.name and name in self.oplog.streams:
+            raise DeviceUsageError(f"a stream named {name!r} exists already; name it otherwise")
+        self.oplog.streams.pop(stream.name, None)
+        stream.name = name
+        self.oplog.announce_stream(StreamInfo(name, stream.blocking, stream.legacy,
+                                              stream.priority))
 
     def alloc(self, nbytes: int, *, name: str, role: str = "data") -> Buffer:
         """Device memory of ``nbytes`` bytes (contents undefined)."""
@@ -382,6 +404,47 @@ class Device(ABC):
         if self.oplog.active:
             self._emit(HOST, "sync_event", waits=event.name)
 
+    def query_event(self, event: Event) -> bool:
+        """cudaEventQuery: whether ``event``'s latest record has completed, without waiting. A
+        query that saw "done" orders the host after the record, as a synchronize would; one
+        that saw "not ready" orders nothing."""
+        self._alive()
+        done = self._do_query(event)
+        if self.oplog.active:
+            self._emit(HOST, "event_query", waits=event.name, detail={"done": done})
+        return done
+
+    def poll_event(self, event: Event) -> int:
+        """Spin on cudaEventQuery until ``event`` has completed (how some engines wait without a
+        blocking synchronize); returns how many queries it took. Logged as one query that saw
+        "done"."""
+        self._alive()
+        self._blocking()
+        polls = 1
+        while not self._do_query(event):
+            polls += 1
+        if self.oplog.active:
+            self._emit(HOST, "event_query", waits=event.name, detail={"done": True,
+                                                                       "polls": polls})
+        return polls
+
+    def label(self, buf: Buffer, ranges: Sequence[tuple[int, int]], name: str) -> None:
+        """Say that these byte ranges of ``buf`` now belong to ``name`` (a lease, a pinned block
+        of a scenario's buffer): findings then speak of ``name``, and of reuse when the bytes
+        had another owner before. Costs nothing while nobody listens."""
+        if self.oplog.active:
+            for off, nbytes in ranges:
+                self._check_range(buf, off, nbytes)
+                self.oplog.labels.alloc(buf.id, off, nbytes, name)
+                self._emit(HOST, "alloc", detail={"name": name, "range": [buf.id, off, nbytes]})
+
+    def unlabel(self, buf: Buffer, ranges: Sequence[tuple[int, int]]) -> None:
+        """These byte ranges were given back (released pages, a freed pinned block)."""
+        if self.oplog.active:
+            for off, nbytes in ranges:
+                name = self.oplog.labels.free(buf.id, off, nbytes)
+                self._emit(HOST, "free", detail={"name": name, "range": [buf.id, off, nbytes]})
+
     def clock_ns(self) -> int:
         """The host clock in ns: virtual time on sim, perf_counter on cuda (for benchmarks)."""
         return self._clock_ns()
@@ -394,7 +457,8 @@ class Device(ABC):
     def _register_stream(self, stream: Stream) -> Stream:
         self._streams.append(stream)
         self._stream_ids[stream.id] = stream
-        self.oplog.announce_stream(StreamInfo(stream.name, stream.blocking, stream.legacy))
+        self.oplog.announce_stream(StreamInfo(stream.name, stream.blocking, stream.legacy,
+                                              stream.priority))
         return stream
 
     def _alloc(self, nbytes: int, space: str, name: str, role: str) -> Buffer:
@@ -444,6 +508,8 @@ class Device(ABC):
         info: dict[str, object] = dict(detail or {})
         if self.record_call_sites:
             info["site"] = _call_site()
+        if log.origin is not None:
+            info["origin"] = log.origin
         log.emit(OpRecord(
             seq=log.next_seq(), stream=stream, kind=kind, reads=reads, writes=writes,
             records=records, waits=waits, syncs=syncs, step=log.step,

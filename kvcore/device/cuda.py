@@ -155,9 +155,15 @@ class CudaDevice(Device):
     def _legacy_handle(self) -> object:
         return self._cp.cuda.Stream.null
 
-    def _do_stream(self, blocking: bool) -> object:
+    def _do_stream(self, blocking: bool, priority: int) -> object:
         with _translated(self):
-            return self._cp.cuda.Stream(non_blocking=not blocking)
+            if not priority:
+                return self._cp.cuda.Stream(non_blocking=not blocking)
+            # cudaStreamCreateWithPriority (CUDA clamps the priority to the device's range);
+            # the process keeps its streams, so an ExternalStream that never destroys it is fine.
+            flags = 0 if blocking else 1  # cudaStreamNonBlocking
+            ptr = self._cp.cuda.runtime.streamCreateWithPriority(flags, priority)
+            return self._cp.cuda.ExternalStream(ptr)
 
     def _do_alloc(self, nbytes: int, space: str) -> object:
         with _translated(self):
@@ -253,6 +259,10 @@ class CudaDevice(Device):
     def _do_sync_event(self, event: Event) -> None:
         with _translated(self):
             event.handle.synchronize()  # type: ignore[attr-defined]
+
+    def _do_query(self, event: Event) -> bool:
+        with _translated(self):
+            return bool(event.handle.done)  # type: ignore[attr-defined]
 
     def info(self) -> DeviceInfo:
         rt = self._cp.cuda.runtime

@@ -15,8 +15,11 @@ from typing import NamedTuple
 HOST = "host"
 """The pseudo-stream name of actions the host performs itself (pinned writes, reads, waits)."""
 
-HOST_KINDS = frozenset({"host_write", "host_read", "sync_device", "sync_stream", "sync_event"})
-"""The kinds of record the host issues (stream ``HOST``)."""
+HOST_KINDS = frozenset({"host_write", "host_read", "sync_device", "sync_stream", "sync_event",
+                        "event_query", "alloc", "free"})
+"""The kinds of record the host issues (stream ``HOST``). ``event_query`` carries ``detail.done``
+(what the query saw); ``alloc`` and ``free`` say that a byte range (``detail.range``) was handed
+to an owner (``detail.name``: a lease, a pinned buffer) or given back: they touch no bytes."""
 
 STREAM_KINDS = frozenset({"event_record", "event_wait", "memset"} | {
     f"{copy}_{src}to{dst}" for copy in ("copy", "copy2d") for src in "hd" for dst in "hd"})
@@ -71,11 +74,60 @@ class BufferInfo:
 @dataclass(frozen=True, slots=True)
 class StreamInfo:
     """What the op log knows of a stream: enough for a happens-before analysis. The legacy
-    stream synchronizes implicitly with blocking streams, and with nothing else."""
+    stream synchronizes implicitly with blocking streams, and with nothing else; a priority
+    orders nothing (it is kept for the record)."""
 
     name: str
     blocking: bool
     legacy: bool
+    priority: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Label:
+    """Bytes [offset, offset + length) of a buffer belong to ``name`` now."""
+
+    buffer: int
+    offset: int
+    length: int
+    name: str
+
+
+class Labels:
+    """Who owns which bytes now: the pages of each lease, each pinned block of a scenario's
+    buffers. Kept across trials (a world's buffers outlive them), so a trace can start with the
+    owners that were already there."""
+
+    def __init__(self) -> None:
+        self._by_buffer: dict[int, list[Label]] = {}
+
+    def alloc(self, buffer: int, offset: int, length: int, name: str) -> None:
+        self._cut(buffer, offset, offset + length)
+        self._by_buffer.setdefault(buffer, []).append(Label(buffer, offset, length, name))
+
+    def free(self, buffer: int, offset: int, length: int) -> str | None:
+        """Forget the owners of these bytes; returns the first one's name."""
+        return self._cut(buffer, offset, offset + length)
+
+    def _cut(self, buffer: int, lo: int, hi: int) -> str | None:
+        labels = self._by_buffer.get(buffer, [])
+        first = None
+        kept = []
+        for label in labels:
+            end = label.offset + label.length
+            if label.offset < hi and lo < end:
+                first = first or label.name
+                if label.offset < lo:
+                    kept.append(Label(buffer, label.offset, lo - label.offset, label.name))
+                if hi < end:
+                    kept.append(Label(buffer, hi, end - hi, label.name))
+            else:
+                kept.append(label)
+        self._by_buffer[buffer] = kept
+        return first
+
+    def live(self) -> list[Label]:
+        return [label for labels in self._by_buffer.values() for label in labels]
 
 
 class OpRecord(NamedTuple):
@@ -132,9 +184,12 @@ class OpLog:
         self.buffers: dict[int, BufferInfo] = {}
         self.streams: dict[str, StreamInfo] = {}
         self.page_bytes: dict[int, int] = {}  # buffer id -> page stride, for paged buffers
+        self.labels = Labels()
         self._seq = 0
         self.active = False
         self.step: str | None = None
+        # Where the current step was written (``file:line:col`` of a scenario), for findings.
+        self.origin: str | None = None
         self.blocking_hooks: list[Callable[[], None]] = []
 
     def subscribe(self, observer: Observer) -> Callable[[], None]:

@@ -164,7 +164,9 @@ class SimDevice(Device):
     def _legacy_handle(self) -> object:
         return _Stream()
 
-    def _do_stream(self, blocking: bool) -> object:
+    def _do_stream(self, blocking: bool, priority: int) -> object:
+        # A priority is a scheduling hint with no ordering guarantee: the simulator, which
+        # models only what CUDA guarantees, ignores it.
         return _Stream()
 
     def _do_alloc(self, nbytes: int, space: str) -> object:
@@ -319,6 +321,17 @@ class SimDevice(Device):
 
     def _do_sync_event(self, event: Event) -> None:
         self._wait_until(event.handle.completes_at)  # type: ignore[attr-defined]
+
+    def _do_query(self, event: Event) -> bool:
+        # A query costs the host an API call, so a loop of them moves time on.
+        self._advance(self.cost.event_issue_ns)
+        completes = event.handle.completes_at  # type: ignore[attr-defined]
+        if completes is None:
+            return True
+        if completes <= self.now:
+            self._drain(completes)
+            return True
+        return False
 
     def info(self) -> DeviceInfo:
         details: dict[str, object] = {"seed": self.seed, "cost_model": asdict(self.cost)}

@@ -1,0 +1,169 @@
+"""The step vocabulary: every op a scenario step may name, the keys it takes, what each key holds,
+and which names it defines, uses and gives back.
+
+One table for everything that reads steps: the loader (which checks them, per variant, at their
+file:line:col), the minimizer (which keeps a step's dependencies), the executor and the docs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# What a key's value holds.
+STREAM = "stream"        # a stream of the scenario
+COUNT = "count"          # a positive integer
+INDEX = "index"          # a non-negative integer (an offset, a page number)
+PAGES = "pages"          # a page number, or a list of them
+BYTE = "byte"            # 0..255
+DURATION = "duration"    # microseconds (or .inf)
+BOOL = "bool"
+LEASE = "lease"          # pages a materialize step made
+CATALOG = "catalog"      # a catalog step's catalog
+BUFFER = "buffer"        # a pinned host buffer that exists
+NEW_BUFFER = "new-buffer"  # a pinned host buffer: defined here if it is new (a world buffer)
+ALLOC_BUFFER = "alloc-buffer"  # a pinned host buffer allocated here from the recycling pool
+EVENT = "event"          # an event some record_event step recorded
+EVENTS = "events"        # one event, or a list of them
+NEW_EVENT = "new-event"  # an event recorded here (defined if new)
+
+REFERENCES = {LEASE: "lease", CATALOG: "catalog", BUFFER: "buffer", EVENT: "event",
+              EVENTS: "event"}
+"""Keys whose value names something an earlier step made, and what kind of thing."""
+
+HOW_TO_DEFINE = {
+    "lease": "a materialize step with an id defines one",
+    "catalog": "a catalog step with an id defines one",
+    "buffer": "a host_fill, copy_to_host or host_alloc step defines one",
+    "event": "a record_event step records one",
+}
+
+
+@dataclass(frozen=True)
+class Key:
+    holds: str
+    required: bool = False
+
+
+@dataclass(frozen=True)
+class Op:
+    """One op: its keys (besides ``id``, ``op``, ``only`` and ``unless``), the kind of thing
+    its ``id`` names (if any), which key gives a thing back, and which keys come in
+    exactly-one-of groups."""
+
+    keys: dict[str, Key]
+    doc: str
+    id_defines: str | None = None
+    frees: tuple[str, str] | None = None  # (key, kind): the value is given back here
+    one_of: tuple[tuple[tuple[str, ...], str], ...] = ()  # (keys, meaning): exactly one
+    at_most_one: tuple[str, ...] = ()
+
+    def required(self) -> tuple[str, ...]:
+        return tuple(k for k, key in self.keys.items() if key.required)
+
+
+def _k(holds: str, required: bool = False) -> Key:
+    return Key(holds, required)
+
+
+OPS: dict[str, Op] = {
+    "materialize": Op({"pages": _k(COUNT, True)}, "lease pages from the pool (the id names them)",
+                      id_defines="lease"),
+    "release": Op({"lease": _k(LEASE, True)}, "give a lease's pages back to the pool",
+                  frees=("lease", "lease")),
+    "host_fill": Op({"buffer": _k(NEW_BUFFER, True), "byte": _k(BYTE, True),
+                     "pages": _k(COUNT), "page": _k(PAGES), "offset": _k(INDEX),
+                     "length": _k(COUNT)},
+                    "the host writes a byte into a pinned buffer: all of it, some pages "
+                    "(page), or a byte range (offset, length)",
+                    at_most_one=("page", "offset")),
+    "host_alloc": Op({"buffer": _k(ALLOC_BUFFER, True), "pages": _k(COUNT)},
+                     "a pinned host buffer from the recycling pinned pool (reuses freed bytes)"),
+    "host_free": Op({"buffer": _k(BUFFER, True), "after": _k(EVENTS)},
+                    "give a pinned buffer back to the pool; with `after`, its bytes are handed "
+                    "out again only once a query sees those events complete",
+                    frees=("buffer", "buffer")),
+    "copy_from_host": Op({"src": _k(BUFFER, True), "dst": _k(LEASE, True),
+                          "stream": _k(STREAM, True)}, "async copy, pinned buffer -> pages"),
+    "copy_to_host": Op({"src": _k(LEASE, True), "dst": _k(NEW_BUFFER, True),
+                        "stream": _k(STREAM, True)}, "async copy, pages -> pinned buffer"),
+    "copy_page": Op({"src": _k(LEASE, True), "dst": _k(LEASE, True),
+                     "stream": _k(STREAM, True)}, "async copy of a page to another page"),
+    "zero_pages": Op({"lease": _k(LEASE, True), "stream": _k(STREAM, True)},
+                     "async memset of a lease's pages to zero"),
+    "catalog": Op({}, "a retained per-conversation catalog (the id names it)",
+                  id_defines="catalog"),
+    "retain": Op({"catalog": _k(CATALOG, True), "lease": _k(LEASE, True)},
+                 "keep a lease's pages in a catalog"),
+    "bind": Op({"catalog": _k(CATALOG, True)}, "bind a catalog to an execution-table row"),
+    "publish": Op({"catalog": _k(CATALOG, True), "stream": _k(STREAM, True)},
+                  "publish the catalog's pages into its row (as activate)"),
+    "activate": Op({"catalog": _k(CATALOG, True), "stream": _k(STREAM, True)},
+                   "republish the catalog's row on a stream"),
+    "read_table": Op({"catalog": _k(CATALOG, True), "stream": _k(STREAM, True),
+                      "assert": _k(BOOL)},
+                     "the table reader: asserts (or counts) on a stale or empty entry"),
+    "record_event": Op({"event": _k(NEW_EVENT, True), "stream": _k(STREAM, True)},
+                       "record an event on a stream"),
+    "wait_event": Op({"event": _k(EVENT, True), "stream": _k(STREAM, True)},
+                     "make a stream wait for an event's latest record"),
+    "event_query": Op({"event": _k(EVENT, True), "poll": _k(BOOL)},
+                      "the host asks whether an event completed (poll: until it has)"),
+    "synchronize": Op({"stream": _k(STREAM), "event": _k(EVENT)},
+                      "the host waits: for the device, one stream, or one event",
+                      at_most_one=("stream", "event")),
+    "delay": Op({"stream": _k(STREAM, True), "us": _k(DURATION, True)},
+                "occupy a stream for some microseconds (.inf: never ends)"),
+    "check": Op({"lease": _k(LEASE), "buffer": _k(BUFFER), "equals": _k(BUFFER),
+                 "byte": _k(BYTE)},
+                "compare device pages (lease) or a pinned buffer with a buffer or a byte",
+                one_of=((("lease", "buffer"), "lease (device pages) or buffer (a host buffer), "
+                                              "to read"),
+                        (("equals", "byte"), "equals (a host buffer) or byte (0-255), to "
+                                             "compare with"))),
+}
+"""Every step op. ``publish`` and ``activate`` are one op under two names."""
+
+VARIANT_KEYS = ("only", "unless")
+"""Keys any step may carry to run in some variants only."""
+
+
+def holds(op: str, key: str) -> str:
+    """What the key ``key`` of a step ``op`` holds (``stream``, ``lease``, ``count``...)."""
+    return OPS[op].keys[key].holds
+
+
+def uses(op: str, args: dict[str, object]) -> list[tuple[str, str]]:
+    """The (kind, name) pairs a step with these arguments refers to: what must exist before
+    it runs."""
+    out = []
+    for key, value in args.items():
+        spec = OPS[op].keys.get(key)
+        if spec is None:
+            continue
+        kind = REFERENCES.get(spec.holds)
+        if kind is None:
+            continue
+        names = value if isinstance(value, (list, tuple)) else [value]
+        out += [(kind, str(name)) for name in names]
+    return out
+
+
+def defines(op: str, step_id: str | None, args: dict[str, object]) -> list[tuple[str, str]]:
+    """The (kind, name) pairs a step makes available to later steps."""
+    spec = OPS[op]
+    out = []
+    if spec.id_defines and step_id is not None:
+        out.append((spec.id_defines, step_id))
+    for key, value in args.items():
+        key_spec = spec.keys.get(key)
+        if key_spec is not None and key_spec.holds in (NEW_BUFFER, ALLOC_BUFFER):
+            out.append(("buffer", str(value)))
+        elif key_spec is not None and key_spec.holds == NEW_EVENT:
+            out.append(("event", str(value)))
+    return out
+
+
+def frees(op: str, args: dict[str, object]) -> tuple[str, str] | None:
+    """The (kind, name) a step gives back, after which it may not be used."""
+    spec = OPS[op].frees
+    return None if spec is None else (spec[1], str(args[spec[0]]))
