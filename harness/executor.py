@@ -274,8 +274,9 @@ class _Steps:
         view = self._buffer(a["buffer"]).view
         value = int(a["byte"])  # type: ignore[arg-type]
         if "offset" in a:
-            self.w.device.host_fill(view.buffer, view.allocation.offset + int(a["offset"]),  # type: ignore
-                                    int(a.get("length", 1)), value)  # type: ignore[arg-type]
+            start = view.allocation.offset + int(a["offset"])  # type: ignore[call-overload]
+            self.w.device.host_fill(view.buffer, start, int(a.get("length", 1)),  # type: ignore
+                                    value)
         elif "page" in a:
             page = a["page"]
             for p in page if isinstance(page, tuple) else (page,):

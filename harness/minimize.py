@@ -23,8 +23,9 @@ import yaml
 
 import kvcore
 from harness import batching
+from harness import vocabulary as V
 from harness.detector import RaceDetector, check_trace
-from harness.errors import TargetError
+from harness.errors import ScenarioError, TargetError
 from harness.executor import TrialExecutor, pool_for
 from harness.model import Amplify, PoolSpec, Scenario, Step, Variant, Workload
 from harness.optrace import is_op_trace, load_trace
@@ -33,15 +34,6 @@ from harness.replay import replay_scenario
 from harness.scenario import load_scenario
 from harness.ticket import Request, Ticket, load_ticket, write_ticket
 from reports import load_report, write_atomic
-
-# What each step argument names, to keep a step's dependencies (STEP_OPS in the model says
-# which keys a step takes; these are the ones that refer to something another step made).
-_USES = {"lease": "lease", "catalog": "catalog", "event": "event"}
-_USES_BY_OP = {("copy_from_host", "src"): "buffer", ("copy_from_host", "dst"): "lease",
-               ("copy_to_host", "src"): "lease", ("copy_page", "src"): "lease",
-               ("copy_page", "dst"): "lease", ("check", "buffer"): "buffer",
-               ("check", "equals"): "buffer"}
-
 
 @dataclass(frozen=True)
 class Failure:
@@ -82,13 +74,15 @@ class Minimized:
 
 class _Judge:
     """Runs candidates: one sim trial each, detector on, with the original's amplification.
-    A candidate fails when its buggy variant fails the same way AND the same steps with no
-    defect stay clean: otherwise the candidate shows some other bug (a read of a row nobody
-    wrote, say), not this one."""
+    A candidate fails when its failing variant fails the same way AND every variant of the
+    scenario expected to stay clean stays clean (with no variant that expects it, the failing
+    one with no defect): otherwise the candidate shows some other bug (a read of a row nobody
+    wrote, say), or has lost the fix, not this one."""
 
-    def __init__(self, variant: Variant, failure: Failure, amplified: bool, delay_us: float | None,
-                 seed: int) -> None:
+    def __init__(self, variant: Variant, clean: tuple[Variant, ...], failure: Failure,
+                 amplified: bool, delay_us: float | None, seed: int) -> None:
         self.variant = variant
+        self.clean = clean or (dataclasses.replace(variant, defects=kvcore.Defects()),)
         self.failure = failure
         self.amplified = amplified
         self.delay_us = delay_us
@@ -100,8 +94,11 @@ class _Judge:
         buggy = self._run(scenario, self.variant)
         if buggy is None or not self.failure.matches(*buggy):
             return False
-        fixed = self._run(scenario, dataclasses.replace(self.variant, defects=kvcore.Defects()))
-        return fixed is not None and fixed[0] is Outcome.CLEAN and not fixed[1]
+        for variant in self.clean:
+            fixed = self._run(scenario, variant)
+            if fixed is None or fixed[0] is not Outcome.CLEAN or fixed[1]:
+                return False
+        return True
 
     def _run(self, scenario: Scenario,
              variant: Variant) -> tuple[Outcome, list[dict[str, Any]]] | None:
@@ -237,54 +234,50 @@ def _doubling(limit: int) -> list[int]:
     return [*counts, limit]
 
 
-def _closure(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Drop every step that uses a name no kept step defines (cascading)."""
+def _closure(steps: list[dict[str, Any]], variants: Sequence[str]) -> list[dict[str, Any]]:
+    """Drop every step that, in some variant it runs in, uses a name no kept step of that
+    variant made, or made and gave back (cascading)."""
     while True:
-        defined: set[tuple[str, str]] = set()
+        live: dict[str, set[tuple[str, str]]] = {v: set() for v in variants}
         kept = []
         for step in steps:
-            if all((kind, name) in defined for kind, name in _uses(step)):
+            runs = [v for v in variants if _runs_in(step, v)]
+            args = _args(step)
+            if all(use in live[v] for v in runs for use in V.uses(step["op"], args)):
                 kept.append(step)
-                defined |= _defines(step)
+                gone = V.frees(step["op"], args)
+                for v in runs:
+                    live[v] |= set(V.defines(step["op"], step.get("id"), args))
+                    live[v].discard(gone)  # type: ignore[arg-type]
         if len(kept) == len(steps):
             return kept
         steps = kept
 
 
-def _uses(step: dict[str, Any]) -> list[tuple[str, str]]:
-    op = step["op"]
-    out = []
-    for key, value in step.items():
-        kind = _USES_BY_OP.get((op, key)) or (_USES.get(key) if key not in ("id", "op") else None)
-        if kind == "event" and op == "record_event":
-            continue
-        if kind is not None:
-            out.append((kind, str(value)))
-    return out
+def _runs_in(step: dict[str, Any], variant: str) -> bool:
+    only = step.get("only")
+    return only is None or variant == only or (isinstance(only, list) and variant in only)
 
 
-def _defines(step: dict[str, Any]) -> set[tuple[str, str]]:
-    op = step["op"]
-    if op == "materialize":
-        return {("lease", str(step["id"]))}
-    if op == "catalog":
-        return {("catalog", str(step["id"]))}
-    if op == "host_fill":
-        return {("buffer", str(step["buffer"]))}
-    if op == "copy_to_host":
-        return {("buffer", str(step["dst"]))}
-    if op == "record_event":
-        return {("event", str(step["event"]))}
-    return set()
+def _args(step: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in step.items() if k not in ("id", "op", "only")}
 
 
 def _as_steps(raw: list[dict[str, Any]]) -> tuple[Step, ...]:
-    return tuple(Step(op=s["op"], args={k: v for k, v in s.items() if k not in ("id", "op")},
-                      id=s.get("id"), index=i) for i, s in enumerate(raw))
+    return tuple(Step(op=s["op"], args=_args(s), id=s.get("id"), index=i,
+                      only=None if "only" not in s else frozenset(
+                          [s["only"]] if isinstance(s["only"], str) else s["only"]))
+                 for i, s in enumerate(raw))
 
 
 def _raw(steps: Sequence[Step]) -> list[dict[str, Any]]:
-    return [{**({"id": s.id} if s.id else {}), "op": s.op, **s.args} for s in steps]
+    return [{**({"id": s.id} if s.id else {}), "op": s.op, **s.args,
+             **({"only": _only(s.only)} if s.only is not None else {})} for s in steps]
+
+
+def _only(variants: frozenset[str]) -> str | list[str]:
+    """A step's variants as a person writes them: one name, or a list."""
+    return next(iter(variants)) if len(variants) == 1 else sorted(variants)
 
 
 # ---- the whole pipeline ----------------------------------------------------------------------
@@ -314,7 +307,12 @@ def minimize(source: Path, *, defects: tuple[str, ...] = (), amplify: bool | Non
         origin = _from_ticket(source, defects, amplify)
     scenario, variant, failure = origin.scenario, origin.variant, origin.failure
     amplified, delay, seed = origin.amplified, origin.delay_us, origin.seed
-    judge = _Judge(variant, failure, amplified, delay, seed)
+    # A step scenario keeps its own variants (a fix written as steps must stay clean); a
+    # workload's or a ticket's steps are judged against the failing variant with no defect.
+    own_variants = scenario.workload is None
+    clean = tuple(v for v in scenario.variants if v.expect == "clean") if own_variants else ()
+    judge = _Judge(variant, clean, failure, amplified, delay, seed)
+    names = [v.name for v in scenario.variants]
     say(f"the failure to keep: it {failure.describe()}")
 
     requests_from = requests_kept = None
@@ -360,22 +358,26 @@ def minimize(source: Path, *, defects: tuple[str, ...] = (), amplify: bool | Non
     steps_from = len(raw)
 
     def steps_fail(candidate: list[dict[str, Any]]) -> bool:
-        closed = _closure(candidate)
+        closed = _closure(candidate, names)
         amp = _step_amplify(base.amplify, closed) if amplified else base.amplify
         if amplified and base.amplify is not None and amp is None:
             return False  # the amplified step is gone; the failure would only show by luck
-        return judge.fails(dataclasses.replace(base, steps=_as_steps(closed), amplify=amp))
+        scenario = dataclasses.replace(base, steps=_as_steps(closed), amplify=amp)
+        # What the loader refuses (a buffer allocated twice, freed twice...) is no answer.
+        if not _loads(_yaml(scenario, variant, source, failure, own_variants)):
+            return False
+        return judge.fails(scenario)
 
     if not steps_fail(raw):
         raise TargetError(f"{source}: run as steps on the simulated device, it no longer "
                           f"{failure.describe()}; nothing to minimize")
-    raw = _closure(ddmin(raw, steps_fail))
+    raw = _closure(ddmin(raw, steps_fail), names)
     raw = _shrink_counts(raw, steps_fail)
     say(f"steps: {steps_from} -> {len(raw)}")
     final = dataclasses.replace(base, steps=_as_steps(raw),
                                 amplify=_step_amplify(base.amplify, raw) if amplified else None)
-    return Minimized(_yaml(final, variant, source, failure), len(raw), requests_from,
-                     requests_kept, steps_from, failure, judge.tries)
+    return Minimized(_yaml(final, variant, source, failure, own_variants), len(raw),
+                     requests_from, requests_kept, steps_from, failure, judge.tries)
 
 
 def _from_incident(source: Path, amplify: bool | None) -> _Origin:
@@ -490,7 +492,8 @@ def _shrink_counts(raw: list[dict[str, Any]],
     return raw
 
 
-def _yaml(scenario: Scenario, variant: Variant, source: Path, failure: Failure) -> str:
+def _yaml(scenario: Scenario, variant: Variant, source: Path, failure: Failure,
+          own_variants: bool) -> str:
     pool = scenario.pool
     spec: dict[str, Any] = {
         "pool": {"pages": pool.pages, "page_tokens": pool.page_tokens,
@@ -499,17 +502,21 @@ def _yaml(scenario: Scenario, variant: Variant, source: Path, failure: Failure) 
                  "table_rows": pool.table_rows,
                  **({"max_pages_per_row": pool.max_pages_per_row}
                     if pool.max_pages_per_row else {})},
-        "trials": 20,
-        "timeout": scenario.timeout_s,
-        "variants": {
-            "buggy": {"defects": {n: getattr(variant.defects, n) for n in variant.defects.active()},
-                      "expect": "reproduces"},
-            "fixed": {"expect": "clean"},
-        },
     }
-    if scenario.amplify is not None:
-        spec["amplify"] = {"delay_us": scenario.amplify.delay_us,
-                           "stream": scenario.amplify.stream, "before": scenario.amplify.before}
+    if scenario.declared_streams:
+        spec["streams"] = {s.name: s.kind if not s.priority else
+                           {"kind": s.kind, "priority": s.priority} for s in scenario.streams}
+    spec["trials"] = 20
+    spec["timeout"] = scenario.timeout_s
+    spec["variants"] = {v.name: _variant_yaml(v) for v in scenario.variants} if own_variants \
+        else {"buggy": _variant_yaml(dataclasses.replace(variant, expect="reproduces",
+                                                         min_rate=0.0)),
+              "fixed": {"expect": "clean"}}
+    amp = scenario.amplify
+    if amp is not None:
+        spec["amplify"] = {"delay_us": amp.delay_us, **({"stream": amp.stream}
+                                                         if amp.stream else {}),
+                           "before": amp.before}
     spec["steps"] = _raw(scenario.steps)
     doc = {"apiVersion": "gpurace/v1", "kind": "Scenario",
            "metadata": {"name": f"{scenario.name}-min",
@@ -521,6 +528,30 @@ def _yaml(scenario: Scenario, variant: Variant, source: Path, failure: Failure) 
     # Steps one per line, as a person writes them: flow style below the top level.
     text = yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=100)
     return head + text
+
+
+def _loads(text: str) -> bool:
+    """Whether the strict loader accepts a scenario text."""
+    with tempfile.TemporaryDirectory(prefix="gpurace-min-") as tmp:
+        path = Path(tmp) / "candidate.yaml"
+        path.write_text(text, encoding="utf-8")
+        try:
+            load_scenario(path)
+        except ScenarioError:
+            return False
+    return True
+
+
+def _variant_yaml(variant: Variant) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if variant.defects.active():
+        out["defects"] = {n: getattr(variant.defects, n) for n in variant.defects.active()}
+    out["expect"] = variant.expect
+    if variant.min_rate:
+        out["min_rate"] = variant.min_rate
+    if variant.streams:
+        out["streams"] = dict(variant.streams)
+    return out
 
 
 def write_minimized(result: Minimized, output: Path) -> None:

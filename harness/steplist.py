@@ -248,7 +248,7 @@ class StepList:
         kind, name = key
         verb, remedy = ("released", "materialize pages again") if kind == "lease" else \
             ("freed", "allocate it again with host_alloc")
-        where = "" if len(self.variants) == 1 else f" in variant {variant}"
+        where = "" if self.runs_everywhere[gone] else f" in variant {variant}"
         op = self._op_at(self.index)
         if V.OPS[op].frees == (path.rsplit(".", 1)[-1], kind):
             raise self.reader.error(node, path, f"{kind} {name!r} is {verb} twice: steps[{gone}] "

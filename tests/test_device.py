@@ -190,3 +190,48 @@ def test_host_write_accepts_arrays_and_bytes() -> None:
     device.host_write(host, 0, b"\x01\x02")
     device.host_write(host, 4, np.array([7], np.int32))
     assert device.host_read(host, 0, 8).tolist() == [1, 2, 0, 0, 7, 0, 0, 0]
+
+
+def test_event_query_sees_not_ready_then_done(backend: str, request) -> None:
+    """cudaEventQuery: "not ready" while a delay holds the stream, "done" once it passed;
+    a never-recorded event is done. Neither query blocks."""
+    device = make_device(backend, request)
+    s = device.create_stream("query")
+    event = device.create_event("behind-delay")
+    assert device.query_event(device.create_event("never-recorded")) is True
+    device.launch(Delay(5000.0), s)
+    device.record_event(event, s)
+    assert device.query_event(event) is False
+    polls = device.poll_event(event)
+    assert polls > 1 and device.query_event(event) is True
+
+
+def test_a_stream_with_a_priority_runs_and_orders_as_any_other(backend: str,
+                                                               request) -> None:
+    device = make_device(backend, request)
+    high = device.create_stream("high", priority=-5)
+    low = device.create_stream("low", priority=0)
+    assert (high.priority, low.priority) == (-5, 0)
+    assert device.oplog.streams["high"].priority == -5
+    buf = device.alloc(4096, name="buf")
+    device.launch(Delay(2000.0), low)
+    device.launch(Fill(buf, 0, 4096, 1), low)
+    event = device.create_event("low-done")
+    device.record_event(event, low)
+    device.wait_event(high, event)
+    device.launch(Fill(buf, 0, 4096, 2), high)
+    result = device.alloc(4, name="result")
+    device.memset(result, 0, 4, 0, high)
+    device.launch(Verify(buf, 0, 4096, 2, result), high)
+    device.synchronize()
+    assert read_int32(device, result, high) == 0  # the high-priority fill still landed second
+
+
+def test_rename_the_legacy_stream_for_findings() -> None:
+    device = kvcore.open_device("sim")
+    device.rename_stream(device.legacy_stream, "default")
+    assert device.legacy_stream.name == "default"
+    assert "default" in device.oplog.streams and "legacy_stream" not in device.oplog.streams
+    device.create_stream("user")
+    with pytest.raises(kvcore.DeviceUsageError, match="a stream named 'user' exists already"):
+        device.rename_stream(device.legacy_stream, "user")

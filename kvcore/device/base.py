@@ -219,10 +219,9 @@ class Device(ABC):
     # ---- the interface -------------------------------------------------------------------------
     def create_stream(self, name: str, *, blocking: bool = False, priority: int = 0) -> Stream:
         """A new stream; non-blocking by default, as inference engines create theirs.
-        ``priority`` is CUDA's (lower runs first; the device clamps it to its range)."""
+        ``priority`` is CUDA's (lower runs first; the device clamps it to its range). Give
+        each stream its own name: the op log and findings know streams by name."""
         self._alive()
-        if name in self.oplog.streams:
-            raise DeviceUsageError(f"a stream named {name!r} exists already; name it otherwise")
         return self._register_stream(Stream(next(self._ids), name, blocking, False,
                                             self._do_stream(blocking, priority), priority))
 
