@@ -84,8 +84,20 @@ class World:
         for name, (pages, readback) in sizes.items():
             self.host[name] = _HostBuffer(self.view(pages, f"buffer {name}"), pages, readback)
         self.scratch = self.view(scratch, "the check's readback")
+        used = {int(s.args["byte"]) for s in steps if "byte" in s.args}  # type: ignore
+        self.scrub_bytes = [b for b in range(1, 256) if b not in used]
         self.counters = device.alloc(4 * 64, name="table-read-counts")
         self.counters_host = device.alloc_host(4 * 64, name="table-read-counts-host")
+
+    def scrub(self, seed: int) -> None:
+        """Fill every page with a byte that no step of the scenario writes or expects, chosen
+        by the trial's seed, and wait for it: a read of a page nobody wrote this trial then
+        sees bytes it cannot mistake for data."""
+        choices = self.scrub_bytes
+        value = choices[seed % len(choices)]
+        self.device.memset(self.pool.buffer, 0, self.pool.buffer.nbytes, value,
+                           self.check_stream)
+        self.device.synchronize_stream(self.check_stream)
 
     def view(self, pages: int, name: str | None = None) -> kvcore.HostKVAllocationView:
         allocation = self.arena.allocate(self.layout, pages, name=name)
@@ -162,6 +174,11 @@ class TrialExecutor:
     def world(self, seed: int) -> World:
         if self._world is None or self.backend == "sim":
             return World(self.scenario, self._open(seed), self.variant)
+        if self.steps:
+            # The GPU's world outlives its trials: its pages still hold the last trial's bytes,
+            # which a stale read would take for the right ones. Start each trial from a pattern
+            # no step writes (a simulated device is new every trial, and starts as 0xA5).
+            self._world.scrub(seed)
         return self._world
 
     def run(self, index: int, seed: int) -> TrialResult:

@@ -163,6 +163,9 @@ class CudaDevice(Device):
             # the process keeps its streams, so an ExternalStream that never destroys it is fine.
             flags = 0 if blocking else 1  # cudaStreamNonBlocking
             ptr = self._cp.cuda.runtime.streamCreateWithPriority(flags, priority)
+            stream_class = self._cp.cuda.Stream
+            if hasattr(stream_class, "from_external"):  # CuPy 14: the CUDA stream protocol
+                return stream_class.from_external(_StreamHandle(ptr))
             return self._cp.cuda.ExternalStream(ptr)
 
     def _do_alloc(self, nbytes: int, space: str) -> object:
@@ -290,6 +293,16 @@ class _Pinned:
         raw = (ctypes.c_uint8 * nbytes).from_address(self.ptr)
         self.array = np.frombuffer(raw, dtype=np.uint8)
         self.array[:] = 0
+
+
+class _StreamHandle:
+    """A raw stream handle, offered to CuPy through the CUDA stream protocol."""
+
+    def __init__(self, ptr: int) -> None:
+        self.ptr = ptr
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.ptr)
 
 
 def _ptr(buf: Buffer) -> int:
