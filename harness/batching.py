@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from harness.ticket import Request, Ticket
+from harness.traces.ticket import Request, Ticket
 
 DECODE_STEPS_CAP = 16
 """Decode steps per request at most: each reads the row again; more add time, not cover."""

@@ -27,7 +27,7 @@ from harness.errors import GpuBusyError, HarnessError, ScenarioError
 from harness.detector import check_trace
 from harness.doctor import diagnose
 from harness.explore import Strategy, explore
-from harness.optrace import load_trace
+from harness.traces.optrace import load_trace
 from harness.minimize import minimize, write_minimized
 from harness.replay import replay_scenario
 
@@ -80,7 +80,19 @@ def _fail(exc: BaseException) -> None:
     sys.exit(int(code))
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Commands(click.Group):
+    """The command group: the one place an error of gpurace's own (a bad scenario or trace,
+    a device that cannot run, a report that cannot be read) becomes a message and an exit
+    code instead of a traceback."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except (HarnessError, kvcore.KVCoreError, ReportError) as exc:
+            _fail(exc)
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="gpurace")
 def main() -> None:
     """gpurace: reproduce, detect and report GPU races in a paged KV page pool.
@@ -182,11 +194,8 @@ def run_cmd(targets: Sequence[str], dangerous: bool, insist: bool, backend: str,
                          timeout_s=timeout_s, sweep=sweep, out_dir=out_dir, trial=trial,
                          max_incidents=max_incidents, detect=detect, schedule=schedule,
                          record=record)
-    try:
-        scenarios = resolve_targets(targets)
-        _check_variants(scenarios, variants)
-    except (HarnessError, kvcore.KVCoreError) as exc:
-        _fail(exc)
+    scenarios = resolve_targets(targets)
+    _check_variants(scenarios, variants)
     _execute(scenarios, options, insist=insist, junit=junit, fmt=fmt)
 
 
@@ -194,26 +203,24 @@ def _execute(scenarios: Sequence[Scenario], options: RunOptions, *, insist: bool
              junit: Path | None, fmt: str) -> None:
     """Run, write run.json (and JUnit), print, and exit with the run's code: run and replay."""
     out_dir = options.out_dir or Path("gpurace-reports")
+    runner = Runner(options, None)
+    if runner.backend == "cuda" and options.dangerous and any(s.dangerous for s in scenarios):
+        _refuse_busy_gpu(insist)
+    hooks = _ProgressHooks(fmt == "text" and err.is_terminal)
+    runner.hooks = hooks
+    if out_dir.exists():
+        remove_stale_temps(out_dir)  # what a killed earlier run left half-written
     try:
-        runner = Runner(options, None)
-        if runner.backend == "cuda" and options.dangerous and any(s.dangerous for s in scenarios):
-            _refuse_busy_gpu(insist)
-        hooks = _ProgressHooks(fmt == "text" and err.is_terminal)
-        runner.hooks = hooks
-        if out_dir.exists():
-            remove_stale_temps(out_dir)  # what a killed earlier run left half-written
         with hooks:
             result = runner.run(scenarios)
-        document = result.to_json()
-        out_dir.mkdir(parents=True, exist_ok=True)
-        write_atomic(out_dir / "run.json", json.dumps(document, indent=2) + "\n")
-        if junit is not None:
-            write_atomic(junit, render_junit(document))
-    except (HarnessError, kvcore.KVCoreError) as exc:
-        _fail(exc)
     except KeyboardInterrupt:
         err.print("interrupted")
         sys.exit(130)
+    document = result.to_json()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_atomic(out_dir / "run.json", json.dumps(document, indent=2) + "\n")
+    if junit is not None:
+        write_atomic(junit, render_junit(document))
     if fmt == "json":
         click.echo(json.dumps(document, indent=2))
     else:
@@ -256,10 +263,7 @@ def replay_cmd(ticket: Path, defects: Sequence[str], dangerous: bool, insist: bo
     """Replay a recorded ticket (a gpurace.ticket/1 request trace) against the pool: its lanes
     run like an engine's batch slots, each conversation's pages stay retained and are
     re-activated every turn. With --defect publish_on_legacy_stream, ninfer-210 crashes."""
-    try:
-        scenario = replay_scenario(ticket, tuple(defects))
-    except (HarnessError, kvcore.KVCoreError) as exc:
-        _fail(exc)
+    scenario = replay_scenario(ticket, tuple(defects))
     options = RunOptions(backend=backend, dangerous=dangerous, trials=trials, seed=seed,
                          amplify=amplify, delay_us=delay_us, timeout_s=timeout_s,
                          out_dir=out_dir, trial=trial, detect=detect, record=record)
@@ -297,7 +301,7 @@ def report_group() -> None:
 def report_list(folder: Path, fmt: str) -> None:
     """List the incidents under FOLDER (a run's --out, default gpurace-reports)."""
     if not folder.is_dir():
-        _fail(ReportError(f"{folder}: no such folder; pass a run's --out folder"))
+        raise ReportError(f"{folder}: no such folder; pass a run's --out folder")
     items = list_incidents(folder)
     if fmt == "json":
         click.echo(json.dumps(items, indent=2))
@@ -321,10 +325,7 @@ def report_list(folder: Path, fmt: str) -> None:
               show_default=True)
 def report_show(path: Path, fmt: str) -> None:
     """Show one incident (its folder or its report.json): what to paste into a ticket."""
-    try:
-        report = load_report(path)
-    except ReportError as exc:
-        _fail(exc)
+    report = load_report(path)
     if fmt == "json":
         click.echo(json.dumps(report, indent=2))
     elif out.is_terminal:
@@ -354,18 +355,15 @@ def explore_cmd(target: str, variants: Sequence[str], strategy: str, bound: int,
     schedule is printed as a token that `gpurace run TARGET --backend sim --schedule TOKEN`
     replays exactly. Exit 0 when every variant did what it expects (a buggy one fails in some
     schedule, a fixed one in none), 1 otherwise."""
-    try:
-        scenarios = resolve_targets([target])
-        _check_variants(scenarios, variants)
-        found = []
-        for scenario in scenarios:
-            for variant in scenario.variants:
-                if not variants or variant.name in variants:
-                    found.append((scenario, variant, explore(
-                        scenario, variant, Strategy(strategy), bound=bound, depth=depth,
-                        runs=runs, seed=seed, first=first)))
-    except (HarnessError, kvcore.KVCoreError) as exc:
-        _fail(exc)
+    scenarios = resolve_targets([target])
+    _check_variants(scenarios, variants)
+    found = []
+    for scenario in scenarios:
+        for variant in scenario.variants:
+            if not variants or variant.name in variants:
+                found.append((scenario, variant, explore(
+                    scenario, variant, Strategy(strategy), bound=bound, depth=depth,
+                    runs=runs, seed=seed, first=first)))
     met = all(bool(e.failing) == (v.expect == "reproduces") for _, v, e in found)
     if fmt == "json":
         click.echo(json.dumps({"schema": "gpurace.explore/1", "met": met,
@@ -403,12 +401,9 @@ def minimize_cmd(source: Path, output: Path, defects: Sequence[str],
     trace.jsonl), or a ticket with --defect. Delta debugging over the requests, then over the
     kvcore steps they perform, on the simulated device; the scenario written to --output runs
     with `gpurace run`."""
-    try:
-        result = minimize(source, defects=tuple(defects), amplify=amplify,
-                          progress=lambda text: err.print(f"  {escape(text)}"))
-        write_minimized(result, output)
-    except (HarnessError, kvcore.KVCoreError) as exc:
-        _fail(exc)
+    result = minimize(source, defects=tuple(defects), amplify=amplify,
+                      progress=lambda text: err.print(f"  {escape(text)}"))
+    write_minimized(result, output)
     kept = (f"{result.requests_from} requests -> {result.requests_kept}, "
             if result.requests_from is not None else "")
     out.print(f"{output}: {result.steps} steps ({kept}{result.steps_from} steps -> "
@@ -424,16 +419,18 @@ def check_cmd(trace: Path, fmt: str) -> None:
     """Run the race detector over a recorded op trace (a trace.jsonl, or an incident folder):
     exit 1 when it finds races, 0 when none."""
     path = trace / "trace.jsonl" if trace.is_dir() else trace
-    try:
-        trace_file = load_trace(path)
-    except HarnessError as exc:
-        _fail(exc)
+    trace_file = load_trace(path)
     findings = check_trace(trace_file.records).findings
+    header = trace_file.header
     if fmt == "json":
-        click.echo(json.dumps({"trace": str(path),
+        click.echo(json.dumps({"trace": str(path), "scenario": header.get("scenario"),
+                               "variant": header.get("variant"),
                                "findings": [f.to_json() for f in findings]}, indent=2))
     else:
-        out.print(f"{path}: {len(trace_file.ops)} ops, {len(findings)} race(s)", highlight=False)
+        what = f" ({header['scenario']}, variant {header.get('variant', '?')})" \
+            if header.get("scenario") else ""
+        out.print(f"{path}{what}: {len(trace_file.ops)} ops, {len(findings)} race(s)",
+                  highlight=False)
         for f in findings:
             _print_finding(f.to_json())
     sys.exit(1 if findings else 0)

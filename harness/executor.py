@@ -22,7 +22,7 @@ import kvcore
 from harness import batching
 from harness.model import Amplify, PlaneSpec, PoolSpec, Scenario, Step, Variant
 from harness.outcome import Outcome, TrialResult
-from harness.ticket import Ticket, load_ticket
+from harness.traces.ticket import Ticket, load_ticket
 from kvcore.device.kernels import Delay
 from kvcore.device.schedule import Schedule
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import TraceError
-from harness.optrace import load_trace
+from harness.traces.optrace import load_trace
 from harness.model import Scenario, Variant
 from harness.outcome import TrialResult
 

@@ -28,11 +28,11 @@ from harness.detector import RaceDetector, check_trace
 from harness.errors import ScenarioError, TargetError
 from harness.executor import TrialExecutor, pool_for
 from harness.model import Amplify, PoolSpec, Scenario, Step, Variant, Workload
-from harness.optrace import is_op_trace, load_trace
+from harness.traces.optrace import is_op_trace, load_trace
 from harness.outcome import Outcome
 from harness.replay import replay_scenario
 from harness.scenario import load_scenario
-from harness.ticket import Request, Ticket, load_ticket, write_ticket
+from harness.traces.ticket import Request, Ticket, load_ticket, write_ticket
 from reports import load_report, write_atomic
 
 @dataclass(frozen=True)

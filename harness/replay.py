@@ -12,7 +12,7 @@ from pathlib import Path
 import kvcore
 from harness.executor import pool_for
 from harness.model import Amplify, Scenario, Variant, Workload
-from harness.ticket import load_ticket
+from harness.traces.ticket import load_ticket
 
 REPLAY_DELAY_US = 1000.0
 """The amplifying delay before each activation: 1 ms made #210 show on the first request."""

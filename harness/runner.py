@@ -20,7 +20,7 @@ from pathlib import Path
 
 import kvcore
 from harness.errors import BackendUnavailable, HarnessError, ScenarioError, TargetError
-from harness.flight import CURRENT, cut_torn_tail, trace_path
+from harness.traces.flight import CURRENT, cut_torn_tail, trace_path
 from harness.incidents import build_report, reproduce_argv
 from harness.model import Scenario, Suite, Variant
 from harness.outcome import Outcome, Status, TrialResult, VariantResult

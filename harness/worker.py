@@ -46,7 +46,7 @@ def worker_main(conn: Connection, job: WorkerJob) -> None:
     # Imported here: a spawned child imports this module first, and only then the heavy parts.
     from harness.detector import RaceDetector
     from harness.executor import TrialExecutor
-    from harness.flight import FlightRecorder
+    from harness.traces.flight import FlightRecorder
     from harness.outcome import Outcome
     from kvcore.device.schedule import Schedule
 

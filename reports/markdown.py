@@ -278,7 +278,9 @@ def _races(report: Mapping[str, Any]) -> str:
             op = f.get(side)
             if isinstance(op, Mapping):
                 span = op.get("bytes") or ["?", "?"]
-                site = f", issued at `{op['site']}`" if op.get("site") else ""
+                # The scenario's line when a scenario issued it, else the Python line.
+                site = f", at `{op['origin']}`" if op.get("origin") else (
+                    f", issued at `{op['site']}`" if op.get("site") else "")
                 lines.append(f"  - {side}: seq {op.get('seq')} on {op.get('stream')}: "
                              f"{op.get('kind')} {op.get('access')} of bytes "
                              f"[{span[0]}, {span[1]}){site}")

@@ -12,7 +12,7 @@ from harness import batching
 from harness.cli import main
 from harness.minimize import steps_for
 from harness.runner import SCENARIO_ROOT
-from harness.ticket import Request, Ticket, TicketHeader, load_ticket
+from harness.traces.ticket import Request, Ticket, TicketHeader, load_ticket
 
 TICKET = SCENARIO_ROOT / "tickets" / "ninfer-210.jsonl"
 HEADER = TicketHeader("t", None, lanes=2, page_tokens=64, pool_pages=64, dtype="i8", leading=8,

@@ -459,3 +459,44 @@ def test_a_wait_on_a_stale_record_is_explained(tmp_path: Path) -> None:
         "(at record-ready): wait on ready only once that record is issued, or record it before "
         "the wait")
     assert f.first.origin.endswith("t.yaml:15:7") and f.second.origin.endswith("t.yaml:17:7")
+
+
+def test_offline_check_names_owners_as_the_online_detector_does(tmp_path: Path) -> None:
+    """A trace begins with who owned which bytes (label records: a world's buffers outlive its
+    trials), then says every alloc and free: `gpurace check` names and explains the race as
+    the online detector did."""
+    from harness.detector import check_trace
+    from harness.traces.flight import FlightRecorder
+    from harness.traces.optrace import load_trace
+
+    device = kvcore.open_device("sim", defects=kvcore.Defects(release_fence=False))
+    online = RaceDetector()
+    online.attach(device)
+    recorder = FlightRecorder(tmp_path)
+    recorder.attach(device)
+    ctx = kvcore.DeviceContext(device)
+    pool = kvcore.DeviceKVPagePool(ctx, kvcore.KVPageGeometry(
+        (kvcore.KVPlaneGeometry(kvcore.DType.I8, 8, 2, 256),), 64), 2)
+    kept = pool.materialize(1, name="lease world")  # owned before the trace starts
+    recorder.start_trial({"scenario": "owners", "variant": "buggy"})
+    online.reset()
+    device.oplog.step = "reuse"  # two steps, so the two races do not fold into one finding
+    old = pool.materialize(1, name="lease old")
+    offset = pool.page_offset(old[0].handle)
+    device.launch(Delay(50.0), ctx.transfer_stream)
+    device.launch(Fill(pool.buffer, offset, 64, 1), ctx.transfer_stream)
+    pool.release(old)
+    new = pool.materialize(1, name="lease new")
+    device.launch(Fill(pool.buffer, pool.page_offset(new[0].handle), 64, 2), ctx.stream)
+    device.oplog.step = "world"
+    device.launch(Fill(pool.buffer, pool.page_offset(kept[0].handle), 64, 3),
+                  ctx.transfer_stream)
+    device.launch(Fill(pool.buffer, pool.page_offset(kept[0].handle), 64, 4), ctx.stream)
+    path = recorder.end_trial(0, keep=True)
+    trace = load_trace(path)
+    assert any(r["type"] == "label" and r["name"] == "lease world" for r in trace.records)
+    offline = check_trace(trace.records).findings
+    assert [f.missing for f in offline] == [f.missing for f in online.findings]
+    reused, world = sorted(offline, key=lambda f: not f.reused)
+    assert reused.reused and (reused.first_owner, reused.owner) == ("lease old", "lease new")
+    assert not world.reused and world.owner == "lease world"

@@ -15,8 +15,8 @@ from click.testing import CliRunner
 
 from harness.cli import main
 from harness.errors import TraceError
-from harness.flight import cut_torn_tail
-from harness.optrace import TRACE_SCHEMA, load_trace
+from harness.traces.flight import cut_torn_tail
+from harness.traces.optrace import TRACE_SCHEMA, load_trace
 from harness.runner import SCENARIO_ROOT
 from harness.scenario import load_scenario
 

@@ -1,5 +1,5 @@
-"""Tickets (harness/ticket.py): every bad ticket is refused at its line and field with a message
-that says what to do; good ones round-trip; the committed ninfer-210 ticket has the promised
+"""Tickets (harness/traces/ticket.py): every bad ticket is refused at its line and field with a
+message that says what to do; good ones round-trip; the committed ninfer-210 ticket has the promised
 shape and is exactly what its generator makes."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from harness.errors import TraceError
-from harness.ticket import (
+from harness.traces.ticket import (
     KV_DTYPES,
     TICKET_SCHEMA,
     Request,

@@ -23,7 +23,7 @@ import argparse
 import random
 from pathlib import Path
 
-from harness.ticket import Request, Ticket, TicketHeader, write_ticket
+from harness.traces.ticket import Request, Ticket, TicketHeader, write_ticket
 
 TICKET = Path(__file__).resolve().parent / "ninfer-210.jsonl"
 SEED = 210

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.jsonl import LineParser, read_text, show
+from harness.traces.jsonl import LineParser, read_text, show
 from kvcore.device.oplog import HOST, HOST_KINDS, is_stream_kind
 
 TRACE_SCHEMA = "gpurace.trace/1"

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.jsonl import LineParser, line_error, read_text, show
+from harness.traces.jsonl import LineParser, line_error, read_text, show
 from kvcore.geometry import DType
 from reports import write_atomic
 

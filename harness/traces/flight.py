@@ -5,9 +5,9 @@ one until the watchdog kills it). So the recorder keeps records in memory while 
 work, and writes them to the trial's trace file just before every blocking call. Whatever the
 worker's fate, the parent then finds every op issued before the fatal wait.
 
-The trace file is versioned JSON Lines (:mod:`harness.optrace` describes and reads it). A worker
-killed in the middle of a write leaves a torn last line; :func:`cut_torn_tail` is how the parent
-takes such a file in, so every reader after it can be strict.
+The trace file is versioned JSON Lines (:mod:`harness.traces.optrace` describes and reads it).
+A worker killed in the middle of a write leaves a torn last line; :func:`cut_torn_tail` is how
+the parent takes such a file in, so every reader after it can be strict.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import IO, Any
 
-from harness.optrace import TRACE_SCHEMA
+from harness.traces.optrace import TRACE_SCHEMA
 from kvcore.device import Device, OpRecord
 from kvcore.device.oplog import Label
 
