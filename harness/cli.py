@@ -24,6 +24,7 @@ from rich.table import Table
 
 import kvcore
 from harness.errors import GpuBusyError, HarnessError, ScenarioError
+from harness import vocabulary
 from harness.detector import check_trace
 from harness.doctor import diagnose
 from harness.explore import Strategy, explore
@@ -97,10 +98,12 @@ class _Commands(click.Group):
 def main() -> None:
     """gpurace: reproduce, detect and report GPU races in a paged KV page pool.
 
-    Scenarios are YAML files (scenarios/*.yaml); each has variants (the pool with a known bug
-    switched on, and fixed) and states what each must do: stay clean, or reproduce the race.
-    A delay queued on the producer stream (amplification) makes a race that hides for 50
-    requests show on the first trial.
+    Scenarios are YAML files (scenarios/*.yaml, the zoo of real bugs in scenarios/zoo/); each
+    has variants (the buggy way and the fixed way: kvcore's defects switched, or steps that
+    run in some variants only) and states what each must do: stay clean, or reproduce the
+    race. A delay queued on the producer stream (amplification) makes a race that hides for
+    50 requests show on the first trial; a happens-before detector finds it even when it does
+    not show. `gpurace steps` lists what a scenario's steps can say.
 
     \b
     Exit codes: 0 every expectation met, 1 an expectation failed, 2 usage error or invalid
@@ -124,6 +127,29 @@ def list_cmd(fmt: str) -> None:
         d = _describe(doc)
         table.add_row(d["name"], d["kind"], "yes" if d.get("dangerous") else "",
                       ", ".join(d.get("variants", [])), d["description"])
+    out.print(table)
+
+
+@main.command("steps")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
+              show_default=True)
+def steps_cmd(fmt: str) -> None:
+    """The step vocabulary of scenario files: every op, its keys (required ones marked *), and
+    what it does. Any step may also carry `id`, and `only` or `unless` (a variant name or a
+    list) to run in some variants only."""
+    ops = {op: {"keys": {k: {"holds": vocabulary.IN_WORDS[key.holds], "required": key.required}
+                         for k, key in spec.keys.items()}, "does": spec.doc}
+           for op, spec in vocabulary.OPS.items()}
+    if fmt == "json":
+        click.echo(json.dumps(ops, indent=2))
+        return
+    table = Table(title="scenario steps", box=box.SIMPLE_HEAD)
+    for column in ("op", "keys", "what it does"):
+        table.add_column(column)
+    for op, spec in ops.items():
+        keys = ", ".join(f"{k}{'*' if v['required'] else ''}: {v['holds']}"
+                         for k, v in spec["keys"].items())
+        table.add_row(op, keys or "-", spec["does"])
     out.print(table)
 
 

@@ -26,6 +26,15 @@ EVENT = "event"          # an event some record_event step recorded
 EVENTS = "events"        # one event, or a list of them
 NEW_EVENT = "new-event"  # an event recorded here (defined if new)
 
+IN_WORDS = {
+    STREAM: "a stream", COUNT: "a number from 1", INDEX: "a number from 0",
+    PAGES: "a page number or a list", BYTE: "a byte, 0-255", DURATION: "microseconds, or .inf",
+    BOOL: "true or false", LEASE: "a lease", CATALOG: "a catalog", BUFFER: "a pinned buffer",
+    NEW_BUFFER: "a pinned buffer (made here if new)", ALLOC_BUFFER: "a new pinned buffer",
+    EVENT: "an event", EVENTS: "an event or a list", NEW_EVENT: "an event (made here if new)",
+}
+"""What each kind of value is, for `gpurace steps`."""
+
 REFERENCES = {LEASE: "lease", CATALOG: "catalog", BUFFER: "buffer", EVENT: "event",
               EVENTS: "event"}
 """Keys whose value names something an earlier step made, and what kind of thing."""

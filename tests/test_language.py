@@ -4,6 +4,7 @@ step and stream kind means on the simulated device, and to the detector, what it
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -500,3 +501,17 @@ def test_offline_check_names_owners_as_the_online_detector_does(tmp_path: Path) 
     reused, world = sorted(offline, key=lambda f: not f.reused)
     assert reused.reused and (reused.first_owner, reused.owner) == ("lease old", "lease new")
     assert not world.reused and world.owner == "lease world"
+
+
+def test_gpurace_steps_lists_the_whole_vocabulary() -> None:
+    from harness.vocabulary import OPS
+
+    result = CliRunner().invoke(main, ["steps", "--format", "json"])
+    assert result.exit_code == 0
+    listed = json.loads(result.stdout)
+    assert list(listed) == list(OPS)
+    assert listed["host_free"]["keys"] == {
+        "buffer": {"holds": "a pinned buffer", "required": True},
+        "after": {"holds": "an event or a list", "required": False}}
+    text = CliRunner().invoke(main, ["steps"]).output
+    assert all(op in text for op in OPS)
