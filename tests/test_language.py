@@ -290,17 +290,24 @@ def test_a_never_recorded_event_queries_done() -> None:
     assert device.query_event(device.create_event("never")) is True
 
 
+def _watched_pool(pages: int = 2, defects: kvcore.Defects = kvcore.Defects()) -> tuple[
+        kvcore.Device, RaceDetector, kvcore.DeviceContext, kvcore.DeviceKVPagePool]:
+    """A simulated device with a detector on it, a context and a pool of 1 KiB pages."""
+    device = kvcore.open_device("sim", defects=defects)
+    detector = RaceDetector()
+    detector.attach(device)
+    ctx = kvcore.DeviceContext(device)
+    pool = kvcore.DeviceKVPagePool(ctx, kvcore.KVPageGeometry(
+        (kvcore.KVPlaneGeometry(kvcore.DType.I8, 8, 2, 256),), 64), pages)
+    return device, detector, ctx, pool
+
+
 def _pinned_pool(after: bool, delay_us: float,
                  settle: bool = False) -> tuple[int, int, list[Finding]]:
     """A copy from a pinned allocation, the allocation freed (after its event, or at once),
     and the next allocation written by the host (``settle``: once the host's own queries saw
     the copy done, without a synchronize)."""
-    device = kvcore.open_device("sim")
-    detector = RaceDetector()
-    detector.attach(device)
-    ctx = kvcore.DeviceContext(device)
-    pool = kvcore.DeviceKVPagePool(ctx, kvcore.KVPageGeometry(
-        (kvcore.KVPlaneGeometry(kvcore.DType.I8, 8, 2, 256),), 64), 2)
+    device, detector, ctx, pool = _watched_pool()
     layout = kvcore.plan_host_kv_page_layout(pool.geometry)
     arena = kvcore.HostKVArena(ctx, 4 * layout.page_stride, [layout])
     page = pool.materialize(1, name="lease page")
@@ -389,12 +396,7 @@ def test_table_shadow_wait_is_a_defect_switch() -> None:
     """Two publishes of one row: the second rewrites the pinned shadow row. With the wait (the
     default) it waits for the first copy to have read it; without, it races that copy."""
     def publish_twice(defects: kvcore.Defects) -> list[Finding]:
-        device = kvcore.open_device("sim", defects=defects)
-        detector = RaceDetector()
-        detector.attach(device)
-        ctx = kvcore.DeviceContext(device)
-        pool = kvcore.DeviceKVPagePool(ctx, kvcore.KVPageGeometry(
-            (kvcore.KVPlaneGeometry(kvcore.DType.I8, 8, 2, 256),), 64), 4)
+        device, detector, ctx, pool = _watched_pool(4, defects)
         table = kvcore.KVExecutionTablePool(pool, 2, 4)
         catalog = kvcore.KVConversationCatalog(table, "conv")
         catalog.retain(pool.materialize(2))
@@ -412,12 +414,7 @@ def test_table_shadow_wait_is_a_defect_switch() -> None:
 
 
 def test_a_page_raced_without_release_is_not_called_reuse() -> None:
-    device = kvcore.open_device("sim")
-    detector = RaceDetector()
-    detector.attach(device)
-    ctx = kvcore.DeviceContext(device)
-    pool = kvcore.DeviceKVPagePool(ctx, kvcore.KVPageGeometry(
-        (kvcore.KVPlaneGeometry(kvcore.DType.I8, 8, 2, 256),), 64), 2)
+    device, detector, ctx, pool = _watched_pool()
     [lease] = pool.materialize(1, name="lease kv")
     offset = pool.page_offset(lease.handle)
     device.launch(Fill(pool.buffer, offset, 64, 1), ctx.transfer_stream)
@@ -470,14 +467,9 @@ def test_offline_check_names_owners_as_the_online_detector_does(tmp_path: Path) 
     from harness.traces.flight import FlightRecorder
     from harness.traces.optrace import load_trace
 
-    device = kvcore.open_device("sim", defects=kvcore.Defects(release_fence=False))
-    online = RaceDetector()
-    online.attach(device)
+    device, online, ctx, pool = _watched_pool(defects=kvcore.Defects(release_fence=False))
     recorder = FlightRecorder(tmp_path)
     recorder.attach(device)
-    ctx = kvcore.DeviceContext(device)
-    pool = kvcore.DeviceKVPagePool(ctx, kvcore.KVPageGeometry(
-        (kvcore.KVPlaneGeometry(kvcore.DType.I8, 8, 2, 256),), 64), 2)
     kept = pool.materialize(1, name="lease world")  # owned before the trace starts
     recorder.start_trial({"scenario": "owners", "variant": "buggy"})
     online.reset()

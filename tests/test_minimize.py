@@ -116,3 +116,25 @@ def test_a_ticket_minimizes_with_the_defect_named(tmp_path: Path) -> None:
 def test_nothing_to_minimize_is_a_usage_error(args: list[str], tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["minimize", *args, "-o", str(tmp_path / "x.yaml")])
     assert result.exit_code == 2 and "Traceback" not in result.output
+
+
+def test_a_fix_written_as_steps_survives_minimization(tmp_path: Path) -> None:
+    """A zoo incident: minimize keeps the scenario's own variants, streams and variant-only
+    steps, so what it writes still fails in the buggy variant and stays clean in the fixed
+    one (the judge ran the fixed variant's steps, not the buggy ones without a defect)."""
+    zoo = SCENARIO_ROOT / "zoo" / "trtllm_15546.yaml"
+    incident = _incident(tmp_path, "run", str(zoo), "--variant", "buggy")
+    output = tmp_path / "min.yaml"
+    _minimize(incident, output)
+    small = load_scenario(output)
+    original = load_scenario(zoo)
+    assert len(small.steps) < len(original.steps)
+    assert [v.name for v in small.variants] == ["buggy", "fixed"]
+    assert [(s.name, s.kind) for s in small.streams] == [("execution", "non-blocking")]
+    fixed_only = [s.op for s in small.steps if s.only == frozenset({"fixed"})]
+    assert {"host_free", "host_alloc"} <= set(fixed_only)
+    code, doc = _run(output, tmp_path)
+    by = {r["variant"]: r for r in doc["results"]}
+    assert code == 0
+    assert by["buggy"]["manifested"] == by["buggy"]["trials"]
+    assert by["fixed"]["manifested"] == 0 and by["fixed"]["detected"] == 0
