@@ -84,8 +84,8 @@ class World:
         for name, (pages, readback) in sizes.items():
             self.host[name] = _HostBuffer(self.view(pages, f"buffer {name}"), pages, readback)
         self.scratch = self.view(scratch, "the check's readback")
-        used = {int(s.args["byte"]) for s in steps if "byte" in s.args}  # type: ignore
-        self.scrub_bytes = [b for b in range(1, 256) if b not in used]
+        self.steps = steps
+        self._scrub_bytes: list[int] = []
         self.counters = device.alloc(4 * 64, name="table-read-counts")
         self.counters_host = device.alloc_host(4 * 64, name="table-read-counts-host")
 
@@ -93,8 +93,10 @@ class World:
         """Fill every page with a byte that no step of the scenario writes or expects, chosen
         by the trial's seed, and wait for it: a read of a page nobody wrote this trial then
         sees bytes it cannot mistake for data."""
-        choices = self.scrub_bytes
-        value = choices[seed % len(choices)]
+        if not self._scrub_bytes:
+            used = {int(s.args["byte"]) for s in self.steps if "byte" in s.args}  # type: ignore
+            self._scrub_bytes = [b for b in range(1, 256) if b not in used]
+        value = self._scrub_bytes[seed % len(self._scrub_bytes)]
         self.device.memset(self.pool.buffer, 0, self.pool.buffer.nbytes, value,
                            self.check_stream)
         self.device.synchronize_stream(self.check_stream)

@@ -7,6 +7,7 @@ runner and the reports only ever see these records.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import kvcore
@@ -66,14 +67,14 @@ class Step:
     where: Location | None = None
     only: frozenset[str] | None = None
 
-    @property
+    @cached_property
     def label(self) -> str:
         return self.id or f"{self.index}:{self.op}"
 
     def runs_in(self, variant: str) -> bool:
         return self.only is None or variant in self.only
 
-    @property
+    @cached_property
     def origin(self) -> str | None:
         """``file:line:col`` of the step in its scenario file, for findings."""
         w = self.where

@@ -431,18 +431,29 @@ class Device(ABC):
         """Say that these byte ranges of ``buf`` now belong to ``name`` (a lease, a pinned block
         of a scenario's buffer): findings then speak of ``name``, and of reuse when the bytes
         had another owner before. Costs nothing while nobody listens."""
-        if self.oplog.active:
+        log = self.oplog
+        if log.active:
             for off, nbytes in ranges:
                 self._check_range(buf, off, nbytes)
-                self.oplog.labels.alloc(buf.id, off, nbytes, name)
-                self._emit(HOST, "alloc", detail={"name": name, "range": [buf.id, off, nbytes]})
+                log.labels.alloc(buf.id, off, nbytes, name)
+                self._owner_record("alloc", name, buf, off, nbytes)
 
     def unlabel(self, buf: Buffer, ranges: Sequence[tuple[int, int]]) -> None:
         """These byte ranges were given back (released pages, a freed pinned block)."""
-        if self.oplog.active:
+        log = self.oplog
+        if log.active:
             for off, nbytes in ranges:
-                name = self.oplog.labels.free(buf.id, off, nbytes)
-                self._emit(HOST, "free", detail={"name": name, "range": [buf.id, off, nbytes]})
+                self._owner_record("free", log.labels.free(buf.id, off, nbytes), buf, off,
+                                   nbytes)
+
+    def _owner_record(self, kind: str, name: str | None, buf: Buffer, off: int,
+                      nbytes: int) -> None:
+        # Built here rather than by _emit: an owner change touches no bytes and is issued by
+        # kvcore itself, so it needs no call-site walk (it runs for every materialize).
+        log = self.oplog
+        log.emit(OpRecord(seq=log.next_seq(), stream=HOST, kind=kind, step=log.step,
+                          t_issue_ns=self._clock_ns(),
+                          detail={"name": name, "range": [buf.id, off, nbytes]}))
 
     def clock_ns(self) -> int:
         """The host clock in ns: virtual time on sim, perf_counter on cuda (for benchmarks)."""
