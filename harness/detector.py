@@ -119,6 +119,12 @@ class _Owners:
                 return owner
         return None
 
+    def forget_past(self) -> None:
+        """Drop the owners that gave their bytes back: no access of a past trial is left to
+        name (a GPU's world lives for thousands of trials)."""
+        for buffer, owners in self._by_buffer.items():
+            self._by_buffer[buffer] = [o for o in owners if o.until is None]
+
     def live(self) -> list[tuple[int, Owner]]:
         return [(b, o) for b, owners in self._by_buffer.items() for o in owners
                 if o.until is None]
@@ -263,6 +269,7 @@ class RaceDetector:
         self._reported: set[tuple[int, int]] = set()
         self._waits: dict[str, list[_Wait]] = defaultdict(list)
         self._records: dict[str, list[_Record]] = defaultdict(list)
+        self._owners.forget_past()
         self.racing: set[int] = set()  # ops that raced some earlier op
 
     # ---- what the detector knows of buffers, streams and owners --------------------------------

@@ -91,15 +91,19 @@ class World:
 
     def scrub(self, seed: int) -> None:
         """Fill every page with a byte that no step of the scenario writes or expects, chosen
-        by the trial's seed, and wait for it: a read of a page nobody wrote this trial then
-        sees bytes it cannot mistake for data."""
+        by the trial's seed, before any stream of the scenario touches a page: a read of a page
+        nobody wrote this trial then sees bytes it cannot mistake for data. The streams wait on
+        an event rather than the host on the memset, which keeps the host out of it."""
         if not self._scrub_bytes:
             used = {int(s.args["byte"]) for s in self.steps if "byte" in s.args}  # type: ignore
             self._scrub_bytes = [b for b in range(1, 256) if b not in used]
+            self._scrubbed = self.device.create_event("scrubbed")
         value = self._scrub_bytes[seed % len(self._scrub_bytes)]
-        self.device.memset(self.pool.buffer, 0, self.pool.buffer.nbytes, value,
-                           self.check_stream)
-        self.device.synchronize_stream(self.check_stream)
+        device = self.device
+        device.memset(self.pool.buffer, 0, self.pool.buffer.nbytes, value, self.check_stream)
+        device.record_event(self._scrubbed, self.check_stream)
+        for stream in self.streams.values():
+            device.wait_event(stream, self._scrubbed)
 
     def view(self, pages: int, name: str | None = None) -> kvcore.HostKVAllocationView:
         allocation = self.arena.allocate(self.layout, pages, name=name)

@@ -507,3 +507,28 @@ def test_gpurace_steps_lists_the_whole_vocabulary() -> None:
         "after": {"holds": "an event or a list", "required": False}}
     text = CliRunner().invoke(main, ["steps"]).output
     assert all(op in text for op in OPS)
+
+
+def test_a_scrubbed_world_starts_from_a_byte_no_step_uses(tmp_path: Path) -> None:
+    """On the GPU one world serves every trial of a worker, so its pages would still hold the
+    last trial's bytes; each trial starts from a pattern instead, ordered before every stream
+    of the scenario. Shown on the simulated device, where the world is built the same way."""
+    from harness.executor import World
+
+    scenario = load_scenario(write(tmp_path))
+    device = kvcore.open_device("sim")
+    detector = RaceDetector()
+    detector.attach(device)
+    world = World(scenario, device, scenario.variant("buggy"))
+    world.scrub(seed=0)
+    for name in ("a", "b", "zero"):
+        page = world.pool.materialize(1, name=f"lease {name}")
+        device.launch(Fill(world.pool.buffer, world.pool.page_offset(page[0].handle), 64, 7),
+                      world.stream(name))
+    device.synchronize()
+    assert detector.findings == []  # every stream waited for the scrub
+    host = device.alloc_host(world.pool.buffer.nbytes, name="look")
+    device.copy(host, 0, world.pool.buffer, 0, host.nbytes, world.check_stream)
+    device.synchronize()
+    untouched = device.host_read(host, 3 * world.pool.page_stride, world.pool.page_stride)
+    assert set(untouched.tolist()) == {2}  # BASE writes byte 1 only: 2 is the first free one
