@@ -130,19 +130,19 @@ class _Owners:
                 if o.until is None]
 
 
-class _Wait(NamedTuple):
-    seq: int
-    event: str
-    step: str | None
-    records_before: int  # how many records of the event had been issued when it waited
-    done: bool  # False: a host query that saw "not ready"
-
-
 class _Record(NamedTuple):
     seq: int
     stream: str
     step: str | None
     clock: dict[str, int]
+
+
+class _Wait(NamedTuple):
+    seq: int
+    event: str
+    step: str | None
+    used: _Record | None  # the event's latest record when it waited: the one a wait uses
+    done: bool  # False: a host query that saw "not ready"
 
 
 @dataclass
@@ -354,10 +354,11 @@ class RaceDetector:
                     if other.legacy:
                         _join(vc, self._clock[name])
             if kind == "event_record" and records is not None:
-                self._events[records] = dict(vc)
+                snapshot = self._events[records] = dict(vc)  # never changed after this
                 kept = self._records[records]
-                kept.append(_Record(seq, stream, step, dict(vc)))
-                del kept[:-WAITS_KEPT]
+                kept.append(_Record(seq, stream, step, snapshot))
+                if len(kept) > WAITS_KEPT:
+                    del kept[0]
             elif kind == "event_wait" and waits is not None:
                 _join(vc, self._events.get(waits, {}))
                 self._remember_wait(stream, seq, waits, step, True)
@@ -374,8 +375,10 @@ class RaceDetector:
     def _remember_wait(self, thread: str, seq: int, event: str, step: str | None,
                        done: bool) -> None:
         kept = self._waits[thread]
-        kept.append(_Wait(seq, event, step, len(self._records.get(event, ())), done))
-        del kept[:-WAITS_KEPT]
+        records = self._records.get(event)
+        kept.append(_Wait(seq, event, step, records[-1] if records else None, done))
+        if len(kept) > WAITS_KEPT:
+            del kept[0]
 
     def _access(self, source: tuple[Any, ...], epoch: int, vc: dict[str, int], buf: int,
                 off: int, length: int, write: bool) -> None:
@@ -465,8 +468,7 @@ class RaceDetector:
                         f"the record that covers {first.at} came after it (at "
                         f"{r.step or f'op {r.seq}'}): {waited} on {wait.event} only once that "
                         f"record is issued, or record it before the {waited}")
-            used = records[wait.records_before - 1] if wait.records_before else None
-            mine = covering[-1]
+            used, mine = wait.used, covering[-1]
             if used is not None and used.seq > mine.seq:
                 return (f"event {wait.event} was recorded again at {used.step or used.seq} on "
                         f"{used.stream} before the {waited} at {at}, and a {waited} uses only "

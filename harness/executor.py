@@ -53,7 +53,7 @@ class World:
     and the pinned arena its world buffers and its host_alloc'd buffers come from."""
 
     def __init__(self, scenario: Scenario, device: kvcore.Device,
-                 variant: Variant | None = None) -> None:
+                 variant: Variant | None = None, *, scrubs: bool = False) -> None:
         self.device = device
         self.streams: dict[str, kvcore.device.Stream] = {}
         for spec in (scenario.streams_of(variant) if variant else scenario.streams):
@@ -84,26 +84,25 @@ class World:
         for name, (pages, readback) in sizes.items():
             self.host[name] = _HostBuffer(self.view(pages, f"buffer {name}"), pages, readback)
         self.scratch = self.view(scratch, "the check's readback")
-        self.steps = steps
-        self._scrub_bytes: list[int] = []
         self.counters = device.alloc(4 * 64, name="table-read-counts")
         self.counters_host = device.alloc_host(4 * 64, name="table-read-counts-host")
+        used = {int(s.args["byte"]) for s in steps if "byte" in s.args}  # type: ignore
+        self._scrub_bytes = [b for b in range(1, 256) if b not in used]
+        self.scrubs = scrubs
+        self.scrubbed = 0
+        if scrubs:
+            self.scrub()
 
-    def scrub(self, seed: int) -> None:
-        """Fill every page with a byte that no step of the scenario writes or expects, chosen
-        by the trial's seed, before any stream of the scenario touches a page: a read of a page
-        nobody wrote this trial then sees bytes it cannot mistake for data. The streams wait on
-        an event rather than the host on the memset, which keeps the host out of it."""
-        if not self._scrub_bytes:
-            used = {int(s.args["byte"]) for s in self.steps if "byte" in s.args}  # type: ignore
-            self._scrub_bytes = [b for b in range(1, 256) if b not in used]
-            self._scrubbed = self.device.create_event("scrubbed")
-        value = self._scrub_bytes[seed % len(self._scrub_bytes)]
-        device = self.device
-        device.memset(self.pool.buffer, 0, self.pool.buffer.nbytes, value, self.check_stream)
-        device.record_event(self._scrubbed, self.check_stream)
-        for stream in self.streams.values():
-            device.wait_event(stream, self._scrubbed)
+    def scrub(self) -> None:
+        """Fill every page with a byte that no step of the scenario writes or expects (another
+        one each time), and wait for it: the next trial's reads of a page it did not write then
+        see bytes they cannot mistake for data. A world that serves many trials (on the GPU)
+        does this at its start and at the end of each trial, once the device is idle."""
+        value = self._scrub_bytes[self.scrubbed % len(self._scrub_bytes)]
+        self.scrubbed += 1
+        self.device.memset(self.pool.buffer, 0, self.pool.buffer.nbytes, value,
+                           self.check_stream)
+        self.device.synchronize_stream(self.check_stream)
 
     def view(self, pages: int, name: str | None = None) -> kvcore.HostKVAllocationView:
         allocation = self.arena.allocate(self.layout, pages, name=name)
@@ -166,7 +165,10 @@ class TrialExecutor:
         self.device_info: dict[str, object] = {}
         device = self._open(0)
         if backend == "cuda":
-            self._world = World(scenario, device, variant)
+            # The GPU's world outlives its trials: its pages would still hold the last trial's
+            # bytes, which a stale read would take for the right ones. (A simulated device is
+            # new every trial, and starts as 0xA5.)
+            self._world = World(scenario, device, variant, scrubs=bool(self.steps))
 
     def _open(self, seed: int) -> kvcore.Device:
         device = kvcore.open_device(self.backend, defects=self.variant.defects, seed=seed,
@@ -180,11 +182,6 @@ class TrialExecutor:
     def world(self, seed: int) -> World:
         if self._world is None or self.backend == "sim":
             return World(self.scenario, self._open(seed), self.variant)
-        if self.steps:
-            # The GPU's world outlives its trials: its pages still hold the last trial's bytes,
-            # which a stale read would take for the right ones. Start each trial from a pattern
-            # no step writes (a simulated device is new every trial, and starts as 0xA5).
-            self._world.scrub(seed)
         return self._world
 
     def run(self, index: int, seed: int) -> TrialResult:
@@ -276,6 +273,8 @@ class _Steps:
         for buf in self.allocs.values():
             w.arena.free(buf.view.allocation)
         w.arena.reclaim()  # the device is idle: every deferred free is due
+        if w.scrubs:
+            w.scrub()  # after the host's bookkeeping above: the memset is done by now
 
     # ---- steps ---------------------------------------------------------------------------------
     def _materialize(self, s: Step) -> None:

@@ -509,26 +509,30 @@ def test_gpurace_steps_lists_the_whole_vocabulary() -> None:
     assert all(op in text for op in OPS)
 
 
-def test_a_scrubbed_world_starts_from_a_byte_no_step_uses(tmp_path: Path) -> None:
+def test_a_scrubbed_world_starts_each_trial_from_a_byte_no_step_uses(tmp_path: Path) -> None:
     """On the GPU one world serves every trial of a worker, so its pages would still hold the
-    last trial's bytes; each trial starts from a pattern instead, ordered before every stream
-    of the scenario. Shown on the simulated device, where the world is built the same way."""
-    from harness.executor import World
+    last trial's bytes; it fills them with a byte no step uses at its start and after every
+    trial instead. Shown on the simulated device, with a world that serves two trials."""
+    from harness.executor import World, _Steps
 
     scenario = load_scenario(write(tmp_path))
+    variant = scenario.variant("buggy")
+    executor = TrialExecutor(scenario, variant, "sim")
     device = kvcore.open_device("sim")
     detector = RaceDetector()
     detector.attach(device)
-    world = World(scenario, device, scenario.variant("buggy"))
-    world.scrub(seed=0)
-    for name in ("a", "b", "zero"):
-        page = world.pool.materialize(1, name=f"lease {name}")
-        device.launch(Fill(world.pool.buffer, world.pool.page_offset(page[0].handle), 64, 7),
-                      world.stream(name))
-    device.synchronize()
-    assert detector.findings == []  # every stream waited for the scrub
-    host = device.alloc_host(world.pool.buffer.nbytes, name="look")
-    device.copy(host, 0, world.pool.buffer, 0, host.nbytes, world.check_stream)
-    device.synchronize()
-    untouched = device.host_read(host, 3 * world.pool.page_stride, world.pool.page_stride)
-    assert set(untouched.tolist()) == {2}  # BASE writes byte 1 only: 2 is the first free one
+    world = World(scenario, device, variant, scrubs=True)
+
+    def untouched_page() -> set[int]:
+        host = device.alloc_host(world.pool.page_stride, name="look")
+        device.copy(host, 0, world.pool.buffer, 3 * world.pool.page_stride, host.nbytes,
+                    world.check_stream)
+        device.synchronize()
+        return set(device.host_read(host, 0, host.nbytes).tolist())
+
+    assert untouched_page() == {2}  # BASE writes byte 1 only: 2 is the first free one
+    for expected in (3, 4):
+        detector.reset()
+        assert _Steps(executor, world).run()[0] is Outcome.CLEAN
+        assert detector.findings == []
+        assert untouched_page() == {expected}  # another byte after every trial
