@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,18 +35,19 @@ from harness.replay import replay_scenario
 
 from harness.model import Scenario, Suite
 from harness.nvml import other_gpu_processes
-from harness.outcome import Outcome, Status, TrialResult, VariantResult
+from harness.outcome import Status, TrialResult, VariantResult
 from reports import (
     ReportError,
     list_incidents,
     load_report,
-    remove_stale_temps,
     render_junit,
     render_markdown,
     write_atomic,
 )
+from harness.outputs import check_file, check_folder, sweep_dead_runs
 from harness.runner import (
     ExitCode,
+    Interrupted,
     RunHooks,
     RunOptions,
     RunResult,
@@ -61,7 +63,8 @@ def _console(stream: TextIO) -> Console:
     truncate the results table's headers and wrap every finding; logs are wide, so there a
     line keeps its width unless COLUMNS says otherwise."""
     wide = not stream.isatty() and "COLUMNS" not in os.environ
-    return Console(stderr=stream is sys.stderr, width=160 if wide else None)
+    # No emoji codes: a message's "file:100:3" must not print as "file💯3".
+    return Console(stderr=stream is sys.stderr, width=160 if wide else None, emoji=False)
 
 
 err = _console(sys.stderr)
@@ -229,29 +232,41 @@ def _execute(scenarios: Sequence[Scenario], options: RunOptions, *, insist: bool
              junit: Path | None, fmt: str) -> None:
     """Run, write run.json (and JUnit), print, and exit with the run's code: run and replay."""
     out_dir = options.out_dir or Path("gpurace-reports")
+    # Before anything runs: a run that cannot write its results should not start.
+    check_folder(out_dir, "--out")
+    if junit is not None:
+        check_file(junit, "--junit")
     runner = Runner(options, None)
     if runner.backend == "cuda" and options.dangerous and any(s.dangerous for s in scenarios):
         _refuse_busy_gpu(insist)
+    sweep_dead_runs(out_dir)  # what killed earlier runs left half-written, and only that
     hooks = _ProgressHooks(fmt == "text" and err.is_terminal)
     runner.hooks = hooks
-    if out_dir.exists():
-        remove_stale_temps(out_dir)  # what a killed earlier run left half-written
+    # SIGTERM stops the run as Ctrl-C does: what finished is written, the workers die.
+    previous = signal.signal(signal.SIGTERM, _stop_on_sigterm)
     try:
         with hooks:
             result = runner.run(scenarios)
-    except KeyboardInterrupt:
-        err.print("interrupted")
-        sys.exit(130)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     document = result.to_json()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_atomic(out_dir / "run.json", json.dumps(document, indent=2) + "\n")
+    write_atomic(Path(result.folder) / "run.json", json.dumps(document, indent=2) + "\n")
     if junit is not None:
+        junit.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(junit, render_junit(document))
     if fmt == "json":
         click.echo(json.dumps(document, indent=2))
     else:
-        _print_summary(result, out_dir)
+        _print_summary(result, Path(result.folder))
+    if result.interrupted:
+        done = sum(r.trials for r in result.results)
+        err.print(f"interrupted ({result.interrupted}): {Path(result.folder) / 'run.json'} "
+                  f"keeps the {done} trials that finished", highlight=False)
     sys.exit(int(result.exit_code))
+
+
+def _stop_on_sigterm(signum: int, frame: object) -> None:
+    raise Interrupted(signum)
 
 
 @main.command("replay")
@@ -551,7 +566,7 @@ def _print_summary(result: RunResult, out_dir: Path) -> None:
         counts = ", ".join(f"{k} {v}" for k, v in r.outcomes().items() if v) or "-"
         status = "map" if r.sweep and r.status is not Status.SKIP else r.status.value
         row = [r.scenario, r.variant, r.expect, "-" if r.delay_us is None else f"{r.delay_us:g}",
-               str(len(r.trials)), str(r.manifested), *((str(r.detected),) if detect else ()),
+               str(r.trials), str(r.manifested), *((str(r.detected),) if detect else ()),
                counts, f"[{_STATUS_STYLE[r.status]}]{status}[/]"]
         table.add_row(*row)
     out.print(table)
@@ -564,13 +579,13 @@ def _print_summary(result: RunResult, out_dir: Path) -> None:
         findings = r.finding_summary(1)
         if findings and not r.sweep:
             out.print(f"  {r.scenario} ({r.variant}): race detected in {r.detected}/"
-                      f"{len(r.trials)} trials", highlight=False)
+                      f"{r.trials} trials", highlight=False)
             _print_finding(findings[0])
     for r in result.results:
         if r.reason and not r.sweep and r not in dangerous:
             out.print(f"  {r.scenario} ({r.variant}) {r.status.value}: {escape(r.reason)}",
                       highlight=False)
-        first = next((t for t in r.trials if t.outcome is not Outcome.CLEAN), None)
+        first = r.first_manifested
         if first is not None and r.status is Status.FAIL:
             out.print(f"    first: trial {first.index} (seed {first.seed}) "
                       f"{first.outcome.value}: {escape(first.detail)}", highlight=False)

@@ -59,3 +59,13 @@ class TraceError(HarnessError):
     or a record without the fields its type needs. The message names the file and line."""
 
     exit_code = 2
+
+
+class OutputError(HarnessError):
+    """Where the run would write cannot be written: ``--out`` is a file, a device or read-only,
+    or ``--junit`` names something that is not a regular file, or a folder that cannot be made.
+
+    Pick a path you can write to; nothing ran.
+    """
+
+    exit_code = 2

@@ -17,7 +17,9 @@ STREAM_KINDS = ("non-blocking", "blocking", "legacy")
 the legacy stream), blocking (implicitly ordered with the legacy stream both ways), or the
 legacy default stream itself (stream 0)."""
 
-EXPECTATIONS = ("clean", "reproduces")
+EXPECTATIONS = ("clean", "reproduces", "hang")
+"""What a variant must do: stay clean, reproduce the race (manifest or be detected), or hang (a
+hang is no reproduction of a race; a scenario that means to hang says so)."""
 
 WORKLOAD_PHASES = ("churn", "prefill", "activate", "decode")
 """The phases of a workload's request, in the order they run; ``amplify.before`` names one."""

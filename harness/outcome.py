@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import enum
+import hashlib
 import re
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 
 def step_shape(step: object) -> object:
@@ -65,9 +67,18 @@ class TrialResult:
         return cls(**fields)  # type: ignore[arg-type]
 
 
+CRASH_REQUESTS_KEPT = 10_000
+"""Crash requests a variant's result lists (a soak may crash far more often)."""
+
+
 @dataclass
 class VariantResult:
-    """What one scenario variant's trials came to, and whether that met its expectation."""
+    """What one scenario variant's trials came to, and whether that met its expectation.
+
+    Trials are added one by one (:meth:`add`) and folded into running counts, so a run of
+    20,000 trials costs the same per trial as one of 20, and keeps no more memory: the first
+    trial that went wrong, the folded findings and Xids, the counts, and a digest of every
+    trial's (index, seed, outcome, detail) that says whether two runs did the same thing."""
 
     scenario: str
     variant: str
@@ -78,39 +89,77 @@ class VariantResult:
     delay_us: float | None
     status: Status = Status.SKIP
     reason: str = ""
-    trials: list[TrialResult] = field(default_factory=list)
+    trials: int = 0
     min_rate: float = 0.0
     reports: list[str] = field(default_factory=list)
     sweep: bool = False
+    counts: dict[str, int] = field(default_factory=lambda: {o.value: 0 for o in Outcome})
+    detected: int = 0
+    reproduced: int = 0
+    not_clean: int = 0  # trials that manifested or had a race found (one count per trial)
+    first_manifested: TrialResult | None = None
+    traces: list[str] = field(default_factory=list)
+    crash_requests: list[int] = field(default_factory=list)
+    _findings: dict[tuple[object, ...], dict[str, object]] = field(default_factory=dict)
+    _xids: dict[object, dict[str, object]] = field(default_factory=dict)
+    _digest: Any = field(default_factory=hashlib.sha256)
+
+    def add(self, trial: TrialResult) -> None:
+        """Fold one finished trial into the counts."""
+        self.trials += 1
+        self.counts[trial.outcome.value] += 1
+        self.detected += trial.race
+        self.not_clean += trial.outcome.manifested or trial.race
+        self.reproduced += self.counts_as_reproduced(trial)
+        if trial.outcome.manifested and self.first_manifested is None:
+            self.first_manifested = trial
+        if trial.trace:
+            self.traces.append(trial.trace)
+        if trial.outcome is Outcome.CRASH and trial.requests is not None \
+                and len(self.crash_requests) < CRASH_REQUESTS_KEPT:
+            self.crash_requests.append(trial.requests)
+        for f in trial.findings:
+            first, second = f["first"], f["second"]  # type: ignore[index]
+            key = (f["buffer"], first["stream"], first["kind"],  # type: ignore[index]
+                   step_shape(first["step"]), second["stream"],  # type: ignore[index]
+                   second["kind"], step_shape(second["step"]))  # type: ignore[index]
+            entry = self._findings.setdefault(key, {**f, "trials": 0})
+            entry["trials"] = int(entry["trials"]) + 1  # type: ignore[call-overload]
+        for x in {int(x["xid"]): x for x in trial.xids}.values():  # type: ignore[call-overload]
+            entry = self._xids.setdefault(x["xid"], {"xid": x["xid"], "meaning": x.get("meaning"),
+                                                     "class": x.get("class"), "trials": 0})
+            entry["trials"] = int(entry["trials"]) + 1  # type: ignore[call-overload]
+        self._digest.update(f"{trial.index}:{trial.seed}:{trial.outcome.value}:"
+                            f"{trial.detail}\n".encode())
+
+    def counts_as_reproduced(self, trial: TrialResult) -> bool:
+        """Whether the race showed in this trial. A hang shows only that the trial hung: it
+        counts where the variant expects a hang, and not as a race reproduced."""
+        if self.expect == "hang":
+            return trial.outcome is Outcome.HANG
+        return (trial.outcome.manifested and trial.outcome is not Outcome.HANG) or trial.race
 
     @property
     def manifested(self) -> int:
-        return sum(t.outcome.manifested for t in self.trials)
+        return self.trials - self.counts[Outcome.CLEAN.value]
 
     @property
-    def detected(self) -> int:
-        return sum(t.race for t in self.trials)
-
-    @property
-    def reproduced(self) -> int:
-        """Trials in which the race showed, by manifesting or by being detected."""
-        return sum(t.outcome.manifested or t.race for t in self.trials)
+    def digest(self) -> str:
+        """sha256 over every trial's index, seed, outcome and detail, in order."""
+        return self._digest.hexdigest()
 
     def outcomes(self) -> dict[str, int]:
-        counts = {o.value: 0 for o in Outcome}
-        for t in self.trials:
-            counts[t.outcome.value] += 1
-        return counts
+        return dict(self.counts)
 
     def judge(self) -> None:
         """Set status and reason from the trials and the expectation."""
-        n = len(self.trials)
+        n = self.trials
         if n == 0:
             self.status, self.reason = Status.SKIP, self.reason or "no trial ran"
         elif self.expect == "clean":
-            bad = self.reproduced
+            bad = self.not_clean
             self.status = Status.PASS if bad == 0 else Status.FAIL
-            shown = ", ".join(f"{k} {v}" for k, v in self.outcomes().items()
+            shown = ", ".join(f"{k} {v}" for k, v in self.counts.items()
                               if v and k != Outcome.CLEAN.value)
             self.reason = "" if bad == 0 else (
                 f"expected clean; {bad}/{n} trials were not ({shown or 'race detected'})")
@@ -119,44 +168,38 @@ class VariantResult:
             rate = got / n
             if got and rate >= self.min_rate:
                 self.status, self.reason = Status.PASS, ""
+                return
+            self.status = Status.FAIL
+            hung = self.counts[Outcome.HANG.value]
+            if self.expect == "hang":
+                self.reason = (f"expected to hang in at least {self.min_rate:.0%} of trials; "
+                               f"hung in {got}/{n}")
             else:
-                self.status = Status.FAIL
-                self.reason = (f"expected to reproduce in at least {self.min_rate:.0%} of trials; "
-                               f"reproduced in {got}/{n}: the harness lost its power here")
+                self.reason = (f"expected to reproduce in at least {self.min_rate:.0%} of "
+                               f"trials; reproduced in {got}/{n}: the harness lost its power here"
+                               + (f" ({hung} trials hung, which is not a reproduction: say "
+                                  "`expect: hang` if the variant is meant to hang)"
+                                  if hung else ""))
 
     def xid_summary(self) -> list[dict[str, object]]:
         """Each Xid seen in this variant's trials, once: number, meaning, class, and in how
         many trials it came."""
-        seen: dict[object, dict[str, object]] = {}
-        for t in self.trials:
-            for x in {int(x["xid"]): x for x in t.xids}.values():  # type: ignore[call-overload]
-                entry = seen.setdefault(x["xid"], {"xid": x["xid"], "meaning": x.get("meaning"),
-                                                   "class": x.get("class"), "trials": 0})
-                entry["trials"] = int(entry["trials"]) + 1  # type: ignore[call-overload]
-        return list(seen.values())
+        return list(self._xids.values())
 
     def finding_summary(self, most: int = 5) -> list[dict[str, object]]:
         """The detector's findings across trials, folded by the ops that raced: each once,
         with in how many trials it was found."""
-        folded: dict[tuple[object, ...], dict[str, object]] = {}
-        for t in self.trials:
-            for f in t.findings:
-                first, second = f["first"], f["second"]  # type: ignore[index]
-                key = (f["buffer"], first["stream"], first["kind"],  # type: ignore[index]
-                       step_shape(first["step"]), second["stream"],  # type: ignore[index]
-                       second["kind"], step_shape(second["step"]))  # type: ignore[index]
-                entry = folded.setdefault(key, {**f, "trials": 0})
-                entry["trials"] = int(entry["trials"]) + 1  # type: ignore[call-overload]
-        return sorted(folded.values(), key=lambda f: -int(f["trials"]))[:most]  # type: ignore
+        return sorted(self._findings.values(),
+                      key=lambda f: -int(f["trials"]))[:most]  # type: ignore[call-overload]
 
     def to_json(self) -> dict[str, object]:
-        first = next((t for t in self.trials if t.outcome.manifested), None)
+        first = self.first_manifested
         return {
             "scenario": self.scenario,
             "variant": self.variant,
             "status": self.status.value,
             "expect": self.expect,
-            "trials": len(self.trials),
+            "trials": self.trials,
             "manifested": self.manifested,
             "detected": self.detected,
             "outcomes": self.outcomes(),
@@ -169,9 +212,9 @@ class VariantResult:
             "min_rate": self.min_rate,
             "sweep": self.sweep,
             "first_manifested": None if first is None else first.to_json(),
-            "traces": [t.trace for t in self.trials if t.trace],
-            "crash_requests": [t.requests for t in self.trials
-                               if t.outcome is Outcome.CRASH and t.requests is not None],
+            "traces": list(self.traces),
+            "crash_requests": list(self.crash_requests),
             "xids": self.xid_summary(),
             "findings": self.finding_summary(),
+            "digest": self.digest,
         }

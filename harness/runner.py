@@ -7,11 +7,14 @@ why a variant ended is in its status and reason.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import functools
 import hashlib
 import multiprocessing
+import os
+import signal
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -23,6 +26,7 @@ from harness.errors import BackendUnavailable, HarnessError, ScenarioError, Targ
 from harness.traces.flight import CURRENT, cut_torn_tail, trace_path
 from harness.incidents import build_report, reproduce_argv
 from harness.model import Scenario, Suite, Variant
+from harness.outputs import RunFolder
 from harness.outcome import Outcome, Status, TrialResult, VariantResult
 from harness.scenario import load_document
 from harness.watch import GpuWatch, TrialXids
@@ -40,13 +44,25 @@ RUN_SCHEMA = "gpurace.run/1"
 
 
 class ExitCode(enum.IntEnum):
-    """The process exit codes of DESIGN.md."""
+    """The process exit codes: 0 every expectation met, 1 one failed, 2 usage error or
+    invalid input, 3 internal error, 77 nothing could run here; an interrupted run exits as a
+    shell reports a signal (128 + its number: 130 for Ctrl-C, 143 for SIGTERM)."""
 
     OK = 0
     EXPECTATION_FAILED = 1
     USAGE = 2
     INTERNAL = 3
     NOTHING_RAN = 77
+    INTERRUPTED = 130
+    TERMINATED = 143
+
+
+class Interrupted(KeyboardInterrupt):
+    """The run was asked to stop (Ctrl-C, SIGTERM): the runner keeps what finished."""
+
+    def __init__(self, signum: int = signal.SIGINT) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
 
 
 @dataclass(frozen=True)
@@ -90,9 +106,15 @@ class RunResult:
     health: dict[str, object] = field(default_factory=dict)
     stopped: str = ""  # why the run stopped early (a GPU-fatal Xid), or ""
     watch_notes: list[str] = field(default_factory=list)
+    interrupted: str = ""  # the signal that stopped the run (SIGINT, SIGTERM), or ""
+    folder: str = ""  # the run's own folder under --out
+    run_id: str = ""
 
     @property
     def exit_code(self) -> ExitCode:
+        if self.interrupted:
+            return ExitCode.TERMINATED if self.interrupted == "SIGTERM" \
+                else ExitCode.INTERRUPTED
         if self.stopped:
             return ExitCode.EXPECTATION_FAILED
         ran = [r for r in self.results if r.status is not Status.SKIP]
@@ -104,6 +126,9 @@ class RunResult:
     def to_json(self) -> dict[str, object]:
         return {
             "schema": RUN_SCHEMA,
+            "run_id": self.run_id,
+            "folder": self.folder,
+            "interrupted": self.interrupted,
             "backend": self.backend,
             "device": self.device,
             "seed": self.seed,
@@ -200,16 +225,20 @@ class Runner:
                 raise TargetError(f"--schedule: {exc}") from exc
         self.device: dict[str, object] = {"backend": self.backend}
         self._workers = 0
-        self.out_dir = options.out_dir or Path(tempfile.mkdtemp(prefix="gpurace-"))
-        self.log_dir = self.out_dir / "workers"
+        self.folder: RunFolder | None = None  # made when the run starts
         self.watch: GpuWatch | None = None
         self.health: dict[str, object] = {}
         self.stopped = ""
+        self._running: VariantResult | None = None  # the variant whose trials are running
 
     def run(self, scenarios: Iterable[Scenario]) -> RunResult:
         """Phases: watch and health first, then every variant's trials, then health again."""
         start = time.perf_counter()
-        result = RunResult(self.backend, self.device, self.options.seed)
+        # A folder of the run's own under --out: runs that share --out share nothing else.
+        self.folder = RunFolder.create(self.options.out_dir or Path(tempfile.mkdtemp(
+            prefix="gpurace-")))
+        result = RunResult(self.backend, self.device, self.options.seed,
+                           folder=str(self.out_dir), run_id=self.folder.run_id)
         self.started_wall = time.time()
         self.watch = GpuWatch(self.backend)
         if self.backend == "cuda":  # on sim there is nothing to watch, and reports say so
@@ -227,6 +256,15 @@ class Runner:
                         if not self.stopped:
                             result.results.append(
                                 self.run_variant(scenario, variant.name, delay))
+        except KeyboardInterrupt as exc:
+            # Keep what finished, the variant in progress with its trials so far too.
+            result.interrupted = signal.Signals(getattr(exc, "signum", signal.SIGINT)).name
+            partial = self._running
+            if partial is not None and partial not in result.results:
+                partial.judge()
+                partial.reason = (f"interrupted by {result.interrupted} after "
+                                  f"{partial.trials} trials; " + partial.reason).rstrip("; ")
+                result.results.append(partial)
         finally:
             self.health["after"] = self.watch.health()
             self.watch.stop()
@@ -236,6 +274,16 @@ class Runner:
         result.watch_notes = list(self.watch.notes)
         result.wall_s = time.perf_counter() - start
         return result
+
+    @property
+    def out_dir(self) -> Path:
+        """The run's folder, where its run.json, incidents and workers' files go."""
+        assert self.folder is not None, "the run has not started"
+        return self.folder.path
+
+    @property
+    def log_dir(self) -> Path:
+        return self.out_dir / "workers"
 
     def run_variant(self, scenario: Scenario, variant_name: str,
                     sweep_delay: float | None = None) -> VariantResult:
@@ -254,6 +302,7 @@ class Runner:
             delay_us=delay if amplified else None, min_rate=variant.min_rate,
             sweep=sweep_delay is not None,
         )
+        self._running = result
         if scenario.dangerous and not opts.dangerous:
             result.status = Status.SKIP
             result.reason = "dangerous: it can crash the CUDA context; pass --dangerous to run it"
@@ -282,7 +331,7 @@ class Runner:
         while pending and not self.stopped:
             self._workers += 1
             folder = self.log_dir / f"{self._workers:04d}-{scenario.name}-{variant.name}"
-            job = WorkerJob(scenario, variant.name, self.backend, tuple(pending),
+            job = WorkerJob(scenario, variant.name, self.backend, tuple(pending), os.getpid(),
                             amplified, delay if amplified else None,
                             str(folder / "worker.log"), str(folder), header, opts.detect,
                             opts.schedule, opts.record)
@@ -304,18 +353,21 @@ class Runner:
         finished = 0
         try:
             message = _receive(parent, WORKER_START_TIMEOUT_S)
-            if message is None or message[0] == "error":
+            if message in (_SILENT, _GONE) or message[0] == "error":
                 raise HarnessError(_worker_failed(job, proc, message))
             self.device.update({k: v for k, v in message[1].items() if k != "pid"})
             while finished < len(job.trials) and not self.stopped:
                 index, seed = job.trials[finished]
                 started, wall = time.monotonic(), time.time()
                 message = _receive(parent, timeout)
-                if message is None:
-                    hung = proc.is_alive()
+                if message in (_SILENT, _GONE):
+                    # Silent and alive: it hangs, and the watchdog kills it. Gone (its pipe
+                    # closed), or silent and already dead: it died on its own, or was killed
+                    # from outside; a crash, whatever the clock says.
+                    hung = message is _SILENT and proc.is_alive()
                     if hung:
                         proc.kill()
-                        proc.join(5)
+                    proc.join(5)
                     # Measured after the kill: how long the trial held the GPU in all.
                     waited = time.monotonic() - started
                     if hung:
@@ -324,8 +376,8 @@ class Runner:
                             f"{proc.pid} killed after {waited:.2f} s")
                     else:
                         kind, detail = Outcome.CRASH, (
-                            f"worker {proc.pid} died (exit code {proc.exitcode}) after "
-                            f"{waited:.1f} s")
+                            f"worker {proc.pid} {_death(proc)} after {waited:.2f} s, "
+                            "before it reported the trial")
                     self._record(run, TrialResult(
                         index, seed, kind, detail=detail, duration_s=waited,
                         worker_pid=proc.pid, device_log=_tail(job.log_path),
@@ -361,9 +413,13 @@ class Runner:
             said = self.watch.for_trial(trial.worker_pid, wall,
                                         crashed=trial.outcome in (Outcome.CRASH, Outcome.HANG))
             trial = dataclasses.replace(trial, xids=said.xids)
+            kept = None
             if len(run.result.reports) < self.options.max_incidents:
-                run.result.reports.append(str(self._incident(run, trial, said, job)))
-        run.result.trials.append(trial)
+                incident = self._incident(run, trial, said, job)
+                run.result.reports.append(str(incident))
+                kept = str(incident / "trace.jsonl") if trial.trace else None
+            trial = dataclasses.replace(trial, trace=self._settle_trace(trial.trace, kept))
+        run.result.add(trial)
         self.hooks.trial_finished(run.result, trial)
         fatal = self.watch.fatal_since(self.started_wall)
         if fatal and not self.stopped:
@@ -371,6 +427,16 @@ class Runner:
             self.stopped = (f"the GPU reported {xids}: it needs attention (a reset or service) "
                             "before it runs anything else; the run stopped here")
             self.hooks.note(self.stopped)
+
+    def _settle_trace(self, worker_trace: str | None, incident_trace: str | None) -> str | None:
+        """Where a bad trial's trace lives on: the worker's copy when --record keeps every
+        trace, else its incident's copy, else nowhere (a soak's thousandth crash keeps its
+        counts, not 20,000 files)."""
+        if worker_trace is None or self.options.record:
+            return worker_trace
+        with contextlib.suppress(OSError):
+            Path(worker_trace).unlink()
+        return incident_trace
 
     def _incident(self, run: _VariantRun, trial: TrialResult, said: TrialXids,
                   job: WorkerJob) -> Path:
@@ -399,14 +465,34 @@ class _VariantRun:
     argv: Callable[[TrialResult], list[str]]
 
 
-def _receive(conn: object, timeout: float) -> tuple | None:
-    """The worker's next message, or None when it sent none in time or died."""
+_SILENT = ("silent",)
+"""What _receive says when the worker sent nothing in time."""
+_GONE = ("gone",)
+"""What _receive says when the worker's end of the pipe closed: it died."""
+
+
+def _receive(conn: object, timeout: float) -> tuple:
+    """The worker's next message, or _SILENT (nothing in time), or _GONE (it died)."""
     try:
         if not conn.poll(timeout):  # type: ignore[attr-defined]
-            return None
+            return _SILENT
         return conn.recv()  # type: ignore[attr-defined,no-any-return]
     except (EOFError, OSError):
-        return None
+        return _GONE
+
+
+def _death(proc: multiprocessing.process.BaseProcess) -> str:
+    """How a worker process ended, in words: the signal that killed it, or its exit code."""
+    code = proc.exitcode
+    if code is None:
+        return "is still running"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"was killed by {name}"
+    return f"exited with code {code}"
 
 
 def _keep_current_trace(job: WorkerJob, index: int) -> str | None:
@@ -432,10 +518,12 @@ def _tail(path: str, lines: int = 20) -> str:
 
 
 def _worker_failed(job: WorkerJob, proc: multiprocessing.process.BaseProcess,
-                   message: tuple | None) -> str:
-    if message is None:
+                   message: tuple) -> str:
+    if message in (_SILENT, _GONE):
+        proc.join(1)
         return (f"the worker for {Path(job.scenario.path).name} ({job.variant}) did not start "
-                f"(exit code {proc.exitcode}); run with --backend sim to check the scenario")
+                f"(it {_death(proc)}; its log: {job.log_path}); run with --backend sim to "
+                "check the scenario")
     return (f"the worker for {Path(job.scenario.path).name} ({job.variant}) failed "
             f"(its log: {job.log_path}):\n{message[1]}")
 

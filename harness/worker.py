@@ -7,8 +7,10 @@ the remaining trials; a hang is ended by the parent's watchdog killing the worke
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import os
+import signal
 import sys
 import traceback
 from dataclasses import dataclass
@@ -25,6 +27,7 @@ class WorkerJob:
     variant: str
     backend: str
     trials: tuple[tuple[int, int], ...]
+    parent_pid: int
     amplify: bool
     delay_us: float | None
     log_path: str
@@ -38,6 +41,7 @@ class WorkerJob:
 def worker_main(conn: Connection, job: WorkerJob) -> None:
     """Entry point of a worker process. Messages to the parent:
     ("ready", device_info), ("trial", result_json) per trial, ("done",), or ("error", text)."""
+    _die_with(job.parent_pid)
     # Everything the process prints, CUDA's device-side assert messages included, goes to the
     # worker's log: the parent's terminal keeps its progress bar, and reports quote the log.
     log = os.open(job.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -92,3 +96,18 @@ def worker_main(conn: Connection, job: WorkerJob) -> None:
         conn.send(("error", traceback.format_exc()))
     finally:
         conn.close()
+
+
+def _die_with(parent: int) -> None:
+    """Tie this worker's life to its parent's: whatever kills the parent (SIGKILL included)
+    kills the worker, even one blocked in a hung kernel, which would otherwise hold the GPU.
+    Ctrl-C is the parent's to handle: it stops the run and writes what finished."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before the line above took effect
+        os._exit(1)
+
+
+_PR_SET_PDEATHSIG = 1

@@ -12,11 +12,14 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import stat
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
+
+from reports.model import ReportError
 
 TEMP_PREFIX = "."
 TEMP_SUFFIX = ".tmp"
@@ -96,7 +99,7 @@ def atomic_writer(path: Path, mode: str = "w", encoding: str = "utf-8") -> Itera
     """
     if mode not in ("w", "wt", "wb"):
         raise ValueError(f"atomic_writer mode must be 'w' or 'wb', not {mode!r}")
-    path = Path(path)
+    path = _target(Path(path))
     fd, tmp = _temp_in(path.parent, path.name)
     try:
         binary = "b" in mode
@@ -110,6 +113,19 @@ def atomic_writer(path: Path, mode: str = "w", encoding: str = "utf-8") -> Itera
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
+
+
+def _target(path: Path) -> Path:
+    """The file to replace: a symlink's target (the link stays a link, as a plain write would
+    keep it), and only ever a regular file: a FIFO, a device or a folder at the path is not
+    replaced by a file of ours."""
+    if path.is_symlink():
+        path = path.resolve()
+    with contextlib.suppress(FileNotFoundError):
+        if not stat.S_ISREG(path.stat().st_mode):
+            raise ReportError(f"{path}: not a regular file (a folder, FIFO or device); gpurace "
+                              "will not replace it with a report: write somewhere else")
+    return path
 
 
 def is_temp_name(name: str) -> bool:

@@ -166,7 +166,8 @@ def load_report(path: Path) -> dict[str, Any]:
 
 
 def list_incidents(root: Path) -> list[dict[str, Any]]:
-    """A summary of each incident folder directly under ``root``, oldest first.
+    """A summary of each incident folder under ``root``, oldest first: directly under it, or
+    one level down (in the run folders a run makes under its ``--out``).
 
     Each is ``{path, created, scenario, variant, trial, outcome, cuda_error, xids}``; a folder
     whose report can't be read is listed as ``{path, error}`` rather than stopping the listing.
@@ -176,15 +177,25 @@ def list_incidents(root: Path) -> list[dict[str, Any]]:
     if not root.is_dir():
         return []
     summaries = []
-    for folder in sorted(root.iterdir()):
-        if folder.name.startswith(".") or not (folder / REPORT_JSON).is_file():
-            continue
+    for folder in _incident_folders(root):
         try:
             summaries.append(_summary(folder, load_report(folder)))
         except ReportError as exc:
             summaries.append({"path": str(folder), "error": str(exc)})
     summaries.sort(key=_sort_key)
     return summaries
+
+
+def _incident_folders(root: Path, depth: int = 2) -> list[Path]:
+    found = []
+    for folder in sorted(root.iterdir()):
+        if folder.name.startswith(".") or folder.is_symlink() or not folder.is_dir():
+            continue
+        if (folder / REPORT_JSON).is_file():
+            found.append(folder)
+        elif depth > 1:
+            found += _incident_folders(folder, depth - 1)
+    return found
 
 
 def _sort_key(summary: Mapping[str, Any]) -> tuple[datetime, str]:

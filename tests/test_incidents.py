@@ -21,7 +21,8 @@ from harness.cli import main
 from harness.nvml import XidEvent
 from harness.runner import SCENARIO_ROOT
 from harness.watch import GpuWatch, TrialXids
-from reports import list_incidents, load_report, remove_stale_temps
+from harness.outputs import sweep_dead_runs
+from reports import list_incidents, load_report
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -47,7 +48,7 @@ def test_sim_crash_leaves_incident_folders(crash_run: tuple[Path, dict]) -> None
     assert len(result["reports"]) == 3  # --max-incidents default; 5 crashes counted
     for path in result["reports"]:
         folder = Path(path)
-        assert folder.parent == out
+        assert folder.parent == out / doc["run_id"] == Path(doc["folder"])
         assert {"report.json", "report.md", "trace.jsonl"} <= {p.name for p in folder.iterdir()}
         report = load_report(folder)
         assert report["schema"] == "gpurace.report/1"
@@ -172,7 +173,7 @@ def test_sigkill_mid_run_leaves_no_half_written_file(tmp_path: Path) -> None:
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            if out.exists() and len([p for p in out.iterdir() if p.name.startswith("2")]) >= 5:
+            if out.exists() and len([p for p in out.glob("run-*/2*")]) >= 5:
                 break
             time.sleep(0.05)
         proc.send_signal(signal.SIGKILL)  # the harness itself, mid-run
@@ -182,16 +183,17 @@ def test_sigkill_mid_run_leaves_no_half_written_file(tmp_path: Path) -> None:
             os.killpg(proc.pid, signal.SIGKILL)  # and its orphaned worker
         except ProcessLookupError:
             pass
-    incidents = [p for p in out.iterdir() if p.is_dir() and not p.name.startswith(".")
+    [run] = out.glob("run-*")
+    incidents = [p for p in run.iterdir() if p.is_dir() and not p.name.startswith(".")
                  and p.name != "workers"]
     assert len(incidents) >= 5
     for folder in incidents:
         report = load_report(folder)  # complete JSON with the right schema
         for name in report["files"]:
             assert (folder / name).stat().st_size > 0
-    assert not (out / "run.json").exists()  # never half-written: it is written at the end
+    assert not (run / "run.json").exists()  # never half-written: it is written at the end
     assert all("error" not in item for item in list_incidents(out))
-    remove_stale_temps(out)
+    assert sweep_dead_runs(out) >= 0  # the killed run's folder: its owner is dead
     assert not [p for p in out.rglob(".*.tmp")]
 
 

@@ -80,13 +80,16 @@ def test_dangerous_skipped_without_flag(tmp_path: Path) -> None:
 
 
 def test_same_seed_same_trials(tmp_path: Path) -> None:
-    def trials(seed: int) -> list:
+    """Every trial's index, seed, outcome and detail go into a variant's digest."""
+    def digests(seed: int) -> list[str]:
         scenarios = resolve_targets([ALL[0]])
-        result = Runner(RunOptions(backend="sim", seed=seed, trials=20)).run(scenarios)
-        return [(t.seed, t.outcome, t.detail) for r in result.results for t in r.trials]
+        result = Runner(RunOptions(backend="sim", seed=seed, trials=20,
+                                   out_dir=tmp_path / str(seed))).run(scenarios)
+        assert all(r.trials == 20 for r in result.results)
+        return [r.digest for r in result.results]
 
-    assert trials(3) == trials(3)
-    assert [s for s, _, _ in trials(3)] != [s for s, _, _ in trials(4)]
+    assert digests(3) == digests(3)
+    assert digests(3) != digests(4)
 
 
 def test_hung_worker_killed_and_run_goes_on(tmp_path: Path) -> None:
@@ -114,7 +117,9 @@ def test_hung_worker_killed_and_run_goes_on(tmp_path: Path) -> None:
 def test_suite_by_name_and_list(tmp_path: Path) -> None:
     code, doc = _run("smoke", "--trials", "5", tmp_path=tmp_path)
     assert code == 0 and [r["scenario"] for r in doc["results"]] == ["release-fence"] * 2
-    assert json.loads((tmp_path / "run.json").read_text())["schema"] == "gpurace.run/1"
+    written = json.loads((Path(doc["folder"]) / "run.json").read_text())
+    assert written["schema"] == "gpurace.run/1" and written["run_id"] == doc["run_id"]
+    assert Path(doc["folder"]).parent == tmp_path
     listed = CliRunner().invoke(main, ["list", "--format", "json"])
     names = {d["name"] for d in json.loads(listed.stdout)}
     assert {"smoke", "release-fence", "cross-stream-race", "catalog-reactivation"} <= names
