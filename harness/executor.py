@@ -20,6 +20,7 @@ import numpy as np
 
 import kvcore
 from harness import batching
+from harness.limits import COUNTED_READS_MAX
 from harness.model import Amplify, PlaneSpec, PoolSpec, Scenario, Step, Variant
 from harness.outcome import Outcome, TrialResult
 from harness.traces.ticket import Ticket, load_ticket
@@ -84,8 +85,10 @@ class World:
         for name, (pages, readback) in sizes.items():
             self.host[name] = _HostBuffer(self.view(pages, f"buffer {name}"), pages, readback)
         self.scratch = self.view(scratch, "the check's readback")
-        self.counters = device.alloc(4 * 64, name="table-read-counts")
-        self.counters_host = device.alloc_host(4 * 64, name="table-read-counts-host")
+        # One int32 slot per counting read_table step (the loader keeps them to this many).
+        self.counters = device.alloc(4 * COUNTED_READS_MAX, name="table-read-counts")
+        self.counters_host = device.alloc_host(4 * COUNTED_READS_MAX,
+                                               name="table-read-counts-host")
         used = {int(s.args["byte"]) for s in steps if "byte" in s.args}  # type: ignore
         self._scrub_bytes = [b for b in range(1, 256) if b not in used]
         self.scrubs = scrubs
@@ -479,7 +482,8 @@ class _Conversation(_RequestLoop):
                 self._phase("churn", request)
                 churn = pool.materialize(wl.churn_pages)
                 pool.copy_from_host(fill, [lease.handle for lease in churn], transfer)
-                pool.release(churn)
+                if churn:  # churn_pages: 0 (no second lane); kvcore releases no empty list
+                    pool.release(churn)
                 self._phase("prefill", request)
                 fresh = pool.materialize(wl.pages_per_turn)
                 pool.copy_from_host(fill, [lease.handle for lease in fresh], compute)

@@ -13,6 +13,8 @@ from pathlib import Path
 from yaml.nodes import MappingNode, Node
 
 import kvcore
+from harness import limits as L
+from harness.inputs import echo, show_path
 from harness.model import (
     DEFAULT_STREAMS,
     STREAM_ALIASES,
@@ -29,7 +31,9 @@ from harness.model import (
     Variant,
     Workload,
 )
+from harness.footprint import Footprint
 from harness.steplist import StepList, unknown_stream
+from harness.traces.ticket import load_ticket
 from harness.yamlnodes import API_VERSION, NAME_PATTERN, ROOT, Fields, Reader, open_yaml, suggest
 
 __all__ = [
@@ -117,17 +121,18 @@ def _scenario(reader: Reader, top: Fields, path: Path) -> Scenario:
     tags: tuple[str, ...] = ()
     if "tags" in meta:
         items = reader.sequence(meta.values["tags"], "metadata.tags", "a list of strings",
-                                nonempty=False)
+                                nonempty=False, limit=L.TAGS_MAX, what="tags")
         tags = tuple(reader.string(n, f"metadata.tags[{i}]") for i, n in enumerate(items))
 
     spec = reader.mapping(top.values["spec"], "spec",
                           ("pool", "streams", "trials", "timeout", "variants", "amplify",
                            "steps", "workload"), ("pool", "variants"))
     pool = _pool(reader, spec.values["pool"], "spec.pool")
-    trials = reader.integer(spec.values["trials"], "spec.trials", 1) \
-        if "trials" in spec else 100
+    trials = reader.integer(spec.values["trials"], "spec.trials", 1, limit=L.TRIALS_MAX,
+                            what="trials a scenario may ask for") if "trials" in spec else 100
     timeout = reader.number(spec.values["timeout"], "spec.timeout",
-                            "a positive number of seconds", positive=True) \
+                            "a positive number of seconds", positive=True,
+                            limit=L.TIMEOUT_MAX_S, what="seconds a trial may take (a day)") \
         if "timeout" in spec else 10.0
     declared = "streams" in spec
     streams = _streams(reader, spec.values["streams"], "spec.streams") if declared \
@@ -140,16 +145,16 @@ def _scenario(reader: Reader, top: Fields, path: Path) -> Scenario:
         later = max(("steps", "workload"), key=lambda k: spec.keys[k].start_mark.index)
         raise reader.error(spec.keys[later], spec.sub(later),
                            "a scenario has either steps or a workload, not both; remove one")
+    world = _world(reader, spec.values["pool"], pool, len(streams))
     if "steps" in spec:
-        page_bytes = kvcore.plan_host_kv_page_layout(pool.geometry()).page_stride
         steps = StepList(reader, [v.name for v in variants], streams, declared,
-                         page_bytes).parse(spec.values["steps"], "spec.steps")
+                         world).parse(spec.values["steps"], "spec.steps")
     elif "workload" in spec:
         if declared:
             raise reader.error(spec.keys["streams"], "spec.streams", "a workload runs on the "
                                "default streams (compute, transfer, legacy); declare streams "
                                "in a scenario with steps")
-        workload = _workload(reader, spec.values["workload"], "spec.workload")
+        workload = _workload(reader, spec.values["workload"], "spec.workload", pool)
     else:
         raise reader.error(spec.node, "spec", "a scenario needs steps (a list of steps) or a "
                            "workload; add one")
@@ -172,6 +177,9 @@ def _streams(reader: Reader, node: Node, path: str) -> tuple[StreamSpec, ...]:
     if not f.values:
         raise reader.error(node, path, "declare at least one stream, e.g. "
                            "streams: {compute: non-blocking, copy: non-blocking}")
+    if len(f.values) > L.STREAMS_MAX:
+        raise reader.error(node, path, f"{len(f.values)} streams is more than "
+                           f"{L.STREAMS_MAX}, the most a scenario may declare; use fewer")
     streams = []
     legacy = None
     for name, value in f.values.items():
@@ -183,7 +191,8 @@ def _streams(reader: Reader, node: Node, path: str) -> tuple[StreamSpec, ...]:
             kind = reader.choice(g.values["kind"], g.sub("kind"), STREAM_KINDS, "stream kind") \
                 if "kind" in g else "non-blocking"
             if "priority" in g:
-                priority = reader.integer(g.values["priority"], g.sub("priority"))
+                priority = reader.integer(g.values["priority"], g.sub("priority"),
+                                          L.PRIORITY_MIN, L.PRIORITY_MAX)
                 if kind == "legacy":
                     raise reader.error(g.values["priority"], g.sub("priority"), "the legacy "
                                        "stream has the default priority; remove this")
@@ -205,16 +214,44 @@ def _pool(reader: Reader, node: Node, path: str) -> PoolSpec:
     defaults = PoolSpec(pages=1)
     planes = defaults.planes
     if "planes" in f:
-        items = reader.sequence(f.values["planes"], f.sub("planes"), "a non-empty list of planes")
+        items = reader.sequence(f.values["planes"], f.sub("planes"), "a non-empty list of planes",
+                                limit=L.PLANES_MAX, what="planes")
         planes = tuple(_plane(reader, n, f"{f.sub('planes')}[{i}]") for i, n in enumerate(items))
 
-    def count(key: str, default: int, minimum: int = 1) -> int:
-        return reader.integer(f.values[key], f.sub(key), minimum) if key in f else default
+    def count(key: str, default: int, limit: int, what: str, minimum: int = 1) -> int:
+        return reader.integer(f.values[key], f.sub(key), minimum, limit=limit, what=what) \
+            if key in f else default
 
-    pages = reader.integer(f.values["pages"], f.sub("pages"), 1)
-    return PoolSpec(pages=pages, page_tokens=count("page_tokens", defaults.page_tokens),
-                    planes=planes, table_rows=count("table_rows", defaults.table_rows),
-                    max_pages_per_row=count("max_pages_per_row", 0, minimum=0))
+    pages = count("pages", 1, L.POOL_MAX_PAGES, "pages of a pool")
+    pool = PoolSpec(pages=pages,
+                    page_tokens=count("page_tokens", defaults.page_tokens, L.PAGE_MAX_TOKENS,
+                                      "tokens of a page"),
+                    planes=planes,
+                    table_rows=count("table_rows", defaults.table_rows, L.TABLE_MAX_ROWS,
+                                     "rows of the execution table"),
+                    max_pages_per_row=count("max_pages_per_row", 0, L.POOL_MAX_PAGES,
+                                            "pages of a table row", minimum=0))
+    stride = kvcore.plan_host_kv_page_layout(pool.geometry()).page_stride
+    if stride > L.PAGE_MAX_BYTES:
+        at = "planes" if "planes" in f else "page_tokens" if "page_tokens" in f else "pages"
+        raise reader.error(f.values[at], f.sub(at), f"a page of this geometry takes "
+                           f"{stride:,} bytes, more than {L.PAGE_MAX_BYTES:,}, the most a page "
+                           "may; use fewer page_tokens, or smaller planes")
+    return pool
+
+
+def _world(reader: Reader, node: Node, pool: PoolSpec, streams: int) -> Footprint:
+    """What the scenario's world allocates before any step (harness.footprint); refused when
+    that alone is over the limit."""
+    stride = kvcore.plan_host_kv_page_layout(pool.geometry()).page_stride
+    world = Footprint(pool.pages, stride, pool.table_rows, pool.max_pages_per_row or pool.pages,
+                      streams + 1)
+    if world.fixed_bytes > L.WORLD_MAX_BYTES:
+        raise reader.error(node, "spec.pool", f"the pool needs {world.fixed_bytes:,} bytes "
+                           f"({world.describe()}), more than {L.WORLD_MAX_BYTES:,} (1 GiB), the "
+                           "most a scenario's world may allocate; use fewer or smaller pages, "
+                           "or fewer table rows")
+    return world
 
 
 def _plane(reader: Reader, node: Node, path: str) -> PlaneSpec:
@@ -223,12 +260,16 @@ def _plane(reader: Reader, node: Node, path: str) -> PlaneSpec:
     dtype = reader.choice(f.values["dtype"], f.sub("dtype"), DTYPES, "dtype")
     align = 256
     if "align" in f:
-        align = reader.integer(f.values["align"], f.sub("align"), 1)
+        align = reader.integer(f.values["align"], f.sub("align"), 1, limit=L.ALIGN_MAX,
+                               what="a plane's align")
         if align & (align - 1):
             raise reader.error(f.values["align"], f.sub("align"),
                                f"align must be a power of two (64, 128, 256...), not {align}")
-    return PlaneSpec(dtype=dtype, leading=reader.integer(f.values["leading"], f.sub("leading"), 1),
-                     heads=reader.integer(f.values["heads"], f.sub("heads"), 1), align=align)
+    def dim(key: str) -> int:
+        return reader.integer(f.values[key], f.sub(key), 1, limit=L.PLANE_MAX_DIM,
+                              what=f"a plane's {key}")
+
+    return PlaneSpec(dtype=dtype, leading=dim("leading"), heads=dim("heads"), align=align)
 
 
 def _variants(reader: Reader, node: Node, path: str,
@@ -237,6 +278,9 @@ def _variants(reader: Reader, node: Node, path: str,
     if not f.values:
         raise reader.error(node, path, "a scenario needs at least one variant, e.g. "
                            "buggy: {defects: {release_fence: false}, expect: reproduces}")
+    if len(f.values) > L.VARIANTS_MAX:
+        raise reader.error(node, path, f"{len(f.values)} variants is more than "
+                           f"{L.VARIANTS_MAX}, the most a scenario may have; use fewer")
     return tuple(_variant(reader, f, name, streams) for name in f.values)
 
 
@@ -282,7 +326,7 @@ def _stream_kinds(reader: Reader, node: Node, path: str,
     return tuple(kinds)
 
 
-def _workload(reader: Reader, node: Node, path: str) -> Workload:
+def _workload(reader: Reader, node: Node, path: str, pool: PoolSpec) -> Workload:
     f = reader.mapping(node, path, ("kind", "requests", "initial_pages", "pages_per_turn",
                                     "churn_pages", "path"), ("kind",), what="the workload")
     kind = reader.choice(f.values["kind"], f.sub("kind"), WORKLOAD_KINDS, "workload kind")
@@ -290,19 +334,65 @@ def _workload(reader: Reader, node: Node, path: str) -> Workload:
         if "path" not in f:
             raise reader.error(node, path, "a ticket workload needs `path:` (a "
                                            "gpurace.ticket/1 file, relative to this file)")
-        ticket = Path(reader.file).parent / reader.string(f.values["path"], f.sub("path"))
-        if not ticket.is_file():
+        text = reader.string(f.values["path"], f.sub("path"))
+        ticket = Path(reader.file).parent / text
+        if not is_file(ticket):
             raise reader.error(f.values["path"], f.sub("path"),
-                               f"no ticket file at {ticket}; record one or fix the path")
+                               f"no ticket file at {show_path(ticket)}; record one or fix the "
+                               "path")
+        # Read now: a ticket the replay cannot run is refused here, at its own line (a
+        # TraceError), not in a worker.
+        load_ticket(ticket)
         return Workload(kind=kind, ticket=ticket)
     if "path" in f:
         raise reader.error(f.values["path"], f.sub("path"),
                            "`path` belongs to a ticket workload (kind: ticket)")
     defaults = Workload()
-    minimums = {"requests": 1, "initial_pages": 0, "pages_per_turn": 1, "churn_pages": 0}
-    counts = {key: reader.integer(f.values[key], f.sub(key), minimum) if key in f
-              else getattr(defaults, key) for key, minimum in minimums.items()}
-    return Workload(kind=kind, **counts)
+    bounds = {"requests": (1, L.REQUESTS_MAX), "initial_pages": (0, L.POOL_MAX_PAGES),
+              "pages_per_turn": (1, L.POOL_MAX_PAGES), "churn_pages": (0, L.POOL_MAX_PAGES)}
+    counts = {key: reader.integer(f.values[key], f.sub(key), low, limit=high,
+                                  what=f"a workload's {key}") if key in f
+              else getattr(defaults, key) for key, (low, high) in bounds.items()}
+    workload = Workload(kind=kind, **counts)
+    _conversation_fits(reader, f, workload, pool)
+    return workload
+
+
+def _conversation_fits(reader: Reader, f: Fields, w: Workload, pool: PoolSpec) -> None:
+    """What kvcore would refuse in the conversation workload, said at load: its retained pages
+    (initial, plus pages_per_turn each request) and the churn lane's pages must fit the pool,
+    and every retained page the table row the catalog is published into."""
+    kept = w.initial_pages + w.requests * w.pages_per_turn
+    at = "requests" if "requests" in f else "pages_per_turn" if "pages_per_turn" in f else None
+    node, path = (f.values[at], f.sub(at)) if at else (f.node, f.path)
+    if kept > pool.pages:
+        raise reader.error(node, path, (
+            f"the conversation retains {kept:,} pages by its last request ({w.initial_pages} "
+            f"initial, then {w.pages_per_turn} per request for {w.requests} requests), more "
+            f"than the pool's {pool.pages}; raise spec.pool.pages or use fewer requests"))
+    peak = kept - w.pages_per_turn + w.churn_pages
+    if peak > pool.pages:
+        node, path = (f.values["churn_pages"], f.sub("churn_pages")) \
+            if "churn_pages" in f else (node, path)
+        raise reader.error(node, path, (
+            f"at the last request the churn lane's {w.churn_pages} pages join the "
+            f"{kept - w.pages_per_turn:,} pages the conversation retains: {peak:,}, more than "
+            f"the pool's {pool.pages}; raise spec.pool.pages or lower churn_pages"))
+    row = pool.max_pages_per_row or pool.pages
+    if kept > row:
+        raise reader.error(node, path, (
+            f"the conversation's catalog holds {kept:,} pages by its last request, more than "
+            f"a table row's {row} (spec.pool.max_pages_per_row); raise it or use fewer "
+            "requests"))
+
+
+def is_file(path: Path) -> bool:
+    """Whether ``path`` is a file; False for a path the system cannot even look up (too long,
+    a NUL byte in it)."""
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
 
 
 def _amplify(reader: Reader, node: Node, path: str, steps: tuple[Step, ...],
@@ -311,7 +401,8 @@ def _amplify(reader: Reader, node: Node, path: str, steps: tuple[Step, ...],
     f = reader.mapping(node, path, ("delay_us", "stream", "before", "sweep"),
                        ("delay_us", "before"), what="amplify")
     delay = reader.number(f.values["delay_us"], f.sub("delay_us"),
-                          "a non-negative number of microseconds")
+                          "a non-negative number of microseconds", limit=L.DELAY_MAX_US,
+                          what="microseconds of a delay (10 s)")
     stream = None
     if "stream" in f:
         names = {s.name for s in streams}
@@ -324,9 +415,11 @@ def _amplify(reader: Reader, node: Node, path: str, steps: tuple[Step, ...],
     sweep: tuple[float, ...] = ()
     if "sweep" in f:
         items = reader.sequence(f.values["sweep"], f.sub("sweep"),
-                                "a list of delays in microseconds", nonempty=False)
+                                "a list of delays in microseconds", nonempty=False,
+                                limit=L.SWEEP_MAX, what="sweep delays")
         sweep = tuple(reader.number(n, f"{f.sub('sweep')}[{i}]",
-                                    "a non-negative number of microseconds")
+                                    "a non-negative number of microseconds",
+                                    limit=L.DELAY_MAX_US, what="microseconds of a delay (10 s)")
                       for i, n in enumerate(items))
     before_node, before_path = f.values["before"], f.sub("before")
     if workload is not None:
@@ -338,10 +431,10 @@ def _amplify(reader: Reader, node: Node, path: str, steps: tuple[Step, ...],
     before = reader.string(before_node, before_path)
     ids = list(dict.fromkeys(s.id for s in steps if s.id is not None))
     if before not in ids:
-        known = f"step ids: {', '.join(ids)}" if ids else \
+        known = f"step ids: {_some(ids)}" if ids else \
             "no step has an id; give the step to delay one"
         raise reader.error(before_node, before_path,
-                           f"no step has id {before!r}{suggest(before, ids)}; {known}")
+                           f"no step has id {echo(before)}{suggest(before, ids)}; {known}")
     for variant in variants:
         step = next((s for s in steps if s.id == before and s.runs_in(variant.name)), None)
         if step is None:
@@ -367,16 +460,38 @@ def _suite(reader: Reader, top: Fields, path: Path) -> Suite:
     description = _optional_string(reader, meta, "description")
     spec = reader.mapping(top.values["spec"], "spec", ("scenarios",), ("scenarios",))
     items = reader.sequence(spec.values["scenarios"], "spec.scenarios",
-                            "a non-empty list of scenario file paths")
+                            "a non-empty list of scenario file paths", limit=L.STEPS_MAX,
+                            what="scenarios")
     folder = path.parent
     scenarios: list[Path] = []
+    itself = _resolved(path)
     for i, item in enumerate(items):
         item_path = f"spec.scenarios[{i}]"
-        resolved = (folder / reader.string(item, item_path)).resolve()
-        if not resolved.is_file():
-            raise reader.error(item, item_path, f"no scenario file at {resolved} (paths are "
+        text = reader.string(item, item_path)
+        resolved = _resolved(folder / text)
+        if resolved is None or not is_file(resolved):
+            shown = show_path(resolved if resolved is not None else text)
+            raise reader.error(item, item_path, f"no scenario file at {shown} (paths are "
                                f"relative to the suite's folder, {folder.resolve()})")
+        if resolved == itself:
+            raise reader.error(item, item_path, "a suite cannot list itself; list scenario "
+                               "files")
         if resolved in scenarios:
-            raise reader.error(item, item_path, f"{resolved} is listed twice; remove one")
+            raise reader.error(item, item_path, f"{show_path(resolved)} is listed twice; "
+                               "remove one")
         scenarios.append(resolved)
     return Suite(name=name, path=path, description=description, scenarios=tuple(scenarios))
+
+
+def _resolved(path: Path) -> Path | None:
+    """``path`` made absolute, or None when the system cannot look it up."""
+    try:
+        return path.resolve()
+    except (OSError, ValueError, RuntimeError):  # a NUL byte, a name too long, a symlink loop
+        return None
+
+
+def _some(names: list[str], most: int = 20) -> str:
+    """A list of names for a message: the first ``most``, and how many more."""
+    shown = ", ".join(names[:most])
+    return shown if len(names) <= most else f"{shown} and {len(names) - most} more"

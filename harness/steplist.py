@@ -6,6 +6,12 @@ fixed variant. The parser keeps one scope per variant and checks every reference
 variant the step runs in, so a reference that is valid in one variant and not in another is an
 error naming both steps, each at its file:line:col. Names that are given back (a released
 lease, a freed pinned buffer) may not be used or given back again.
+
+Each variant's scope also follows what kvcore would refuse when the steps run, so that the
+loader refuses it first, at the step (a worker never dies on it): pages leased at once against
+the pool's pages, table rows bound against the table's rows, pages a catalog publishes or a
+reader reads against a row's entries, a catalog published with a page it no longer leases, a
+copy or a check that overruns a host buffer, host buffers past the world's byte limit.
 """
 
 from __future__ import annotations
@@ -15,11 +21,24 @@ from dataclasses import dataclass, field
 
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from harness import limits as L
 from harness import vocabulary as V
+from harness.footprint import Footprint
+from harness.inputs import echo
 from harness.model import STREAM_ALIASES, Location, StreamSpec, Step
 from harness.yamlnodes import Fields, Reader, suggest
 
 _PLURAL = {"lease": "leases", "catalog": "catalogs", "buffer": "buffers", "event": "events"}
+
+
+@dataclass
+class _Catalog:
+    """A catalog as one variant's steps leave it: the leases it retains (a lease retained twice
+    counts twice, as kvcore publishes it twice), its pages, and the table rows bound to it."""
+
+    leases: list[str] = field(default_factory=list)
+    pages: int = 0
+    rows: int = 0
 
 
 @dataclass
@@ -31,43 +50,61 @@ class _Scope:
     gone: dict[tuple[str, str], int] = field(default_factory=dict)   # -> step that gave it back
     allocated: dict[str, int] = field(default_factory=dict)  # host_alloc'd buffer -> pages
     lease_pages: dict[str, int] = field(default_factory=dict)
+    world: dict[str, int] = field(default_factory=dict)  # world buffer -> pages (largest use)
+    alloc_pages: int = 0  # pages of every host_alloc (the executor sizes its arena for all)
+    leased: int = 0  # pool pages leased now
+    rows: list[int] = field(default_factory=list)  # the steps that bound each table row
+    catalogs: dict[str, _Catalog] = field(default_factory=dict)
+    counted: int = 0  # read_table steps that count instead of asserting
+    bytes: set[int] = field(default_factory=set)  # byte values steps write or expect
+
+    def host_pages(self) -> int:
+        return sum(self.world.values()) + self.alloc_pages
 
 
 @dataclass
-class _Range:
-    """A byte range a step asks of a world buffer, checked once every step is read (a world
-    buffer is as large as its largest use)."""
+class _Need:
+    """What a step needs of a world buffer in one variant, checked once every step is read (a
+    world buffer is as large as its largest use in the variant): pages, bytes, or as many pages
+    as another world buffer has (``like``)."""
 
     node: Node
     path: str
+    variant: str
     buffer: str
-    page_end: int  # pages the step needs the buffer to have
-    byte_end: int  # bytes likewise (0: none)
+    page_end: int = 0  # pages the step needs the buffer to have
+    byte_end: int = 0  # bytes likewise
+    like: str | None = None  # a buffer whose pages this one must have at least
+    why: str = ""  # what the step does with them, for the message
+    pages: int = 0  # what the buffer has, once known
 
 
 class StepList:
     """Parses ``spec.steps`` (see the module docstring)."""
 
     def __init__(self, reader: Reader, variants: Sequence[str], streams: Sequence[StreamSpec],
-                 declared: bool, page_bytes: int) -> None:
+                 declared: bool, world: Footprint) -> None:
         self.reader = reader
         self.variants = tuple(variants)
         self.streams = {s.name: s for s in streams}
         self.declared = declared
-        self.page_bytes = page_bytes
+        self.world = world
+        self.page_bytes = world.page_bytes
+        self.host_budget = world.host_pages(L.WORLD_MAX_BYTES)  # pages of host buffers
         self.scopes = {v: _Scope() for v in self.variants}
         self.nodes: list[Node] = []
         self.where: list[Location] = []
         self.runs_everywhere: list[bool] = []
         self.index = 0
-        self.world_pages: dict[str, int] = {}  # world buffer -> pages
-        self.ranges: list[_Range] = []
+        self.needs: list[_Need] = []  # on world buffers: checked once every step is read
+        self.now: list[_Need] = []  # on allocated buffers: checked once the step is read
 
     # ---- the list ------------------------------------------------------------------------------
     def parse(self, node: Node, path: str) -> tuple[Step, ...]:
-        self.nodes = self.reader.sequence(node, path, "a non-empty list of steps")
+        self.nodes = self.reader.sequence(node, path, "a non-empty list of steps",
+                                          limit=L.STEPS_MAX, what="steps")
         steps = tuple(self.step(n, f"{path}[{i}]", i) for i, n in enumerate(self.nodes))
-        self.check_world_ranges()
+        self.check_world_needs()
         return steps
 
     def step(self, node: Node, path: str, index: int) -> Step:
@@ -112,7 +149,7 @@ class StepList:
             item_path = f"{path}[{i}]" if isinstance(node, SequenceNode) else path
             name = self.reader.string(item, item_path)
             if name not in self.variants:
-                raise self.reader.error(item, item_path, f"unknown variant {name!r}"
+                raise self.reader.error(item, item_path, f"unknown variant {echo(name)}"
                                         f"{suggest(name, self.variants)}; this scenario's "
                                         f"variants are {', '.join(self.variants)}")
             named.append(name)
@@ -157,23 +194,30 @@ class StepList:
     def arg(self, op: str, key: str, node: Node, path: str, runs: tuple[str, ...]) -> object:
         reader = self.reader
         holds = V.holds(op, key)
+        # Counts and offsets of bytes go up to the world's bytes; of pages, to the pool's.
+        in_bytes = key in ("offset", "length")
+        limit = L.WORLD_MAX_BYTES if in_bytes else L.POOL_MAX_PAGES
+        what = "bytes of a world (1 GiB)" if in_bytes else "pages of a pool"
         if holds == V.STREAM:
             return self.stream(node, path)
         if holds == V.COUNT:
-            return reader.integer(node, path, 1)
+            return reader.integer(node, path, 1, limit=limit, what=what)
         if holds == V.INDEX:
-            return reader.integer(node, path, 0)
+            return reader.integer(node, path, 0, limit=limit, what=what)
         if holds == V.PAGES:
             if isinstance(node, SequenceNode):
-                items = reader.sequence(node, path, "a page number or a list of them")
-                return tuple(reader.integer(n, f"{path}[{i}]", 0) for i, n in enumerate(items))
-            return reader.integer(node, path, 0)
+                items = reader.sequence(node, path, "a page number or a list of them",
+                                        limit=L.POOL_MAX_PAGES, what="pages")
+                return tuple(reader.integer(n, f"{path}[{i}]", 0, limit=limit, what=what)
+                             for i, n in enumerate(items))
+            return reader.integer(node, path, 0, limit=limit, what=what)
         if holds == V.BYTE:
             return reader.integer(node, path, 0, 255)
         if holds == V.DURATION:
             # .inf is a kernel that never ends: how a scenario provokes a hang on purpose.
             return reader.number(node, path, "a positive number of microseconds (or .inf)",
-                                 positive=True, infinite=True)
+                                 positive=True, infinite=True, limit=L.DELAY_MAX_US,
+                                 what="microseconds of a delay (10 s; .inf never ends)")
         if holds == V.BOOL:
             return reader.boolean(node, path)
         if holds in (V.NEW_BUFFER, V.NEW_EVENT):
@@ -230,13 +274,15 @@ class StepList:
         verb = "recorded" if kind == "event" else "defined"
         known = sorted({n for v in runs for (k, n) in self.scopes[v].names if k == kind})
         if later is not None:
-            message = (f"unknown {kind} {name!r}: steps[{later}] defines it, after this "
+            message = (f"unknown {kind} {echo(name)}: steps[{later}] defines it, after this "
                        "step; move that step before this one")
         elif known:
-            message = (f"unknown {kind} {name!r}{suggest(name, known)}; {_PLURAL[kind]} "
-                       f"{verb} so far: {', '.join(known)}")
+            shown = ", ".join(known[:20]) + (f" and {len(known) - 20} more"
+                                             if len(known) > 20 else "")
+            message = (f"unknown {kind} {echo(name)}{suggest(name, known)}; {_PLURAL[kind]} "
+                       f"{verb} so far: {shown}")
         else:
-            message = (f"unknown {kind} {name!r}; none is {verb} before this step "
+            message = (f"unknown {kind} {echo(name)}; none is {verb} before this step "
                        f"({V.HOW_TO_DEFINE[kind]})")
         raise self.reader.error(node, path, message)
 
@@ -262,6 +308,8 @@ class StepList:
     def effects(self, f: Fields, op: str, step_id: str | None, args: dict[str, object],
                 runs: tuple[str, ...]) -> None:
         index = self.index
+        for v in runs:
+            self.resources(f, op, step_id, args, v)
         freed = V.frees(op, args)
         if freed is not None:
             self.give_back(f, op, freed, runs)
@@ -274,7 +322,10 @@ class StepList:
                 scope.lease_pages[str(step_id)] = int(args["pages"])  # type: ignore[arg-type]
             elif op == "host_alloc":
                 scope.allocated[str(args["buffer"])] = int(args.get("pages", 1))  # type: ignore
-        self.sizes(f, op, args, runs)
+        for v in runs:
+            self.sizes(f, op, args, v)
+        self.check_needs(self.now)
+        self.now = []
 
     def give_back(self, f: Fields, op: str, key: tuple[str, str], runs: tuple[str, ...]) -> None:
         kind, name = key
@@ -291,23 +342,129 @@ class StepList:
             scope.gone[key] = self.index
             scope.allocated.pop(name, None)
 
-    def sizes(self, f: Fields, op: str, args: dict[str, object], runs: tuple[str, ...]) -> None:
-        """World buffers grow to their largest use; ranges of allocated buffers are checked
-        now, those of world buffers once every step is read."""
+    def resources(self, f: Fields, op: str, step_id: str | None, args: dict[str, object],
+                  v: str) -> None:
+        """What kvcore would refuse when this step runs in variant ``v`` (module docstring),
+        checked against the variant's state before the step, which is then brought up to
+        date."""
+        scope = self.scopes[v]
+        within = self._within(v)
+        if op == "materialize":
+            pages = int(args["pages"])  # type: ignore[arg-type]
+            if scope.leased + pages > self.world.pages:
+                raise self.reader.error(f.values["pages"], f.sub("pages"), (
+                    f"{pages} more page{'s' if pages != 1 else ''} while {scope.leased} of "
+                    f"the pool's {self.world.pages} are leased{within}: the pool would run "
+                    "out; release pages first, or raise spec.pool.pages"))
+            scope.leased += pages
+        elif op == "release":
+            scope.leased -= scope.lease_pages[str(args["lease"])]
+        elif op == "retain":
+            catalog = scope.catalogs[str(args["catalog"])]
+            catalog.leases.append(str(args["lease"]))
+            catalog.pages += scope.lease_pages[str(args["lease"])]
+        elif op == "catalog":
+            scope.catalogs[str(step_id)] = _Catalog()
+        elif op == "bind":
+            if len(scope.rows) >= self.world.table_rows:
+                rows = self.world.table_rows
+                raise self.reader.error(f.node, f.path, (
+                    f"no table row is left to bind{within}: steps "
+                    f"{', '.join(f'[{i}]' for i in scope.rows[:8])} bound all {rows} "
+                    f"(spec.pool.table_rows; a catalog bound twice takes two); raise "
+                    "table_rows or bind fewer times"))
+            scope.rows.append(self.index)
+            scope.catalogs[str(args["catalog"])].rows += 1
+        elif op in ("activate", "publish", "read_table"):
+            self.table_use(f, op, args, v)
+        elif op in ("copy_from_host", "copy_to_host"):
+            lease, buffer = (args["dst"], args["src"]) if op == "copy_from_host" else \
+                (args["src"], args["dst"])
+            key = "src" if op == "copy_from_host" else "dst"
+            pages = scope.lease_pages[str(lease)]
+            self.need_pages(f.values[key], f.sub(key), v, str(buffer), pages,
+                            f"lease {lease!r} has {pages} page{'s' if pages != 1 else ''}, "
+                            "all copied")
+        elif op == "check" and "equals" in args:
+            if "lease" in args:
+                pages = scope.lease_pages[str(args["lease"])]
+                self.need_pages(f.values["equals"], f.sub("equals"), v, str(args["equals"]),
+                                pages, f"lease {args['lease']!r} has {pages} "
+                                f"page{'s' if pages != 1 else ''}, all compared")
+            else:
+                self.need_like(f, v, str(args["equals"]), str(args["buffer"]))
+        elif op == "host_alloc":
+            pages = int(args.get("pages", 1))  # type: ignore[arg-type]
+            scope.alloc_pages += pages
+            self.host_budget_left(f.values["buffer"], f.sub("buffer"), v, str(args["buffer"]))
+        if "byte" in args:
+            scope.bytes.add(int(args["byte"]))  # type: ignore[arg-type]
+            if len(scope.bytes - {0}) >= 255:
+                # The GPU scrubs pages between trials with a byte no step uses.
+                raise self.reader.error(f.values["byte"], f.sub("byte"), (
+                    f"steps{within} use every byte value from 1 to 255; leave one unused (the "
+                    "GPU fills pages between trials with a byte no step writes or expects)"))
+
+    def table_use(self, f: Fields, op: str, args: dict[str, object], v: str) -> None:
+        """An activation publishes a catalog's pages into each row bound to it; a reader reads
+        the first row's entries (at least one). kvcore refuses an unbound catalog, more pages
+        than a row has entries, a page no longer leased (at a publish), and more counting
+        readers than the counter buffer has slots."""
+        scope = self.scopes[v]
+        name = str(args["catalog"])
+        catalog = scope.catalogs[name]
+        node, path = f.values["catalog"], f.sub("catalog")
+        within = self._within(v)
+        if not catalog.rows:
+            made = scope.names[("catalog", name)]
+            raise self.reader.error(node, path, (
+                f"catalog {name!r} (steps[{made}], {self._at(made)}) is bound to no table "
+                f"row{within}; bind it first (a bind step before this one)"))
+        row = self.world.row_pages
+        entries = max(1, catalog.pages) if op == "read_table" else catalog.pages
+        if entries > row:
+            verb = "reads" if op == "read_table" else "publishes"
+            raise self.reader.error(node, path, (
+                f"this {op} {verb} {entries} entries of catalog {name!r}{within}, more than a "
+                f"table row's {row} (spec.pool.max_pages_per_row, or the pool's pages when "
+                "0); raise max_pages_per_row, or retain fewer pages"))
+        if op != "read_table":
+            for lease in catalog.leases:
+                gone = scope.gone.get(("lease", lease))
+                if gone is not None:
+                    raise self.reader.error(node, path, (
+                        f"catalog {name!r} retains lease {lease!r}, released at steps[{gone}] "
+                        f"({self._at(gone)}){within}: kvcore refuses to publish a page no "
+                        "longer leased; activate before that release, or release the lease "
+                        "only when the conversation ends"))
+        elif args.get("assert") is False:
+            scope.counted += 1
+            if scope.counted > L.COUNTED_READS_MAX:
+                raise self.reader.error(f.values["assert"], f.sub("assert"), (
+                    f"more than {L.COUNTED_READS_MAX} read_table steps with assert: false"
+                    f"{within}, the most that count (one counter each); let the others "
+                    "assert"))
+
+    # ---- host buffer sizes -----------------------------------------------------------------------
+    def sizes(self, f: Fields, op: str, args: dict[str, object], v: str) -> None:
+        """World buffers grow to their largest use in the variant (as the executor sizes
+        them); ranges of allocated buffers are checked now, those of world buffers once every
+        step is read."""
+        scope = self.scopes[v]
         if op == "copy_to_host":
             name = str(args["dst"])
-            pages = max(self.scopes[v].lease_pages.get(str(args["src"]), 1) for v in runs)
-            if all(name not in self.scopes[v].allocated for v in runs):
-                self.world_pages[name] = max(self.world_pages.get(name, 0), pages)
+            if name not in scope.allocated:
+                self.grow(f.values["dst"], f.sub("dst"), v, name,
+                          scope.lease_pages.get(str(args["src"]), 1))
             return
         if op != "host_fill":
             return
         name = str(args["buffer"])
-        allocated = [self.scopes[v].allocated[name] for v in runs
-                     if name in self.scopes[v].allocated]
-        if not allocated:
-            self.world_pages[name] = max(self.world_pages.get(name, 0),
-                                         int(args.get("pages", 1)))  # type: ignore[arg-type]
+        allocated = scope.allocated.get(name)
+        if allocated is None:
+            node, path = (f.values["pages"], f.sub("pages")) if "pages" in args else \
+                (f.values["buffer"], f.sub("buffer"))
+            self.grow(node, path, v, name, int(args.get("pages", 1)))  # type: ignore[arg-type]
         elif "pages" in args:
             raise self.reader.error(f.keys["pages"], f.sub("pages"), f"buffer {name!r} comes "
                                     "from host_alloc, which sets its size; use `page` to fill "
@@ -318,34 +475,108 @@ class StepList:
             value = args[key]
             if key == "page":
                 pages = value if isinstance(value, tuple) else (value,)
-                need = _Range(f.values[key], f.sub(key), name, max(pages) + 1, 0)  # type: ignore
+                need = _Need(f.values[key], f.sub(key), v, name, page_end=max(pages) + 1)
             else:
                 length = int(args.get("length", 1))  # type: ignore[arg-type]
-                need = _Range(f.values[key], f.sub(key), name, 0,
-                              int(value) + length)  # type: ignore[arg-type]
-            for size in allocated:
-                self.check_range(need, size)
-            if not allocated:
-                self.ranges.append(need)
+                need = _Need(f.values[key], f.sub(key), v, name,
+                             byte_end=int(value) + length)  # type: ignore[arg-type]
+            if allocated is not None:
+                need.pages = allocated
+                self.now.append(need)
+            else:
+                self.needs.append(need)
         if "length" in args and "offset" not in args:
             raise self.reader.error(f.keys["length"], f.sub("length"),
                                     "`length` goes with `offset` (a byte range); add offset")
 
-    def check_world_ranges(self) -> None:
-        for need in self.ranges:
-            self.check_range(need, self.world_pages.get(need.buffer, 1))
+    def grow(self, node: Node, path: str, v: str, name: str, pages: int) -> None:
+        """World buffer ``name`` is at least ``pages`` pages in variant ``v``."""
+        scope = self.scopes[v]
+        if pages > scope.world.get(name, 0):
+            scope.world[name] = pages
+            self.host_budget_left(node, path, v, name)
 
-    def check_range(self, need: _Range, pages: int) -> None:
+    def host_budget_left(self, node: Node, path: str, v: str, name: str) -> None:
+        scope = self.scopes[v]
+        if scope.host_pages() > self.host_budget:
+            total = scope.host_pages() * self.page_bytes
+            raise self.reader.error(node, path, (
+                f"with buffer {name!r}, the pinned host buffers{self._within(v)} take "
+                f"{total:,} bytes; beside the pool's other allocations "
+                f"({self.world.describe()}), the world would take more than "
+                f"{L.WORLD_MAX_BYTES:,} bytes (1 GiB), the most it may: use fewer or "
+                "smaller buffers"))
+
+    def need_pages(self, node: Node, path: str, v: str, buffer: str, pages: int,
+                   why: str) -> None:
+        """Buffer ``buffer`` must have ``pages`` pages when this step runs in ``v``."""
+        allocated = self.scopes[v].allocated.get(buffer)
+        need = _Need(node, path, v, buffer, page_end=pages, why=why)
+        if allocated is not None:
+            need.pages = allocated
+            self.now.append(need)
+        else:
+            self.needs.append(need)
+
+    def need_like(self, f: Fields, v: str, equals: str, read: str) -> None:
+        """A check of buffer ``read`` against buffer ``equals`` compares every page of the
+        first: the second must have as many."""
+        scope = self.scopes[v]
+        pages = scope.allocated.get(read)
+        node, path = f.values["equals"], f.sub("equals")
+        if pages is None:
+            self.needs.append(_Need(node, path, v, equals, like=read,
+                                    why=f"buffer {read!r} is compared page by page"))
+        else:
+            self.need_pages(node, path, v, equals, pages, f"buffer {read!r} has {pages} "
+                            f"page{'s' if pages != 1 else ''}, all compared")
+
+    def check_world_needs(self) -> None:
+        for need in self.needs:
+            world = self.scopes[need.variant].world
+            if need.like is not None:
+                need.page_end = world.get(need.like, 1)
+                need.why += f" ({need.page_end} page{'s' if need.page_end != 1 else ''})"
+            need.pages = world.get(need.buffer, 1)
+        self.check_needs(self.needs)
+
+    def check_needs(self, needs: list[_Need]) -> None:
+        """Check needs, grouped by the node that asks (one need per variant the step runs
+        in): the message names a variant only when the step fails in some of them."""
+        groups: dict[int, list[_Need]] = {}
+        for need in needs:
+            groups.setdefault(id(need.node), []).append(need)
+        for group in groups.values():
+            failing = [n for n in group if self.fails(n)]
+            if failing:
+                self.check_need(failing[0], len(failing) < len(group))
+
+    def fails(self, need: _Need) -> bool:
+        return need.page_end > need.pages or need.byte_end > need.pages * self.page_bytes
+
+    def check_need(self, need: _Need, some: bool) -> None:
+        """Raise the error of a need that fails; ``some``: it fails in some variants only."""
+        pages = need.pages
         nbytes = pages * self.page_bytes
+        within = self._within(need.variant) if some else ""
+        has = f"{pages} page{'s' if pages != 1 else ''}"
+        if need.why and need.page_end > pages:
+            raise self.reader.error(need.node, need.path, (
+                f"buffer {need.buffer!r} has {has}{within}, but {need.why}: the step would "
+                f"overrun it; give the buffer {need.page_end} pages (host_fill pages:, or "
+                "host_alloc pages:)"))
         if need.page_end > pages:
             raise self.reader.error(need.node, need.path, f"page {need.page_end - 1} is "
-                                    f"outside buffer {need.buffer!r}, which has {pages} "
-                                    f"page{'s' if pages != 1 else ''} (0..{pages - 1})")
+                                    f"outside buffer {need.buffer!r}, which has {has} "
+                                    f"(0..{pages - 1}){within}")
         if need.byte_end > nbytes:
             raise self.reader.error(need.node, need.path, f"bytes up to {need.byte_end} are "
                                     f"outside buffer {need.buffer!r}, which has {nbytes} "
-                                    f"bytes ({pages} page{'s' if pages != 1 else ''} of "
-                                    f"{self.page_bytes})")
+                                    f"bytes ({has} of {self.page_bytes}){within}")
+
+    def _within(self, variant: str) -> str:
+        """" in variant v" for a message, when the scenario has more than one."""
+        return "" if len(self.variants) == 1 else f" in variant {variant}"
 
     # ---- messages ------------------------------------------------------------------------------
     def _at(self, index: int) -> str:
@@ -372,10 +603,10 @@ class StepList:
 def unknown_stream(name: str, streams: Sequence[str], declared: bool) -> str:
     """What to say of a stream name a scenario does not have."""
     if declared:
-        return (f"unknown stream {name!r}{suggest(name, streams)}; the declared streams are "
+        return (f"unknown stream {echo(name)}{suggest(name, streams)}; the declared streams are "
                 f"{', '.join(streams)}: use one, or declare it under spec.streams")
     known = [*streams, *STREAM_ALIASES]
-    return (f"unknown stream {name!r}{suggest(name, known)}; use {', '.join(streams)} (or "
+    return (f"unknown stream {echo(name)}{suggest(name, known)}; use {', '.join(streams)} (or "
             "kvcore's names for them, stream, transfer_stream and legacy_stream), or declare "
             "the scenario's own streams under spec.streams")
 

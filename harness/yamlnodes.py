@@ -15,9 +15,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+from yaml.events import AliasEvent, MappingStartEvent, ScalarEvent, SequenceStartEvent
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from harness.errors import ScenarioError
+from harness.inputs import Unreadable, clip, echo, plain, read_input, utf8_error_at
+from harness.limits import (
+    ECHO_MAX_CHARS,
+    NAME_MAX_CHARS,
+    TEXT_MAX_CHARS,
+    YAML_MAX_BYTES,
+    YAML_MAX_DEPTH,
+    YAML_MAX_NODES,
+)
 from harness.model import Location
 
 ROOT = "(document)"
@@ -43,10 +53,14 @@ class Fields:
 
 
 def sub_path(path: str, key: str) -> str:
+    # A key is the file's text: kept to one short printable line in the path of a message.
+    key = clip(plain(key))
     return key if path == ROOT else f"{path}.{key}"
 
 
 def suggest(word: str, choices: Collection[str]) -> str:
+    if len(word) > NAME_MAX_CHARS:
+        return ""  # nothing that long is close to a name (and difflib's time grows with it)
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
@@ -66,10 +80,17 @@ def describe(value: object, node: Node) -> str:
     if isinstance(value, bool):
         return f"the boolean {str(value).lower()}"
     if isinstance(value, str):
-        return f"the string {value!r}"
+        return f"the string {echo(value)}"
     if isinstance(value, (int, float)):
-        return f"{value!r}"
-    return f"a {type(value).__name__} ({node.value!r})"
+        return echo(value)
+    return f"a {type(value).__name__} ({echo(node.value)})"
+
+
+def over(value: float, limit: float, what: str) -> str:
+    """The message for a value above its limit (from harness.limits): what, the limit, what to
+    do."""
+    shown = f"{limit:g}" if isinstance(limit, float) else str(limit)
+    return f"{echo(value)} is more than {shown}, the most {what}; use a smaller value"
 
 
 class Reader:
@@ -97,9 +118,9 @@ class Reader:
         except yaml.YAMLError:
             raise self.error(node, path,
                              f"unsupported tag {_short_tag(node.tag)}; remove it") from None
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, OverflowError):
             # An explicit tag the text does not fit: !!int abc.
-            raise self.error(node, path, f"{node.value!r} cannot be read as "
+            raise self.error(node, path, f"{echo(node.value)} cannot be read as "
                              f"{_short_tag(node.tag)}; remove the tag or fix the value") from None
 
     def mismatch(self, node: Node, path: str, expected: str, value: object) -> ScenarioError:
@@ -126,7 +147,7 @@ class Reader:
             if key in keys:
                 first = keys[key].start_mark
                 raise self.error(key_node, key_path,
-                                 f"duplicate key {key!r} (first at line {first.line + 1}, "
+                                 f"duplicate key {echo(key)} (first at line {first.line + 1}, "
                                  f"column {first.column + 1}); keep one")
             keys[key] = key_node
             values[key] = value_node
@@ -142,7 +163,7 @@ class Reader:
         for key, key_node in fields.keys.items():
             if key not in allowed:
                 raise self.error(key_node, fields.sub(key),
-                                 f"unknown key {key!r}{context}{suggest(key, allowed)}; "
+                                 f"unknown key {echo(key)}{context}{suggest(key, allowed)}; "
                                  f"allowed keys: {', '.join(allowed)}")
 
     def require(self, fields: Fields, required: Sequence[str], what: str) -> None:
@@ -161,12 +182,16 @@ class Reader:
         return fields
 
     def sequence(self, node: Node, path: str, expected: str,
-                 nonempty: bool = True) -> list[Node]:
+                 nonempty: bool = True, limit: int | None = None, what: str = "") -> list[Node]:
+        """A list; with ``limit``, of at most that many items (``what`` names them)."""
         if not isinstance(node, SequenceNode):
             raise self.mismatch(node, path, expected, self.value(node, path))
         self.plain_tag(node, path, "tag:yaml.org,2002:seq")
         if nonempty and not node.value:
             raise self.error(node, path, f"expected {expected}, got an empty list")
+        if limit is not None and len(node.value) > limit:
+            raise self.error(node, path, f"{len(node.value)} {what} is more than {limit}, the "
+                             f"most a file may have; use fewer")
         return list(node.value)
 
     def string(self, node: Node, path: str) -> str:
@@ -174,22 +199,26 @@ class Reader:
         if not isinstance(value, str):
             hint = ""
             if isinstance(node, ScalarNode) and node.style is None and value is not None:
-                hint = f" (quote it, '{node.value}', if you mean the text)"
+                hint = f" (quote it, '{clip(plain(node.value))}', if you mean the text)"
             raise self.error(node, path, f"expected a string, got {describe(value, node)}{hint}")
         return value
 
     def name(self, node: Node, path: str, text: str | None = None) -> str:
-        """A name matching NAME_PATTERN; ``text`` is a key's text, already a string."""
+        """A name matching NAME_PATTERN, at most NAME_MAX_CHARS long; ``text`` is a key's text,
+        already a string."""
         text = self.string(node, path) if text is None else text
+        if len(text) > NAME_MAX_CHARS:
+            raise self.error(node, path, f"a name of {len(text)} characters ({echo(text)}); a "
+                             f"name has at most {NAME_MAX_CHARS}: shorten it")
         if not NAME_PATTERN.fullmatch(text):
-            raise self.error(node, path, f"invalid name {text!r}: use lower-case letters, "
+            raise self.error(node, path, f"invalid name {echo(text)}: use lower-case letters, "
                              "digits, '-' and '_', starting with a letter or digit")
         return text
 
     def choice(self, node: Node, path: str, choices: Collection[str], what: str) -> str:
         text = self.string(node, path)
         if text not in choices:
-            raise self.error(node, path, f"unknown {what} {text!r}{suggest(text, choices)}; "
+            raise self.error(node, path, f"unknown {what} {echo(text)}{suggest(text, choices)}; "
                              f"use one of {', '.join(choices)}")
         return text
 
@@ -200,8 +229,10 @@ class Reader:
         return value
 
     def integer(self, node: Node, path: str, minimum: int | None = None,
-                maximum: int | None = None) -> int:
-        """An integer in [minimum, maximum]; a YAML bool or float is not one."""
+                maximum: int | None = None, *, limit: int | None = None,
+                what: str = "") -> int:
+        """An integer in [minimum, maximum]; a YAML bool or float is not one. ``limit`` is an
+        upper bound from harness.limits, said as one: ``what`` names what it bounds."""
         if maximum is not None:
             expected = f"an integer from {minimum} to {maximum}"
         elif minimum == 1:
@@ -215,12 +246,16 @@ class Reader:
                 or (minimum is not None and value < minimum)
                 or (maximum is not None and value > maximum)):
             raise self.mismatch(node, path, expected, value)
+        if limit is not None and value > limit:
+            raise self.error(node, path, over(value, limit, what))
         return value
 
     def number(self, node: Node, path: str, expected: str, positive: bool = False,
-               maximum: float | None = None, infinite: bool = False) -> float:
+               maximum: float | None = None, infinite: bool = False, *,
+               limit: float | None = None, what: str = "") -> float:
         """A finite int or float (``.inf`` too, if ``infinite``), at least 0 (above 0 if
-        ``positive``, at most ``maximum``)."""
+        ``positive``, at most ``maximum``); a finite one at most ``limit`` (from
+        harness.limits; ``what`` names what it bounds)."""
         value = self.value(node, path)
         ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
               and (math.isfinite(value) or (infinite and value == math.inf))
@@ -228,6 +263,8 @@ class Reader:
               and (maximum is None or value <= maximum))
         if not ok:
             raise self.mismatch(node, path, expected, value)
+        if limit is not None and math.isfinite(value) and value > limit:  # type: ignore
+            raise self.error(node, path, over(value, limit, what))  # type: ignore[arg-type]
         return float(value)  # type: ignore[arg-type]
 
 
@@ -239,13 +276,20 @@ def open_yaml(path: str | Path) -> tuple[Reader, Node]:
     """Read and compose ``path``; return its reader and its top-level node."""
     file = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = getattr(exc, "strerror", None) or str(exc)
-        raise ScenarioError(file, f"cannot read the file ({reason}); check the path") from None
-    reader = Reader(file)
+        data = read_input(path, YAML_MAX_BYTES, "a scenario or suite file")
+    except Unreadable as exc:
+        raise ScenarioError(Location(file, 1, 1, "(file)"), str(exc)) from None
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line, column = utf8_error_at(data, exc.start)
+        raise ScenarioError(Location(file, line, column, "(yaml)"),
+                            f"not UTF-8 text (byte {data[exc.start]:#04x}); save the file as "
+                            "UTF-8") from None
+    reader = Reader(file)
+    loader = _BoundedLoader(text, file)
+    try:
+        root = loader.get_single_node()
     except yaml.MarkedYAMLError as exc:
         raise _syntax_error(file, exc) from None
     except yaml.reader.ReaderError as exc:
@@ -253,6 +297,8 @@ def open_yaml(path: str | Path) -> tuple[Reader, Node]:
         column = exc.position - (text.rfind("\n", 0, exc.position) + 1) + 1
         raise ScenarioError(Location(file, line, column, "(yaml)"),
                             f"unacceptable character #x{exc.character:04x}; remove it") from None
+    finally:
+        loader.dispose()
     if root is None or (isinstance(root, ScalarNode) and root.tag == "tag:yaml.org,2002:null"):
         raise ScenarioError(Location(file, 1, 1, ROOT),
                             f"the file is empty; start it with apiVersion: {API_VERSION}, "
@@ -260,10 +306,78 @@ def open_yaml(path: str | Path) -> tuple[Reader, Node]:
     return reader, root
 
 
+class _BoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader with the limits of harness.limits checked as each node is composed,
+    before it is: nesting (PyYAML composes recursively, so a deep document would exhaust
+    Python's stack), the number of nodes (an alias counted as a copy of the nodes it names, so
+    that no walk of the document is longer than the limit) and the length of each scalar.
+    The composer also keeps each node's document path, for the message."""
+
+    def __init__(self, text: str, file: str) -> None:
+        super().__init__(text)
+        self.file = file
+        self.depth = 0
+        self.nodes = 0
+        self.sizes: dict[str, int] = {}  # anchor -> nodes it stands for
+        self.paths = [ROOT]
+
+    def compose_node(self, parent: Node | None, index: object) -> Node:
+        event = self.peek_event()
+        path = self._path(parent, index)
+        if isinstance(event, AliasEvent):
+            # An undefined alias counts 1; PyYAML then says it is undefined.
+            self._count(self.sizes.get(event.anchor, 1), event, path)
+            return super().compose_node(parent, index)
+        nested = isinstance(event, (SequenceStartEvent, MappingStartEvent))
+        if nested and self.depth >= YAML_MAX_DEPTH:
+            raise self._error(event, path, f"nested deeper than {YAML_MAX_DEPTH} mappings and "
+                              "lists (a scenario needs 5); flatten it")
+        if isinstance(event, ScalarEvent) and len(event.value) > TEXT_MAX_CHARS:
+            raise self._error(event, path, f"a value of {len(event.value):,} characters; a "
+                              f"value has at most {TEXT_MAX_CHARS} (a name {NAME_MAX_CHARS}): "
+                              "shorten it")
+        before = self.nodes
+        self._count(1, event, path)
+        self.paths.append(path)
+        self.depth += nested
+        try:
+            node = super().compose_node(parent, index)
+        finally:
+            self.paths.pop()
+            self.depth -= nested
+        if event.anchor is not None:
+            self.sizes[event.anchor] = self.nodes - before
+        return node
+
+    def _path(self, parent: Node | None, index: object) -> str:
+        if parent is None:
+            return ROOT
+        at = self.paths[-1]
+        if isinstance(index, int):
+            return f"{at}[{index}]"
+        if isinstance(index, ScalarNode):
+            return sub_path(at, index.value)
+        return at  # a key, or a value under a key that is not a scalar
+
+    def _count(self, nodes: int, event: yaml.Event, path: str) -> None:
+        self.nodes += nodes
+        if self.nodes > YAML_MAX_NODES:
+            raise self._error(event, path, f"more than {YAML_MAX_NODES:,} values in the "
+                              "document (an alias counts as a copy of what it names); a "
+                              "scenario of 2,048 steps needs about 20,000: split the file")
+
+    def _error(self, event: yaml.Event, path: str, message: str) -> ScenarioError:
+        mark = event.start_mark
+        if len(path) > 2 * ECHO_MAX_CHARS:  # 64 levels deep: its start and its end say where
+            path = f"{path[:ECHO_MAX_CHARS // 2]}…{path[-ECHO_MAX_CHARS:]}"
+        return ScenarioError(Location(self.file, mark.line + 1, mark.column + 1, path), message)
+
+
 def _syntax_error(file: str, exc: yaml.MarkedYAMLError) -> ScenarioError:
     mark = exc.problem_mark or exc.context_mark
     line, column = (mark.line + 1, mark.column + 1) if mark else (1, 1)
-    problem = exc.problem or "invalid YAML"
+    # PyYAML quotes the file (an alias, an escape): one short printable line of it.
+    problem = clip(plain(exc.problem or "invalid YAML"), 200)
     if exc.context and problem.startswith("but "):
         # PyYAML splits some messages: "expected a single document" / "but found another".
         message = f"{exc.context}, {problem}"

@@ -267,7 +267,7 @@ CASES = {
     "unknown-expectation": (
         "expect: reproduces", "expect: reproduce",
         "10:54: spec.variants.buggy.expect: unknown expectation 'reproduce' (did you mean "
-        "'reproduces'?); use one of clean, reproduces"),
+        "'reproduces'?); use one of clean, reproduces, hang"),
     "min-rate-above-one": (
         "min_rate: 0.5", "min_rate: 1.5",
         "10:76: spec.variants.buggy.min_rate: expected a number from 0 to 1, got 1.5"),
@@ -387,7 +387,8 @@ def test_neither_steps_nor_workload(tmp_path: Path) -> None:
 
 
 def test_workload_amplify_before_unknown_phase(tmp_path: Path) -> None:
-    text = BASE[:BASE.index("  amplify:")] + (
+    # A pool the workload fits (4 initial pages, then one a request; kvcore refuses more).
+    text = BASE[:BASE.index("  amplify:")].replace("{pages: 2}", "{pages: 8}") + (
         "  amplify: {delay_us: 10, stream: legacy, before: decod}\n"
         "  workload: {kind: conversation, requests: 3}\n")
     path = write(tmp_path, text)
@@ -397,7 +398,7 @@ def test_workload_amplify_before_unknown_phase(tmp_path: Path) -> None:
 
 
 def test_workload_defaults_and_kind(tmp_path: Path) -> None:
-    head = BASE[:BASE.index("  amplify:")]
+    head = BASE[:BASE.index("  amplify:")].replace("{pages: 2}", "{pages: 8}")
     s = load_scenario(write(tmp_path, head + "  workload: {kind: conversation, requests: 3}\n"))
     assert s.workload == Workload(requests=3) and s.steps == () and s.amplify is None
     path = write(tmp_path, head + "  workload: {kind: chat}\n", "chat.yaml")
@@ -452,9 +453,9 @@ def test_missing_file(tmp_path: Path) -> None:
     path = tmp_path / "nope.yaml"
     with pytest.raises(ScenarioError) as err:
         load_scenario(path)
-    assert err.value.where == str(path)
-    assert str(err.value) == (f"{path}: cannot read the file (No such file or directory); "
-                              "check the path")
+    assert err.value.where == Location(str(path), 1, 1, "(file)")
+    assert str(err.value) == (f"{path}:1:1: (file): cannot read the file (No such file or "
+                              "directory); check the path and its permissions")
 
 
 def test_suite_given_to_load_scenario(tmp_path: Path) -> None:
@@ -521,7 +522,8 @@ def test_suite_with_no_scenarios(tmp_path: Path) -> None:
 
 def test_ticket_workload_resolves_its_path(tmp_path: Path) -> None:
     ticket = tmp_path / "t.jsonl"
-    ticket.write_text("")
+    # A ticket the replay can run: the loader reads it now (an empty one is refused).
+    ticket.write_text((SCENARIOS / "tickets" / "ninfer-210.jsonl").read_text())
     text = ("apiVersion: gpurace/v1\nkind: Scenario\nmetadata: {name: t}\n"
             "spec:\n  pool: {pages: 2}\n  variants: {fixed: {}}\n"
             "  workload: {kind: ticket, path: t.jsonl}\n")
