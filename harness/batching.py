@@ -21,8 +21,10 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from harness.traces.ticket import Request, Ticket
+if TYPE_CHECKING:  # the ticket loader checks a ticket with this plan: no import cycle at runtime
+    from harness.traces.ticket import Request, Ticket
 
 DECODE_STEPS_CAP = 16
 """Decode steps per request at most: each reads the row again; more add time, not cover."""

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from jsonl_columns import prefix
 
 from harness.cli import main
 from harness.errors import TraceError
@@ -95,14 +96,14 @@ def test_bad_trace_is_one_line_numbered_error_and_exit_2(tmp_path: Path, case: s
     with pytest.raises(TraceError) as caught:
         load_trace(path)
     message = str(caught.value)
-    assert message.startswith(f"{path}:{line}: {field}: ") and phrase in message, message
+    assert message.startswith(prefix(path, line, field)) and phrase in message, message
     check = CliRunner().invoke(main, ["check", str(path)])
     assert check.exit_code == 2 and check.output == f"error: {message}\n"  # one line, all
     # minimize reads a file without an op trace header as a ticket, and says so at its line.
     shrink = CliRunner().invoke(main, ["minimize", str(path), "-o", str(tmp_path / "m.yaml")])
     said = shrink.output.splitlines()
     assert shrink.exit_code == 2 and len(said) == 1 and "Traceback" not in shrink.output
-    assert re.match(rf"error: {re.escape(str(path))}:\d+: ", said[0]), said
+    assert re.match(rf"error: {re.escape(str(path))}:\d+:\d+: ", said[0]), said
     assert not (tmp_path / "m.yaml").exists()
 
 

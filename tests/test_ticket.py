@@ -13,6 +13,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from jsonl_columns import prefix
 
 from harness.errors import TraceError
 from harness.traces.ticket import (
@@ -62,7 +63,7 @@ def refused(path: Path, line: int, field: str, phrase: str) -> str:
     with pytest.raises(TraceError) as caught:
         load_ticket(path)
     message = str(caught.value)
-    assert message.startswith(f"{path}:{line}: {field}: "), message
+    assert message.startswith(prefix(path, line, field)), message
     assert phrase in message, message
     return message
 
@@ -175,8 +176,8 @@ def test_duplicate_keys_and_nan_are_refused(tmp_path: Path) -> None:
 
 def test_unreadable_empty_and_non_utf8_files(tmp_path: Path) -> None:
     missing = tmp_path / "missing.jsonl"
-    refused(missing, 1, "(file)", "cannot read it")
-    refused(tmp_path, 1, "(file)", "cannot read it")  # a folder
+    refused(missing, 1, "(file)", "cannot read the file")
+    refused(tmp_path, 1, "(file)", "a folder, not a file; pass a ticket")
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     refused(empty, 1, "(file)", "empty file; a ticket starts with a header line")
@@ -251,9 +252,11 @@ def test_write_refuses_an_invalid_ticket_and_leaves_the_file(tmp_path: Path) -> 
     header = TicketHeader("tiny", None, 1, 64, 16, "i8", 8, 2)
     bad = (Request(0, 0.0, 0, "a", 1, 100, 0, 100, 4, 3),
            Request(1, 1.0, 1, "b", 1, 10, 0, 10, 4, 3))  # lane 1 of a 1-lane ticket
-    with pytest.raises(TraceError, match=rf"^{path}:3: lane: 1 is out of range"):
+    lane = json.dumps(bad[1].to_json()).index('"lane":') + 1  # where line 3 would say it
+    with pytest.raises(TraceError, match=rf"^{path}:3:{lane}: lane: 1 is out of range"):
         write_ticket((header, bad), path)
-    with pytest.raises(TraceError, match=rf"^{path}:2: \(record\): cannot be written as JSON"):
+    with pytest.raises(TraceError, match=rf"^{path}:2:1: \(record\): cannot be written as "
+                                         "JSON"):
         write_ticket((header, (Request(0, math.inf, 0, "a", 1, 1, 0, 1, 0, 0),)), path)
     assert path.read_text() == "old\n"
     assert not [p for p in tmp_path.iterdir() if p.name != "keep.jsonl"]  # no temp left

@@ -1,39 +1,64 @@
 """Strict JSON Lines reading, shared by the two trace levels (tickets and op traces).
 
 A trace is edited by hand, cut by a killed writer, or made by another version of gpurace; each of
-those must come back as one error naming the file, the line and the field, with what to change.
-:class:`LineParser` holds where the reader is and the field checks; the readers subclass it and
-check their own records.
+those must come back as one error naming the file, the line, the column and the field, with what
+to change (``file:line:col: field: message``; the column is where the field's key starts on the
+line, or 1 for the record as a whole). :class:`LineParser` holds where the reader is and the
+field checks, bounded by :mod:`harness.limits`; the readers subclass it and check their own
+records.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator, Sequence
 from difflib import get_close_matches
 from pathlib import Path
 from typing import Any
 
 from harness.errors import TraceError
+from harness.inputs import Unreadable, clip, plain, read_input, utf8_error_at
+from harness.limits import COUNT_MAX, ECHO_MAX_CHARS, TEXT_MAX_CHARS
 
 
-def read_text(path: Path, what: str) -> str:
-    """The UTF-8 text of ``path``; ``what`` names the format in the error ("a ticket")."""
+def read_text(path: Path, what: str, limit: int) -> str:
+    """The UTF-8 text of ``path``, at most ``limit`` bytes; ``what`` names the format in the
+    error ("a ticket")."""
     try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise line_error(path, 1, "(file)", f"cannot read it ({exc.strerror or exc}); check the "
-                                            "path and its permissions") from exc
+        data = read_input(path, limit, what)
+    except Unreadable as exc:
+        raise line_error(path, 1, 1, "(file)", str(exc)) from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        line = data[:exc.start].count(b"\n") + 1
-        raise line_error(path, line, "(record)", f"not UTF-8 text (byte {data[exc.start]:#04x}); "
-                                                 f"{what} is UTF-8 JSON Lines") from exc
+        line, column = utf8_error_at(data, exc.start)
+        raise line_error(path, line, column, "(record)",
+                         f"not UTF-8 text (byte {data[exc.start]:#04x}); {what} is UTF-8 JSON "
+                         "Lines") from None
 
 
-def line_error(path: Path, line: int, field_name: str, message: str) -> TraceError:
-    return TraceError(f"{path}:{line}: {field_name}: {message}")
+def line_error(path: Path, line: int, column: int, field_name: str,
+               message: str) -> TraceError:
+    return TraceError(f"{path}:{line}:{column}: {field_name}: {message}")
+
+
+def column_of(raw: str, field_name: str) -> int:
+    """Where ``field_name`` (``kv.dtype``, ``reads[2]``) starts on the line ``raw``: the column
+    of its innermost key found, 1 when none is (a missing key, the record as a whole)."""
+    at = -1
+    for name in re.split(r"\.|\[\d+\]", field_name):
+        if not name or name.startswith("("):
+            continue
+        found = -1
+        for key in {json.dumps(name), json.dumps(name, ensure_ascii=False)}:
+            match = re.compile(re.escape(key) + r"\s*:").search(raw, max(at, 0))
+            if match and (found < 0 or match.start() < found):
+                found = match.start()
+        if found < 0:
+            break
+        at = found
+    return at + 1 if at >= 0 else 1
 
 
 class LineParser:
@@ -46,13 +71,17 @@ class LineParser:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.line = 0
+        self.lines: list[str] = []
 
-    def fail(self, field_name: str, message: str) -> TraceError:
-        return line_error(self.path, self.line, field_name, message)
+    def fail(self, field_name: str, message: str, column: int | None = None) -> TraceError:
+        raw = self.lines[self.line - 1] if 0 < self.line <= len(self.lines) else ""
+        field_name = clip(plain(field_name))  # a key is the file's text
+        return line_error(self.path, self.line, column or column_of(raw, field_name),
+                          field_name, message)
 
     def records(self, text: str) -> Iterator[Any]:
         """Each line's JSON value, with :attr:`line` set to its number; blank lines skipped."""
-        lines = text.split("\n")
+        self.lines = lines = text.split("\n")
         for number, raw in enumerate(lines, 1):
             self.line = number
             line = raw.removesuffix("\r")
@@ -66,12 +95,21 @@ class LineParser:
                 why = "the file ends mid-record; " if torn else ""
                 raise self.fail("(record)", f"truncated or not JSON ({why}{exc.msg} at column "
                                             f"{exc.colno}); each line must be one whole JSON "
-                                            f"object: {self.remedy}") from exc
+                                            f"object: {self.remedy}", exc.colno) from None
             except _DuplicateKey as exc:
                 raise self.fail(str(exc), "appears twice in this record; keep one") from None
             except _NotANumber as exc:
                 raise self.fail("(record)", f"{exc} is not a JSON number; use a finite "
                                             "number") from None
+            except RecursionError:
+                raise self.fail("(record)", "nested too deep to read (arrays or objects "
+                                            f"inside each other); {self.remedy}") from None
+            except ValueError:
+                # Python reads no integer of more than 4,300 digits; none fits a field anyway.
+                digits = re.search(r"\d{4300,}", line)
+                raise self.fail("(record)", "a number of more than 4,300 digits; no field "
+                                            "takes one: fix this line",
+                                (digits.start() + 1) if digits else 1) from None
             if not isinstance(record, dict):
                 raise self.fail("(record)", f"a record must be a JSON object, not "
                                             f"{json_kind(record)}; write one {{...}} per line")
@@ -92,19 +130,30 @@ class LineParser:
                 raise self.fail(f"{prefix}{key}", f"missing; a {what} needs "
                                                   f"{', '.join(required)}")
 
-    def integer(self, record: dict[str, Any], key: str, minimum: int, prefix: str = "") -> int:
+    def integer(self, record: dict[str, Any], key: str, minimum: int, prefix: str = "",
+                maximum: int = COUNT_MAX, what: str = "") -> int:
+        """An integer from ``minimum`` to ``maximum`` (a limit of harness.limits; ``what``
+        says what it bounds)."""
         value = record[key]
         # bool is an int to Python, but `true` in a count is a mistake, not a 1.
         if not isinstance(value, int) or isinstance(value, bool):
             raise self.fail(f"{prefix}{key}", f"must be an integer, not {show(value)}")
         if value < minimum:
-            raise self.fail(f"{prefix}{key}", f"must be {minimum} or more, not {value}")
+            raise self.fail(f"{prefix}{key}", f"must be {minimum} or more, not {show(value)}")
+        if value > maximum:
+            bound = f", the most {what}" if what else ""
+            raise self.fail(f"{prefix}{key}", f"{show(value)} is more than {maximum}{bound}; "
+                                              "use a smaller value")
         return value
 
-    def string(self, record: dict[str, Any], key: str, prefix: str = "") -> str:
+    def string(self, record: dict[str, Any], key: str, prefix: str = "",
+               limit: int = TEXT_MAX_CHARS) -> str:
         value = record[key]
         if not isinstance(value, str):
             raise self.fail(f"{prefix}{key}", f"must be a string, not {show(value)}")
+        if len(value) > limit:
+            raise self.fail(f"{prefix}{key}", f"a string of {len(value):,} characters; at most "
+                                              f"{limit}: shorten it")
         return value
 
     def boolean(self, record: dict[str, Any], key: str) -> bool:
@@ -158,5 +207,10 @@ def json_kind(value: Any) -> str:
 
 
 def show(value: Any) -> str:
-    """A value as it appears in the file, and what kind of JSON value it is."""
-    return f"{json.dumps(value)} ({json_kind(value)})"
+    """A value as it appears in the file (at most ECHO_MAX_CHARS of it), and what kind of JSON
+    value it is."""
+    try:
+        text = json.dumps(value)
+    except (ValueError, RecursionError):  # an integer too long to write, a deep structure
+        text = "…"
+    return f"{clip(text, ECHO_MAX_CHARS)} ({json_kind(value)})"

@@ -12,15 +12,21 @@ action, in the order the host issued them::
 
 :func:`load_trace` reads one and checks every record: a trace is evidence another engineer
 replays, so one it cannot vouch for is refused, at its line and field, rather than half-read.
+Every size and count is bounded (:mod:`harness.limits`): the race detector's work over a trace
+grows with the trace, never with the sizes it declares. A ``path`` in the header is data: only
+`gpurace minimize` follows it, through the same bounded reader as any input.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness import limits as L
+from harness.inputs import Unreadable, clip, echo, plain, read_input
 from harness.traces.jsonl import LineParser, read_text, show
 from kvcore.device.oplog import HOST, HOST_KINDS, is_stream_kind
 
@@ -60,16 +66,17 @@ def load_trace(path: Path | str) -> OpTrace:
     what is wrong and what to do``.
     """
     path = Path(path)
-    return _Parser(path).finish(read_text(path, "an op trace"))
+    return _Parser(path).finish(read_text(path, "an op trace", L.TRACE_MAX_BYTES))
 
 
 def is_op_trace(path: Path) -> bool:
     """Whether ``path`` starts like an op trace (a header naming an op trace schema, of any
-    version, so that load_trace can say which it does not read); the full check is load_trace's."""
+    version, so that load_trace can say which it does not read); the full check is load_trace's.
+    Only the head of a regular file is read."""
     try:
-        with open(path, encoding="utf-8") as file:
-            first = json.loads(file.readline())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        head = read_input(path, L.HEAD_BYTES, "an op trace", head=True)
+        first = json.loads(head.split(b"\n", 1)[0].decode("utf-8"))
+    except (Unreadable, UnicodeDecodeError, ValueError, RecursionError):
         return False
     return isinstance(first, dict) and str(first.get("schema", "")).startswith(_SCHEMA_FAMILY)
 
@@ -127,12 +134,13 @@ class _Parser(LineParser):
         # version is not supported" is the useful thing to say about it.
         if schema != TRACE_SCHEMA:
             if schema.startswith(_SCHEMA_FAMILY):
-                raise self.fail("schema", f"{schema} is not supported; this gpurace reads "
-                                          f"{TRACE_SCHEMA}: record the trace again with it")
+                raise self.fail("schema", f"{clip(plain(schema))} is not supported; this "
+                                          f"gpurace reads {TRACE_SCHEMA}: record the trace "
+                                          "again with it")
             if schema.startswith("gpurace.ticket/"):
-                raise self.fail("schema", f"{schema} is a request-level ticket, not an op "
-                                          "trace; replay it with `gpurace replay`")
-            raise self.fail("schema", f"{schema!r} is not an op trace schema; this gpurace "
+                raise self.fail("schema", f"{clip(plain(schema))} is a request-level ticket, "
+                                          "not an op trace; replay it with `gpurace replay`")
+            raise self.fail("schema", f"{echo(schema)} is not an op trace schema; this gpurace "
                                       f"reads {TRACE_SCHEMA}")
         self.check_keys(record, _HEADER_KEYS, ("type", "schema"), "header")
         if record.get("level", "ops") != "ops":
@@ -141,25 +149,25 @@ class _Parser(LineParser):
             self.optional_string(record, key)
         for key in ("trial", "seed", "pid"):
             if key in record:
-                self.integer(record, key, minimum=0)
-        if "run_seed" in record and (not isinstance(record["run_seed"], int)
-                                     or isinstance(record["run_seed"], bool)):
-            raise self.fail("run_seed", f"must be an integer, not {show(record['run_seed'])}")
+                self.integer(record, key, minimum=0, maximum=L.SEED_MAX)
+        if "run_seed" in record:
+            self.integer(record, "run_seed", minimum=-L.SEED_MAX, maximum=L.SEED_MAX)
         delay = record.get("delay_us")
         if delay is not None and (not isinstance(delay, (int, float)) or isinstance(delay, bool)
-                                  or delay < 0):
-            raise self.fail("delay_us", f"must be null or microseconds (0 or more), not "
-                                        f"{show(delay)}")
+                                  or not 0 <= delay <= L.DELAY_MAX_US or not math.isfinite(delay)):
+            raise self.fail("delay_us", f"must be null or microseconds from 0 to "
+                                        f"{L.DELAY_MAX_US:g} (10 s), not {show(delay)}")
         defects = record.get("defects", {})
         if not isinstance(defects, dict) or not all(isinstance(v, bool)
                                                     for v in defects.values()):
             raise self.fail("defects", f"must be an object of kvcore defect names to true or "
                                        f"false, not {show(defects)}")
         amplify = record.get("amplify")
-        if amplify is not None and not (isinstance(amplify, dict) and set(amplify) ==
-                                        {"stream", "before"}):
-            raise self.fail("amplify", f'must be null or {{"stream": ..., "before": ...}}, not '
-                                       f"{show(amplify)}")
+        if amplify is not None and not (
+                isinstance(amplify, dict) and set(amplify) == {"stream", "before"}
+                and all(v is None or isinstance(v, str) for v in amplify.values())):
+            raise self.fail("amplify", f'must be null or {{"stream": ..., "before": ...}} (each '
+                                       f"a string or null), not {show(amplify)}")
 
     def buffer(self, record: dict[str, Any]) -> None:
         self.check_keys(record, _BUFFER_KEYS, ("type", "id", "name", "space", "nbytes"),
@@ -168,27 +176,35 @@ class _Parser(LineParser):
         if buffer_id in self.buffers:
             raise self.fail("id", f"buffer {buffer_id} is already declared on line "
                                   f"{self.buffers[buffer_id][1]}; each buffer once")
+        if len(self.buffers) >= L.TRACE_MAX_BUFFERS:
+            raise self.fail("id", f"more than {L.TRACE_MAX_BUFFERS:,} buffers, the most an op "
+                                  "trace may declare; record a shorter trial")
         self.string(record, "name")
         space = self.string(record, "space")
         if space not in _SPACES:
-            raise self.fail("space", f'must be "device" or "host", not {space!r}')
-        nbytes = self.integer(record, "nbytes", minimum=1)
+            raise self.fail("space", f'must be "device" or "host", not {echo(space)}')
+        nbytes = self.integer(record, "nbytes", minimum=1, maximum=L.TRACE_MAX_BUFFER_BYTES,
+                              what="bytes of a buffer (256 GiB)")
         self.optional_string(record, "role")
         if "page_bytes" in record:
-            self.integer(record, "page_bytes", minimum=0)
+            self.integer(record, "page_bytes", minimum=0, maximum=L.TRACE_MAX_BUFFER_BYTES,
+                         what="bytes of a buffer (256 GiB)")
         self.buffers[buffer_id] = (nbytes, self.line)
 
     def stream(self, record: dict[str, Any]) -> None:
         self.check_keys(record, _STREAM_KEYS, _STREAM_KEYS[:4], "stream record")
         if "priority" in record:
-            self.integer(record, "priority", minimum=-(1 << 31))
+            self.integer(record, "priority", minimum=-(1 << 31), maximum=(1 << 31) - 1)
         name = self.string(record, "name")
         if name == HOST or not name:
-            raise self.fail("name", f"{name!r} cannot name a stream ({HOST!r} is the host's "
+            raise self.fail("name", f"{echo(name)} cannot name a stream ({HOST!r} is the host's "
                                     "own actions)")
         if name in self.streams:
-            raise self.fail("name", f"stream {name!r} is already declared on line "
+            raise self.fail("name", f"stream {echo(name)} is already declared on line "
                                     f"{self.streams[name]}; each stream once")
+        if len(self.streams) >= L.TRACE_MAX_STREAMS:
+            raise self.fail("name", f"more than {L.TRACE_MAX_STREAMS} streams, the most an op "
+                                    "trace may declare; record a trial with fewer streams")
         self.boolean(record, "blocking")
         self.boolean(record, "legacy")
         self.streams[name] = self.line
@@ -210,15 +226,15 @@ class _Parser(LineParser):
         kind = self.string(record, "kind")
         if stream == HOST:
             if kind not in HOST_KINDS:
-                raise self.fail("kind", f"unknown host op {kind!r}; the host's ops are "
+                raise self.fail("kind", f"unknown host op {echo(kind)}; the host's ops are "
                                         f"{', '.join(sorted(HOST_KINDS))}")
         else:
             if stream not in self.streams:
-                raise self.fail("stream", f"{stream!r} is not declared above; a stream record "
-                                          "must come before its first op")
+                raise self.fail("stream", f"{echo(stream)} is not declared above; a stream "
+                                          "record must come before its first op")
             if not is_stream_kind(kind):
-                raise self.fail("kind", f"unknown op {kind!r} on stream {stream!r}; a stream "
-                                        "runs copies, memsets, kernels (kernel:NAME) and "
+                raise self.fail("kind", f"unknown op {echo(kind)} on stream {echo(stream)}; a "
+                                        "stream runs copies, memsets, kernels (kernel:NAME) and "
                                         "event records and waits")
         for key in ("reads", "writes"):
             if key in record:
@@ -227,25 +243,33 @@ class _Parser(LineParser):
             self.optional_string(record, key)
         syncs = self.optional_string(record, "syncs")
         if syncs is not None and syncs not in self.streams:
-            raise self.fail("syncs", f"{syncs!r} is not a stream declared above")
+            raise self.fail("syncs", f"{echo(syncs)} is not a stream declared above")
         for key in ("t_issue_ns", "t_start_ns", "t_end_ns"):
             if key in record:
                 self.integer(record, key, minimum=0)
         detail = record.get("detail", {})
         if not isinstance(detail, dict):
             raise self.fail("detail", f"must be an object, not {show(record['detail'])}")
+        for key in ("site", "origin"):  # where the op came from: findings print them
+            if detail.get(key) is not None:
+                self.string(detail, key, prefix="detail.")
         if kind in ("alloc", "free"):
             # The detector names bytes by these: a range it cannot place is refused here.
             self.span("detail.range", detail.get("range"))
-        if kind == "alloc" and not isinstance(detail.get("name"), str):
-            raise self.fail("detail.name", f"must be a string (who the bytes belong to), not "
-                                           f"{show(detail.get('name'))}")
+        if kind == "alloc":
+            if not isinstance(detail.get("name"), str):
+                raise self.fail("detail.name", f"must be a string (who the bytes belong to), "
+                                               f"not {show(detail.get('name'))}")
+            self.string(detail, "name", prefix="detail.")
 
     def accesses(self, record: dict[str, Any], key: str) -> None:
         ranges = record[key]
         if not isinstance(ranges, list):
             raise self.fail(key, f"must be an array of [buffer, offset, length], not "
                                  f"{show(ranges)}")
+        if len(ranges) > L.TRACE_MAX_ACCESSES:
+            raise self.fail(key, f"{len(ranges):,} byte ranges, more than "
+                                 f"{L.TRACE_MAX_ACCESSES:,}, the most one op may touch")
         for i, access in enumerate(ranges):
             self.span(f"{key}[{i}]", access)
 

@@ -14,10 +14,12 @@ decodes ``decode_tokens`` with ``draft_tokens`` speculative tokens in flight. A 
 keeps its lane, counts its turns from 1, and with ``"end": true`` releases its pages for good.
 
 :func:`load_ticket` reads and checks one; every problem is a :class:`~harness.errors.TraceError`
-whose message starts with ``file:line: field:`` and says what to change. :func:`write_ticket`
+whose message starts with ``file:line:col: field:`` and says what to change. :func:`write_ticket`
 writes one atomically, checked by the same rules, so whatever it writes loads back equal.
-Whether the pool is big enough is not checked here: the replay engine does that with the real
-page geometry (:meth:`Ticket.peak_pages` gives the estimate a ticket author needs).
+Besides each record, the checks cover what the replay engine would meet: the world the header
+asks for (within :mod:`harness.limits`), and, by running the engine's batching plan
+(:mod:`harness.batching`), that the pages live conversations hold never exceed the pool
+(:meth:`Ticket.peak_pages` gives an author the estimate to size ``pool_pages`` by).
 """
 
 from __future__ import annotations
@@ -30,8 +32,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness import batching
+from harness import limits as L
+from harness.footprint import Footprint
+from harness.inputs import clip, echo, plain
 from harness.traces.jsonl import LineParser, line_error, read_text, show
-from kvcore.geometry import DType
+from kvcore.geometry import DType, KVPageGeometry, KVPlaneGeometry
 from reports import write_atomic
 
 TICKET_SCHEMA = "gpurace.ticket/1"
@@ -48,7 +54,6 @@ _HEADER_REQUIRED = ("schema", "name", "lanes", "page_tokens", "pool_pages", "kv"
 _KV_KEYS = ("dtype", "leading", "heads")
 _REQUEST_KEYS = ("type", "id", "time_ms", "lane", "conversation", "turn", "prompt_tokens",
                  "prefix_tokens", "new_tokens", "decode_tokens", "draft_tokens", "end")
-_MAX_TIME_MS = 1e15  # about 30,000 years; anything later is a unit mistake
 _TOKEN_FIELDS = ("prompt_tokens", "prefix_tokens", "new_tokens", "decode_tokens", "draft_tokens")
 
 
@@ -154,7 +159,7 @@ def load_ticket(path: Path | str) -> Ticket:
     wrong and what to do``; fix that line and load again.
     """
     path = Path(path)
-    text = read_text(path, "a ticket")
+    text = read_text(path, "a ticket", L.TICKET_MAX_BYTES)
     return _parse(path, text)
 
 
@@ -174,9 +179,9 @@ def write_ticket(ticket: Ticket | tuple[TicketHeader, Sequence[Request]],
         try:
             lines.append(json.dumps(record, allow_nan=False))
         except (TypeError, ValueError) as exc:
-            raise line_error(path, number, "(record)",
-                         f"cannot be written as JSON ({exc}); use strings, booleans and finite "
-                         "numbers") from exc
+            raise line_error(path, number, 1, "(record)",
+                             f"cannot be written as JSON ({exc}); use strings, booleans and "
+                             "finite numbers") from exc
     text = "\n".join(lines) + "\n"
     checked = _parse(path, text)
     write_atomic(path, text)
@@ -207,7 +212,7 @@ class _Parser(LineParser):
         if not isinstance(kind, str):
             raise self.fail("type", f'must be "header" or "request", not {show(kind)}')
         if kind not in ("header", "request"):
-            raise self.fail("type", f"unknown record type {kind!r}; a ticket has header and "
+            raise self.fail("type", f"unknown record type {echo(kind)}; a ticket has header and "
                                     "request records")
         if self.header is None:
             if kind != "header":
@@ -234,19 +239,22 @@ class _Parser(LineParser):
                                       f"{show(schema)}")
         if schema != TICKET_SCHEMA:
             if schema.startswith("gpurace.ticket/"):
-                raise self.fail("schema", f"{schema} is not supported; this gpurace reads "
-                                          f"{TICKET_SCHEMA}")
-            raise self.fail("schema", f"{schema!r} is not a ticket schema; this gpurace reads "
+                raise self.fail("schema", f"{clip(plain(schema))} is not supported; this "
+                                          f"gpurace reads {TICKET_SCHEMA}")
+            raise self.fail("schema", f"{echo(schema)} is not a ticket schema; this gpurace reads "
                                       f"{TICKET_SCHEMA} (an op trace goes to `gpurace check`)")
         self.check_keys(record, _HEADER_KEYS, _HEADER_REQUIRED, "header")
-        name = self.string(record, "name")
+        name = self.string(record, "name", limit=L.NAME_MAX_CHARS)
         if not NAME_PATTERN.match(name):
-            raise self.fail("name", f"{name!r} is not a ticket name; use lowercase letters, "
+            raise self.fail("name", f"{echo(name)} is not a ticket name; use lowercase letters, "
                                     "digits, '-' and '_', starting with a letter or digit")
         description = self.optional_string(record, "description")
-        lanes = self.integer(record, "lanes", minimum=1)
-        page_tokens = self.integer(record, "page_tokens", minimum=1)
-        pool_pages = self.integer(record, "pool_pages", minimum=1)
+        lanes = self.integer(record, "lanes", minimum=1, maximum=L.LANES_MAX,
+                             what="lanes of a ticket")
+        page_tokens = self.integer(record, "page_tokens", minimum=1, maximum=L.PAGE_MAX_TOKENS,
+                                   what="tokens of a page")
+        pool_pages = self.integer(record, "pool_pages", minimum=1, maximum=L.POOL_MAX_PAGES,
+                                  what="pages of a pool")
         kv = record["kv"]
         if not isinstance(kv, dict):
             raise self.fail("kv", f'must be an object like {{"dtype": "i8", "leading": 8, '
@@ -254,17 +262,40 @@ class _Parser(LineParser):
         self.check_keys(kv, _KV_KEYS, _KV_KEYS, "kv", prefix="kv.")
         dtype = self.string(kv, "dtype", prefix="kv.")
         if dtype not in KV_DTYPES:
-            raise self.fail("kv.dtype", f"unknown dtype {dtype!r}; use one of "
+            raise self.fail("kv.dtype", f"unknown dtype {echo(dtype)}; use one of "
                                         f"{', '.join(KV_DTYPES)}")
-        leading = self.integer(kv, "leading", minimum=1, prefix="kv.")
-        heads = self.integer(kv, "heads", minimum=1, prefix="kv.")
+        leading = self.integer(kv, "leading", minimum=1, prefix="kv.",
+                               maximum=L.PLANE_MAX_DIM, what="a plane's leading may be")
+        heads = self.integer(kv, "heads", minimum=1, prefix="kv.", maximum=L.PLANE_MAX_DIM,
+                             what="a plane's heads may be")
         source = self.optional_string(record, "source")
         self.header = TicketHeader(name, description, lanes, page_tokens, pool_pages, dtype,
                                    leading, heads, source)
         self.header_line = self.line
+        self.check_world(self.header)
+
+    def check_world(self, h: TicketHeader) -> None:
+        """The replay's world (harness.executor.pool_for: the pool, a table row per lane of as
+        many entries as the pool has pages) within the limits."""
+        geometry = KVPageGeometry((KVPlaneGeometry(DType.parse(h.dtype), h.leading, h.heads),),
+                                  page_tokens=h.page_tokens)
+        stride = geometry.page_stride
+        if stride > L.PAGE_MAX_BYTES:
+            raise self.fail("page_tokens", f"a page of {h.page_tokens} tokens of this kv takes "
+                                           f"{stride:,} bytes, more than {L.PAGE_MAX_BYTES:,}, "
+                                           "the most a page may; use fewer page_tokens")
+        world = Footprint(h.pool_pages, stride, h.lanes, h.pool_pages)
+        if world.fixed_bytes > L.WORLD_MAX_BYTES:
+            raise self.fail("pool_pages", f"the replay's world takes {world.fixed_bytes:,} "
+                                          f"bytes ({world.describe()}), more than "
+                                          f"{L.WORLD_MAX_BYTES:,} (1 GiB), the most it may; use "
+                                          "fewer pool_pages, fewer lanes or a smaller page")
 
     def read_request(self, record: dict[str, Any]) -> None:
         assert self.header is not None
+        if len(self.requests) >= L.REQUESTS_MAX:
+            raise self.fail("(record)", f"more than {L.REQUESTS_MAX:,} requests, the most a "
+                                        "ticket may have; split the ticket")
         self.check_keys(record, _REQUEST_KEYS, _REQUEST_KEYS[1:-1], "request")
         request_id = self.integer(record, "id", minimum=0)
         if self.requests and request_id <= self.requests[-1].id:
@@ -282,14 +313,16 @@ class _Parser(LineParser):
             raise self.fail("lane", f"{lane} is out of range: the header declares "
                                     f"{self.header.lanes} lane(s), so use 0 to "
                                     f"{self.header.lanes - 1} or raise lanes")
-        conversation = self.string(record, "conversation")
+        conversation = self.string(record, "conversation", limit=L.NAME_MAX_CHARS)
         if not conversation:
             raise self.fail("conversation", "must not be empty; name the conversation this "
                                             "request belongs to")
-        turn = self.integer(record, "turn", minimum=1)
+        turn = self.integer(record, "turn", minimum=1, maximum=L.REQUESTS_MAX,
+                            what="turns (the most requests a ticket may have)")
         tokens: dict[str, int] = {}
         for name in _TOKEN_FIELDS:
-            tokens[name] = self.integer(record, name, minimum=0)
+            tokens[name] = self.integer(record, name, minimum=0, maximum=L.TOKENS_MAX,
+                                        what="tokens of a request")
             # Relations as soon as their fields are read: a prefix longer than the prompt also
             # makes new_tokens negative, and the prefix is the mistake to point at.
             if name == "prefix_tokens" and tokens[name] > tokens["prompt_tokens"]:
@@ -301,6 +334,12 @@ class _Parser(LineParser):
                 raise self.fail(name, f"must be prompt_tokens - prefix_tokens = {expected}, "
                                       f"not {tokens[name]}")
         end = self.boolean(record, "end") if "end" in record else False
+        if turn == 1 and not tokens["prompt_tokens"] + tokens["decode_tokens"]:
+            # Its first request gives a conversation its pages; with none, the engine would
+            # read an empty table row.
+            raise self.fail("prompt_tokens", "a conversation's first request holds no token "
+                                             "(prompt_tokens and decode_tokens are 0); give it "
+                                             "a prompt")
         self.follow(conversation, lane, turn, end)
         self.requests.append(Request(request_id, time_ms, lane, conversation, turn, end=end,
                                      **tokens))
@@ -338,7 +377,32 @@ class _Parser(LineParser):
             self.line = 1
             raise self.fail("(file)", "empty file; a ticket starts with a header line "
                                       f'{{"type": "header", "schema": "{TICKET_SCHEMA}", ...}}')
-        return Ticket(self.header, tuple(self.requests), self.path)
+        ticket = Ticket(self.header, tuple(self.requests), self.path)
+        self.check_pages(ticket)
+        return ticket
+
+    def check_pages(self, ticket: Ticket) -> None:
+        """Replay the engine's batching plan on paper: the pages the live conversations hold
+        must fit the pool at every engine step (kvcore refuses the materialize that would
+        not), said at the request whose prefill would not fit."""
+        pool = ticket.header.pool_pages
+        held: dict[str, int] = {}
+        total = 0
+        for step in batching.plan(ticket):
+            for work in step.work:
+                conversation = work.request.conversation
+                held[conversation] = held.get(conversation, 0) + work.new_pages
+                total += work.new_pages
+                if total > pool:
+                    self.line = self.request_lines[work.number - 1]
+                    others = total - held[conversation]
+                    raise self.fail("prompt_tokens", (
+                        f"conversation {echo(conversation)} would hold {held[conversation]} "
+                        f"pages from this request on while the other live conversations hold "
+                        f"{others}: {total} in all, more than the pool's {pool} (pool_pages); "
+                        'raise pool_pages, or end conversations earlier ("end": true)'))
+            for conversation in step.releases:
+                total -= held.pop(conversation)
 
 
 def _parse(path: Path, text: str) -> Ticket:
@@ -352,7 +416,7 @@ def _time(parser: _Parser, record: dict[str, Any]) -> float:
     if value < 0:
         raise parser.fail("time_ms", f"must be 0 or more, not {value}")
     # An integer too big for a float (or an infinity) is no time a replay can wait for.
-    if value > _MAX_TIME_MS or not math.isfinite(value):
+    if value > L.TIME_MAX_MS or not math.isfinite(value):
         raise parser.fail("time_ms", f"{value} is too large; use milliseconds since the "
                                      "ticket's start")
     return float(value)
