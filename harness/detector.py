@@ -16,7 +16,9 @@ Every access is a byte range of a device buffer or a pinned host buffer, the hos
 writes included. History is kept per byte range, not per lease, so a page released and
 materialized again keeps its past: the old owner's in-flight write still conflicts with the new
 owner's. Two accesses conflict when their bytes overlap, at least one writes, and neither is
-ordered before the other.
+ordered before the other. The history of a buffer is stored in blocks (its pages, or 64 KiB),
+grown in whole pages so that no buffer has more than ``HISTORY_MAX_BLOCKS``: the work of one
+access is bounded whatever size a trace declares.
 
 The detector works online (an op-log observer, during every trial) and offline over a recorded
 trace (``gpurace check``); both feed it the same JSON-shaped op records.
@@ -24,11 +26,13 @@ trace (``gpurace check``); both feed it the same JSON-shaped op records.
 
 from __future__ import annotations
 
+import bisect
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from harness.limits import HISTORY_MAX_BLOCKS
 from harness.outcome import step_shape
 from kvcore.device import Device, OpRecord
 
@@ -36,7 +40,16 @@ HOST = "host"
 HISTORY = 4096
 """Accesses remembered per block of a buffer (the oldest are forgotten first)."""
 BLOCK = 1 << 16
-"""Bytes per history block of a buffer that is not carved into pages."""
+"""Bytes per history block of a buffer that is not carved into pages (of a small buffer: a large
+one's blocks grow, see :func:`history_block`)."""
+
+
+def history_block(nbytes: int, page_bytes: int) -> int:
+    """Bytes per history block of a buffer: a page (or BLOCK), or as many whole pages as keep
+    the buffer within HISTORY_MAX_BLOCKS blocks."""
+    base = page_bytes or BLOCK
+    need = -(-nbytes // HISTORY_MAX_BLOCKS)
+    return base if need <= base else -(-need // base) * base
 WAITS_KEPT = 64
 """Waits remembered per stream (and records per event), to explain a wait that missed."""
 
@@ -88,46 +101,71 @@ class Owner:
     freed_at: str | None = None  # the step that gave the bytes back
 
 
+def _lo(owner: Owner) -> int:
+    return owner.lo
+
+
 class _Owners:
     """Every owner each buffer's bytes have had, so a finding can name the bytes as the
-    scenario does, and say "reuse" only when bytes really were given back and handed out."""
+    scenario does, and say "reuse" only when bytes really were given back and handed out.
+
+    A buffer's live owners hold disjoint ranges (an alloc frees what it overlaps), kept sorted,
+    so an alloc or a free finds what it overlaps by bisection: a long trial's thousands of
+    leases cost no more each than its first. Owners that gave their bytes back are only
+    looked through when a finding names its bytes."""
 
     def __init__(self) -> None:
-        self._by_buffer: dict[int, list[Owner]] = defaultdict(list)
+        self._live: dict[int, list[Owner]] = defaultdict(list)  # sorted by lo
+        self._past: dict[int, list[Owner]] = defaultdict(list)
 
     def alloc(self, buffer: int, lo: int, hi: int, name: str, seq: int) -> None:
         self.free(buffer, lo, hi, seq, None)
-        self._by_buffer[buffer].append(Owner(lo, hi, name, seq))
+        live = self._live[buffer]
+        owner = Owner(lo, hi, name, seq)
+        live.insert(bisect.bisect_right(live, lo, key=_lo), owner)
 
     def free(self, buffer: int, lo: int, hi: int, seq: int, step: str | None) -> None:
-        owners = self._by_buffer.get(buffer, [])
-        for owner in list(owners):
-            if owner.until is not None or not (owner.lo < hi and lo < owner.hi):
+        live = self._live.get(buffer)
+        if not live or lo >= hi:
+            return
+        # The first live owner that may overlap [lo, hi): the last starting at or before lo.
+        first = max(0, bisect.bisect_right(live, lo, key=_lo) - 1)
+        end = first
+        while end < len(live) and live[end].lo < hi:
+            end += 1
+        kept: list[Owner] = []
+        for owner in live[first:end]:
+            if not (owner.lo < hi and lo < owner.hi):
+                kept.append(owner)
                 continue
             # The part outside [lo, hi) stays with the owner, as a piece of its own.
             for a, b in ((owner.lo, lo), (hi, owner.hi)):
                 if a < b:
-                    owners.append(Owner(a, b, owner.name, owner.since))
+                    kept.append(Owner(a, b, owner.name, owner.since))
             owner.lo, owner.hi = max(owner.lo, lo), min(owner.hi, hi)
             owner.until, owner.freed_at = seq, step
+            self._past[buffer].append(owner)
+        kept.sort(key=_lo)
+        live[first:end] = kept
 
     def at(self, buffer: int, offset: int, seq: int) -> Owner | None:
         """Who held byte ``offset`` of ``buffer`` when op ``seq`` ran."""
-        for owner in reversed(self._by_buffer.get(buffer, [])):
-            if owner.lo <= offset < owner.hi and owner.since <= seq and (
-                    owner.until is None or seq < owner.until):
+        live = self._live.get(buffer, [])
+        i = bisect.bisect_right(live, offset, key=_lo) - 1
+        if i >= 0 and live[i].lo <= offset < live[i].hi and live[i].since <= seq:
+            return live[i]
+        for owner in reversed(self._past.get(buffer, [])):
+            if owner.lo <= offset < owner.hi and owner.since <= seq < owner.until:  # type: ignore
                 return owner
         return None
 
     def forget_past(self) -> None:
         """Drop the owners that gave their bytes back: no access of a past trial is left to
         name (a GPU's world lives for thousands of trials)."""
-        for buffer, owners in self._by_buffer.items():
-            self._by_buffer[buffer] = [o for o in owners if o.until is None]
+        self._past.clear()
 
     def live(self) -> list[tuple[int, Owner]]:
-        return [(b, o) for b, owners in self._by_buffer.items() for o in owners
-                if o.until is None]
+        return [(b, o) for b, owners in self._live.items() for o in owners]
 
 
 class _Record(NamedTuple):
@@ -238,6 +276,7 @@ class _Buffer:
     space: str
     role: str
     page_bytes: int
+    block: int  # bytes per history block (history_block)
 
 
 @dataclass
@@ -285,12 +324,15 @@ class RaceDetector:
     def learn(self, device: Device) -> None:
         log = device.oplog
         for info in log.buffers.values():
-            self.buffer(info.id, info.name, info.space, info.role, log.page_bytes.get(info.id, 0))
+            self.buffer(info.id, info.name, info.space, info.role, log.page_bytes.get(info.id, 0),
+                        info.nbytes)
         for s in log.streams.values():
             self.stream(s.name, s.blocking, s.legacy)
 
-    def buffer(self, id: int, name: str, space: str, role: str, page_bytes: int = 0) -> None:
-        self._buffers[id] = _Buffer(name, space, role, page_bytes)
+    def buffer(self, id: int, name: str, space: str, role: str, page_bytes: int = 0,
+               nbytes: int = 0) -> None:
+        self._buffers[id] = _Buffer(name, space, role, page_bytes,
+                                    history_block(nbytes, page_bytes))
 
     def stream(self, name: str, blocking: bool, legacy: bool) -> None:
         self._streams[name] = _Stream(blocking, legacy)
@@ -390,7 +432,7 @@ class RaceDetector:
             return  # oracle buffers (the generation mirror) are checking state, not under test
         thread = source[1]
         lo, hi = off, off + length
-        block = info.page_bytes or BLOCK
+        block = info.block
         for b in range(lo // block, (hi - 1) // block + 1):
             key = (buf, b)
             history = self._history.get(key, ())
@@ -399,7 +441,7 @@ class RaceDetector:
                 p_thread, p_epoch, p_lo, p_hi, p_write, _ = past
                 ordered = p_thread == thread or p_epoch <= vc.get(p_thread, 0)
                 if not ordered and p_lo < hi and lo < p_hi and (write or p_write):
-                    self._report(buf, info, block if info.page_bytes else 0, past,
+                    self._report(buf, info, info.page_bytes, past,
                                  (thread, epoch, lo, hi, write, source))
                 # An access ordered after a past one and covering its bytes stands for it from
                 # now on, if it is a write or the past one was a read: whatever would race the
@@ -511,7 +553,8 @@ def check_trace(records: Iterable[dict[str, Any]]) -> RaceDetector:
         kind = record.get("type")
         if kind == "buffer":
             detector.buffer(int(record["id"]), str(record["name"]), str(record["space"]),
-                            str(record.get("role", "data")), int(record.get("page_bytes", 0)))
+                            str(record.get("role", "data")), int(record.get("page_bytes", 0)),
+                            int(record["nbytes"]))
         elif kind == "stream":
             detector.stream(str(record["name"]), bool(record["blocking"]),
                             bool(record["legacy"]))
