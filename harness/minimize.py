@@ -8,11 +8,18 @@ on (the materialize of a lease it uses, the catalog it names, the host buffer it
 candidate runs one trial on the simulated device with the race detector on; it "still fails"
 when it ends the same way (crash, corruption) or, for a race that did not manifest, when the
 detector finds the same race. The result is a scenario file that `gpurace run` accepts.
+
+What minimize reads is input like any other: the incident's report, the op trace's header, and
+the scenario or ticket either names (a path inside them is followed only to a regular file, read
+through the same bounded reader as every input); a field it cannot use is a TargetError naming
+the file and the field, never a traceback.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -25,13 +32,16 @@ import kvcore
 from harness import batching
 from harness import vocabulary as V
 from harness.detector import RaceDetector, check_trace
-from harness.errors import ScenarioError, TargetError
+from harness.errors import ScenarioError, TargetError, TraceError
 from harness.executor import TrialExecutor, pool_for
+from harness.limits import DELAY_MAX_US, HEAD_BYTES, NAME_MAX_CHARS, SEED_MAX, TEXT_MAX_CHARS
 from harness.model import Amplify, PoolSpec, Scenario, Step, Variant, Workload
 from harness.traces.optrace import is_op_trace, load_trace
 from harness.outcome import Outcome
 from harness.replay import replay_scenario
-from harness.scenario import load_scenario
+from harness.inputs import Unreadable, clip, echo, plain, read_input, show_path
+from harness.scenario import is_file, load_scenario
+from harness.traces.jsonl import column_of
 from harness.traces.ticket import Request, Ticket, load_ticket, write_ticket
 from reports import load_report, write_atomic
 
@@ -159,11 +169,12 @@ def steps_for(ticket: Ticket) -> list[dict[str, Any]]:
     steps: list[dict[str, Any]] = []
     leases: dict[str, list[str]] = {}
     decodes: dict[int, int] = {}
+    ids = _catalog_ids(ticket)
     widest = 1
     for step in batching.plan(ticket):
         for work in step.work:
             n, conversation = work.number, work.request.conversation
-            cat = f"conv-{conversation}"
+            cat = ids[conversation]
             if work.opens:
                 leases[conversation] = []
                 steps += [{"id": cat, "op": "catalog"}, {"op": "bind", "catalog": cat}]
@@ -188,6 +199,21 @@ def steps_for(ticket: Ticket) -> list[dict[str, Any]]:
     return [{"op": "host_fill", "buffer": "kv", "byte": 0x5A, "pages": widest}, *steps]
 
 
+def _catalog_ids(ticket: Ticket) -> dict[str, str]:
+    """A step id for each conversation's catalog: ``conv-`` and its name, made a valid name (a
+    ticket's conversation names are any text), numbered when two would be the same."""
+    ids: dict[str, str] = {}
+    taken: set[str] = set()
+    for i, name in enumerate(ticket.conversations(), 1):
+        slug = re.sub(r"[^a-z0-9_-]+", "-", name.lower()).strip("-")[:40] or "c"
+        cat = f"conv-{slug}"
+        if cat in taken:
+            cat = f"{cat}-{i}"
+        taken.add(cat)
+        ids[name] = cat
+    return ids
+
+
 def _pool_for_steps(ticket: Ticket) -> PoolSpec:
     """The ticket's pool, with a table row for every conversation: as steps, each binds a row
     of its own (the replay engine reuses a lane's row for the lane's next conversation)."""
@@ -203,17 +229,21 @@ def conversation_steps(workload: Workload) -> list[dict[str, Any]]:
     steps: list[dict[str, Any]] = [
         {"op": "host_fill", "buffer": "kv", "byte": 0x5A,
          "pages": max(workload.initial_pages, workload.pages_per_turn, workload.churn_pages)},
-        {"id": "conversation", "op": "catalog"},
-        {"id": "initial", "op": "materialize", "pages": workload.initial_pages},
-        {"op": "copy_from_host", "src": "kv", "dst": "initial", "stream": "compute"},
-        {"op": "retain", "catalog": "conversation", "lease": "initial"},
-        {"op": "bind", "catalog": "conversation"}]
+        {"id": "conversation", "op": "catalog"}]
+    # A count of 0 (no initial pages, no churn lane) is no step: a step takes 1 page or more.
+    if workload.initial_pages:
+        steps += [{"id": "initial", "op": "materialize", "pages": workload.initial_pages},
+                  {"op": "copy_from_host", "src": "kv", "dst": "initial", "stream": "compute"},
+                  {"op": "retain", "catalog": "conversation", "lease": "initial"}]
+    steps.append({"op": "bind", "catalog": "conversation"})
     for n in range(1, workload.requests + 1):
         churn, fresh = f"r{n}-churn", f"r{n}-pages"
-        steps += [{"id": churn, "op": "materialize", "pages": workload.churn_pages},
-                  {"op": "copy_from_host", "src": "kv", "dst": churn, "stream": "transfer"},
-                  {"op": "release", "lease": churn},
-                  {"id": fresh, "op": "materialize", "pages": workload.pages_per_turn},
+        if workload.churn_pages:
+            steps += [{"id": churn, "op": "materialize", "pages": workload.churn_pages},
+                      {"op": "copy_from_host", "src": "kv", "dst": churn,
+                       "stream": "transfer"},
+                      {"op": "release", "lease": churn}]
+        steps += [{"id": fresh, "op": "materialize", "pages": workload.pages_per_turn},
                   {"op": "copy_from_host", "src": "kv", "dst": fresh, "stream": "compute"},
                   {"op": "retain", "catalog": "conversation", "lease": fresh},
                   {"id": f"r{n}-activate", "op": "activate", "catalog": "conversation",
@@ -323,7 +353,12 @@ def minimize(source: Path, *, defects: tuple[str, ...] = (), amplify: bool | Non
             def ticket_fails(kept: list[Request]) -> bool:
                 candidate = Ticket(ticket.header, tuple(_renumbered(kept)))
                 file = Path(tmp) / f"t{judge.tries}.jsonl"
-                write_ticket(candidate, file)
+                try:
+                    write_ticket(candidate, file)
+                except TraceError:
+                    # Dropping a conversation's last request keeps its pages for good: such a
+                    # subset may overrun the pool, which the loader refuses. No answer.
+                    return False
                 return judge.fails(replay_scenario(file, variant.defects.active()))
 
             if not ticket_fails(list(ticket.requests)):
@@ -382,14 +417,42 @@ def minimize(source: Path, *, defects: tuple[str, ...] = (), amplify: bool | Non
 
 def _from_incident(source: Path, amplify: bool | None) -> _Origin:
     report = load_report(source)
-    argv = report.get("reproduce", {}).get("argv", [])
-    amp = report.get("amplification")
-    path = Path(report["scenario"]["path"])
+    file = source / "report.json" if source.is_dir() else source
+    argv = _field(report, "reproduce.argv", list, file, [])
+    amp = _field(report, "amplification", dict, file, None)
+    delay = None if amp is None else _field(report, "amplification.delay_us", float, file, None)
+    path = Path(_field(report, "scenario.path", str, file))
     replayed = len(argv) > 1 and argv[1] == "replay"
-    scenario = _scenario_at(path, replayed, report["variant"]["defects"], source)
-    return _Origin(scenario, scenario.variant(report["variant"]["name"]),
-                   amp is not None if amplify is None else amplify, (amp or {}).get("delay_us"),
-                   int(report["trial"]["seed"]), _failure(report))
+    defects = _field(report, "variant.defects", dict, file)
+    scenario = _scenario_at(path, replayed, defects, f"{file}: scenario.path")
+    variant = _variant(scenario, _field(report, "variant.name", str, file),
+                       f"{file}: variant.name")
+    return _Origin(scenario, variant, amp is not None if amplify is None else amplify, delay,
+                   _field(report, "trial.seed", int, file), _failure(report, file))
+
+
+def _field(report: dict[str, Any], key: str, kind: type, file: Path,
+           default: Any = ...) -> Any:
+    """``report[a][b]`` for ``key`` ``a.b``, of type ``kind`` (a float may be written as an
+    integer); ``default`` when it is missing (or null), if given."""
+    value: Any = report
+    for part in key.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    if value is None and default is not ...:
+        return default
+    ok = isinstance(value, kind) and not isinstance(value, bool) if kind in (int, float) \
+        else isinstance(value, kind)
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value, ok = float(value), True
+    if kind is float and ok and not (0 <= value <= DELAY_MAX_US and math.isfinite(value)):
+        ok = False
+    if kind is int and ok and not 0 <= value <= SEED_MAX:
+        ok = False
+    if not ok:
+        raise TargetError(f"{file}: {key}: {'missing' if value is None else echo(value)}, "
+                          f"not what gpurace writes there; the report is damaged: run the "
+                          "trial again for a new one")
+    return value
 
 
 def _from_op_trace(source: Path, amplify: bool | None) -> _Origin:
@@ -397,12 +460,17 @@ def _from_op_trace(source: Path, amplify: bool | None) -> _Origin:
     header = trace.header
     missing = [k for k in ("path", "variant", "seed") if k not in header]
     if missing:
-        raise TargetError(f"{source}:1: its header lacks {', '.join(missing)}, so the trial "
-                          "cannot be run again; minimize a trace that `gpurace run --record` "
-                          "or `gpurace replay --record` wrote")
+        raise TargetError(f"{source}:1:1: (header): it lacks {', '.join(missing)}, so the "
+                          "trial cannot be run again; minimize a trace that `gpurace run "
+                          "--record` or `gpurace replay --record` wrote")
+    first = _header_line(source)
+
+    def at(key: str) -> str:
+        return f"{source}:1:{column_of(first, key)}: {key}"
+
     path = Path(header["path"])
-    scenario = _scenario_at(path, path.suffix == ".jsonl", header.get("defects", {}), source)
-    variant = scenario.variant(header["variant"])
+    scenario = _scenario_at(path, path.suffix == ".jsonl", header.get("defects", {}), at("path"))
+    variant = _variant(scenario, header["variant"], at("variant"))
     amplified = header.get("amplify") is not None if amplify is None else amplify
     delay, seed = header.get("delay_us"), int(header["seed"])
     if amplified and delay is None and scenario.amplify is not None:
@@ -433,26 +501,68 @@ def _from_ticket(source: Path, defects: tuple[str, ...], amplify: bool | None) -
                    _observe(scenario, variant, amplified, delay, 0))
 
 
-def _scenario_at(path: Path, replayed: bool, defects: dict[str, Any], source: Path) -> Scenario:
+def _header_line(source: Path) -> str:
+    """The first line of an op trace that load_trace read already (for an error's column)."""
+    try:
+        head = read_input(source, HEAD_BYTES, "an op trace", head=True)
+    except Unreadable:
+        return ""
+    return head.split(b"\n", 1)[0].decode("utf-8", errors="replace")
+
+
+def _scenario_at(path: Path, replayed: bool, defects: dict[str, Any], where: str) -> Scenario:
     """The scenario a recorded trial ran: ``path`` is its scenario file, or for a replay the
-    ticket (with the defects that were on)."""
-    if not path.exists():
-        raise TargetError(f"{source}: it was recorded from {path}, which is not here; run "
-                          "minimize in the folder it was recorded in, or copy the file there")
+    ticket (with the defects that were on). ``where`` is ``file:line:col: field`` of the path
+    in the trace or the report, for the error when it is no file. The scenario must run to its
+    end: minimize has no watchdog, so a step that never ends (``us: .inf``) is refused."""
+    if not is_file(path):
+        raise TargetError(f"{where}: it was recorded from {show_path(path)}, which is not a "
+                          "file here; run minimize in the folder it was recorded in, or copy "
+                          "the scenario there")
     if not replayed:
-        return load_scenario(path)
+        scenario = load_scenario(path)
+        endless = next((s for s in scenario.steps if s.op == "delay"
+                        and math.isinf(float(s.args["us"]))), None)  # type: ignore[arg-type]
+        if endless is not None:
+            raise TargetError(f"{endless.origin}: {endless.label}: this step never ends (us: "
+                              ".inf), and minimize runs its trials here, with no watchdog; "
+                              "minimize a failure that ends (a crash, a corruption, a race)")
+        return scenario
     known = {n: on for n, on in defects.items() if n in kvcore.Defects.names()}
     return replay_scenario(path, kvcore.Defects(**known).active())
 
 
-def _failure(report: dict[str, Any]) -> Failure:
-    outcome = Outcome(report["outcome"])
+def _variant(scenario: Scenario, name: object, where: str) -> Variant:
+    """The variant ``name`` of ``scenario``, or a TargetError at ``where``."""
+    if isinstance(name, str):
+        try:
+            return scenario.variant(name)
+        except KeyError:
+            pass
+    raise TargetError(f"{where}: {scenario.path} has no variant {echo(name)} (it has "
+                      f"{', '.join(v.name for v in scenario.variants)}); the file changed since "
+                      "the trial ran: minimize against the file it ran")
+
+
+def _failure(report: dict[str, Any], file: Path) -> Failure:
+    try:
+        outcome = Outcome(report["outcome"])
+    except (ValueError, TypeError):
+        raise TargetError(f"{file}: outcome: {echo(report['outcome'])} is no outcome gpurace "
+                          f"writes ({', '.join(o.value for o in Outcome)}); the report is "
+                          "damaged: run the trial again for a new one") from None
     if outcome is not Outcome.CLEAN:
         return Failure(outcome, None)
     findings = report.get("findings") or []
     if not findings:
-        raise TargetError("this incident neither manifested nor found a race: nothing to keep")
-    return Failure(None, _race_key(findings[0]))
+        raise TargetError(f"{file}: this incident neither manifested nor found a race: nothing "
+                          "to keep")
+    try:
+        return Failure(None, tuple(str(x) for x in _race_key(findings[0])))  # type: ignore
+    except (KeyError, TypeError, IndexError):
+        raise TargetError(f"{file}: findings[0]: not a finding gpurace writes (buffer, first "
+                          "and second with stream and kind); the report is damaged: run the "
+                          "trial again for a new one") from None
 
 
 def _observe(scenario: Scenario, variant: Variant, amplified: bool, delay: float | None,
@@ -518,13 +628,18 @@ def _yaml(scenario: Scenario, variant: Variant, source: Path, failure: Failure,
                                                          if amp.stream else {}),
                            "before": amp.before}
     spec["steps"] = _raw(scenario.steps)
+    # Within the loader's limits whatever the source's name and path (the file must load).
+    name = f"{scenario.name[:NAME_MAX_CHARS - len('-min')].rstrip('-_')}-min"
+    description = clip(plain(f"minimized from {source}: it {failure.describe()}"),
+                       TEXT_MAX_CHARS - 1)
     doc = {"apiVersion": "gpurace/v1", "kind": "Scenario",
-           "metadata": {"name": f"{scenario.name}-min",
-                        "description": f"minimized from {source}: it {failure.describe()}",
+           "metadata": {"name": name, "description": description,
                         "dangerous": scenario.dangerous or failure.outcome is Outcome.CRASH},
            "spec": spec}
-    head = (f"# Minimized by `gpurace minimize {source}`.\n"
-            f"# It {failure.describe()} on the simulated device; `gpurace run` it to check.\n")
+    # plain: a newline in a path or a trace's buffer name would end the comment.
+    head = (f"# Minimized by `gpurace minimize {plain(str(source))}`.\n"
+            f"# It {plain(failure.describe())} on the simulated device; `gpurace run` it to "
+            "check.\n")
     # Steps one per line, as a person writes them: flow style below the top level.
     text = yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=100)
     return head + text
