@@ -368,10 +368,11 @@ class StepList:
         elif op == "bind":
             if len(scope.rows) >= self.world.table_rows:
                 rows = self.world.table_rows
+                by = ", ".join(f"steps[{i}]" for i in scope.rows[:8])
                 raise self.reader.error(f.node, f.path, (
-                    f"no table row is left to bind{within}: steps "
-                    f"{', '.join(f'[{i}]' for i in scope.rows[:8])} bound all {rows} "
-                    f"(spec.pool.table_rows; a catalog bound twice takes two); raise "
+                    f"no table row is left to bind{within}: the table's {rows} "
+                    f"row{'s are' if rows != 1 else ' is'} bound already ({by}; "
+                    "spec.pool.table_rows), and a catalog bound twice takes two; raise "
                     "table_rows or bind fewer times"))
             scope.rows.append(self.index)
             scope.catalogs[str(args["catalog"])].rows += 1

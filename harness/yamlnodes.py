@@ -89,7 +89,7 @@ def describe(value: object, node: Node) -> str:
 def over(value: float, limit: float, what: str) -> str:
     """The message for a value above its limit (from harness.limits): what, the limit, what to
     do."""
-    shown = f"{limit:g}" if isinstance(limit, float) else str(limit)
+    shown = f"{limit:.0f}" if isinstance(limit, float) and limit.is_integer() else str(limit)
     return f"{echo(value)} is more than {shown}, the most {what}; use a smaller value"
 
 

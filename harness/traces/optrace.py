@@ -156,7 +156,7 @@ class _Parser(LineParser):
         if delay is not None and (not isinstance(delay, (int, float)) or isinstance(delay, bool)
                                   or not 0 <= delay <= L.DELAY_MAX_US or not math.isfinite(delay)):
             raise self.fail("delay_us", f"must be null or microseconds from 0 to "
-                                        f"{L.DELAY_MAX_US:g} (10 s), not {show(delay)}")
+                                        f"{L.DELAY_MAX_US:,.0f} (10 s), not {show(delay)}")
         defects = record.get("defects", {})
         if not isinstance(defects, dict) or not all(isinstance(v, bool)
                                                     for v in defects.values()):
