@@ -287,8 +287,10 @@ def open_yaml(path: str | Path) -> tuple[Reader, Node]:
                             f"not UTF-8 text (byte {data[exc.start]:#04x}); save the file as "
                             "UTF-8") from None
     reader = Reader(file)
-    loader = _BoundedLoader(text, file)
+    loader = None
     try:
+        # In the try: PyYAML looks for characters YAML forbids (a NUL) as the loader is made.
+        loader = _BoundedLoader(text, file)
         root = loader.get_single_node()
     except yaml.MarkedYAMLError as exc:
         raise _syntax_error(file, exc) from None
@@ -298,7 +300,8 @@ def open_yaml(path: str | Path) -> tuple[Reader, Node]:
         raise ScenarioError(Location(file, line, column, "(yaml)"),
                             f"unacceptable character #x{exc.character:04x}; remove it") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     if root is None or (isinstance(root, ScalarNode) and root.tag == "tag:yaml.org,2002:null"):
         raise ScenarioError(Location(file, 1, 1, ROOT),
                             f"the file is empty; start it with apiVersion: {API_VERSION}, "
