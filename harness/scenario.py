@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from yaml.nodes import MappingNode, Node
+from yaml.nodes import MappingNode, Node, ScalarNode
 
 import kvcore
 from harness import limits as L
+from harness.errors import ScenarioError
 from harness.inputs import echo, show_path
 from harness.model import (
     DEFAULT_STREAMS,
@@ -473,14 +474,30 @@ def _suite(reader: Reader, top: Fields, path: Path) -> Suite:
             shown = show_path(resolved if resolved is not None else text)
             raise reader.error(item, item_path, f"no scenario file at {shown} (paths are "
                                f"relative to the suite's folder, {folder.resolve()})")
-        if resolved == itself:
-            raise reader.error(item, item_path, "a suite cannot list itself; list scenario "
-                               "files")
+        if resolved == itself or _kind_of(resolved) == "Suite":
+            # Suites within suites could list each other, round and round.
+            raise reader.error(item, item_path, f"{show_path(resolved)} is a suite, and a suite "
+                               "lists scenario files; list that suite's scenarios here")
         if resolved in scenarios:
             raise reader.error(item, item_path, f"{show_path(resolved)} is listed twice; "
                                "remove one")
         scenarios.append(resolved)
     return Suite(name=name, path=path, description=description, scenarios=tuple(scenarios))
+
+
+def _kind_of(path: Path) -> str | None:
+    """The ``kind`` a YAML file says it is, read without checking the rest (None when it says
+    none, or cannot be read: that is for whoever loads it to say)."""
+    try:
+        _, root = open_yaml(path)
+    except ScenarioError:
+        return None
+    if not isinstance(root, MappingNode):
+        return None
+    for key, value in root.value:
+        if isinstance(key, ScalarNode) and key.value == "kind" and isinstance(value, ScalarNode):
+            return str(value.value)
+    return None
 
 
 def _resolved(path: Path) -> Path | None:

@@ -103,11 +103,15 @@ REFUSED: dict[str, tuple[str, str]] = {
                                                     "of a buffer (256 GiB)"),
     "trace/delay-huge.jsonl": ("1:105: delay_us", "from 0 to 10,000,000 (10 s), not 1e+300"),
     "trace/delay-infinite.jsonl": ("1:49: delay_us", "not Infinity"),
-    "yaml/suite-lists-itself.yaml": ("6:15: spec.scenarios[0]", "a suite cannot list itself"),
+    "yaml/suite-lists-itself.yaml": ("6:15: spec.scenarios[0]", "suite-lists-itself.yaml is a "
+                                                                "suite, and a suite lists "
+                                                                "scenario files"),
+    "yaml/suite-cycle-a.yaml": ("6:15: spec.scenarios[0]", "suite-cycle-b.yaml is a suite"),
     "yaml/suite-nul-path.yaml": ("6:15: spec.scenarios[0]", "no scenario file at a\\x00b.yaml"),
     # 7. Not UTF-8: the line and column of the first bad byte.
     "yaml/non-utf8.yaml": ("3:9: (yaml)", "not UTF-8 text (byte 0xe9); save the file as UTF-8"),
     "ticket/non-utf8.jsonl": ("2:41: (record)", "not UTF-8 text (byte 0xe9)"),
+    "yaml/nul-byte.yaml": ("3:9: (yaml)", "unacceptable character #x0000; remove it"),
     # 8. Plain text: a key with a newline and an escape stays one printable line.
     "yaml/control-characters.yaml": ("4:21: metadata.evil\\nkey\\x1b[31m",
                                      "unknown key 'evil\\nkey\\x1b[31m'"),
@@ -129,6 +133,7 @@ def _refusal(name: str) -> tuple[Path, str]:
 def test_the_corpus_is_all_here() -> None:
     files = {str(p.relative_to(CORPUS)) for p in CORPUS.rglob("*") if p.is_file()}
     assert files == set(REFUSED) | {"yaml/ok-no-churn.yaml", "yaml/ticket-workload-bad-ticket.yaml",
+                                    "yaml/suite-cycle-b.yaml",
                                     "trace/ok-huge-buffer-race.jsonl",
                                     "trace/header-path-dev-zero.jsonl"}
 
