@@ -20,6 +20,7 @@ import numpy as np
 
 import kvcore
 from harness import batching
+from harness.footprint import host_bytes
 from harness.limits import COUNTED_READS_MAX
 from harness.model import Amplify, PlaneSpec, PoolSpec, Scenario, Step, Variant
 from harness.outcome import Outcome, TrialResult
@@ -75,12 +76,15 @@ class World:
         self.table = kvcore.KVExecutionTablePool(self.pool, spec.table_rows, rows)
         steps = scenario.steps_of(variant.name) if variant else scenario.steps
         sizes = _host_buffer_sizes(steps)
-        allocs = sum(int(s.args.get("pages", 1)) for s in steps  # type: ignore[arg-type]
-                     if s.op == "host_alloc")
+        allocs = [int(s.args.get("pages", 1)) for s in steps  # type: ignore[arg-type]
+                  if s.op == "host_alloc"]
         scratch = max([spec.pages, 1])
-        total = sum(pages for pages, _ in sizes.values()) + scratch + allocs
-        self.arena = kvcore.HostKVArena(self.context, total * self.layout.page_stride,
-                                        [self.layout])
+        # Room for every buffer at once, each rounded up to the arena's granule (a page of
+        # an odd size would otherwise leave the last buffer without room).
+        stride = self.layout.page_stride
+        total = sum(host_bytes(pages, stride) for pages in
+                    [*(pages for pages, _ in sizes.values()), scratch, *allocs])
+        self.arena = kvcore.HostKVArena(self.context, total, [self.layout])
         self.host: dict[str, _HostBuffer] = {}
         for name, (pages, readback) in sizes.items():
             self.host[name] = _HostBuffer(self.view(pages, f"buffer {name}"), pages, readback)

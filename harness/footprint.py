@@ -15,6 +15,15 @@ from dataclasses import dataclass
 from kvcore.device.kernels import GENERATION_BYTES, TABLE_ENTRY_BYTES
 from kvcore.pool import STAGING_BYTES
 
+HOST_GRANULE = 256
+"""kvcore's pinned host arena hands out whole 256-byte granules (kvcore/host.py): each host
+buffer takes its bytes rounded up to one."""
+
+
+def host_bytes(pages: int, page_bytes: int) -> int:
+    """What a host buffer of ``pages`` pages takes of the pinned arena."""
+    return -(-pages * page_bytes // HOST_GRANULE) * HOST_GRANULE
+
 
 @dataclass(frozen=True)
 class Footprint:

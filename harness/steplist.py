@@ -33,10 +33,10 @@ _PLURAL = {"lease": "leases", "catalog": "catalogs", "buffer": "buffers", "event
 
 @dataclass
 class _Catalog:
-    """A catalog as one variant's steps leave it: the leases it retains (a lease retained twice
-    counts twice, as kvcore publishes it twice), its pages, and the table rows bound to it."""
+    """A catalog as one variant's steps leave it: the leases it retains (-> the step that
+    retained it), its pages, and the table rows bound to it."""
 
-    leases: list[str] = field(default_factory=list)
+    leases: dict[str, int] = field(default_factory=dict)
     pages: int = 0
     rows: int = 0
 
@@ -361,8 +361,15 @@ class StepList:
             scope.leased -= scope.lease_pages[str(args["lease"])]
         elif op == "retain":
             catalog = scope.catalogs[str(args["catalog"])]
-            catalog.leases.append(str(args["lease"]))
-            catalog.pages += scope.lease_pages[str(args["lease"])]
+            lease = str(args["lease"])
+            if lease in catalog.leases:
+                first = catalog.leases[lease]
+                raise self.reader.error(f.values["lease"], f.sub("lease"), (
+                    f"catalog {args['catalog']!r} retains lease {lease!r} already (steps[{first}], "
+                    f"{self._at(first)}){within}; a catalog keeps a page once (kvcore would give "
+                    "it back twice when the conversation ends): remove this retain"))
+            catalog.leases[lease] = self.index
+            catalog.pages += scope.lease_pages[lease]
         elif op == "catalog":
             scope.catalogs[str(step_id)] = _Catalog()
         elif op == "bind":
