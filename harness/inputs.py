@@ -45,10 +45,12 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
-def read_input(path: str | Path, limit: int, what: str, *, head: bool = False) -> bytes:
+def read_input(path: str | Path, limit: int, what: str, *, head: bool = False,
+               remedy: str = "split it or make it smaller") -> bytes:
     """The bytes of the regular file ``path``: all of them (refused when over ``limit``), or
     with ``head`` only its first ``limit`` bytes. ``what`` names the format for messages
-    ("a scenario file"). Raises :class:`Unreadable`."""
+    ("a scenario file"), ``remedy`` what to do about one too large. Raises
+    :class:`Unreadable`."""
     try:
         # O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused just below).
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
@@ -61,7 +63,7 @@ def read_input(path: str | Path, limit: int, what: str, *, head: bool = False) -
             raise Unreadable(f"{_kind(info.st_mode)}, not a file; pass {what}")
         if not head and info.st_size > limit:
             raise Unreadable(f"{info.st_size:,} bytes is more than {what} may have "
-                             f"({size_words(limit)}); split it or make it smaller")
+                             f"({size_words(limit)}); {remedy}")
         chunks: list[bytes] = []
         got = 0
         # Read one byte past the limit: a file that grew since fstat is refused too.
@@ -78,8 +80,7 @@ def read_input(path: str | Path, limit: int, what: str, *, head: bool = False) -
     finally:
         os.close(fd)
     if not head and got > limit:
-        raise Unreadable(f"more than {what} may have ({size_words(limit)}); split it or make "
-                         "it smaller")
+        raise Unreadable(f"more than {what} may have ({size_words(limit)}); {remedy}")
     return b"".join(chunks)
 
 

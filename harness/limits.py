@@ -21,12 +21,14 @@ YAML_MAX_BYTES = 256 * KiB
 ticket written out as steps (839 of them) is 48 KiB. PyYAML reads about 300 KiB of YAML a
 second: with :data:`YAML_MAX_NODES`, any file is read, or refused, within a second."""
 
-TICKET_MAX_BYTES = 16 * MiB
-"""Bytes of a ticket: about 70,000 requests (ninfer-210's 118 requests take 25 KiB)."""
+TICKET_MAX_BYTES = 8 * MiB
+"""Bytes of a ticket: about 40,000 requests (ninfer-210's 118 requests take 25 KiB). One of
+8 MiB is read and checked, or refused at its last line, in half a second."""
 
-TRACE_MAX_BYTES = 64 * MiB
-"""Bytes of an op trace: the ninfer-210 replay's whole trial takes 0.3 MiB; this is room for
-about 300,000 ops, which load and check in a few seconds."""
+TRACE_MAX_BYTES = 8 * MiB
+"""Bytes of an op trace: about 38,000 ops (the ninfer-210 replay's whole trial is 1,400 ops,
+0.3 MiB). One of 8 MiB is read, or refused at its last line, in about half a second, in about
+200 MiB of memory; a larger one grows both in proportion."""
 
 HEAD_BYTES = 64 * KiB
 """Bytes read to tell what kind of file a path is (an op trace's header line), whatever its

@@ -22,11 +22,12 @@ from harness.inputs import Unreadable, clip, plain, read_input, utf8_error_at
 from harness.limits import COUNT_MAX, ECHO_MAX_CHARS, TEXT_MAX_CHARS
 
 
-def read_text(path: Path, what: str, limit: int) -> str:
+def read_text(path: Path, what: str, limit: int,
+              remedy: str = "split it or make it smaller") -> str:
     """The UTF-8 text of ``path``, at most ``limit`` bytes; ``what`` names the format in the
-    error ("a ticket")."""
+    error ("a ticket"), ``remedy`` what to do about one too large."""
     try:
-        data = read_input(path, limit, what)
+        data = read_input(path, limit, what, remedy=remedy)
     except Unreadable as exc:
         raise line_error(path, 1, 1, "(file)", str(exc)) from None
     try:

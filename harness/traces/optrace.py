@@ -66,7 +66,8 @@ def load_trace(path: Path | str) -> OpTrace:
     what is wrong and what to do``.
     """
     path = Path(path)
-    return _Parser(path).finish(read_text(path, "an op trace", L.TRACE_MAX_BYTES))
+    return _Parser(path).finish(read_text(path, "an op trace", L.TRACE_MAX_BYTES,
+                                          "record a shorter trial (fewer steps or requests)"))
 
 
 def is_op_trace(path: Path) -> bool:
