@@ -30,6 +30,10 @@ TRACE_MAX_BYTES = 8 * MiB
 0.3 MiB). One of 8 MiB is read, or refused at its last line, in about half a second, in about
 200 MiB of memory; a larger one grows both in proportion."""
 
+REPORT_MAX_BYTES = 8 * MiB
+"""Bytes of an incident's report.json that `gpurace minimize` reads (gpurace writes them with
+the last 300 ops: tens of KiB)."""
+
 HEAD_BYTES = 64 * KiB
 """Bytes read to tell what kind of file a path is (an op trace's header line), whatever its
 size."""

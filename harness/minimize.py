@@ -34,7 +34,14 @@ from harness import vocabulary as V
 from harness.detector import RaceDetector, check_trace
 from harness.errors import ScenarioError, TargetError, TraceError
 from harness.executor import TrialExecutor, pool_for
-from harness.limits import DELAY_MAX_US, HEAD_BYTES, NAME_MAX_CHARS, SEED_MAX, TEXT_MAX_CHARS
+from harness.limits import (
+    DELAY_MAX_US,
+    HEAD_BYTES,
+    NAME_MAX_CHARS,
+    REPORT_MAX_BYTES,
+    SEED_MAX,
+    TEXT_MAX_CHARS,
+)
 from harness.model import Amplify, PoolSpec, Scenario, Step, Variant, Workload
 from harness.traces.optrace import is_op_trace, load_trace
 from harness.outcome import Outcome
@@ -416,8 +423,15 @@ def minimize(source: Path, *, defects: tuple[str, ...] = (), amplify: bool | Non
 
 
 def _from_incident(source: Path, amplify: bool | None) -> _Origin:
-    report = load_report(source)
     file = source / "report.json" if source.is_dir() else source
+    if file.exists():
+        # Through the one reader first: a report.json that is a pipe or a device, or too
+        # large, is refused before anything reads it.
+        try:
+            read_input(file, REPORT_MAX_BYTES, "a report", head=False)
+        except Unreadable as exc:
+            raise TargetError(f"{file}:1:1: (file): {exc}") from None
+    report = load_report(source)
     argv = _field(report, "reproduce.argv", list, file, [])
     amp = _field(report, "amplification", dict, file, None)
     delay = None if amp is None else _field(report, "amplification.delay_us", float, file, None)

@@ -315,6 +315,22 @@ def test_minimize_says_a_trace_headers_variant_is_not_in_its_scenario(tmp_path: 
     assert "has no variant 'nope' (it has buggy, fixed)" in result.output
 
 
+def test_minimize_reads_a_report_only_if_it_is_a_file_within_its_limit(tmp_path: Path) -> None:
+    """A report.json that is a pipe blocked minimize for ever (a huge one filled memory)."""
+    os.mkfifo(tmp_path / "report.json")
+    start = time.perf_counter()
+    result = CliRunner().invoke(main, ["minimize", str(tmp_path), "-o", str(tmp_path / "m")])
+    assert time.perf_counter() - start < 2.0
+    assert result.exit_code == 2 and result.output.startswith(
+        f"error: {tmp_path / 'report.json'}:1:1: (file): a pipe, not a file"), result.output
+    big = tmp_path / "big"
+    big.mkdir()
+    with open(big / "report.json", "wb") as file:
+        file.truncate(limits.REPORT_MAX_BYTES + 1)
+    result = CliRunner().invoke(main, ["minimize", str(big), "-o", str(tmp_path / "m")])
+    assert result.exit_code == 2 and "is more than a report may have (8 MiB)" in result.output
+
+
 @pytest.mark.parametrize("damage, field", [
     ({"scenario": {"path": 3}}, "scenario.path"),
     ({"variant": "buggy"}, "variant.defects"),
