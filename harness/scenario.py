@@ -14,7 +14,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode
 
 import kvcore
 from harness import limits as L
-from harness.errors import ScenarioError
+from harness.errors import ScenarioError, TraceError
 from harness.inputs import echo, show_path
 from harness.model import (
     DEFAULT_STREAMS,
@@ -341,9 +341,13 @@ def _workload(reader: Reader, node: Node, path: str, pool: PoolSpec) -> Workload
             raise reader.error(f.values["path"], f.sub("path"),
                                f"no ticket file at {show_path(ticket)}; record one or fix the "
                                "path")
-        # Read now: a ticket the replay cannot run is refused here, at its own line (a
-        # TraceError), not in a worker.
-        load_ticket(ticket)
+        # Read now: a ticket the replay cannot run is refused here, not in a worker; said at
+        # this path, with the ticket's own file:line:col.
+        try:
+            load_ticket(ticket)
+        except TraceError as exc:
+            raise reader.error(f.values["path"], f.sub("path"), f"the ticket is refused: {exc}")\
+                from None
         return Workload(kind=kind, ticket=ticket)
     if "path" in f:
         raise reader.error(f.values["path"], f.sub("path"),

@@ -152,12 +152,13 @@ def test_each_corpus_file_is_refused_at_its_place_within_a_second(name: str) -> 
 
 def test_a_scenario_is_refused_at_its_tickets_line() -> None:
     """A ticket workload's ticket is read with the scenario: the replay's refusal comes at
-    load, at the ticket's line, not from a worker."""
+    load, at the scenario's path and the ticket's line, not from a worker."""
     path = CORPUS / "yaml" / "ticket-workload-bad-ticket.yaml"
-    with pytest.raises(TraceError) as caught:
+    with pytest.raises(ScenarioError) as caught:
         load_scenario(path)
-    assert str(caught.value).startswith(f"{path.parent}/../ticket/pool-overflow.jsonl:3:89: "
-                                        "prompt_tokens: ")
+    assert str(caught.value).startswith(
+        f"{path}:8:34: spec.workload.path: the ticket is refused: "
+        f"{path.parent}/../ticket/pool-overflow.jsonl:3:89: prompt_tokens: ")
 
 
 def _command(path: Path) -> list[str]:
