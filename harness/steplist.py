@@ -77,6 +77,7 @@ class _Need:
     like: str | None = None  # a buffer whose pages this one must have at least
     why: str = ""  # what the step does with them, for the message
     pages: int = 0  # what the buffer has, once known
+    fixed: bool = False  # ``pages`` is a host_alloc'd buffer's, known when the step was read
 
 
 class StepList:
@@ -533,8 +534,12 @@ class StepList:
         pages = scope.allocated.get(read)
         node, path = f.values["equals"], f.sub("equals")
         if pages is None:
+            # The buffer read is a world buffer, sized once every step is read; the one it is
+            # compared with may be either.
+            allocated = scope.allocated.get(equals)
             self.needs.append(_Need(node, path, v, equals, like=read,
-                                    why=f"buffer {read!r} is compared page by page"))
+                                    why=f"buffer {read!r} is compared page by page",
+                                    pages=allocated or 0, fixed=allocated is not None))
         else:
             self.need_pages(node, path, v, equals, pages, f"buffer {read!r} has {pages} "
                             f"page{'s' if pages != 1 else ''}, all compared")
@@ -545,7 +550,8 @@ class StepList:
             if need.like is not None:
                 need.page_end = world.get(need.like, 1)
                 need.why += f" ({need.page_end} page{'s' if need.page_end != 1 else ''})"
-            need.pages = world.get(need.buffer, 1)
+            if not need.fixed:
+                need.pages = world.get(need.buffer, 1)
         self.check_needs(self.needs)
 
     def check_needs(self, needs: list[_Need]) -> None:

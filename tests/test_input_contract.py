@@ -136,6 +136,7 @@ def test_the_corpus_is_all_here() -> None:
     files = {str(p.relative_to(CORPUS)) for p in CORPUS.rglob("*") if p.is_file()}
     assert files == set(REFUSED) | {"yaml/ok-no-churn.yaml", "yaml/ticket-workload-bad-ticket.yaml",
                                     "yaml/suite-cycle-b.yaml", "yaml/ok-odd-page-stride.yaml",
+                                    "yaml/ok-check-against-allocation.yaml",
                                     "trace/ok-huge-buffer-race.jsonl",
                                     "trace/header-path-dev-zero.jsonl"}
 
@@ -181,10 +182,12 @@ def test_each_corpus_file_exits_2_with_one_line(name: str, tmp_path: Path) -> No
     assert "Traceback" not in result.output
 
 
-@pytest.mark.parametrize("name", ["ok-no-churn.yaml", "ok-odd-page-stride.yaml"])
+@pytest.mark.parametrize("name", ["ok-no-churn.yaml", "ok-odd-page-stride.yaml",
+                                  "ok-check-against-allocation.yaml"])
 def test_what_failed_in_the_worker_now_runs(tmp_path: Path, name: str) -> None:
     """churn_pages: 0 loaded, then kvcore's release of no page failed in the worker; an odd
-    page size left the last host buffer no room in the pinned arena."""
+    page size left the last host buffer no room in the pinned arena; a world buffer checked
+    against a larger allocated one was refused."""
     path = CORPUS / "yaml" / name
     scenario = load_scenario(path)
     assert TrialExecutor(scenario, scenario.variants[0], "sim").run(0, 1).outcome.value == \
