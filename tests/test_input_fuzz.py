@@ -60,7 +60,8 @@ STATS = os.environ.get("GPURACE_FUZZ_STATS")
 LOAD_SECONDS = 1.0  # a loader refuses or accepts within this (what the contract promises)
 RUN_SECONDS = 2.0  # a trial of each variant of an accepted document, in this process
 MEMORY_BYTES = 256 << 20  # peak Python allocation while loading one example
-CLI_SECONDS = 60.0  # a command, worker processes included
+CLI_SECONDS = 30.0  # a command, worker processes included (a hang: the watchdog's 2 s a variant)
+RSS_KIB = 1 << 20  # this process and any worker at their largest: 1 GiB
 
 
 def fuzz(ci_examples: int) -> Callable[[Any], Any]:
@@ -555,6 +556,8 @@ def _cli(args: list[str], kind: str) -> None:
     assert "Traceback" not in result.output and "internal error" not in result.output, \
         result.output
     assert seconds < CLI_SECONDS, f"{args[0]} took {seconds:.1f} s"
+    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
+        assert resource.getrusage(who).ru_maxrss < RSS_KIB
 
 
 @fuzz(8)
@@ -563,7 +566,7 @@ def test_cli_run(tmp_path_factory: pytest.TempPathFactory, data: bytes, dangerou
     base = tmp_path_factory.getbasetemp()
     path = base / "cli.yaml"
     path.write_bytes(data)
-    _cli(["run", str(path), "--backend", "sim", "--trials", "1", "--timeout", "5", "--out",
+    _cli(["run", str(path), "--backend", "sim", "--trials", "1", "--timeout", "2", "--out",
           str(base / "cli-out"), *(["--dangerous"] if dangerous else [])], "cli-run")
 
 
