@@ -61,7 +61,8 @@ LOAD_SECONDS = 1.0  # a loader refuses or accepts within this (what the contract
 RUN_SECONDS = 2.0  # a trial of each variant of an accepted document, in this process
 MEMORY_BYTES = 256 << 20  # peak Python allocation while loading one example
 CLI_SECONDS = 30.0  # a command, worker processes included (a hang: the watchdog's 2 s a variant)
-RSS_KIB = 1 << 20  # this process and any worker at their largest: 1 GiB
+RSS_KIB = 2 << 20  # this process and any worker at their largest: 2 GiB, a world of up to
+# WORLD_MAX_BYTES (1 GiB) that a trial on the simulated device holds in memory, and Python
 
 
 def fuzz(ci_examples: int) -> Callable[[Any], Any]:
