@@ -26,6 +26,7 @@ from rich.table import Table
 import kvcore
 from harness.errors import GpuBusyError, HarnessError, ScenarioError
 from harness import vocabulary
+from harness.limits import DELAY_MAX_US, TIMEOUT_MAX_S, TRIALS_MAX
 from harness.detector import check_trace
 from harness.doctor import diagnose
 from harness.explore import Strategy, explore
@@ -176,7 +177,8 @@ def _describe(doc: Scenario | Suite) -> dict:
 @click.option("--backend", type=click.Choice(list(kvcore.device.BACKENDS)), default="auto",
               show_default=True, help="cuda: the GPU through CuPy; sim: the simulated device; "
                                       "auto: the GPU when one is usable.")
-@click.option("--trials", type=click.IntRange(min=1), help="Trials per variant (default: each "
+@click.option("--trials", type=click.IntRange(min=1, max=TRIALS_MAX),
+              help="Trials per variant (default: each "
                                                             "scenario's own).")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Seed of the one RNG all trial seeds come from; the same seed replays.")
@@ -187,16 +189,17 @@ def _describe(doc: Scenario | Suite) -> dict:
 @click.option("--detect/--no-detect", default=True, show_default=True,
               help="Run the race detector in every trial: it finds unordered conflicting "
                    "accesses whether or not the race manifested.")
-@click.option("--delay-us", type=click.FloatRange(min=0), help="Override the amplifying delay.")
+@click.option("--delay-us", type=click.FloatRange(min=0, max=DELAY_MAX_US),
+              help="Override the amplifying delay.")
 @click.option("--sweep", is_flag=True,
               help="Map the race window: run each variant at every delay of its scenario's "
                    "amplify.sweep list (a map, so its points do not fail the run).")
 @click.option("--schedule", help="Replay a schedule token from `gpurace explore` (sim): every "
                                   "trial runs that ordering of the unordered ops.")
-@click.option("--trial", "trial", type=click.IntRange(min=0),
+@click.option("--trial", "trial", type=click.IntRange(min=0, max=TRIALS_MAX - 1),
               help="Run only this trial index of each variant, with the seed it had in the "
                    "full run: what an incident's reproduce command uses.")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.1),
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.1, max=TIMEOUT_MAX_S),
               help="Seconds a trial may take before the watchdog kills its worker (default: "
                    "each scenario's own).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
@@ -280,18 +283,20 @@ def _stop_on_sigterm(signum: int, frame: object) -> None:
 @click.option("--insist", is_flag=True, help="Replay even while other processes use the GPU.")
 @click.option("--backend", type=click.Choice(list(kvcore.device.BACKENDS)), default="auto",
               show_default=True)
-@click.option("--trials", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--trials", type=click.IntRange(min=1, max=TRIALS_MAX), default=1,
+              show_default=True,
               help="How many times to replay the whole ticket.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--amplify/--no-amplify", default=True, show_default=True,
               help="Queue a delay on the legacy stream before each activation, where #210's "
                    "publish went.")
-@click.option("--delay-us", type=click.FloatRange(min=0), help="Override that delay.")
+@click.option("--delay-us", type=click.FloatRange(min=0, max=DELAY_MAX_US),
+              help="Override that delay.")
 @click.option("--detect/--no-detect", default=True, show_default=True)
 @click.option("--record", is_flag=True, help="Keep every replay's op trace under --out/workers.")
-@click.option("--trial", "trial", type=click.IntRange(min=0),
+@click.option("--trial", "trial", type=click.IntRange(min=0, max=TRIALS_MAX - 1),
               help="Replay only this trial index, with its seed (an incident's reproduce).")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.1),
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.1, max=TIMEOUT_MAX_S),
               help="Seconds one replay of the ticket may take (default 120).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
               default=Path("gpurace-reports"), show_default=True)
@@ -382,9 +387,12 @@ def report_show(path: Path, fmt: str) -> None:
               default="exhaustive", show_default=True,
               help="exhaustive: every set of at most --bound held-back ops; random: each op "
                    "held back with probability 1/n; pct: --depth random ops held back.")
-@click.option("--bound", type=click.IntRange(min=1), default=2, show_default=True)
-@click.option("--depth", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--runs", type=click.IntRange(min=1), default=200, show_default=True,
+# Exhaustive exploration tries every set of up to --bound ops: C(n, 4) is already 10^6 for
+# 80 ops, so larger bounds are pct's job.
+@click.option("--bound", type=click.IntRange(min=1, max=4), default=2, show_default=True)
+@click.option("--depth", type=click.IntRange(min=1, max=16), default=1, show_default=True)
+@click.option("--runs", type=click.IntRange(min=1, max=1_000_000), default=200,
+              show_default=True,
               help="Schedules to try with random and pct.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--first", is_flag=True, help="Stop at the first failing schedule.")

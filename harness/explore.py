@@ -97,6 +97,11 @@ def explore(scenario: Scenario, variant: Variant, strategy: Strategy, *, bound: 
     if scenario.workload is not None:
         raise TargetError(f"{scenario.name}: exploration runs step scenarios; a workload's "
                           "ops depend on its timing, so a schedule could not name them")
+    endless = scenario.endless_step()
+    if endless is not None:
+        raise TargetError(f"{endless.origin}: {endless.label}: this step never ends (us: .inf), "
+                          "and exploration runs its trials in this process, with no watchdog; "
+                          "explore a scenario whose trials end")
     baseline, ops = _trial(scenario, variant, Schedule(), seed)
     result = Exploration(scenario.name, variant.name, strategy, ops, tried=1)
     if baseline.outcome is not Outcome.CLEAN:

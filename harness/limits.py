@@ -10,6 +10,8 @@ them for users; each docstring says why its number is what it is.
 
 from __future__ import annotations
 
+from reports.incident import REPORT_MAX_BYTES as _REPORT_MAX_BYTES
+
 KiB = 1 << 10
 MiB = 1 << 20
 GiB = 1 << 30
@@ -30,9 +32,9 @@ TRACE_MAX_BYTES = 8 * MiB
 0.3 MiB). One of 8 MiB is read, or refused at its last line, in about half a second, in about
 200 MiB of memory; a larger one grows both in proportion."""
 
-REPORT_MAX_BYTES = 8 * MiB
-"""Bytes of an incident's report.json that `gpurace minimize` reads (gpurace writes them with
-the last 300 ops: tens of KiB)."""
+# Bytes of an incident's report.json that gpurace reads back (report show, report list,
+# minimize): the reports package's own bound, since it reads reports without the harness.
+REPORT_MAX_BYTES = _REPORT_MAX_BYTES
 
 HEAD_BYTES = 64 * KiB
 """Bytes read to tell what kind of file a path is (an op trace's header line), whatever its

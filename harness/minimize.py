@@ -535,8 +535,7 @@ def _scenario_at(path: Path, replayed: bool, defects: dict[str, Any], where: str
                           "the scenario there")
     if not replayed:
         scenario = load_scenario(path)
-        endless = next((s for s in scenario.steps if s.op == "delay"
-                        and math.isinf(float(s.args["us"]))), None)  # type: ignore[arg-type]
+        endless = scenario.endless_step()
         if endless is not None:
             raise TargetError(f"{endless.origin}: {endless.label}: this step never ends (us: "
                               ".inf), and minimize runs its trials here, with no watchdog; "

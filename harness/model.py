@@ -6,6 +6,7 @@ runner and the reports only ever see these records.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -172,6 +173,12 @@ class Scenario:
             if v.name == name:
                 return v
         raise KeyError(name)
+
+    def endless_step(self) -> Step | None:
+        """A step that never ends (``delay`` with ``us: .inf``): only a watchdog ends its
+        trial, so what runs trials in its own process (explore, minimize) refuses it."""
+        return next((s for s in self.steps if s.op == "delay"
+                     and math.isinf(float(s.args["us"]))), None)  # type: ignore[arg-type]
 
     def steps_of(self, variant: str) -> tuple[Step, ...]:
         """The steps ``variant`` runs, in order."""

@@ -150,6 +150,9 @@ def resolve_targets(targets: Sequence[str]) -> list[Scenario]:
     def add(path: Path) -> None:
         doc = load_document(path)
         if isinstance(doc, Suite):
+            if doc.path.resolve() in seen:
+                return  # a suite named twice (the loader refuses suites inside suites)
+            seen.add(doc.path.resolve())
             for member in doc.scenarios:
                 add(member)
         elif doc.path.resolve() not in seen:

@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timezone
@@ -26,6 +27,9 @@ from reports.markdown import render_markdown
 from reports.model import ReportError, check_report, name_of, trial_index, xid_numbers
 
 REPORT_JSON = "report.json"
+REPORT_MAX_BYTES = 8 << 20
+"""Bytes of a report.json that gpurace reads back (it writes them with the last 300 ops: tens
+of KiB); a larger file is not one of its reports."""
 REPORT_MD = "report.md"
 TRACE = "trace.jsonl"
 RESERVED = (REPORT_JSON, REPORT_MD, TRACE)
@@ -150,6 +154,15 @@ def load_report(path: Path) -> dict[str, Any]:
     path = Path(path)
     file = path / REPORT_JSON if path.is_dir() else path
     try:
+        # Only a regular file of a report's size: a FIFO would block the read for ever, a
+        # huge file fill memory (gpurace writes reports of tens of KiB).
+        info = file.stat()
+        if not stat.S_ISREG(info.st_mode):
+            raise ReportError(f"{file}: not a regular file; pass an incident folder written by "
+                              "gpurace (or its report.json)")
+        if info.st_size > REPORT_MAX_BYTES:
+            raise ReportError(f"{file}: {info.st_size:,} bytes is more than a report may have "
+                              f"({REPORT_MAX_BYTES >> 20} MiB); it is not a gpurace report")
         text = file.read_text(encoding="utf-8")
     except FileNotFoundError:
         where = f"{path} has no {REPORT_JSON}" if path.is_dir() else f"{path} does not exist"

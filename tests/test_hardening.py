@@ -281,3 +281,31 @@ def test_a_line_number_is_not_an_emoji_code(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert f"{path}:100:3: spec.trails" in proc.stderr and "💯" not in proc.stderr
+
+
+def test_what_runs_trials_in_process_refuses_a_step_that_never_ends(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["explore", str(_hang_file(tmp_path))])
+    assert result.exit_code == 2
+    assert "this step never ends (us: .inf), and exploration runs its trials in this " \
+           "process" in result.output
+
+
+def test_report_commands_read_only_a_report_sized_regular_file(tmp_path: Path) -> None:
+    fifo = tmp_path / "report.json"
+    os.mkfifo(fifo)
+    result = CliRunner().invoke(main, ["report", "show", str(fifo)])
+    assert result.exit_code == 2 and "not a regular file" in result.output
+    huge = tmp_path / "big" / "report.json"
+    huge.parent.mkdir()
+    with huge.open("wb") as file:
+        file.truncate(9 << 20)
+    result = CliRunner().invoke(main, ["report", "show", str(huge.parent)])
+    assert result.exit_code == 2 and "is more than a report may have (8 MiB)" in result.output
+
+
+@pytest.mark.parametrize(("option", "value"), [("--timeout", "2147484"),
+                                               ("--delay-us", "1e300"),
+                                               ("--trials", "10000000000")])
+def test_run_options_are_bounded(option: str, value: str) -> None:
+    result = CliRunner().invoke(main, ["run", "smoke", "--backend", "sim", option, value])
+    assert result.exit_code == 2 and f"Invalid value for '{option}'" in result.output
