@@ -32,9 +32,9 @@ TRACE_MAX_BYTES = 8 * MiB
 0.3 MiB). One of 8 MiB is read, or refused at its last line, in about half a second, in about
 200 MiB of memory; a larger one grows both in proportion."""
 
-# Bytes of an incident's report.json that gpurace reads back (report show, report list,
-# minimize): the reports package's own bound, since it reads reports without the harness.
 REPORT_MAX_BYTES = _REPORT_MAX_BYTES
+"""Bytes of an incident's report.json that gpurace reads back (report show, report list,
+minimize): the reports package's own bound, since it reads reports without the harness."""
 
 HEAD_BYTES = 64 * KiB
 """Bytes read to tell what kind of file a path is (an op trace's header line), whatever its
