@@ -23,7 +23,8 @@ import numpy as np
 import kvcore
 from harness.detector import RaceDetector
 from harness.executor import TrialExecutor
-from harness.runner import SCENARIO_ROOT, choose_backend
+from harness.runner import choose_backend
+from harness.targets import SCENARIO_ROOT
 from harness.scenario import load_scenario
 
 _SPIN = r"""

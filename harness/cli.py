@@ -11,9 +11,10 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import click
 from rich import box
@@ -53,9 +54,8 @@ from harness.runner import (
     RunOptions,
     RunResult,
     Runner,
-    catalog,
-    resolve_targets,
 )
+from harness.targets import PATH_VARIABLE, catalog, resolve_targets
 
 
 
@@ -70,6 +70,9 @@ def _console(stream: TextIO) -> Console:
 
 err = _console(sys.stderr)
 out = _console(sys.stdout)
+
+LIST_SCHEMA = "gpurace.list/1"
+CHECK_SCHEMA = "gpurace.check/1"
 
 _STATUS_STYLE = {Status.PASS: "green", Status.FAIL: "bold red", Status.SKIP: "yellow"}
 
@@ -115,23 +118,96 @@ def main() -> None:
     """
 
 
+_SHARED_RUN_OPTIONS = [
+    click.option("--dangerous", is_flag=True,
+                 help="Run what may crash the CUDA context (dangerous scenarios, a replay with "
+                      "a defect): it crashes a worker process, and the GPU and this process "
+                      "survive. Without it, those are skipped."),
+    click.option("--insist", is_flag=True,
+                 help="Run dangerous work even while other processes use the GPU."),
+    click.option("--backend", type=click.Choice(list(kvcore.device.BACKENDS)), default="auto",
+                 show_default=True, help="cuda: the GPU through CuPy; sim: the simulated "
+                                         "device; auto: the GPU when one is usable."),
+    click.option("--seed", type=int, default=0, show_default=True,
+                 help="Seed of the one RNG all trial seeds come from; the same seed replays."),
+    click.option("--amplify/--no-amplify", default=True, show_default=True,
+                 help="Queue the scenario's delay before the step under test (for a replay: "
+                      "on the legacy stream before each activation, where #210's publish "
+                      "went)."),
+    click.option("--delay-us", type=click.FloatRange(min=0, max=DELAY_MAX_US),
+                 help="Override the amplifying delay (microseconds)."),
+    click.option("--detect/--no-detect", default=True, show_default=True,
+                 help="Run the race detector in every trial: it finds unordered conflicting "
+                      "accesses whether or not the race manifested."),
+    click.option("--trial", "trial", type=click.IntRange(min=0, max=TRIALS_MAX - 1),
+                 help="Run only this trial index, with the seed it had in the full run: what "
+                      "an incident's reproduce command uses."),
+    click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.1, max=TIMEOUT_MAX_S),
+                 help="Seconds a trial may take before the watchdog kills its worker (default: "
+                      "the scenario's own; 120 for a replay)."),
+    click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
+                 default=Path("gpurace-reports"), show_default=True,
+                 help="Folder for the run: each run writes run.json, its incidents and its "
+                      "workers' logs into a folder of its own below it."),
+    click.option("--junit", "junit", type=click.Path(dir_okay=False, path_type=Path),
+                 help="Also write JUnit XML here: a testcase per scenario variant."),
+    click.option("--record", is_flag=True,
+                 help="Keep every trial's op trace (JSON Lines), not only the traces of the "
+                      "incidents kept; `gpurace check` reads them."),
+    click.option("--max-incidents", type=click.IntRange(min=0), default=3, show_default=True,
+                 help="Incident folders written per variant; further bad trials are counted."),
+    click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
+                 show_default=True, help="json: one gpurace.run/1 document on stdout."),
+]
+
+
+def _shared_run_options(command: Callable[..., None]) -> Callable[..., None]:
+    """The options `run` and `replay` share, declared once."""
+    for option in reversed(_SHARED_RUN_OPTIONS):
+        command = option(command)
+    return command
+
+
+def _run_options(shared: dict[str, Any], **own: Any) -> tuple[RunOptions, dict[str, Any]]:
+    """RunOptions from the shared options and a command's own; and what _execute takes."""
+    how = {k: shared.pop(k) for k in ("insist", "junit", "fmt")}
+    return RunOptions(**shared, **own), how
+
+
+_PATH_OPTION = click.option(
+    "--path", "paths", multiple=True, type=click.Path(file_okay=False, path_type=Path),
+    help="A folder of scenarios to look names up in (repeatable), after the working tree and "
+         f"before the built-in ones; {PATH_VARIABLE} (':'-separated) adds more.")
+
+
 @main.command("list")
+@_PATH_OPTION
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
               show_default=True)
-def list_cmd(fmt: str) -> None:
-    """List the scenarios and suites gpurace knows (run them by name)."""
-    docs = catalog()
+def list_cmd(paths: Sequence[Path], fmt: str) -> None:
+    """List the scenarios and suites gpurace knows: the built-in ones, and those of --path and
+    GPURACE_PATH folders (run them by name). Files that do not load are listed with their
+    error, and make the exit code 2."""
+    listed = catalog(tuple(paths))
     if fmt == "json":
-        click.echo(json.dumps([_describe(d) for d in docs], indent=2))
-        return
-    table = Table(title="scenarios and suites", show_lines=False)
-    for column in ("name", "kind", "dangerous", "variants", "description"):
-        table.add_column(column)
-    for doc in docs:
-        d = _describe(doc)
-        table.add_row(d["name"], d["kind"], "yes" if d.get("dangerous") else "",
-                      ", ".join(d.get("variants", [])), d["description"])
-    out.print(table)
+        click.echo(json.dumps({"schema": LIST_SCHEMA,
+                               "documents": [_describe(d) for d in listed.documents],
+                               "broken": [{"path": str(p), "error": e}
+                                          for p, e in listed.broken]}, indent=2))
+    else:
+        table = Table(title="scenarios and suites", show_lines=False)
+        for column in ("name", "kind", "dangerous", "variants", "description"):
+            table.add_column(column, overflow="fold")
+        for doc in listed.documents:
+            d = _describe(doc)
+            table.add_row(d["name"], d["kind"], "yes" if d.get("dangerous") else "",
+                          ", ".join(d.get("variants", [])), d["description"])
+        out.print(table)
+        for path, error in listed.broken:
+            err.print(f"[bold red]cannot load[/] {escape(str(path))}: {escape(error)}",
+                      highlight=False, soft_wrap=True)
+    if listed.broken:
+        sys.exit(int(ExitCode.USAGE))
 
 
 @main.command("steps")
@@ -169,66 +245,28 @@ def _describe(doc: Scenario | Suite) -> dict:
 
 @main.command("run")
 @click.argument("targets", nargs=-1, required=True)
-@click.option("--dangerous", is_flag=True,
-              help="Run dangerous scenarios too: they may crash the CUDA context (in a worker "
-                   "process; the GPU and this process survive). Without it they are skipped.")
-@click.option("--insist", is_flag=True,
-              help="Run dangerous scenarios even while other processes use the GPU.")
-@click.option("--backend", type=click.Choice(list(kvcore.device.BACKENDS)), default="auto",
-              show_default=True, help="cuda: the GPU through CuPy; sim: the simulated device; "
-                                      "auto: the GPU when one is usable.")
 @click.option("--trials", type=click.IntRange(min=1, max=TRIALS_MAX),
-              help="Trials per variant (default: each "
-                                                            "scenario's own).")
-@click.option("--seed", type=int, default=0, show_default=True,
-              help="Seed of the one RNG all trial seeds come from; the same seed replays.")
+              help="Trials per variant (default: each scenario's own).")
 @click.option("--variant", "variants", multiple=True,
               help="Run only this variant (repeatable), e.g. --variant buggy.")
-@click.option("--amplify/--no-amplify", default=True, show_default=True,
-              help="Queue each scenario's delay before the step under test.")
-@click.option("--detect/--no-detect", default=True, show_default=True,
-              help="Run the race detector in every trial: it finds unordered conflicting "
-                   "accesses whether or not the race manifested.")
-@click.option("--delay-us", type=click.FloatRange(min=0, max=DELAY_MAX_US),
-              help="Override the amplifying delay.")
 @click.option("--sweep", is_flag=True,
               help="Map the race window: run each variant at every delay of its scenario's "
                    "amplify.sweep list (a map, so its points do not fail the run).")
 @click.option("--schedule", help="Replay a schedule token from `gpurace explore` (sim): every "
                                   "trial runs that ordering of the unordered ops.")
-@click.option("--trial", "trial", type=click.IntRange(min=0, max=TRIALS_MAX - 1),
-              help="Run only this trial index of each variant, with the seed it had in the "
-                   "full run: what an incident's reproduce command uses.")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.1, max=TIMEOUT_MAX_S),
-              help="Seconds a trial may take before the watchdog kills its worker (default: "
-                   "each scenario's own).")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
-              default=Path("gpurace-reports"), show_default=True,
-              help="Folder for the run summary (run.json) and the workers' logs.")
-@click.option("--junit", "junit", type=click.Path(dir_okay=False, path_type=Path),
-              help="Also write JUnit XML here: a testcase per scenario variant.")
-@click.option("--record", is_flag=True,
-              help="Keep every trial's op trace (JSON Lines) under --out/workers, not only "
-                   "the traces of trials that went wrong; `gpurace check` reads them.")
-@click.option("--max-incidents", type=click.IntRange(min=0), default=3, show_default=True,
-              help="Incident folders written per variant; further bad trials are counted.")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
-              show_default=True, help="json: one gpurace.run/1 document on stdout.")
-def run_cmd(targets: Sequence[str], dangerous: bool, insist: bool, backend: str,
-            trials: int | None, seed: int, variants: Sequence[str], amplify: bool, detect: bool,
-            delay_us: float | None, sweep: bool, schedule: str | None, trial: int | None,
-            timeout_s: float | None, out_dir: Path, junit: Path | None, record: bool,
-            max_incidents: int, fmt: str) -> None:
+@_PATH_OPTION
+@_shared_run_options
+def run_cmd(targets: Sequence[str], trials: int | None, variants: Sequence[str], sweep: bool,
+            schedule: str | None, paths: Sequence[Path], **shared: Any) -> None:
     """Run scenarios: TARGETS are scenario files, folders of them, suite files, or names
-    (`gpurace run smoke`, `gpurace run cross-stream-race --dangerous`)."""
-    options = RunOptions(backend=backend, dangerous=dangerous, trials=trials, seed=seed,
-                         variants=tuple(variants), amplify=amplify, delay_us=delay_us,
-                         timeout_s=timeout_s, sweep=sweep, out_dir=out_dir, trial=trial,
-                         max_incidents=max_incidents, detect=detect, schedule=schedule,
-                         record=record)
-    scenarios = resolve_targets(targets)
+    (`gpurace run smoke`, `gpurace run cross-stream-race --dangerous`, `gpurace run zoo
+    --dangerous`). Names are looked up in the working tree, --path and GPURACE_PATH folders,
+    then the built-in scenarios (`gpurace list`)."""
+    options, how = _run_options(shared, trials=trials, variants=tuple(variants), sweep=sweep,
+                                schedule=schedule)
+    scenarios = resolve_targets(targets, tuple(paths))
     _check_variants(scenarios, variants)
-    _execute(scenarios, options, insist=insist, junit=junit, fmt=fmt)
+    _execute(scenarios, options, **how)
 
 
 def _execute(scenarios: Sequence[Scenario], options: RunOptions, *, insist: bool,
@@ -243,7 +281,8 @@ def _execute(scenarios: Sequence[Scenario], options: RunOptions, *, insist: bool
     if runner.backend == "cuda" and options.dangerous and any(s.dangerous for s in scenarios):
         _refuse_busy_gpu(insist)
     sweep_dead_runs(out_dir)  # what killed earlier runs left half-written, and only that
-    hooks = _ProgressHooks(fmt == "text" and err.is_terminal)
+    hooks = _ProgressHooks(fmt == "text" and err.is_terminal,
+                           every_s=float(os.environ.get("GPURACE_PROGRESS_S", "30")))
     runner.hooks = hooks
     # SIGTERM stops the run as Ctrl-C does: what finished is written, the workers die.
     previous = signal.signal(signal.SIGTERM, _stop_on_sigterm)
@@ -277,43 +316,17 @@ def _stop_on_sigterm(signum: int, frame: object) -> None:
 @click.option("--defect", "defects", multiple=True,
               type=click.Choice(list(kvcore.Defects.names())),
               help="Switch on one of kvcore's known bugs (repeatable): publish_on_legacy_stream "
-                   "is ninfer #210, release_fence the unfenced release.")
-@click.option("--dangerous", is_flag=True,
-              help="Needed with --defect: the replay may crash the CUDA context (in a worker).")
-@click.option("--insist", is_flag=True, help="Replay even while other processes use the GPU.")
-@click.option("--backend", type=click.Choice(list(kvcore.device.BACKENDS)), default="auto",
-              show_default=True)
+                   "is ninfer #210, release_fence the unfenced release. Needs --dangerous.")
 @click.option("--trials", type=click.IntRange(min=1, max=TRIALS_MAX), default=1,
-              show_default=True,
-              help="How many times to replay the whole ticket.")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--amplify/--no-amplify", default=True, show_default=True,
-              help="Queue a delay on the legacy stream before each activation, where #210's "
-                   "publish went.")
-@click.option("--delay-us", type=click.FloatRange(min=0, max=DELAY_MAX_US),
-              help="Override that delay.")
-@click.option("--detect/--no-detect", default=True, show_default=True)
-@click.option("--record", is_flag=True, help="Keep every replay's op trace under --out/workers.")
-@click.option("--trial", "trial", type=click.IntRange(min=0, max=TRIALS_MAX - 1),
-              help="Replay only this trial index, with its seed (an incident's reproduce).")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.1, max=TIMEOUT_MAX_S),
-              help="Seconds one replay of the ticket may take (default 120).")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
-              default=Path("gpurace-reports"), show_default=True)
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
-              show_default=True, help="json: the gpurace.run/1 document, as `gpurace run`.")
-def replay_cmd(ticket: Path, defects: Sequence[str], dangerous: bool, insist: bool,
-               backend: str, trials: int, seed: int, amplify: bool, delay_us: float | None,
-               detect: bool, record: bool, trial: int | None, timeout_s: float | None,
-               out_dir: Path, fmt: str) -> None:
+              show_default=True, help="How many times to replay the whole ticket.")
+@_shared_run_options
+def replay_cmd(ticket: Path, defects: Sequence[str], trials: int, **shared: Any) -> None:
     """Replay a recorded ticket (a gpurace.ticket/1 request trace) against the pool: its lanes
     run like an engine's batch slots, each conversation's pages stay retained and are
     re-activated every turn. With --defect publish_on_legacy_stream, ninfer-210 crashes."""
     scenario = replay_scenario(ticket, tuple(defects))
-    options = RunOptions(backend=backend, dangerous=dangerous, trials=trials, seed=seed,
-                         amplify=amplify, delay_us=delay_us, timeout_s=timeout_s,
-                         out_dir=out_dir, trial=trial, detect=detect, record=record)
-    _execute([scenario], options, insist=insist, junit=None, fmt=fmt)
+    options, how = _run_options(shared, trials=trials)
+    _execute([scenario], options, **how)
 
 
 def _check_variants(scenarios: Sequence[Scenario], wanted: Sequence[str]) -> None:
@@ -472,7 +485,8 @@ def check_cmd(trace: Path, fmt: str) -> None:
     findings = check_trace(trace_file.records).findings
     header = trace_file.header
     if fmt == "json":
-        click.echo(json.dumps({"trace": str(path), "scenario": header.get("scenario"),
+        click.echo(json.dumps({"schema": CHECK_SCHEMA, "trace": str(path),
+                               "scenario": header.get("scenario"),
                                "variant": header.get("variant"),
                                "findings": [f.to_json() for f in findings]}, indent=2))
     else:
@@ -526,14 +540,20 @@ def doctor_cmd(fmt: str) -> None:
 
 
 class _ProgressHooks(RunHooks):
-    """A progress bar per variant with live outcome counts (only on a terminal)."""
+    """Progress while a run runs. On a terminal, a bar per variant with live outcome counts.
+    Elsewhere (a CI log), lines: one as each variant starts and ends, and one every
+    ``every_s`` seconds on a long variant (trials done, outcome counts, rate), so a 40-minute
+    soak is not silent."""
 
-    def __init__(self, live: bool) -> None:
+    def __init__(self, live: bool, *, every_s: float = 30.0) -> None:
         self.live = live
+        self.every_s = every_s
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(),
                                  MofNCompleteColumn(), TimeElapsedColumn(), console=err,
                                  transient=False, disable=not live)
         self.task = None
+        self.planned = 0
+        self.started = self.said = 0.0
 
     def __enter__(self) -> _ProgressHooks:
         self.progress.__enter__()
@@ -543,41 +563,87 @@ class _ProgressHooks(RunHooks):
         self.progress.__exit__(*exc)  # type: ignore[arg-type]
 
     def variant_started(self, result: VariantResult, trials: int) -> None:
-        self.task = self.progress.add_task(self._label(result), total=trials)
+        self.planned, self.started = trials, time.monotonic()
+        self.said = self.started
+        if self.live:
+            self.task = self.progress.add_task(self._label(result), total=trials)
+        else:
+            _log(f"start {result.scenario} ({result.variant}): {trials} trials")
 
     def trial_finished(self, result: VariantResult, trial: TrialResult) -> None:
-        if self.task is not None:
-            self.progress.update(self.task, advance=1, description=self._label(result))
+        if self.live:
+            if self.task is not None:
+                self.progress.update(self.task, advance=1, description=self._label(result))
+            return
+        now = time.monotonic()
+        if now - self.said >= self.every_s:
+            self.said = now
+            rate = result.trials / max(now - self.started, 1e-9)
+            _log(f"  {result.scenario} ({result.variant}): {result.trials}/{self.planned} "
+                 f"trials, {self._counts(result)}, {rate:.1f} trials/s")
+
+    def variant_finished(self, result: VariantResult) -> None:
+        if not self.live and result.status is Status.SKIP:
+            _log(f"skip {result.scenario} ({result.variant}): {result.reason}")
+        elif not self.live:
+            took = time.monotonic() - self.started if result.trials else 0.0
+            _log(f"done {result.scenario} ({result.variant}): {result.status.value}, "
+                 f"{result.trials} trials ({self._counts(result)}), {took:.1f} s")
 
     def note(self, text: str) -> None:
         err.print(f"[yellow]note:[/] {escape(text)}", highlight=False)
 
     @staticmethod
-    def _label(result: VariantResult) -> str:
-        counts = result.outcomes()
-        shown = " ".join(f"{k} {v}" for k, v in counts.items() if v)
-        return f"{result.scenario} ({result.variant}) {shown}"
+    def _counts(result: VariantResult) -> str:
+        return ", ".join(f"{k} {v}" for k, v in result.outcomes().items() if v) or "none ran"
+
+    @classmethod
+    def _label(cls, result: VariantResult) -> str:
+        return f"{result.scenario} ({result.variant}) {cls._counts(result)}"
+
+
+def _log(line: str) -> None:
+    """One progress line in a log: plain, whole, flushed at once."""
+    err.print(line, highlight=False, markup=False, soft_wrap=True)
+    err.file.flush()
+
+
+TABLE_MIN_WIDTH = 100
+"""Below this many columns the summary is a line per variant rather than a table: a table's
+columns would cut words (the CI logs of 80 columns)."""
 
 
 def _print_summary(result: RunResult, out_dir: Path) -> None:
     device = result.device.get("name", result.backend)
-    table = Table(title=f"gpurace run on {result.backend} ({device}), seed {result.seed}",
-                  box=box.SIMPLE_HEAD)
-    # The detector's column only once it has something to say: the table must fit 80 columns.
+    title = f"gpurace run on {result.backend} ({device}), seed {result.seed}"
     detect = any(r.detected for r in result.results)
-    numeric = ("delay us", "trials", "manifested", "detected")
-    for column in ("scenario", "variant", "expect", "delay us", "trials", "manifested",
-                   *(("detected",) if detect else ()), "outcomes", "status"):
-        table.add_column(column, justify="right" if column in numeric else "left",
-                         no_wrap=column in ("scenario", "status"))
+    rows = []
     for r in result.results:
         counts = ", ".join(f"{k} {v}" for k, v in r.outcomes().items() if v) or "-"
         status = "map" if r.sweep and r.status is not Status.SKIP else r.status.value
-        row = [r.scenario, r.variant, r.expect, "-" if r.delay_us is None else f"{r.delay_us:g}",
-               str(r.trials), str(r.manifested), *((str(r.detected),) if detect else ()),
-               counts, f"[{_STATUS_STYLE[r.status]}]{status}[/]"]
-        table.add_row(*row)
-    out.print(table)
+        rows.append((r, counts, f"[{_STATUS_STYLE[r.status]}]{status}[/]"))
+    if out.width < TABLE_MIN_WIDTH:
+        out.print(title, highlight=False)
+        for r, counts, status in rows:
+            delay = "" if r.delay_us is None else f", delay {r.delay_us:g} us"
+            found = f", detected {r.detected}" if detect else ""
+            out.print(f"  {escape(r.scenario)} ({escape(r.variant)}) {status}: expects "
+                      f"{r.expect}; {r.trials} trials{delay}; manifested {r.manifested}"
+                      f"{found}; {counts}", highlight=False)
+    else:
+        table = Table(title=title, box=box.SIMPLE_HEAD)
+        # The detector's column only once it has something to say.
+        numeric = ("delay us", "trials", "manifested", "detected")
+        for column in ("scenario", "variant", "expect", "delay us", "trials", "manifested",
+                       *(("detected",) if detect else ()), "outcomes", "status"):
+            table.add_column(column, justify="right" if column in numeric else "left",
+                             no_wrap=column in ("scenario", "status"))
+        for r, counts, status in rows:
+            table.add_row(r.scenario, r.variant, r.expect,
+                          "-" if r.delay_us is None else f"{r.delay_us:g}", str(r.trials),
+                          str(r.manifested), *((str(r.detected),) if detect else ()), counts,
+                          status)
+        out.print(table)
     dangerous = [r for r in result.results if r.status is Status.SKIP and r.dangerous]
     if dangerous:
         names = sorted({r.scenario for r in dangerous})

@@ -17,25 +17,21 @@ import os
 import signal
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import kvcore
-from harness.errors import BackendUnavailable, HarnessError, ScenarioError, TargetError
+from harness.errors import BackendUnavailable, HarnessError, TargetError
 from harness.traces.flight import CURRENT, cut_torn_tail, trace_path
 from harness.incidents import build_report, reproduce_argv
-from harness.model import Scenario, Suite, Variant
+from harness.model import Scenario, Variant
 from harness.outputs import RunFolder
 from harness.outcome import Outcome, Status, TrialResult, VariantResult
-from harness.scenario import load_document
 from harness.watch import GpuWatch, TrialXids
 from harness.worker import WorkerJob, worker_main
 from kvcore.device.schedule import Schedule
 from reports import write_incident
-
-SCENARIO_ROOT = Path(__file__).resolve().parent.parent / "scenarios"
-"""Where suite names and bare scenario names are looked up."""
 
 WORKER_START_TIMEOUT_S = 120.0
 """How long a new worker may take to import, open its device and compile kernels."""
@@ -139,60 +135,6 @@ class RunResult:
             "watch_notes": self.watch_notes,
             "results": [r.to_json() for r in self.results],
         }
-
-
-def resolve_targets(targets: Sequence[str]) -> list[Scenario]:
-    """Scenario files, folders of them, suite files, or suite/scenario names, in order, each
-    scenario once."""
-    found: list[Scenario] = []
-    seen: set[Path] = set()
-
-    def add(path: Path) -> None:
-        doc = load_document(path)
-        if isinstance(doc, Suite):
-            if doc.path.resolve() in seen:
-                return  # a suite named twice (the loader refuses suites inside suites)
-            seen.add(doc.path.resolve())
-            for member in doc.scenarios:
-                add(member)
-        elif doc.path.resolve() not in seen:
-            seen.add(doc.path.resolve())
-            found.append(doc)
-
-    for target in targets:
-        path = Path(target)
-        if path.is_dir():
-            files = sorted(p for p in path.glob("*.y*ml") if p.suffix in (".yaml", ".yml"))
-            if not files:
-                raise TargetError(f"{target}: no scenario files (*.yaml) in this folder")
-            for file in files:
-                add(file)
-        elif path.exists():
-            add(path)
-        else:
-            add(_named(target))
-    return found
-
-
-def _named(name: str) -> Path:
-    for candidate in (SCENARIO_ROOT / "suites" / f"{name}.yaml",
-                      SCENARIO_ROOT / f"{name}.yaml",
-                      SCENARIO_ROOT / f"{name.replace('-', '_')}.yaml"):
-        if candidate.exists():
-            return candidate
-    known = ", ".join(sorted(p.stem for p in SCENARIO_ROOT.glob("**/*.yaml")))
-    raise TargetError(f"{name}: no such file, folder, suite or scenario; known: {known}")
-
-
-def catalog() -> list[Scenario | Suite]:
-    """Every scenario and suite under the scenario root, for ``gpurace list``."""
-    docs: list[Scenario | Suite] = []
-    for path in sorted(SCENARIO_ROOT.glob("**/*.yaml")):
-        try:
-            docs.append(load_document(path))
-        except ScenarioError:
-            continue
-    return docs
 
 
 def choose_backend(requested: str) -> str:

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from harness.cli import main
 from harness.explore import Strategy, explore
-from harness.runner import resolve_targets
+from harness.targets import resolve_targets
 from kvcore.device.schedule import Schedule
 
 

@@ -20,7 +20,8 @@ from click.testing import CliRunner
 from harness.cli import main
 from harness.outcome import Outcome, TrialResult, VariantResult
 from harness.outputs import RunFolder, sweep_dead_runs
-from harness.runner import SCENARIO_ROOT, Runner, RunOptions, resolve_targets
+from harness.runner import Runner, RunOptions
+from harness.targets import SCENARIO_ROOT, resolve_targets
 from reports import ReportError, write_atomic
 
 REPO = Path(__file__).resolve().parent.parent

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from harness.cli import main
 from harness.minimize import ddmin
-from harness.runner import SCENARIO_ROOT
+from harness.targets import SCENARIO_ROOT
 from harness.scenario import load_scenario
 
 TICKET = str(SCENARIO_ROOT / "tickets" / "ninfer-210.jsonl")

@@ -18,7 +18,7 @@ from harness.cli import main
 from harness.errors import TraceError
 from harness.traces.flight import cut_torn_tail
 from harness.traces.optrace import TRACE_SCHEMA, load_trace
-from harness.runner import SCENARIO_ROOT
+from harness.targets import SCENARIO_ROOT
 from harness.scenario import load_scenario
 
 HEADER = {"type": "header", "schema": TRACE_SCHEMA, "level": "ops", "scenario": "t",

@@ -13,7 +13,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from harness.cli import main
-from harness.runner import SCENARIO_ROOT
+from harness.targets import SCENARIO_ROOT
 from reports import load_report
 
 REPO = Path(__file__).resolve().parents[1]

@@ -11,7 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 from harness.cli import main
-from harness.runner import SCENARIO_ROOT, RunOptions, Runner, resolve_targets
+from harness.runner import RunOptions, Runner
+from harness.targets import SCENARIO_ROOT, resolve_targets
 
 ALL = [str(SCENARIO_ROOT / n) for n in
        ("release_fence.yaml", "cross_stream_race.yaml", "catalog_reactivation.yaml")]
@@ -121,8 +122,12 @@ def test_suite_by_name_and_list(tmp_path: Path) -> None:
     assert written["schema"] == "gpurace.run/1" and written["run_id"] == doc["run_id"]
     assert Path(doc["folder"]).parent == tmp_path
     listed = CliRunner().invoke(main, ["list", "--format", "json"])
-    names = {d["name"] for d in json.loads(listed.stdout)}
-    assert {"smoke", "release-fence", "cross-stream-race", "catalog-reactivation"} <= names
+    assert listed.exit_code == 0
+    doc = json.loads(listed.stdout)
+    assert doc["schema"] == "gpurace.list/1" and doc["broken"] == []
+    names = {d["name"] for d in doc["documents"]}
+    assert {"smoke", "zoo", "release-fence", "cross-stream-race", "catalog-reactivation",
+            "mini-sglang-103"} <= names
 
 
 @pytest.mark.parametrize(("args", "needle"), [

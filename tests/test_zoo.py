@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from harness.cli import main
 from harness.explore import Strategy, explore
-from harness.runner import SCENARIO_ROOT
+from harness.targets import SCENARIO_ROOT
 from harness.scenario import load_scenario, load_suite
 
 ZOO = sorted((SCENARIO_ROOT / "zoo").glob("*.yaml"))

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from harness.cli import main
-from harness.runner import SCENARIO_ROOT
+from harness.targets import SCENARIO_ROOT
 from harness.scenario import load_scenario
 
 pytestmark = pytest.mark.gpu
