@@ -90,6 +90,7 @@ class VariantResult:
     status: Status = Status.SKIP
     reason: str = ""
     trials: int = 0
+    wall_s: float = 0.0  # the trials' durations added up: what the variant cost in seconds
     min_rate: float = 0.0
     reports: list[str] = field(default_factory=list)
     sweep: bool = False
@@ -107,6 +108,7 @@ class VariantResult:
     def add(self, trial: TrialResult) -> None:
         """Fold one finished trial into the counts."""
         self.trials += 1
+        self.wall_s += trial.duration_s
         self.counts[trial.outcome.value] += 1
         self.detected += trial.race
         self.not_clean += trial.outcome.manifested or trial.race
@@ -200,6 +202,7 @@ class VariantResult:
             "status": self.status.value,
             "expect": self.expect,
             "trials": self.trials,
+            "wall_s": round(self.wall_s, 6),
             "manifested": self.manifested,
             "detected": self.detected,
             "outcomes": self.outcomes(),
