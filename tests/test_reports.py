@@ -367,7 +367,7 @@ def result(scenario: str, variant: str, status: str, **changes: Any) -> dict[str
         "outcomes": {"clean": 200, "corruption": 0, "crash": 0, "hang": 0},
         "reports": [], "reason": "", "path": f"scenarios/{scenario}.yaml", "dangerous": True,
         "delay_us": 1000.0, "min_rate": 0.9 if variant == "buggy" else 0.0, "sweep": False,
-        "first_manifested": None, "crash_requests": [],
+        "first_manifested": None, "crash_requests": [], "wall_s": 0.0,
     }
     item.update(changes)
     return item
@@ -380,11 +380,21 @@ def run_document() -> dict[str, Any]:
         "seed": 0, "wall_s": 12.5,
         "results": [
             result("cross-stream-race", "buggy", "pass", manifested=57, detected=57,
-                   outcomes={"clean": 143, "corruption": 57, "crash": 0, "hang": 0}),
+                   outcomes={"clean": 143, "corruption": 57, "crash": 0, "hang": 0},
+                   wall_s=2.25),
             result("cross-stream-race", "fixed", "fail", manifested=3, outcomes=crash,
                    xids=[{"xid": 43, "class": "application", "trials": 3}],
                    reason="expected clean, but 3 of 200 trials crashed",
                    reports=["gpurace-reports/incidents/a", "gpurace-reports/incidents/b"],
+                   wall_s=7.5, findings=[{
+                       "buffer": "kv-arena", "page": 0, "trials": 3,
+                       "missing": "nothing orders transfer's write before compute's write",
+                       "first": {"seq": 9, "stream": "transfer", "kind": "copy_htod",
+                                 "access": "write", "bytes": [0, 1024],
+                                 "origin": "s.yaml:22:7"},
+                       "second": {"seq": 14, "stream": "compute", "kind": "copy_htod",
+                                  "access": "write", "bytes": [0, 1024],
+                                  "site": "executor.py:328"}}],
                    first_manifested={"index": 17, "seed": 999, "outcome": "crash",
                                      "detail": "the CUDA context is dead",
                                      "cuda_error": "CUDA_ERROR_ASSERT"}),
@@ -393,7 +403,7 @@ def run_document() -> dict[str, Any]:
                    reason="dangerous: pass --dangerous to run it"),
             result("cross-stream-race", "buggy", "pass", sweep=True, delay_us=100.0,
                    manifested=200, outcomes={"clean": 0, "corruption": 200, "crash": 0,
-                                             "hang": 0}),
+                                             "hang": 0}, wall_s=0.1254),
         ],
     }
 
@@ -403,18 +413,21 @@ def test_render_junit_structure_and_counts() -> None:
     assert xml.startswith('<?xml version="1.0" encoding="UTF-8"?>\n')
     root = ET.fromstring(xml)
     assert root.tag == "testsuites" and root.get("name") == "gpurace"
+    # No skipped count on testsuites (the schema has none there); times are the variants'.
     assert (root.get("tests"), root.get("failures"), root.get("skipped"),
-            root.get("errors"), root.get("time")) == ("4", "1", "1", "0", "12.500")
+            root.get("errors"), root.get("time")) == ("4", "1", None, "0", "9.875")
     suites = root.findall("testsuite")
     assert [s.get("name") for s in suites] == ["cross-stream-race", "release-fence"]
-    assert (suites[0].get("tests"), suites[0].get("failures"), suites[0].get("skipped")) == (
-        "3", "1", "0")
-    assert (suites[1].get("tests"), suites[1].get("failures"), suites[1].get("skipped")) == (
-        "1", "0", "1")
+    assert (suites[0].get("tests"), suites[0].get("failures"), suites[0].get("skipped"),
+            suites[0].get("time")) == ("3", "1", "0", "9.875")
+    assert (suites[1].get("tests"), suites[1].get("failures"), suites[1].get("skipped"),
+            suites[1].get("time")) == ("1", "0", "1", "0.000")
     cases = suites[0].findall("testcase")
     assert [c.get("name") for c in cases] == ["buggy", "fixed", "buggy@100us"]
+    assert [c.get("time") for c in cases] == ["2.250", "7.500", "0.125"]
     assert {c.get("classname") for c in cases} == {"gpurace.cross-stream-race"}
-    assert all(c.get("time") is not None for c in root.iter("testcase"))
+    # A testcase has its class name, name and time, and nothing else.
+    assert all(set(c.attrib) == {"classname", "name", "time"} for c in root.iter("testcase"))
     skipped = suites[1].find("testcase/skipped")
     assert skipped is not None and skipped.get("message") == "dangerous: pass --dangerous to " \
                                                               "run it"
@@ -428,9 +441,17 @@ def test_render_junit_failure_carries_counts_xids_and_first_trial() -> None:
     assert failure.get("type") == "clean"
     assert failure.get("message") == "expected clean; crash 3 of 200 trials; " \
                                      "Xid 43 (application) x3"
-    text = failure.text or ""
-    assert "3 of 200 trials crashed" in text
-    assert "first manifested: trial 17 (seed 999): crash" in text and "CUDA_ERROR_ASSERT" in text
+    lines = (failure.text or "").splitlines()
+    assert lines[:2] == ["expected clean, but 3 of 200 trials crashed",
+                         "outcomes: crash 3 of 200 trials"]
+    assert "first manifested: trial 17 (seed 999): crash: the CUDA context is dead " \
+           "[CUDA_ERROR_ASSERT]" in lines
+    # The detector's first finding, with its fix and the two ops, then the incidents.
+    assert lines[-5:] == [
+        "race (in 3/200 trials): nothing orders transfer's write before compute's write",
+        "  first: seq 9 transfer copy_htod write bytes 0..1024 at s.yaml:22:7",
+        "  second: seq 14 compute copy_htod write bytes 0..1024 at executor.py:328",
+        "incident: gpurace-reports/incidents/a", "incident: gpurace-reports/incidents/b"]
     fatal = result("soak", "fixed", "fail", xids=[
         {"xid": 79, "class": "gpu-fatal"}, {"xid": 43, "class": "application"},
         {"xid": 154, "class": "unknown"}])
@@ -445,18 +466,21 @@ def test_render_junit_failure_carries_counts_xids_and_first_trial() -> None:
 def test_render_junit_partial_reproduction_sweep_and_properties() -> None:
     root = ET.fromstring(render_junit(run_document()))
     partial, failed, swept, _skip = root.iter("testcase")
-    assert "reproduced in 57/200 trials" in (partial.findtext("system-out") or "")
+    out = partial.findtext("system-out") or ""
+    assert out.splitlines()[0] == ("expect reproduces; 200 trials in 2.250 s; manifested 57; "
+                                   "race detected 57; delay 1000 us; min rate 0.9; dangerous")
+    assert "reproduced in 57/200 trials" in out
     assert "reproduced in 57" not in (swept.findtext("system-out") or "")
-    props = {p.get("name"): p.get("value") for p in partial.findall("properties/property")}
-    assert props["trials"] == "200" and props["manifested"] == "57"
-    assert props["detected"] == "57" and props["delay_us"] == "1000"
-    assert {p.get("name"): p.get("value") for p in swept.findall("properties/property")}[
-        "delay_us"] == "100"
-    report_paths = [p.get("value") for p in failed.findall("properties/property")
-                    if p.get("name") == "report"]
-    assert report_paths == ["gpurace-reports/incidents/a", "gpurace-reports/incidents/b"]
-    # Properties come first in a testcase, as pytest and the JUnit readers expect.
-    assert [child.tag for child in failed] == ["properties", "failure", "system-out"]
+    assert "delay 100 us" in (swept.findtext("system-out") or "")
+    # The scenario's file, the run's backend and seed are its suite's properties.
+    suite = root.find("testsuite")
+    props = [(p.get("name"), p.get("value")) for p in suite.findall("properties/property")]
+    assert props == [("path", "scenarios/cross-stream-race.yaml"), ("dangerous", "true"),
+                     ("backend", "cuda"), ("device", "NVIDIA H200"), ("seed", "0")]
+    assert [child.tag for child in suite][0] == "properties"
+    # A failure's incidents are in its failure text, not repeated in its output.
+    assert [child.tag for child in failed] == ["failure", "system-out"]
+    assert "incident:" not in (failed.findtext("system-out") or "")
 
 
 def test_render_junit_of_an_empty_or_odd_run() -> None:
