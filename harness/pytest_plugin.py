@@ -1,0 +1,127 @@
+"""gpurace as a pytest plugin: each scenario variant becomes a test item.
+
+    pytest --gpurace scenarios/                    every scenario file under scenarios/
+    pytest --gpurace scenarios/zoo --gpurace-dangerous --gpurace-trials 20
+    pytest                                        files named *.gpurace.yaml, always
+
+A variant's expectation is the test: it passes when the variant did what it expects (stay
+clean, reproduce, hang), fails with the run's summary, the first finding and the incident
+folders when it did not, and is skipped, with the reason, when it could not run here (a
+dangerous variant without ``--gpurace-dangerous``, no GPU for ``--gpurace-backend cuda``): what
+`gpurace run` says with exit 77. ``-k``, ``-x``, ``--junitxml`` work as for any test;
+``-p no:gpurace`` turns the plugin off. Installed with gpurace (entry point ``pytest11``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.errors import BackendUnavailable, ScenarioError
+from harness.model import Scenario, Suite
+from harness.outcome import Status, VariantResult
+from harness.runner import Runner, RunOptions
+from harness.scenario import load_document
+
+SUFFIX = ".gpurace.yaml"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("gpurace", "gpurace scenarios as tests")
+    group.addoption("--gpurace", action="store_true",
+                    help="Collect every scenario YAML file under the given paths (files named "
+                         "*.gpurace.yaml are collected anyway).")
+    group.addoption("--gpurace-backend", default="auto", choices=["auto", "cuda", "sim"],
+                    help="cuda, sim, or auto (the GPU when one is usable). Default: auto.")
+    group.addoption("--gpurace-trials", type=int, default=None,
+                    help="Trials per variant (default: each scenario's own).")
+    group.addoption("--gpurace-seed", type=int, default=0, help="The run's seed (default 0).")
+    group.addoption("--gpurace-dangerous", action="store_true",
+                    help="Run dangerous variants too (they may crash a worker's CUDA context).")
+    group.addoption("--gpurace-out", default="gpurace-reports",
+                    help="Folder for the runs' reports (default: gpurace-reports).")
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
+    name = file_path.name
+    wanted = name.endswith(SUFFIX) or (
+        parent.config.getoption("gpurace") and file_path.suffix in (".yaml", ".yml"))
+    if wanted:
+        return ScenarioFile.from_parent(parent, path=file_path)
+    return None
+
+
+class ScenarioFile(pytest.File):
+    """One scenario file: an item per variant. A suite file adds nothing (its scenarios are
+    files of their own); a file that does not load is a collection error at its line."""
+
+    def collect(self) -> Iterator[VariantItem]:
+        try:
+            document = load_document(self.path)
+        except ScenarioError as exc:
+            raise self.CollectError(str(exc)) from None
+        if isinstance(document, Suite):
+            return
+        for variant in document.variants:
+            yield VariantItem.from_parent(self, name=variant.name, scenario=document,
+                                          variant=variant.name)
+
+
+class VariantFailed(Exception):
+    """A variant did not do what it expects; the message is its summary."""
+
+
+class VariantItem(pytest.Item):
+    """One scenario variant, run by gpurace's runner as `gpurace run FILE --variant NAME`."""
+
+    def __init__(self, *, scenario: Scenario, variant: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.scenario = scenario
+        self.variant = variant
+
+    def runtest(self) -> None:
+        config = self.config
+        options = RunOptions(backend=config.getoption("gpurace_backend"),
+                             dangerous=config.getoption("gpurace_dangerous"),
+                             trials=config.getoption("gpurace_trials"),
+                             seed=config.getoption("gpurace_seed"), variants=(self.variant,),
+                             out_dir=Path(config.getoption("gpurace_out")))
+        try:
+            runner = Runner(options)
+        except BackendUnavailable as exc:
+            pytest.skip(str(exc))
+        [result] = runner.run([self.scenario]).results
+        self.user_properties.append(("gpurace_folder", str(runner.out_dir)))
+        if result.status is Status.SKIP:
+            pytest.skip(result.reason)
+        if result.status is Status.FAIL:
+            raise VariantFailed(_explain(result))
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException],
+                     style: str | None = None) -> str:
+        if isinstance(excinfo.value, VariantFailed):
+            return str(excinfo.value)
+        return str(super().repr_failure(excinfo, style))  # type: ignore[arg-type]
+
+    def reportinfo(self) -> tuple[Path, int | None, str]:
+        return self.path, None, f"{self.scenario.name} [{self.variant}]"
+
+
+def _explain(result: VariantResult) -> str:
+    """What a failed variant's test says: the verdict, the counts, the first finding and the
+    first bad trial, and where the incident folders are."""
+    counts = ", ".join(f"{k} {v}" for k, v in result.outcomes().items() if v)
+    lines = [f"{result.scenario} ({result.variant}) expected {result.expect}: {result.reason}",
+             f"{result.trials} trials: {counts}; detected {result.detected}"]
+    findings = result.finding_summary(1)
+    if findings:
+        lines.append(f"race: {findings[0]['missing']}")
+    first = result.first_manifested
+    if first is not None:
+        lines.append(f"first: trial {first.index} (seed {first.seed}) {first.outcome.value}: "
+                     f"{first.detail}")
+    lines += [f"incident: {path}" for path in result.reports]
+    return "\n".join(lines)

@@ -1,0 +1,86 @@
+"""The pytest plugin: scenario variants as test items, with pytest's own -k, -x, --junitxml
+and -p no:gpurace."""
+
+from __future__ import annotations
+
+import shutil
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from harness.targets import SCENARIO_ROOT
+
+pytest_plugins = ["pytester"]
+
+SIM = ["--gpurace-backend", "sim", "-p", "no:cacheprovider", "-o", "addopts="]
+
+
+@pytest.fixture
+def scenarios(pytester: pytest.Pytester) -> Path:
+    """The built-in scenarios (and the zoo), with few trials, in pytester's folder."""
+    folder = pytester.path / "scenarios"
+    shutil.copytree(SCENARIO_ROOT, folder, ignore=shutil.ignore_patterns("*.py", "tickets"))
+    for path in folder.glob("**/*.yaml"):
+        text = path.read_text()
+        for trials in ("200", "100", "50", "20"):
+            text = text.replace(f"trials: {trials}\n", "trials: 2\n")
+        path.write_text(text)
+    return folder
+
+
+def test_every_variant_is_an_item_and_dangerous_ones_skip(pytester: pytest.Pytester,
+                                                          scenarios: Path) -> None:
+    result = pytester.runpytest_subprocess("--gpurace", str(scenarios), *SIM, "-rs")
+    print("\n" + "\n".join(result.outlines[-8:]))
+    # 3 seed scenarios with 2 variants, 12 zoo scenarios with 2 (pytorch-2702 has 3).
+    dangerous = 2 * 3  # cross-stream-race, catalog-reactivation, onnxruntime-4829
+    result.assert_outcomes(passed=31 - dangerous, skipped=dangerous)
+    assert any("pass --dangerous to run it" in line for line in result.outlines)
+
+
+def test_k_selects_and_junitxml_records_the_items(pytester: pytest.Pytester,
+                                                  scenarios: Path) -> None:
+    junit = pytester.path / "j.xml"
+    result = pytester.runpytest_subprocess("--gpurace", str(scenarios / "zoo"), *SIM,
+                                           "-k", "cupy or vllm", f"--junitxml={junit}")
+    result.assert_outcomes(passed=4)
+    cases = ET.parse(junit).getroot().iter("testcase")
+    assert sorted(c.get("name") for c in cases) == ["buggy", "buggy", "fixed", "fixed"]
+
+
+def test_a_failed_expectation_fails_with_the_summary_and_x_stops(pytester: pytest.Pytester,
+                                                                 scenarios: Path) -> None:
+    # A variant said to be clean that still has the release race: its test fails, and -x
+    # stops before the next variant.
+    target = scenarios / "release_fence.yaml"
+    text = target.read_text().replace(
+        "    buggy: {defects: {release_fence: false}, expect: reproduces, min_rate: 0.9}",
+        "    unfixed: {defects: {release_fence: false}, expect: clean}\n"
+        "    buggy: {defects: {release_fence: false}, expect: reproduces, min_rate: 0.9}")
+    target.write_text(text)
+    result = pytester.runpytest_subprocess("--gpurace", str(target), *SIM, "-x")
+    result.assert_outcomes(failed=1)
+    out = "\n".join(result.outlines)
+    assert "release-fence (unfixed) expected clean: expected clean; 2/2 trials were not" in out
+    assert "race: nothing orders transfer's read (copy_dtoh at step read-old)" in out
+    assert "incident: " in out and "release-fence-unfixed-t0" in out
+
+
+def test_a_file_that_does_not_load_is_a_collection_error(pytester: pytest.Pytester) -> None:
+    bad = pytester.path / "broken.gpurace.yaml"
+    bad.write_text("apiVersion: gpurace/v1\nkind: Scenario\nmetadata: {name: x}\nspec: {}\n")
+    result = pytester.runpytest_subprocess(*SIM)
+    result.assert_outcomes(errors=1)
+    assert any(f"{bad}:4:7: spec: the spec is missing the required key 'pool'" in line
+               or "missing the required key" in line for line in result.outlines)
+
+
+def test_files_named_gpurace_yaml_are_collected_and_the_plugin_can_be_turned_off(
+        pytester: pytest.Pytester) -> None:
+    text = (SCENARIO_ROOT / "release_fence.yaml").read_text().replace("trials: 100", "trials: 2")
+    (pytester.path / "release.gpurace.yaml").write_text(text)
+    (pytester.path / "other.yaml").write_text(text)  # not collected without --gpurace
+    pytester.runpytest_subprocess(*SIM).assert_outcomes(passed=2)
+    off = pytester.runpytest_subprocess("-p", "no:gpurace", "-p", "no:cacheprovider")
+    assert off.ret == pytest.ExitCode.NO_TESTS_COLLECTED
