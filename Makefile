@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: install run test test-gpu bench clean
+.PHONY: install run test test-gpu test-pythons bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,19 @@ run: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
+# The CPU suite on the oldest and the newest Python gpurace supports (3.10, 3.13), each in a
+# venv of its own, where this machine has them (pyenv's or on PATH); the others are named.
+PYTHONS ?= 3.10 3.13
+test-pythons:
+	@for v in $(PYTHONS); do \
+	  py=$$(ls $$HOME/.pyenv/versions/$$v*/bin/python$$v 2>/dev/null | head -1); \
+	  [ -n "$$py" ] || py=$$(command -v python$$v 2>/dev/null); \
+	  if [ -z "$$py" ]; then echo "python$$v: not on this machine, not tested"; continue; fi; \
+	  $$py -m venv .venv-$$v && .venv-$$v/bin/python -m pip install --quiet --upgrade pip && \
+	  .venv-$$v/bin/python -m pip install --quiet -e '.[dev]' && \
+	  .venv-$$v/bin/python -m pytest -q -p no:cacheprovider || exit 1; \
+	done
+
 # On a GPU machine with CuPy, pytest and the dependencies already installed: no venv, no installs.
 test-gpu:
 	PYTHONPATH=$(CURDIR) $(PYTHON) -m pytest -q -s -m gpu -p no:cacheprovider tests
@@ -32,4 +45,4 @@ bench:
 	PYTHONPATH=$(CURDIR) $(PYTHON) -m harness.bench
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) .venv-3.* build *.egg-info .pytest_cache
