@@ -46,6 +46,11 @@ YAML_MAX_DEPTH = 64
 """Nesting of YAML mappings and lists. A scenario nests 5 deep (spec.steps[3].after[0]); PyYAML
 composes recursively and hits Python's recursion limit near 500."""
 
+JSON_MAX_DEPTH = 64
+"""Nesting of arrays and objects in one line of a ticket or an op trace. No record nests more
+than 3 deep; Python's json reader gives up far deeper, at a depth that depends on its
+version."""
+
 YAML_MAX_NODES = 30_000
 """YAML nodes (mappings, lists, scalars) in one document, an alias counted as a copy of what it
 names (so ``*a`` repeated cannot make the loader walk more than this). 2,048 steps take about

@@ -46,8 +46,8 @@ REFUSED: dict[str, tuple[str, str]] = {
                                                     "at most 1024"),
     "ticket/huge-integer.jsonl": ("2:27: (record)", "a number of more than 4,300 digits"),
     "trace/huge-integer.jsonl": ("2:23: (record)", "a number of more than 4,300 digits"),
-    "ticket/deep-nesting.jsonl": ("2:1: (record)", "nested too deep to read"),
-    "trace/deep-nesting.jsonl": ("2:1: (record)", "nested too deep to read"),
+    "ticket/deep-nesting.jsonl": ("2:65: (record)", "nested too deep to read"),
+    "trace/deep-nesting.jsonl": ("2:65: (record)", "nested too deep to read"),
     # 3. A timeout the watchdog's wait overflows on.
     "yaml/timeout-overflow.yaml": ("8:12: spec.timeout", "2147484 is more than 86400, the most "
                                                          "seconds a trial may take (a day)"),

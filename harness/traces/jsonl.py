@@ -19,7 +19,7 @@ from typing import Any
 
 from harness.errors import TraceError
 from harness.inputs import Unreadable, clip, plain, read_input, utf8_error_at
-from harness.limits import COUNT_MAX, ECHO_MAX_CHARS, TEXT_MAX_CHARS
+from harness.limits import COUNT_MAX, ECHO_MAX_CHARS, JSON_MAX_DEPTH, TEXT_MAX_CHARS
 
 
 def read_text(path: Path, what: str, limit: int,
@@ -88,6 +88,13 @@ class LineParser:
             line = raw.removesuffix("\r")
             if not line.strip():
                 continue  # blank lines (a trailing newline, an editor's extra one) carry nothing
+            deep = _too_deep(line)
+            if deep is not None:
+                # Said before json reads it: how deep json can go depends on the Python version
+                # (3.11 gives up with RecursionError, 3.13 reads on), the answer must not.
+                raise self.fail("(record)", f"nested too deep to read (arrays or objects "
+                                            f"inside each other, more than {JSON_MAX_DEPTH}); "
+                                            f"{self.remedy}", deep)
             try:
                 record = json.loads(line, object_pairs_hook=_no_duplicates,
                                     parse_constant=_no_constant)
@@ -215,3 +222,24 @@ def show(value: Any) -> str:
     except (ValueError, RecursionError):  # an integer too long to write, a deep structure
         text = "…"
     return f"{clip(text, ECHO_MAX_CHARS)} ({json_kind(value)})"
+
+
+_STRUCTURE = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+"""JSON strings (skipped whole) and brackets: what nesting depth is counted from."""
+
+
+def _too_deep(line: str) -> int | None:
+    """The column where ``line`` nests deeper than JSON_MAX_DEPTH, or None. Cheap for the
+    common line: it counts brackets only when there are enough of them to matter."""
+    if line.count("[") + line.count("{") <= JSON_MAX_DEPTH:
+        return None
+    depth = 0
+    for match in _STRUCTURE.finditer(line):
+        token = match.group()
+        if token in "[{":
+            depth += 1
+            if depth > JSON_MAX_DEPTH:
+                return match.start() + 1
+        elif token in "]}":
+            depth -= 1
+    return None
