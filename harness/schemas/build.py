@@ -1,0 +1,605 @@
+"""Build gpurace's JSON Schemas (draft 2020-12) from the code that writes and reads each document.
+
+Every schema is made here, from the definitions it describes: the step vocabulary
+(:mod:`harness.vocabulary`), the bounds (:mod:`harness.limits`), the scenario model's choices
+(:mod:`harness.model`), kvcore's dtypes, defects and op kinds, and the producers' enums. The
+files beside this module are what :func:`schemas` returns, written by ``python -m
+harness.schemas.build``; tests/test_schemas.py checks that the committed files equal what this
+module builds, so a new step op, key, bound or outcome cannot leave a schema behind.
+
+Each schema is self-contained (no reference to another file), so an editor or a validator needs
+only the one file.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import kvcore
+from harness import limits as L
+from harness import vocabulary as V
+from harness.cli import CHECK_SCHEMA, LIST_SCHEMA
+from harness.explore import StopReason, Strategy
+from harness.model import EXPECTATIONS, STREAM_KINDS, WORKLOAD_PHASES
+from harness.outcome import Outcome, Status
+from harness.runner import RUN_SCHEMA, ExitCode
+from harness.scenario import API_VERSION, KINDS, WORKLOAD_KINDS
+from harness.traces.optrace import TRACE_SCHEMA
+from harness.traces.ticket import KV_DTYPES, TICKET_SCHEMA
+from harness.xid import APPLICATION, GPU_FATAL
+from kvcore.device.oplog import HOST, HOST_KINDS, KERNEL_PREFIX, STREAM_KINDS as OP_KINDS
+from reports.model import REPORT_SCHEMA
+
+Schema = dict[str, Any]
+
+DRAFT = "https://json-schema.org/draft/2020-12/schema"
+FOLDER = Path(__file__).resolve().parent
+
+EXPLORE_SCHEMA = "gpurace.explore/1"
+"""What `gpurace explore --format json` writes as its ``schema`` (harness.cli)."""
+
+NAME_REGEX = "^[a-z0-9][a-z0-9_-]*$"
+"""harness.yamlnodes.NAME_PATTERN and harness.traces.ticket.NAME_PATTERN, matched whole."""
+
+INFINITY_AS_BOUND = 1.7976931348623157e308
+"""The largest finite float: a number at least this large is YAML's ``.inf``, which JSON cannot
+write. A delay step's ``us`` is at most DELAY_MAX_US, or ``.inf``."""
+
+
+# ---- building blocks ---------------------------------------------------------------------------
+
+def integer(minimum: int | None = None, maximum: int | None = None, **more: Any) -> Schema:
+    schema: Schema = {"type": "integer"}
+    if minimum is not None:
+        schema["minimum"] = minimum
+    if maximum is not None:
+        schema["maximum"] = maximum
+    return {**schema, **more}
+
+
+def number(minimum: float | None = None, maximum: float | None = None, **more: Any) -> Schema:
+    schema: Schema = {"type": "number"}
+    if minimum is not None:
+        schema["minimum"] = minimum
+    if maximum is not None:
+        schema["maximum"] = maximum
+    return {**schema, **more}
+
+
+def string(max_length: int | None = None, **more: Any) -> Schema:
+    schema: Schema = {"type": "string"}
+    if max_length is not None:
+        schema["maxLength"] = max_length
+    return {**schema, **more}
+
+
+BOOLEAN: Schema = {"type": "boolean"}
+NULL: Schema = {"type": "null"}
+
+
+def nullable(schema: Schema) -> Schema:
+    return {"anyOf": [schema, NULL]}
+
+
+def array(items: Schema, min_items: int | None = None, max_items: int | None = None,
+          **more: Any) -> Schema:
+    schema: Schema = {"type": "array", "items": items}
+    if min_items is not None:
+        schema["minItems"] = min_items
+    if max_items is not None:
+        schema["maxItems"] = max_items
+    return {**schema, **more}
+
+
+def enum(values: Iterable[Any], **more: Any) -> Schema:
+    return {"enum": list(values), **more}
+
+
+def const(value: Any, **more: Any) -> Schema:
+    return {"const": value, **more}
+
+
+def ref(name: str) -> Schema:
+    return {"$ref": f"#/$defs/{name}"}
+
+
+def closed(properties: dict[str, Schema], required: Sequence[str] | None = None,
+           **more: Any) -> Schema:
+    """An object of exactly these keys; all of them required unless ``required`` says which."""
+    return {"type": "object", "properties": properties,
+            "required": list(properties if required is None else required),
+            "additionalProperties": False, **more}
+
+
+def document(title: str, description: str, body: Schema, defs: dict[str, Schema]) -> Schema:
+    schema: Schema = {"$schema": DRAFT, "title": title, "description": description, **body}
+    if defs:
+        schema["$defs"] = defs
+    return schema
+
+
+def described(schema: Schema, text: str) -> Schema:
+    return {"description": text, **schema}
+
+
+NAME = string(L.NAME_MAX_CHARS, minLength=1, pattern=NAME_REGEX)
+TEXT = string(L.TEXT_MAX_CHARS)
+SECONDS = number(0)
+SPAN = {"type": "array", "prefixItems": [integer(0, L.COUNT_MAX), integer(0, L.COUNT_MAX),
+                                          integer(0, L.COUNT_MAX)],
+        "items": False, "minItems": 3,
+        "description": "[buffer, offset, length]: bytes of a buffer declared above"}
+
+
+# ---- shared by the output documents ------------------------------------------------------------
+
+def _opref() -> Schema:
+    """harness.detector.OpRef.to_json: one side of a race."""
+    return closed({
+        "seq": integer(1), "stream": string(), "kind": string(), "step": nullable(string()),
+        "site": nullable(string()), "origin": nullable(string()),
+        "access": enum(["read", "write"]),
+        "bytes": {"type": "array", "prefixItems": [integer(0), integer(0)], "items": False,
+                  "minItems": 2, "description": "[first byte, end byte)"},
+    })
+
+
+def _finding(folded: bool) -> Schema:
+    """harness.detector.Finding.to_json; a run's results fold them with ``trials``."""
+    props = {
+        "buffer": string(), "space": enum(["device", "host"]), "page": nullable(integer(0)),
+        "owner": nullable(string()), "first_owner": nullable(string()), "reused": BOOLEAN,
+        "first": ref("opref"), "second": ref("opref"),
+        "missing": described(string(), "the missing edge, in words, with the fix that fits"),
+        "count": described(integer(1), "op pairs of this shape in the trace"),
+    }
+    if folded:
+        props["trials"] = described(integer(1), "trials it was found in")
+    return closed(props)
+
+
+def _xid_record() -> Schema:
+    """An Xid a trial saw (harness.watch): NVML's or the kernel log's, or both."""
+    return {"type": "object", "required": ["xid"],
+            "properties": {"xid": integer(0), "meaning": nullable(string()),
+                           "class": nullable(enum([APPLICATION, GPU_FATAL, "unknown"])),
+                           "source": string(), "sources": array(string()),
+                           "time": nullable(string()), "pid": nullable(integer()),
+                           "line": nullable(string())}}
+
+
+def _device() -> Schema:
+    return described({"type": "object", "required": ["backend"],
+                      "properties": {"backend": enum(["cuda", "sim"]), "name": string()}},
+                     "what the trials ran on; its other keys depend on the backend")
+
+
+def _health() -> Schema:
+    return described({"type": "object",
+                      "properties": {"available": BOOLEAN, "note": string()}},
+                     "NVML's snapshot of the GPU (harness.nvml.health_snapshot), or why none")
+
+
+def _trial() -> Schema:
+    """harness.outcome.TrialResult.to_json."""
+    return closed({
+        "index": integer(0), "seed": integer(0), "outcome": enum(o.value for o in Outcome),
+        "detail": string(), "cuda_error": nullable(string()), "step": nullable(string()),
+        "requests": nullable(integer(0)), "duration_s": SECONDS, "race": BOOLEAN,
+        "worker_pid": nullable(integer(0)), "device_log": string(),
+        "trace": nullable(string()), "ops_total": integer(0),
+        "xids": array(ref("xid")), "findings": array(ref("finding")),
+    })
+
+
+def _op_record(with_type: bool) -> Schema:
+    """An op record of an op trace (report.json's last_ops drop its ``type``)."""
+    kinds_on_streams = {"anyOf": [enum(sorted(OP_KINDS)), string(
+        pattern=f"^{KERNEL_PREFIX}[A-Za-z_][A-Za-z0-9_]*$")]}
+    props: dict[str, Schema] = {}
+    if with_type:
+        props["type"] = const("op")
+    props.update({
+        "seq": integer(1, L.COUNT_MAX),
+        "stream": described(string(L.TEXT_MAX_CHARS, minLength=1),
+                            f"a stream declared above, or {HOST!r} for the host's own actions"),
+        "kind": string(L.TEXT_MAX_CHARS),
+        "reads": array(SPAN, max_items=L.TRACE_MAX_ACCESSES),
+        "writes": array(SPAN, max_items=L.TRACE_MAX_ACCESSES),
+        "records": TEXT, "waits": TEXT, "syncs": TEXT, "step": TEXT,
+        "t_issue_ns": integer(0, L.COUNT_MAX), "t_start_ns": integer(0, L.COUNT_MAX),
+        "t_end_ns": integer(0, L.COUNT_MAX),
+        "detail": {"type": "object", "properties": {
+            "site": nullable(TEXT), "origin": nullable(TEXT), "range": SPAN, "name": TEXT,
+            "done": BOOLEAN}},
+    })
+    owner = {"properties": {"detail": {"required": ["range"]}}, "required": ["detail"]}
+    return closed(props, ["type", "seq", "stream", "kind"] if with_type else
+                  ["seq", "stream", "kind"], allOf=[
+        {"if": {"properties": {"stream": const(HOST)}},
+         "then": {"properties": {"kind": enum(sorted(HOST_KINDS))}},
+         "else": {"properties": {"kind": kinds_on_streams}}},
+        {"if": {"properties": {"kind": enum(["alloc", "free"])}}, "then": owner},
+        {"if": {"properties": {"kind": const("alloc")}},
+         "then": {"properties": {"detail": {"required": ["range", "name"]}}}},
+    ])
+
+
+# ---- the documents -----------------------------------------------------------------------------
+
+def run_schema() -> Schema:
+    variant = closed({
+        "scenario": NAME, "variant": NAME, "status": enum(s.value for s in Status),
+        "expect": enum(EXPECTATIONS), "trials": integer(0),
+        "wall_s": described(SECONDS, "the seconds its trials took, added up"),
+        "manifested": integer(0), "detected": integer(0),
+        "outcomes": closed({o.value: integer(0) for o in Outcome}),
+        "reports": described(array(string()), "its incident folders"),
+        "reason": string(), "path": string(), "dangerous": BOOLEAN, "amplified": BOOLEAN,
+        "delay_us": nullable(number(0, L.DELAY_MAX_US)), "min_rate": number(0, 1),
+        "sweep": BOOLEAN, "first_manifested": nullable(ref("trial")),
+        "traces": array(string()), "crash_requests": array(integer(0)),
+        "xids": array(closed({"xid": integer(0), "meaning": nullable(string()),
+                              "class": nullable(enum([APPLICATION, GPU_FATAL, "unknown"])),
+                              "trials": integer(1)})),
+        "findings": array(ref("folded-finding"), max_items=5),
+        "digest": string(pattern="^[0-9a-f]{64}$"),
+    })
+    exits = [ExitCode.OK, ExitCode.EXPECTATION_FAILED, ExitCode.NOTHING_RAN,
+             ExitCode.INTERRUPTED, ExitCode.TERMINATED]
+    body = closed({
+        "schema": const(RUN_SCHEMA), "run_id": string(), "folder": string(),
+        "interrupted": described(string(pattern="^(SIG[A-Z0-9]+)?$"),
+                                 "the signal that stopped the run, or empty"),
+        "backend": enum(["cuda", "sim"]), "device": ref("device"), "seed": integer(),
+        "wall_s": SECONDS, "exit_code": enum(int(c) for c in exits),
+        "stopped": string(), "health": closed({"before": nullable(ref("health")),
+                                               "after": nullable(ref("health"))}),
+        "watch_notes": array(string()), "results": array(ref("variant")),
+    })
+    return document(
+        "gpurace run", f"run.json and `gpurace run --format json`: {RUN_SCHEMA}, a result per "
+        "scenario variant (per delay in a sweep).", body,
+        {"variant": variant, "trial": _trial(), "xid": _xid_record(),
+         "finding": _finding(False), "folded-finding": _finding(True), "opref": _opref(),
+         "device": _device(), "health": _health()})
+
+
+def report_schema() -> Schema:
+    body = closed({
+        "schema": const(REPORT_SCHEMA),
+        "created": string(pattern=r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$"),
+        "scenario": closed({"name": NAME, "path": string(), "description": string(),
+                            "dangerous": BOOLEAN}),
+        "variant": closed({"name": NAME, "defects": ref("defects"),
+                           "expect": enum(EXPECTATIONS)}),
+        "trial": closed({"index": integer(0), "seed": integer(0), "duration_s": SECONDS,
+                         "worker_pid": nullable(integer(0))}),
+        "run_seed": integer(), "backend": enum(["cuda", "sim"]), "device": ref("device"),
+        "health": {"type": "object", "properties": {
+            "before": nullable(ref("health")), "after": nullable(ref("health")),
+            "note": string()}},
+        "outcome": described(enum(o.value for o in Outcome),
+                             "clean when the trial only had a race detected"),
+        "detail": string(), "cuda_error": nullable(string()), "step": nullable(string()),
+        "request": described(nullable(integer(0)), "the request a workload crashed in"),
+        "xids": array(ref("xid")), "xid_note": string(), "kernel_log": array(string()),
+        "device_log": string(),
+        "amplification": nullable(closed({"stream": nullable(string()),
+                                          "before": nullable(string()),
+                                          "delay_us": nullable(number(0, L.DELAY_MAX_US))})),
+        "findings": array(ref("finding")),
+        "last_ops": described(array(ref("op")), "the trial's last ops, as its trace has them"),
+        "ops_total": integer(0),
+        "trace": nullable(string()),
+        "reproduce": closed({"command": string(), "argv": array(string(), min_items=1)}),
+        "files": described(array(string()), "what the incident folder holds"),
+    })
+    return document(
+        "gpurace incident report", f"An incident's report.json: {REPORT_SCHEMA}. gpurace's "
+        "readers need only schema, scenario, variant, trial and outcome (reports.model), and "
+        "accept bare values for the objects; this is the whole document gpurace writes.", body,
+        {"defects": _defects(), "xid": _xid_record(), "finding": _finding(False),
+         "opref": _opref(), "op": _op_record(with_type=False), "device": _device(),
+         "health": _health()})
+
+
+def _defects() -> Schema:
+    return closed({name: BOOLEAN for name in kvcore.Defects.names()},
+                  description="kvcore's known bugs, each switched on (true) or off")
+
+
+def trace_record_schema() -> Schema:
+    header = closed({
+        "type": const("header"), "schema": const(TRACE_SCHEMA), "level": const("ops"),
+        "scenario": TEXT, "path": TEXT, "variant": TEXT, "backend": TEXT,
+        "defects": {"type": "object", "additionalProperties": BOOLEAN},
+        "run_seed": integer(-L.SEED_MAX, L.SEED_MAX),
+        "delay_us": nullable(number(0, L.DELAY_MAX_US)),
+        "amplify": nullable(closed({"stream": nullable(string()),
+                                    "before": nullable(string())})),
+        "trial": integer(0, L.SEED_MAX), "seed": integer(0, L.SEED_MAX),
+        "pid": integer(0, L.SEED_MAX),
+    }, ["type", "schema"])
+    buffer = closed({
+        "type": const("buffer"), "id": integer(0, L.COUNT_MAX), "name": TEXT,
+        "space": enum(["device", "host"]),
+        "nbytes": integer(1, L.TRACE_MAX_BUFFER_BYTES), "role": TEXT,
+        "page_bytes": integer(0, L.TRACE_MAX_BUFFER_BYTES),
+    }, ["type", "id", "name", "space", "nbytes"])
+    stream = closed({
+        "type": const("stream"),
+        "name": string(L.TEXT_MAX_CHARS, minLength=1, **{"not": const(HOST)}),
+        "blocking": BOOLEAN, "legacy": BOOLEAN, "priority": integer(-(1 << 31), (1 << 31) - 1),
+    }, ["type", "name", "blocking", "legacy"])
+    label = closed({
+        "type": const("label"), "buffer": integer(0, L.COUNT_MAX),
+        "offset": integer(0, L.COUNT_MAX), "length": integer(0, L.COUNT_MAX), "name": TEXT,
+    }, description="bytes that had an owner (a lease, a pinned buffer) when the trial began")
+    records = {"header": header, "buffer": buffer, "stream": stream, "label": label,
+               "op": _op_record(with_type=True)}
+    return document(
+        "gpurace op trace record", f"One line of an op trace ({TRACE_SCHEMA}, JSON Lines): "
+        "the header first, then buffer and stream records before their first use, label "
+        "records, and an op record per device-visible action in issue order. What a schema "
+        "cannot see of a line (declared before use, seq increasing, a range inside its "
+        "buffer) `gpurace check` checks.",
+        {"type": "object", "required": ["type"],
+         "properties": {"type": enum(records)},
+         "allOf": [{"if": {"properties": {"type": const(kind)}},
+                    "then": ref(f"{kind}-record")} for kind in records]},
+        {f"{kind}-record": schema for kind, schema in records.items()})
+
+
+def ticket_record_schema() -> Schema:
+    header = closed({
+        "type": const("header"), "schema": const(TICKET_SCHEMA),
+        "name": string(L.NAME_MAX_CHARS, pattern=NAME_REGEX), "description": TEXT,
+        "lanes": integer(1, L.LANES_MAX), "page_tokens": integer(1, L.PAGE_MAX_TOKENS),
+        "pool_pages": integer(1, L.POOL_MAX_PAGES),
+        "kv": closed({"dtype": enum(KV_DTYPES), "leading": integer(1, L.PLANE_MAX_DIM),
+                      "heads": integer(1, L.PLANE_MAX_DIM)}),
+        "source": TEXT,
+    }, ["type", "schema", "name", "lanes", "page_tokens", "pool_pages", "kv"])
+    tokens = integer(0, L.TOKENS_MAX)
+    request = closed({
+        "type": const("request"), "id": integer(0, L.COUNT_MAX),
+        "time_ms": number(0, L.TIME_MAX_MS), "lane": integer(0, L.LANES_MAX - 1),
+        "conversation": string(L.NAME_MAX_CHARS, minLength=1),
+        "turn": integer(1, L.REQUESTS_MAX), "prompt_tokens": tokens, "prefix_tokens": tokens,
+        "new_tokens": described(tokens, "prompt_tokens - prefix_tokens"),
+        "decode_tokens": tokens, "draft_tokens": tokens, "end": BOOLEAN,
+    }, ["type", "id", "time_ms", "lane", "conversation", "turn", "prompt_tokens",
+        "prefix_tokens", "new_tokens", "decode_tokens", "draft_tokens"])
+    records = {"header": header, "request": request}
+    return document(
+        "gpurace ticket record", f"One line of a ticket ({TICKET_SCHEMA}, JSON Lines): the "
+        "header first, then a request per line in time order. What a schema cannot see "
+        "(ids and times increasing, a conversation's lane and turns, the pages fitting the "
+        "pool) `gpurace replay` checks.",
+        {"type": "object", "required": ["type"], "properties": {"type": enum(records)},
+         "allOf": [{"if": {"properties": {"type": const(kind)}},
+                    "then": ref(f"{kind}-record")} for kind in records]},
+        {f"{kind}-record": schema for kind, schema in records.items()})
+
+
+def list_schema() -> Schema:
+    scenario = closed({"name": NAME, "kind": const("scenario"), "path": string(),
+                       "description": string(), "dangerous": BOOLEAN,
+                       "variants": array(NAME, min_items=1)})
+    suite = closed({"name": NAME, "kind": const("suite"), "path": string(),
+                    "description": string(), "scenarios": array(string(), min_items=1)})
+    body = closed({
+        "schema": const(LIST_SCHEMA),
+        "documents": array({"oneOf": [ref("scenario"), ref("suite")]}),
+        "broken": described(array(closed({"path": string(), "error": string()})),
+                            "files that do not load, with the error"),
+    })
+    return document("gpurace list", f"`gpurace list --format json`: {LIST_SCHEMA}.", body,
+                    {"scenario": scenario, "suite": suite})
+
+
+def check_schema() -> Schema:
+    body = closed({
+        "schema": const(CHECK_SCHEMA), "trace": string(),
+        "scenario": nullable(string()), "variant": nullable(string()),
+        "findings": array(ref("finding")),
+    })
+    return document("gpurace check", f"`gpurace check --format json`: {CHECK_SCHEMA}, the race "
+                    "detector's findings over one op trace.", body,
+                    {"finding": _finding(False), "opref": _opref()})
+
+
+def explore_schema() -> Schema:
+    result = closed({
+        "scenario": NAME, "variant": NAME, "strategy": enum(s.value for s in Strategy),
+        "ops": integer(0), "tried": integer(0),
+        "stop": enum(s.name.lower() for s in StopReason),
+        "stop_reason": enum(s.value for s in StopReason),
+        "failing": array(closed({
+            "token": described(string(pattern=r"^s1-([0-9]+(\.[0-9]+)*)?$"),
+                               "replay it with `gpurace run --backend sim --schedule TOKEN`"),
+            "outcome": enum(o.value for o in Outcome if o.manifested), "detail": string()})),
+    })
+    body = closed({"schema": const(EXPLORE_SCHEMA), "met": BOOLEAN,
+                   "results": array(ref("result"))})
+    return document("gpurace explore", f"`gpurace explore --format json`: {EXPLORE_SCHEMA}.",
+                    body, {"result": result})
+
+
+# ---- scenario files ----------------------------------------------------------------------------
+
+def _value(op: str, key: str) -> Schema:
+    """What a step key holds (harness.vocabulary), bounded as harness.steplist bounds it."""
+    holds = V.holds(op, key)
+    in_bytes = key in ("offset", "length")
+    limit = L.WORLD_MAX_BYTES if in_bytes else L.POOL_MAX_PAGES
+    words = V.IN_WORDS[holds]
+    if holds == V.COUNT:
+        return described(integer(1, limit), words)
+    if holds == V.INDEX:
+        return described(integer(0, limit), words)
+    if holds == V.PAGES:
+        page = integer(0, limit)
+        return described({"anyOf": [page, array(page, 1, L.POOL_MAX_PAGES)]}, words)
+    if holds == V.BYTE:
+        return described(integer(0, 255), words)
+    if holds == V.DURATION:
+        return described(number(exclusiveMinimum=0, anyOf=[
+            {"maximum": L.DELAY_MAX_US}, {"minimum": INFINITY_AS_BOUND}]), words)
+    if holds == V.BOOL:
+        return described(BOOLEAN, words)
+    if holds == V.EVENTS:
+        return described({"anyOf": [ref("name"), array(ref("name"), 1)]}, words)
+    return {"description": words, **ref("name")}  # a stream, or a thing's name
+
+
+def _step(op: str) -> Schema:
+    spec = V.OPS[op]
+    variants = {"anyOf": [ref("name"), array(ref("name"), 1)]}
+    props: dict[str, Schema] = {
+        "id": described(ref("name"), f"names the {spec.id_defines} later steps refer to"
+                        if spec.id_defines else "names the step (for amplify.before)"),
+        "op": const(op),
+        "only": described(variants, "run in these variants only"),
+        "unless": described(variants, "run in every variant but these"),
+    }
+    props.update({key: _value(op, key) for key in spec.keys})
+    required = ["op", *(("id",) if spec.id_defines else ()), *spec.required()]
+    schema = closed(props, required, description=spec.doc)
+    groups = [{"oneOf": [{"required": [k]} for k in keys]} for keys, _ in spec.one_of]
+    if groups:
+        schema["allOf"] = groups
+    if spec.at_most_one:
+        schema["not"] = {"required": list(spec.at_most_one)}
+    return schema
+
+
+def _scenario_defs() -> dict[str, Schema]:
+    delay = number(0, L.DELAY_MAX_US)
+    pool = closed({
+        "pages": integer(1, L.POOL_MAX_PAGES), "page_tokens": integer(1, L.PAGE_MAX_TOKENS),
+        "planes": array(closed({
+            "dtype": enum(d.label for d in kvcore.DType),
+            "leading": integer(1, L.PLANE_MAX_DIM), "heads": integer(1, L.PLANE_MAX_DIM),
+            "align": described(enum(1 << i for i in range(L.ALIGN_MAX.bit_length())),
+                               "a power of two"),
+        }, ["dtype", "leading", "heads"]), 1, L.PLANES_MAX),
+        "table_rows": integer(1, L.TABLE_MAX_ROWS),
+        "max_pages_per_row": described(integer(0, L.POOL_MAX_PAGES), "0: as many as the pool"),
+    }, ["pages"])
+    stream_kind = enum(STREAM_KINDS)
+    streams = {"type": "object", "propertyNames": ref("name"), "minProperties": 1,
+               "maxProperties": L.STREAMS_MAX,
+               "additionalProperties": {"anyOf": [stream_kind, closed({
+                   "kind": stream_kind, "priority": integer(L.PRIORITY_MIN, L.PRIORITY_MAX)},
+                   [])]}}
+    variant = closed({
+        "defects": closed({name: BOOLEAN for name in kvcore.Defects.names()}, []),
+        "expect": enum(EXPECTATIONS), "min_rate": number(0, 1),
+        "streams": {"type": "object", "propertyNames": ref("name"),
+                    "additionalProperties": stream_kind},
+    }, [])
+    workload = closed({
+        "kind": enum(WORKLOAD_KINDS), "requests": integer(1, L.REQUESTS_MAX),
+        "initial_pages": integer(0, L.POOL_MAX_PAGES),
+        "pages_per_turn": integer(1, L.POOL_MAX_PAGES),
+        "churn_pages": integer(0, L.POOL_MAX_PAGES),
+        "path": described(TEXT, "a gpurace.ticket/1 file, relative to this file"),
+    }, ["kind"], allOf=[{"if": {"properties": {"kind": const("ticket")}},
+                         "then": {"required": ["path"]},
+                         "else": {"not": {"required": ["path"]}}}])
+    amplify = closed({
+        "delay_us": delay, "stream": ref("name"),
+        "before": described(TEXT, "a step id, or a workload phase: "
+                            + ", ".join(WORKLOAD_PHASES)),
+        "sweep": array(delay, max_items=L.SWEEP_MAX),
+    }, ["delay_us", "before"])
+    spec = closed({
+        "pool": pool, "streams": streams, "trials": integer(1, L.TRIALS_MAX),
+        "timeout": number(exclusiveMinimum=0, maximum=L.TIMEOUT_MAX_S),
+        "variants": {"type": "object", "propertyNames": ref("name"), "minProperties": 1,
+                     "maxProperties": L.VARIANTS_MAX, "additionalProperties": ref("variant")},
+        "amplify": amplify,
+        "steps": array(ref("step"), 1, L.STEPS_MAX),
+        "workload": workload,
+    }, ["pool", "variants"], oneOf=[{"required": ["steps"]}, {"required": ["workload"]}],
+        allOf=[{"if": {"required": ["workload"]}, "then": {
+            "not": {"required": ["streams"]},
+            "properties": {"amplify": {"required": ["stream"],
+                                       "properties": {"before": enum(WORKLOAD_PHASES)}}}}}])
+    step = {"type": "object", "required": ["op"],
+            "properties": {"op": enum(V.OPS)},
+            "not": {"required": list(V.VARIANT_KEYS)},
+            "allOf": [{"if": {"properties": {"op": const(op)}, "required": ["op"]},
+                       "then": ref(f"step-{op}")} for op in V.OPS]}
+    return {
+        "name": NAME,
+        "scenario-metadata": closed({
+            "name": ref("name"), "description": TEXT, "dangerous": BOOLEAN,
+            "tags": array(TEXT, max_items=L.TAGS_MAX)}, ["name"]),
+        "scenario-spec": spec, "pool": pool, "variant": variant, "step": step,
+        **{f"step-{op}": _step(op) for op in V.OPS},
+        "suite-metadata": closed({"name": ref("name"), "description": TEXT}, ["name"]),
+        "suite-spec": closed({"scenarios": described(
+            array(string(L.TEXT_MAX_CHARS, minLength=1), 1, L.STEPS_MAX),
+            "scenario files, relative to the suite's folder")}),
+    }
+
+
+def scenario_schema() -> Schema:
+    body = {
+        "type": "object",
+        "properties": {"apiVersion": const(API_VERSION), "kind": enum(KINDS),
+                       "metadata": {"type": "object"}, "spec": {"type": "object"}},
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "additionalProperties": False,
+        "if": {"properties": {"kind": const("Suite")}, "required": ["kind"]},
+        "then": {"properties": {"metadata": ref("suite-metadata"),
+                                "spec": ref("suite-spec")}},
+        "else": {"properties": {"metadata": ref("scenario-metadata"),
+                                "spec": ref("scenario-spec")}},
+    }
+    return document(
+        "gpurace scenario or suite", f"A scenario or suite file (apiVersion {API_VERSION}), for "
+        "editors: put `# yaml-language-server: $schema=PATH/scenario.schema.json` on its first "
+        "line. The step ops and their keys are harness.vocabulary's, the bounds "
+        "harness.limits'. What a schema cannot see (a name used before a step defines it, in "
+        "some variant; the pool's bytes) `gpurace run` checks, at its file:line:col.",
+        body, _scenario_defs())
+
+
+BUILDERS = {
+    "run": run_schema, "report": report_schema, "trace-record": trace_record_schema,
+    "ticket-record": ticket_record_schema, "list": list_schema, "check": check_schema,
+    "explore": explore_schema, "scenario": scenario_schema,
+}
+
+
+def schemas() -> dict[str, Schema]:
+    """Every schema gpurace ships, by name."""
+    return {name: build() for name, build in BUILDERS.items()}
+
+
+def text(schema: Schema) -> str:
+    """A schema as its file holds it."""
+    return json.dumps(schema, indent=2) + "\n"
+
+
+def write(folder: Path = FOLDER) -> list[Path]:
+    """Write every schema into ``folder`` as NAME.schema.json; returns the files written."""
+    written = []
+    for name, schema in schemas().items():
+        path = folder / f"{name}.schema.json"
+        path.write_text(text(schema), encoding="utf-8")
+        written.append(path)
+    return written
+
+
+if __name__ == "__main__":
+    for path in write(Path(sys.argv[1]) if len(sys.argv) > 1 else FOLDER):
+        print(path)
