@@ -118,14 +118,22 @@ def _scenario(steps: list[dict[str, Any]], **spec: Any) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[dict, Path]]:
     """Runs on the simulated device, every trial's trace kept: races that pass and incidents
-    (release-fence), skipped dangerous variants (cross-stream-race), a sweep, and crashes in a
-    workload (catalog-reactivation's buggy variant)."""
+    (release-fence), skipped dangerous variants (cross-stream-race), a sweep, crashes in a
+    workload (catalog-reactivation's buggy variant), a race that hid (a failure) and a hang."""
     out = tmp_path_factory.mktemp("schema-runs")
+    hang = out / "hang.yaml"
+    hang.write_text("apiVersion: gpurace/v1\nkind: Scenario\nmetadata: {name: hang}\nspec:\n"
+                    "  pool: {pages: 1}\n  timeout: 0.5\n  variants: {stuck: {expect: hang}}\n"
+                    "  steps:\n    - {id: stuck, op: delay, stream: compute, us: .inf}\n"
+                    "    - {op: synchronize}\n")
     found = []
     for args in (["release-fence", "cross-stream-race", "--trials", "3", "--record"],
                  ["release-fence", "--sweep", "--variant", "buggy", "--trials", "2"],
                  ["catalog-reactivation", "--dangerous", "--variant", "buggy", "--trials", "2",
-                  "--record"]):
+                  "--record"],
+                 ["cross-stream-race", "--dangerous", "--variant", "buggy", "--no-amplify",
+                  "--no-detect", "--trials", "2"],
+                 [str(hang), "--trials", "1"]):
         code, stdout = cli("run", *args, "--backend", "sim", "--format", "json",
                            "--out", str(out))
         assert code in (0, 1, 77), stdout
@@ -142,7 +150,8 @@ def test_run_documents(runs: list[tuple[dict, Path]]) -> None:
         assert_valid("run", on_disk, str(folder / "run.json"))
         statuses |= {r["status"] for r in doc["results"]}
         outcomes |= {o for r in doc["results"] for o, n in r["outcomes"].items() if n}
-    assert statuses == {"pass", "skip"} and {"corruption", "crash"} <= outcomes
+    assert statuses == {"pass", "skip", "fail"}
+    assert outcomes == {"clean", "corruption", "crash", "hang"}
     assert any(r["sweep"] for doc, _ in runs for r in doc["results"])
 
 
@@ -155,7 +164,7 @@ def test_incident_reports(runs: list[tuple[dict, Path]]) -> None:
         report = json.loads(path.read_text())
         assert_valid("report", report, str(path))
         seen.add(report["outcome"])
-    assert {"corruption", "crash"} <= seen
+    assert {"corruption", "crash", "hang"} <= seen
 
 
 def test_every_line_of_every_recorded_op_trace(runs: list[tuple[dict, Path]]) -> None:
