@@ -25,8 +25,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 import kvcore
-from harness.errors import GpuBusyError, HarnessError, ScenarioError
-from harness import vocabulary
+from harness.errors import GpuBusyError, HarnessError, ScenarioError, TargetError
+from harness import schemas, vocabulary
 from harness.limits import DELAY_MAX_US, TIMEOUT_MAX_S, TRIALS_MAX
 from harness.detector import check_trace
 from harness.doctor import diagnose
@@ -208,6 +208,20 @@ def list_cmd(paths: Sequence[Path], fmt: str) -> None:
                       highlight=False, soft_wrap=True)
     if listed.broken:
         sys.exit(int(ExitCode.USAGE))
+
+
+@main.command("schema")
+@click.argument("name", required=False)
+def schema_cmd(name: str | None) -> None:
+    """Print the JSON Schema (draft 2020-12) of a document gpurace writes or reads: run,
+    report, trace-record, ticket-record, list, check, explore, or scenario (scenario and suite
+    YAML, for editors: point yaml-language-server at it). Without NAME, list the names."""
+    if name is None:
+        click.echo("\n".join(schemas.names()))
+        return
+    if name not in schemas.names():
+        raise TargetError(f"no schema {name!r}; gpurace has {', '.join(schemas.names())}")
+    click.echo(schemas.text(name), nl=False)
 
 
 @main.command("steps")

@@ -64,6 +64,8 @@ def test_the_installed_wheel_runs_the_smoke_suite_from_an_empty_folder(
     assert list(empty.glob("gpurace-reports/run-*/run.json"))
     version = _run(installed, empty, "gpurace", "--version")
     assert version.returncode == 0 and "version" in version.stdout
+    schema = _run(installed, empty, "gpurace", "schema", "run")
+    assert schema.returncode == 0 and json.loads(schema.stdout)["title"] == "gpurace run"
 
 
 def test_the_installed_pytest_plugin_runs_a_scenario_as_a_test(installed: Path,
