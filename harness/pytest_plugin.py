@@ -97,7 +97,7 @@ class VariantItem(pytest.Item):
         # failure text names the incident folders.
         [result] = runner.run([self.scenario]).results
         if result.status is Status.SKIP:
-            pytest.skip(result.reason)
+            pytest.skip(result.reason.replace("--dangerous", "--gpurace-dangerous"))
         if result.status is Status.FAIL:
             raise VariantFailed(_explain(result))
 

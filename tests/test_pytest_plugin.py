@@ -36,7 +36,7 @@ def test_every_variant_is_an_item_and_dangerous_ones_skip(pytester: pytest.Pytes
     # 3 seed scenarios with 2 variants, 12 zoo scenarios with 2 (pytorch-2702 has 3).
     dangerous = 2 * 3  # cross-stream-race, catalog-reactivation, onnxruntime-4829
     result.assert_outcomes(passed=31 - dangerous, skipped=dangerous)
-    assert any("pass --dangerous to run it" in line for line in result.outlines)
+    assert any("pass --gpurace-dangerous to run it" in line for line in result.outlines)
 
 
 def test_k_selects_and_junitxml_records_the_items(pytester: pytest.Pytester,
