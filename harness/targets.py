@@ -23,12 +23,15 @@ PATH_VARIABLE = "GPURACE_PATH"
 
 
 def builtin_root() -> Path:
-    """The built-in scenarios, suites and tickets: the installed package's data, or the
-    checkout's ``scenarios/`` when gpurace runs from a source tree."""
+    """The built-in scenarios, suites and tickets: the ``scenarios/`` beside this code when it
+    runs from a checkout (code and data from one place), else the installed package's data."""
+    checkout = Path(__file__).resolve().parent.parent / "scenarios"
+    if (checkout / "suites").is_dir():
+        return checkout
     spec = importlib.util.find_spec("gpurace_scenarios")
     if spec is not None and spec.submodule_search_locations:
         return Path(next(iter(spec.submodule_search_locations)))
-    return Path(__file__).resolve().parent.parent / "scenarios"
+    return checkout
 
 
 SCENARIO_ROOT = builtin_root()
