@@ -16,7 +16,9 @@ def step_shape(step: object) -> object:
 
 
 class Outcome(str, enum.Enum):
-    """How a trial ended (DESIGN.md, "Outcomes and expectations")."""
+    """How a trial ended: clean, corruption (a check saw stale or torn data), crash (a CUDA
+    error; the context is dead) or hang (the watchdog fired). Whether the detector found a race
+    is told apart, on the trial."""
 
     CLEAN = "clean"
     CORRUPTION = "corruption"  # a check saw stale or torn data
