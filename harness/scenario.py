@@ -178,9 +178,8 @@ def _streams(reader: Reader, node: Node, path: str) -> tuple[StreamSpec, ...]:
     if not f.values:
         raise reader.error(node, path, "declare at least one stream, e.g. "
                            "streams: {compute: non-blocking, copy: non-blocking}")
-    if len(f.values) > L.STREAMS_MAX:
-        raise reader.error(node, path, f"{len(f.values)} streams is more than "
-                           f"{L.STREAMS_MAX}, the most a scenario may declare; use fewer")
+    reader.at_most(node, path, len(f.values), L.STREAMS_MAX, "streams",
+                   "a scenario may declare")
     streams = []
     legacy = None
     for name, value in f.values.items():
@@ -279,9 +278,8 @@ def _variants(reader: Reader, node: Node, path: str,
     if not f.values:
         raise reader.error(node, path, "a scenario needs at least one variant, e.g. "
                            "buggy: {defects: {release_fence: false}, expect: reproduces}")
-    if len(f.values) > L.VARIANTS_MAX:
-        raise reader.error(node, path, f"{len(f.values)} variants is more than "
-                           f"{L.VARIANTS_MAX}, the most a scenario may have; use fewer")
+    reader.at_most(node, path, len(f.values), L.VARIANTS_MAX, "variants",
+                   "a scenario may have")
     return tuple(_variant(reader, f, name, streams) for name in f.values)
 
 

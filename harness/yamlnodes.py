@@ -189,10 +189,16 @@ class Reader:
         self.plain_tag(node, path, "tag:yaml.org,2002:seq")
         if nonempty and not node.value:
             raise self.error(node, path, f"expected {expected}, got an empty list")
-        if limit is not None and len(node.value) > limit:
-            raise self.error(node, path, f"{len(node.value)} {what} is more than {limit}, the "
-                             f"most a file may have; use fewer")
+        if limit is not None:
+            self.at_most(node, path, len(node.value), limit, what)
         return list(node.value)
+
+    def at_most(self, node: Node, path: str, count: int, limit: int, what: str,
+                whose: str = "a file may have") -> None:
+        """Refuse ``count`` items (``what``: "streams") where ``limit`` is the most ``whose``."""
+        if count > limit:
+            raise self.error(node, path, f"{count} {what} is more than {limit}, the most "
+                             f"{whose}; use fewer")
 
     def string(self, node: Node, path: str) -> str:
         value = self.value(node, path)
