@@ -93,11 +93,13 @@ class World:
         self.counters = device.alloc(4 * COUNTED_READS_MAX, name="table-read-counts")
         self.counters_host = device.alloc_host(4 * COUNTED_READS_MAX,
                                                name="table-read-counts-host")
-        used = {int(s.args["byte"]) for s in steps if "byte" in s.args}  # type: ignore
-        self._scrub_bytes = [b for b in range(1, 256) if b not in used]
         self.scrubs = scrubs
         self.scrubbed = 0
+        self._scrub_bytes: list[int] = []
         if scrubs:
+            # Only a world that scrubs needs them: a simulated world is built every trial.
+            used = {int(s.args["byte"]) for s in steps if "byte" in s.args}  # type: ignore
+            self._scrub_bytes = [b for b in range(1, 256) if b not in used]
             self.scrub()
 
     def scrub(self) -> None:
