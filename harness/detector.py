@@ -164,9 +164,6 @@ class _Owners:
         name (a GPU's world lives for thousands of trials)."""
         self._past.clear()
 
-    def live(self) -> list[tuple[int, Owner]]:
-        return [(b, o) for b, owners in self._live.items() for o in owners]
-
 
 class _Record(NamedTuple):
     seq: int

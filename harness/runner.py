@@ -205,7 +205,7 @@ class Runner:
             # Keep what finished, the variant in progress with its trials so far too.
             result.interrupted = signal.Signals(getattr(exc, "signum", signal.SIGINT)).name
             partial = self._running
-            if partial is not None and partial not in result.results:
+            if partial is not None and all(partial is not r for r in result.results):
                 partial.judge()
                 partial.reason = (f"interrupted by {result.interrupted} after "
                                   f"{partial.trials} trials; " + partial.reason).rstrip("; ")
