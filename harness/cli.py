@@ -36,7 +36,7 @@ from harness.minimize import minimize, write_minimized
 from harness.replay import replay_scenario
 
 from harness.model import Scenario, Suite
-from harness.nvml import other_gpu_processes
+from harness.gpu.probe import other_gpu_users
 from harness.outcome import Status, TrialResult, VariantResult
 from reports import (
     ReportError,
@@ -352,7 +352,7 @@ def _check_variants(scenarios: Sequence[Scenario], wanted: Sequence[str]) -> Non
 
 
 def _refuse_busy_gpu(insist: bool) -> None:
-    pids, note = other_gpu_processes()
+    pids, note = other_gpu_users()
     if note:
         err.print(f"[yellow]note:[/] could not check for other GPU users ({note})")
     if pids and not insist:

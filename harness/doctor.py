@@ -13,8 +13,8 @@ from typing import Any
 
 import kvcore
 
-from harness.kernlog import KernelLog
-from harness.nvml import health_snapshot, nvml_summary, other_gpu_processes
+from harness.gpu.kernlog import KernelLog
+from harness.gpu.nvml import health_snapshot, nvml_summary, other_gpu_processes
 
 
 def _check(name: str, ok: bool, detail: str, **data: Any) -> dict[str, Any]:

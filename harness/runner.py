@@ -28,7 +28,8 @@ from harness.incidents import build_report, reproduce_argv
 from harness.model import Scenario, Variant
 from harness.outputs import RunFolder
 from harness.outcome import Outcome, Status, TrialResult, VariantResult
-from harness.watch import GpuWatch, TrialXids
+from harness.gpu.probe import cuda_usable
+from harness.gpu.watch import GpuWatch, TrialXids
 from harness.worker import WorkerJob, worker_main
 from kvcore.device.schedule import Schedule
 from reports import write_incident
@@ -140,7 +141,7 @@ class RunResult:
 def choose_backend(requested: str) -> str:
     if requested == "sim":
         return "sim"
-    ok, why = kvcore.cuda_available()
+    ok, why = cuda_usable()
     if requested == "cuda" and not ok:
         raise BackendUnavailable(f"--backend cuda: {why}")
     return "cuda" if ok else "sim"

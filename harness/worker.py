@@ -41,7 +41,7 @@ class WorkerJob:
 def worker_main(conn: Connection, job: WorkerJob) -> None:
     """Entry point of a worker process. Messages to the parent:
     ("ready", device_info), ("trial", result_json) per trial, ("done",), or ("error", text)."""
-    _die_with(job.parent_pid)
+    die_with_parent(job.parent_pid)
     # Everything the process prints, CUDA's device-side assert messages included, goes to the
     # worker's log: the parent's terminal keeps its progress bar, and reports quote the log.
     log = os.open(job.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -98,9 +98,9 @@ def worker_main(conn: Connection, job: WorkerJob) -> None:
         conn.close()
 
 
-def _die_with(parent: int) -> None:
-    """Tie this worker's life to its parent's: whatever kills the parent (SIGKILL included)
-    kills the worker, even one blocked in a hung kernel, which would otherwise hold the GPU.
+def die_with_parent(parent: int) -> None:
+    """Tie this process's life to its parent's: whatever kills the parent (SIGKILL included)
+    kills it, even a worker blocked in a hung kernel, which would otherwise hold the GPU.
     Ctrl-C is the parent's to handle: it stops the run and writes what finished."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if sys.platform.startswith("linux"):

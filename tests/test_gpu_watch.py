@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from harness import xid as xidmod
-from harness import kernlog
-from harness.kernlog import DmesgReader, KernelLog, LogUnavailable, parse_xid_line
-from harness.nvml import NvmlWatcher, XidEvent, _same_device, health_snapshot, nvml_summary
+from harness.gpu import xid as xidmod
+from harness.gpu import kernlog
+from harness.gpu.kernlog import DmesgReader, KernelLog, LogUnavailable, parse_xid_line
+from harness.gpu.nvml import NvmlWatcher, XidEvent, _same_device, health_snapshot, nvml_summary
 
 LINE_43 = "NVRM: Xid (PCI:0000:00:06): 43, pid=516, name=python3, channel 0x0000000a"
 LINE_31 = ("NVRM: Xid (PCI:0000:00:06): 31, pid=568, name=python3, channel 0x0000000a, intr "
@@ -618,9 +618,138 @@ def test_nvml_summary_with_real_pynvml() -> None:
 
 
 def test_other_gpu_processes_lists_others_and_says_why_not() -> None:
-    from harness.nvml import other_gpu_processes
+    from harness.gpu.nvml import other_gpu_processes
 
     assert other_gpu_processes(nvml=FakeNvml()) == ([4242, 4343], "")
     none = FakeNvml(fail={"nvmlInit": NVMLError_LibraryNotFound("NVML Shared Library Not Found")})
     pids, note = other_gpu_processes(nvml=none)
     assert pids == [] and "Library Not Found" in note
+
+
+# -- the watcher's helper process -------------------------------------------------------------
+
+def test_helper_protocol_sends_events_answers_health_and_stops() -> None:
+    """The helper's loop, in a thread with a fake NVML: ready, each event, a health answer,
+    and a clean stop that releases NVML."""
+    import multiprocessing
+    import threading
+
+    from harness.gpu.watchproc import serve
+
+    fake = FakeNvml()
+    parent, child = multiprocessing.Pipe(duplex=True)
+    helper = threading.Thread(target=serve, args=(
+        child, lambda on_event: NvmlWatcher(nvml=fake, on_event=on_event, wait_ms=20),
+        lambda index: {"index": index, "available": True}))
+    helper.start()
+    ready = parent.recv()
+    assert ready == ("ready", True, [0], "")
+    fake.emit(0, 43)
+    kind, event = parent.recv()
+    assert kind == "event" and (event.xid, event.gpu_index, event.gpu_uuid) == (43, 0, "GPU-0")
+    parent.send(("health", 0))
+    assert parent.recv() == ("health", {"index": 0, "available": True})
+    parent.send(("stop",))
+    assert parent.recv() == ("stopped", "")
+    helper.join(5)
+    assert not helper.is_alive() and fake.shutdowns == fake.inits == 1
+
+
+def test_helper_ends_when_the_parent_end_closes() -> None:
+    import multiprocessing
+    import threading
+
+    from harness.gpu.watchproc import serve
+
+    fake = FakeNvml()
+    parent, child = multiprocessing.Pipe(duplex=True)
+    helper = threading.Thread(target=serve, args=(
+        child, lambda on_event: NvmlWatcher(nvml=fake, on_event=on_event, wait_ms=20)))
+    helper.start()
+    assert parent.recv()[0] == "ready"
+    parent.close()
+    helper.join(5)
+    assert not helper.is_alive() and fake.shutdowns == 1
+
+
+def test_watcher_process_without_a_gpu_says_why_and_leaves_nothing() -> None:
+    """The real helper process, with the real pynvml, on a machine without NVML."""
+    from harness.gpu.watchproc import WatcherProcess
+
+    watcher = WatcherProcess(wait_ms=20)
+    if watcher.start():
+        watcher.stop()
+        pytest.skip("NVML initialized here: this machine has a GPU")
+    assert watcher.note.startswith("NVML is not available here")
+    assert watcher.events_between(0, time.time()) == [] and watcher.watched == []
+    snap = watcher.health()  # answered by the helper, which is still running
+    assert snap["available"] is False and snap["note"].startswith("NVML is not available here")
+    proc = watcher._proc
+    assert proc is not None and proc.is_alive()
+    watcher.stop()
+    assert not proc.is_alive() and watcher._proc is None
+    watcher.stop()  # twice is fine
+
+
+def test_watcher_process_that_dies_is_a_note_not_an_error() -> None:
+    from harness.gpu.watchproc import WatcherProcess
+
+    watcher = WatcherProcess(wait_ms=20)
+    watcher.start()
+    proc = watcher._proc
+    assert proc is not None
+    proc.kill()
+    proc.join(5)
+    assert "the NVML watcher process stopped during the run" in watcher.note
+    assert "exit code -9" in watcher.note
+    assert not watcher.available and watcher.events == []
+    assert watcher.health()["available"] in (True, False)  # taken here, without the helper
+    watcher.stop()
+
+
+# -- the CUDA probe ---------------------------------------------------------------------------
+
+def test_probe_without_cupy_answers_here_and_says_what_to_install() -> None:
+    from harness.gpu.probe import cuda_usable
+
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("CuPy is installed here")
+    ok, why = cuda_usable()
+    assert not ok and "CuPy is not importable" in why and "gpurace[cuda]" in why
+
+
+def test_probe_asks_in_a_child_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where CuPy can be found, the parent never imports it: a child answers. Here CuPy is made
+    findable for the parent only, so the child's import fails and says so."""
+    import importlib.util
+
+    import kvcore.device.cuda
+    from harness.gpu import probe
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: object() if name == "cupy" else real(name, *a))
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("CuPy is installed here")
+    # Answered here, the probe would say this instead:
+    monkeypatch.setattr(kvcore.device.cuda, "available", lambda: (False, "asked in the parent"))
+    ok, why = probe.cuda_usable()
+    assert not ok and "CuPy is not importable" in why
+
+
+def test_a_question_that_fails_or_cannot_travel_is_a_reason() -> None:
+    from harness.gpu.probe import ask
+
+    assert ask(int, "12", what="the test") == (12, "")
+    assert ask(int, "x", what="the test") == (
+        None, "the test failed: ValueError: invalid literal for int() with base 10: 'x'")
+    answer, why = ask(lambda: 1, what="the test")
+    assert answer is None and why.startswith("the test could not start a process")

@@ -18,9 +18,9 @@ from click.testing import CliRunner
 
 import harness.runner
 from harness.cli import main
-from harness.nvml import XidEvent
+from harness.gpu.nvml import XidEvent
 from harness.targets import SCENARIO_ROOT
-from harness.watch import GpuWatch, TrialXids
+from harness.gpu.watch import GpuWatch, TrialXids
 from harness.outputs import sweep_dead_runs
 from reports import list_incidents, load_report
 
@@ -207,7 +207,7 @@ class _FakeNvml:
 
 
 def test_watch_attributes_xids_by_time_and_pid() -> None:
-    from harness.kernlog import KernelLog
+    from harness.gpu.kernlog import KernelLog
 
     lines = ["[1.0] unrelated"]
     klog = KernelLog(read_lines=lambda: list(lines))

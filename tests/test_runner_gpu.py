@@ -86,3 +86,43 @@ def test_hung_worker_killed_gpu_fine_afterwards(tmp_path: Path) -> None:
     assert hung["trials"] == 2 and hung["outcomes"]["hang"] == 2
     assert [r["status"] for r in after] == ["pass", "pass"]  # the GPU runs kernels afterwards
     assert code == 1
+
+
+_PARENT = """
+import json, sys
+from pathlib import Path
+from harness.runner import Runner, RunOptions
+from harness.targets import resolve_targets
+
+if __name__ == "__main__":
+    runner = Runner(RunOptions(backend="cuda", dangerous=True, trials=3, variants=("buggy",),
+                               out_dir=Path(sys.argv[1])))
+    result = runner.run(resolve_targets(["catalog-reactivation"]))
+    maps = open("/proc/self/maps").read()
+    [r] = result.results
+    print(json.dumps({"libcuda": "libcuda.so" in maps, "libnvidia-ml": "libnvidia-ml" in maps,
+                      "cupy": "cupy" in sys.modules, "crashes": r.counts["crash"],
+                      "xids": [x["xid"] for x in r.to_json()["xids"]],
+                      "health": result.health["before"]["available"]}))
+"""
+
+
+def test_the_parent_of_a_crash_run_loads_no_gpu_library(tmp_path: Path) -> None:
+    """Workers and helpers touch the GPU; the parent that supervises them stays plain Python,
+    and still gets each crash's Xid (from the NVML helper) and the GPU's health."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    script = tmp_path / "parent.py"
+    script.write_text(_PARENT)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(root), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=300, cwd=root, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.splitlines()[-1])
+    print("\nparent of a crash run:", seen)
+    assert seen == {"libcuda": False, "libnvidia-ml": False, "cupy": False, "crashes": 3,
+                    "xids": [43], "health": True}

@@ -30,7 +30,7 @@ from harness.runner import RUN_SCHEMA, ExitCode
 from harness.scenario import API_VERSION, KINDS, WORKLOAD_KINDS
 from harness.traces.optrace import TRACE_SCHEMA
 from harness.traces.ticket import KV_DTYPES, TICKET_SCHEMA
-from harness.xid import APPLICATION, GPU_FATAL
+from harness.gpu.xid import APPLICATION, GPU_FATAL
 from kvcore.device.oplog import HOST, HOST_KINDS, KERNEL_PREFIX, STREAM_KINDS as OP_KINDS
 from reports.model import REPORT_SCHEMA
 
@@ -163,7 +163,7 @@ def _finding(folded: bool) -> Schema:
 
 
 def _xid_record() -> Schema:
-    """An Xid a trial saw (harness.watch): NVML's or the kernel log's, or both."""
+    """An Xid a trial saw (harness.gpu.watch): NVML's or the kernel log's, or both."""
     return {"type": "object", "required": ["xid"],
             "properties": {"xid": integer(0), "meaning": nullable(string()),
                            "class": nullable(enum([APPLICATION, GPU_FATAL, "unknown"])),
@@ -181,7 +181,7 @@ def _device() -> Schema:
 def _health() -> Schema:
     return described({"type": "object",
                       "properties": {"available": BOOLEAN, "note": string()}},
-                     "NVML's snapshot of the GPU (harness.nvml.health_snapshot), or why none")
+                     "NVML's snapshot of the GPU (harness.gpu.nvml.health_snapshot), or why none")
 
 
 def _trial() -> Schema:

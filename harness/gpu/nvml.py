@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from harness.xid import XidInfo, describe, is_fatal
+from harness.gpu.xid import XidInfo, describe, is_fatal
 
 # Fallbacks for the event-type bits and query constants, used when a binding (or a test fake)
 # lacks the names; the values are NVML's ABI and do not change.

@@ -1,7 +1,9 @@
 """What the GPU said during a run: NVML Xid events and kernel-log Xid lines, per trial.
 
 One :class:`GpuWatch` lives for a whole run. NVML events carry no pid, so they are attributed
-to a trial by time; kernel-log lines carry the worker's pid, so they are attributed by pid. On the
+to a trial by time; kernel-log lines carry the worker's pid, so they are attributed by pid. NVML
+is watched from a helper process (:mod:`harness.gpu.watchproc`): the run's parent loads no GPU
+library. On the
 simulated device there is nothing to watch, and every answer says so.
 """
 
@@ -12,8 +14,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.kernlog import KernelLog, KernelXid
-from harness.nvml import NvmlWatcher, XidEvent, health_snapshot
+from harness.gpu.kernlog import KernelLog, KernelXid
+from harness.gpu.nvml import XidEvent, health_snapshot
+from harness.gpu.watchproc import WatcherProcess
 
 XID_GRACE_S = 2.0
 """How long to wait after a crash for its Xid: the driver reports it as it tears the context
@@ -38,14 +41,14 @@ class GpuWatch:
 
     def __init__(self, backend: str) -> None:
         self.backend = backend
-        self.nvml: NvmlWatcher | None = None
+        self.nvml: WatcherProcess | None = None
         self.klog: KernelLog | None = None
         self._lines: list[KernelXid] = []
         self.notes: list[str] = []
         if backend != "cuda":
             self.notes.append("the simulated device has no GPU: no Xids to watch")
             return
-        self.nvml = NvmlWatcher()
+        self.nvml = WatcherProcess()
         if not self.nvml.start():
             self.notes.append(f"NVML Xid events unavailable: {self.nvml.note}")
         self.klog = KernelLog()
@@ -55,7 +58,7 @@ class GpuWatch:
     def health(self) -> dict[str, Any]:
         if self.backend != "cuda":
             return {"available": False, "note": "the simulated device has no GPU health"}
-        return health_snapshot()
+        return self.nvml.health() if self.nvml is not None else health_snapshot()
 
     def for_trial(self, pid: int | None, t0: float, crashed: bool) -> TrialXids:
         """The Xids of a trial that started (wall time) at ``t0`` in worker ``pid``; after a

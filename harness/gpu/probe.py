@@ -1,0 +1,80 @@
+"""Questions for the GPU asked in a short-lived child process: is the cuda backend usable, and
+who else is using the GPU.
+
+Asking in the parent would load CuPy, the CUDA driver and NVML into the process that supervises
+a whole run (about 200 MB, and whatever those libraries keep per process for as long as it
+lives). The workers and the NVML helper are the only processes of a run that touch the GPU; the
+parent stays a plain Python program.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import multiprocessing
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import Any
+
+PROBE_TIMEOUT_S = 60.0
+"""How long a probe may take: importing CuPy and initializing the driver, on a loaded host."""
+
+
+def _answer(conn: Connection, question: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    try:
+        conn.send(("ok", question(*args)))
+    except Exception as exc:  # the parent says what failed; the child's traceback is noise
+        conn.send(("failed", f"{type(exc).__name__}: {exc}"))
+    finally:
+        conn.close()
+
+
+def ask(question: Callable[..., Any], *args: Any, what: str) -> tuple[Any, str]:
+    """``(answer, "")`` from ``question(*args)`` run in a spawned child (``question`` must be a
+    module-level function), or ``(None, why)`` when the child could not answer. ``what`` names
+    the question in that reason. Never raises."""
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_answer, args=(child, question, args), name="gpurace-probe",
+                       daemon=True)
+    try:
+        proc.start()
+    except Exception as exc:  # OSError, or a question that does not pickle
+        parent.close()
+        child.close()
+        return None, f"{what} could not start a process: {exc}"
+    child.close()
+    try:
+        if not parent.poll(PROBE_TIMEOUT_S):
+            return None, f"{what} gave no answer within {PROBE_TIMEOUT_S:g} s"
+        status, answer = parent.recv()
+        return (answer, "") if status == "ok" else (None, f"{what} failed: {answer}")
+    except (EOFError, OSError):
+        proc.join(5)
+        return None, f"{what} died (exit code {proc.exitcode})"
+    finally:
+        parent.close()
+        proc.join(5)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+
+
+def cuda_usable() -> tuple[bool, str]:
+    """``(True, "N CUDA device(s)")`` when the cuda backend can run here, else ``(False, why)``.
+    Never raises."""
+    from kvcore.device import cuda_available
+
+    if importlib.util.find_spec("cupy") is None:
+        # Nothing to load: asking here costs nothing and says what to install.
+        return cuda_available()
+    answer, why = ask(cuda_available, what="the CUDA probe")
+    return (bool(answer[0]), str(answer[1])) if answer is not None else (False, why)
+
+
+def other_gpu_users(index: int = 0) -> tuple[list[int], str]:
+    """PIDs of other processes with a compute context on GPU ``index``, and a note when NVML
+    could not tell (see :func:`harness.gpu.nvml.other_gpu_processes`). Never raises."""
+    from harness.gpu.nvml import other_gpu_processes
+
+    answer, why = ask(other_gpu_processes, index, what="the GPU process check")
+    return answer if answer is not None else ([], why)
