@@ -151,6 +151,10 @@ _SHARED_RUN_OPTIONS = [
                       "workers' logs into a folder of its own below it."),
     click.option("--junit", "junit", type=click.Path(dir_okay=False, path_type=Path),
                  help="Also write JUnit XML here: a testcase per scenario variant."),
+    click.option("--poison", is_flag=True,
+                 help="Fill every released page with a poison byte as soon as the pool's "
+                      "ordering allows: a stale reader sees poison, not plausible data. A "
+                      "correct pool never shows it; without its release fence it lands at once."),
     click.option("--record", is_flag=True,
                  help="Keep every trial's op trace (JSON Lines), not only the traces of the "
                       "incidents kept; `gpurace check` reads them."),

@@ -55,7 +55,8 @@ class World:
     and the pinned arena its world buffers and its host_alloc'd buffers come from."""
 
     def __init__(self, scenario: Scenario, device: kvcore.Device,
-                 variant: Variant | None = None, *, scrubs: bool = False) -> None:
+                 variant: Variant | None = None, *, scrubs: bool = False,
+                 poison: bool = False) -> None:
         self.device = device
         self.streams: dict[str, kvcore.device.Stream] = {}
         for spec in (scenario.streams_of(variant) if variant else scenario.streams):
@@ -69,12 +70,18 @@ class World:
         self.context = kvcore.DeviceContext(
             device, stream=self.streams.get("compute", self.check_stream),
             transfer_stream=self.streams.get("transfer", self.check_stream))
+        steps = scenario.steps_of(variant.name) if variant else scenario.steps
+        # Bytes no step writes or expects: what a stale read of a scrubbed or poisoned page
+        # returns cannot be mistaken for data. Worked out only where they are used (a
+        # simulated world is built every trial).
+        unused = _unused_bytes(steps) if scrubs or poison else []
+        self.poison = unused.pop() if poison else None
         spec = scenario.pool
-        self.pool = kvcore.DeviceKVPagePool(self.context, spec.geometry(), spec.pages)
+        self.pool = kvcore.DeviceKVPagePool(self.context, spec.geometry(), spec.pages,
+                                            poison=self.poison)
         self.layout = kvcore.plan_host_kv_page_layout(self.pool.geometry)
         rows = spec.max_pages_per_row or spec.pages
         self.table = kvcore.KVExecutionTablePool(self.pool, spec.table_rows, rows)
-        steps = scenario.steps_of(variant.name) if variant else scenario.steps
         sizes = _host_buffer_sizes(steps)
         allocs = [int(s.args.get("pages", 1)) for s in steps  # type: ignore[arg-type]
                   if s.op == "host_alloc"]
@@ -95,11 +102,8 @@ class World:
                                                name="table-read-counts-host")
         self.scrubs = scrubs
         self.scrubbed = 0
-        self._scrub_bytes: list[int] = []
+        self._scrub_bytes = unused
         if scrubs:
-            # Only a world that scrubs needs them: a simulated world is built every trial.
-            used = {int(s.args["byte"]) for s in steps if "byte" in s.args}  # type: ignore
-            self._scrub_bytes = [b for b in range(1, 256) if b not in used]
             self.scrub()
 
     def scrub(self) -> None:
@@ -111,7 +115,8 @@ class World:
         self.scrubbed += 1
         self.device.memset(self.pool.buffer, 0, self.pool.buffer.nbytes, value,
                            self.check_stream)
-        self.device.synchronize_stream(self.check_stream)
+        # The whole device: the poison of the trial's last releases runs on a stream of its own.
+        self.context.synchronize()
 
     def view(self, pages: int, name: str | None = None) -> kvcore.HostKVAllocationView:
         allocation = self.arena.allocate(self.layout, pages, name=name)
@@ -120,6 +125,12 @@ class World:
 
     def stream(self, name: str) -> kvcore.device.Stream:
         return self.streams[name]
+
+
+def _unused_bytes(steps: tuple[Step, ...]) -> list[int]:
+    """The bytes 1-255 that no step fills, compares or expects, in order."""
+    used = {int(s.args["byte"]) for s in steps if "byte" in s.args}  # type: ignore[call-overload]
+    return [b for b in range(1, 256) if b not in used]
 
 
 def _host_buffer_sizes(steps: tuple[Step, ...]) -> dict[str, tuple[int, bool]]:
@@ -153,7 +164,7 @@ class TrialExecutor:
     def __init__(self, scenario: Scenario, variant: Variant, backend: str, *,
                  amplify: bool = True, delay_us: float | None = None,
                  on_device: Callable[[kvcore.Device], None] | None = None,
-                 schedule: Schedule | None = None) -> None:
+                 schedule: Schedule | None = None, poison: bool = False) -> None:
         self.ticket: Ticket | None = None
         workload = scenario.workload
         if workload is not None and workload.kind == "ticket" and workload.ticket is not None:
@@ -162,6 +173,7 @@ class TrialExecutor:
             scenario = dataclasses.replace(scenario, pool=pool_for(self.ticket))
         self.scenario = scenario
         self.schedule = schedule
+        self.poison = poison  # the pool poisons released pages (see DeviceKVPagePool)
         self.on_device = on_device
         self.variant = variant
         self.backend = backend
@@ -177,7 +189,8 @@ class TrialExecutor:
             # The GPU's world outlives its trials: its pages would still hold the last trial's
             # bytes, which a stale read would take for the right ones. (A simulated device is
             # new every trial, and starts as 0xA5.)
-            self._world = World(scenario, device, variant, scrubs=bool(self.steps))
+            self._world = World(scenario, device, variant, scrubs=bool(self.steps),
+                                poison=poison)
 
     def _open(self, seed: int) -> kvcore.Device:
         device = kvcore.open_device(self.backend, defects=self.variant.defects, seed=seed,
@@ -190,7 +203,7 @@ class TrialExecutor:
 
     def world(self, seed: int) -> World:
         if self._world is None or self.backend == "sim":
-            return World(self.scenario, self._open(seed), self.variant)
+            return World(self.scenario, self._open(seed), self.variant, poison=self.poison)
         return self._world
 
     def run(self, index: int, seed: int) -> TrialResult:

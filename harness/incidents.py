@@ -25,7 +25,7 @@ LAST_OPS = 300
 def reproduce_argv(scenario: Scenario, variant: Variant, trial: TrialResult, *, backend: str,
                    run_seed: int, amplified: bool, delay_us: float | None,
                    delay_overridden: bool, timeout_s: float | None,
-                   schedule: str | None = None) -> list[str]:
+                   schedule: str | None = None, poison: bool = False) -> list[str]:
     """The gpurace command line that runs exactly this trial again."""
     path = scenario.path
     try:
@@ -51,6 +51,8 @@ def reproduce_argv(scenario: Scenario, variant: Variant, trial: TrialResult, *, 
         argv += ["--timeout", f"{timeout_s:g}"]
     if schedule is not None:
         argv += ["--schedule", schedule]
+    if poison:
+        argv.append("--poison")
     return argv
 
 

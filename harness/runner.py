@@ -79,6 +79,7 @@ class RunOptions:
     detect: bool = True  # run the race detector in every trial
     schedule: str | None = None  # replay this schedule token in every trial (sim only)
     record: bool = False  # keep every trial's op trace under out_dir/workers
+    poison: bool = False  # the pool poisons released pages (kvcore's DeviceKVPagePool)
 
 
 class RunHooks:
@@ -106,6 +107,7 @@ class RunResult:
     interrupted: str = ""  # the signal that stopped the run (SIGINT, SIGTERM), or ""
     folder: str = ""  # the run's own folder under --out
     run_id: str = ""
+    poison: bool = False  # released pages were poisoned (--poison)
 
     @property
     def exit_code(self) -> ExitCode:
@@ -129,6 +131,7 @@ class RunResult:
             "backend": self.backend,
             "device": self.device,
             "seed": self.seed,
+            "poison": self.poison,
             "wall_s": round(self.wall_s, 3),
             "exit_code": int(self.exit_code),
             "stopped": self.stopped,
@@ -183,7 +186,7 @@ class Runner:
         # A folder of the run's own under --out: runs that share --out share nothing else.
         self.folder = RunFolder.create(self.options.out_dir or Path(tempfile.mkdtemp(
             prefix="gpurace-")))
-        result = RunResult(self.backend, self.device, self.options.seed,
+        result = RunResult(self.backend, self.device, self.options.seed, poison=self.options.poison,
                            folder=str(self.out_dir), run_id=self.folder.run_id)
         self.started_wall = time.time()
         self.watch = GpuWatch(self.backend)
@@ -266,12 +269,13 @@ class Runner:
             "scenario": scenario.name, "path": str(scenario.path), "variant": variant.name,
             "backend": self.backend, "defects": variant.defects.to_json(),
             "run_seed": opts.seed, "delay_us": delay if amplified else None, "amplify": where,
+            "poison": opts.poison,
         }
         argv = functools.partial(
             reproduce_argv, scenario, variant, backend=self.backend, run_seed=opts.seed,
             amplified=amplified, delay_us=delay,
             delay_overridden=sweep_delay is not None or opts.delay_us is not None,
-            timeout_s=opts.timeout_s, schedule=opts.schedule)
+            timeout_s=opts.timeout_s, schedule=opts.schedule, poison=opts.poison)
         run = _VariantRun(scenario, variant, result,
                           None if where is None else {**where, "delay_us": delay}, argv)
         while pending and not self.stopped:
@@ -280,7 +284,7 @@ class Runner:
             job = WorkerJob(scenario, variant.name, self.backend, tuple(pending), os.getpid(),
                             amplified, delay if amplified else None,
                             str(folder / "worker.log"), str(folder), header, opts.detect,
-                            opts.schedule, opts.record)
+                            opts.schedule, opts.record, opts.poison)
             done = self._supervise(job, timeout, run)
             pending = pending[done:]
         result.judge()

@@ -36,6 +36,7 @@ class WorkerJob:
     detect: bool = True
     schedule: str | None = None  # a schedule token (sim): every trial replays that ordering
     record: bool = False  # keep every trial's op trace, not only the ones that went wrong
+    poison: bool = False  # the pool poisons released pages
 
 
 def worker_main(conn: Connection, job: WorkerJob) -> None:
@@ -67,7 +68,8 @@ def worker_main(conn: Connection, job: WorkerJob) -> None:
         executor = TrialExecutor(scenario, scenario.variant(job.variant), job.backend,
                                  amplify=job.amplify, delay_us=job.delay_us,
                                  on_device=on_device,
-                                 schedule=Schedule.parse(job.schedule) if job.schedule else None)
+                                 schedule=Schedule.parse(job.schedule) if job.schedule else None,
+                                 poison=job.poison)
         conn.send(("ready", {**executor.device_info, "pid": os.getpid()}))
         for index, seed in job.trials:
             recorder.start_trial({**job.header, "trial": index, "seed": seed,

@@ -6,6 +6,9 @@ which streams used each page; with the release fence on (the default, and the fi
 records an event on each of them and the next user of the page waits for those events before
 touching it. ``Defects(release_fence=False)`` skips that: the page is reusable at once, with the
 old owner's copies possibly still in flight.
+
+A pool made with ``poison=BYTE`` fills each released page with that byte as soon as its own
+ordering allows (see ``_poison``), so a stale reader sees poison rather than plausible data.
 """
 
 from __future__ import annotations
@@ -140,7 +143,7 @@ class DeviceKVPagePool:
     """The paged KV page pool under test (see the module docstring)."""
 
     def __init__(self, context: DeviceContext, geometry: KVPageGeometry, pages: int,
-                 *, arena: DeviceArena | None = None) -> None:
+                 *, arena: DeviceArena | None = None, poison: int | None = None) -> None:
         if pages <= 0:
             raise GeometryError(f"a pool needs at least one page, not {pages}")
         self.context = context
@@ -172,6 +175,10 @@ class DeviceKVPagePool:
         self._stream_bits: dict[int, np.uint64] = {}
         self._staging: dict[int, Buffer] = {}
         self._events = 0
+        if poison is not None and not 0 <= poison <= 255:
+            raise GeometryError(f"the poison is one byte, 0-255, not {poison}")
+        self.poison = poison
+        self._poison_stream: Stream | None = None
         # The generation mirror the table reader checks entries against. It is checking state,
         # not state under test, hence the "oracle" role.
         self.generations: Buffer = self.device.alloc_host(
@@ -245,6 +252,8 @@ class DeviceKVPagePool:
             else self._users[np.asarray(indices, np.int64)].tolist()
         if self.defects.release_fence:
             self._fence(indices, masks)
+        if self.poison is not None:
+            self._poison(indices, masks)
         for i in indices:
             self._users[i] = 0
             self._leased[i] = False
@@ -291,6 +300,39 @@ class DeviceKVPagePool:
                 self._event_refs[event.id] = self._event_refs.get(event.id, 0) + 1
             self._fences[index] = by_mask[mask] + self._fences.get(index, ())
             self._fenced[index] = True
+
+    def _poison(self, indices: list[int], masks: list[int]) -> None:
+        """Fill released pages with the poison byte as soon as the pool's own ordering allows,
+        so a stale reader sees poison instead of plausible data.
+
+        With the release fence, the poison runs on a stream of its own that waits for every
+        earlier user of the pages, and the next user waits for the poison: a correct pool never
+        shows it. Without the fence, the pool's only ordering is stream order (a stream-unaware
+        allocator assumes each page lives on one stream): pages that one stream used are
+        poisoned on that stream, behind its work; pages used from several streams, whose
+        reuse nothing orders, are poisoned at once on the poison stream, over whatever of the
+        old owner is still in flight."""
+        if self.defects.release_fence:
+            stream = self._own_poison_stream()
+            fenced = [i for i in indices if self._fenced[i]]
+            if fenced:
+                self._wait_fences(fenced, stream)
+            self._memset_pages(np.sort(np.asarray(indices, np.int64)), self.poison or 0, stream)
+            self._fence(indices, [int(self._stream_bit(stream))] * len(indices))
+            return
+        by_stream: dict[int, list[int]] = {}
+        for index, mask in zip(indices, masks):
+            single = mask and not mask & (mask - 1)
+            key = mask.bit_length() - 1 if single else -1
+            by_stream.setdefault(key, []).append(index)
+        for key, group in by_stream.items():
+            stream = self._streams[key] if key >= 0 else self._own_poison_stream()
+            self._memset_pages(np.sort(np.asarray(group, np.int64)), self.poison or 0, stream)
+
+    def _own_poison_stream(self) -> Stream:
+        if self._poison_stream is None:
+            self._poison_stream = self.device.create_stream("(poison)")
+        return self._poison_stream
 
     def _take_event(self) -> Event:
         """A fence event: a recycled one when there is one. An event may be recorded again
@@ -473,12 +515,15 @@ class DeviceKVPagePool:
 
     def zero_pages(self, handles: Sequence[DeviceKVPageHandle], stream: Stream) -> None:
         """Set the pages to zero on ``stream``; one memset per contiguous run."""
-        indices = np.sort(np.asarray(self._use(handles, stream), np.int64))
+        self._memset_pages(np.sort(np.asarray(self._use(handles, stream), np.int64)), 0, stream)
+
+    def _memset_pages(self, indices: np.ndarray, value: int, stream: Stream) -> None:
+        """Set whole pages (sorted indices) to ``value`` on ``stream``, a memset per run."""
         for run in plan_runs(indices) or ():
             if run.step == 1:
                 self.device.memset(self.buffer, run.first * self.page_stride,
-                                   run.count * self.page_stride, 0, stream)
+                                   run.count * self.page_stride, value, stream)
             else:
                 for k in range(run.count):
                     self.device.memset(self.buffer, (run.first + k * run.step) * self.page_stride,
-                                       self.page_stride, 0, stream)
+                                       self.page_stride, value, stream)

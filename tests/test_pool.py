@@ -258,3 +258,60 @@ def test_fence_events_are_recycled(backend: str, request) -> None:
     waits = [r for r in recorder.records if r.kind == "event_wait"]
     assert len(waits) == 99  # every reuse but the first waited on a fence
     assert len(names) <= 2, names
+
+
+def _poisoned_pool(device: kvcore.Device, one_stream: bool = False):
+    context = DeviceContext(device)
+    pool = DeviceKVPagePool(context, GEOMETRY, 4, poison=0xEE)
+    layout = plan_host_kv_page_layout(GEOMETRY)
+    host = HostKVArena(context, layout.page_stride * 8, [layout])
+    views = [host.writable_view(host.allocate(layout, 1)) for _ in range(3)]
+    lease = pool.materialize(1)[0]
+    views[0].fill(0x11)
+    pool.copy_from_host(views[0], [lease.handle],
+                        context.transfer_stream if one_stream else context.stream)
+    context.synchronize()
+    # The old owner's read, still queued behind 2 ms of other work when the page is released.
+    device.launch(kvcore.device.kernels.Delay(2000), context.transfer_stream)
+    pool.copy_to_host([lease.handle], views[1], context.transfer_stream)
+    lease.release()
+    return context, pool, views
+
+
+def test_poison_waits_for_the_old_owner_and_the_next_owner_waits_for_it(
+        backend: str, request) -> None:
+    """With the release fence, poison lands after every earlier user and before the next one:
+    the old owner's queued read sees its own bytes, and the next owner, who writes nothing
+    first, sees poison rather than the old owner's data."""
+    device = make_device(backend, request)
+    context, pool, views = _poisoned_pool(device)
+    again = pool.materialize(1)[0]
+    assert again.handle.index == 0  # the same page
+    pool.copy_to_host([again.handle], views[2], context.stream)
+    context.synchronize()
+    assert set(views[1].read(0)) == {0x11}
+    assert set(views[2].read(0)) == {0xEE}
+
+
+def test_poison_without_the_fence_lands_under_the_old_owners_read(backend: str, request) -> None:
+    """Without the release fence the poison lands at once: the old owner's queued read sees
+    poison, not plausible data."""
+    device = make_device(backend, request, kvcore.Defects(release_fence=False))
+    context, _, views = _poisoned_pool(device)
+    context.synchronize()
+    assert set(views[1].read(0)) == {0xEE}
+
+
+def test_poison_is_one_byte(backend: str, request) -> None:
+    context = DeviceContext(make_device(backend, request))
+    with pytest.raises(kvcore.GeometryError, match="one byte"):
+        DeviceKVPagePool(context, GEOMETRY, 4, poison=256)
+
+
+def test_poison_without_the_fence_keeps_to_a_pages_one_stream(backend: str, request) -> None:
+    """A stream-unaware pool's ordering is stream order: a page one stream used is poisoned on
+    that stream, behind the old owner's queued read, which sees its own bytes."""
+    device = make_device(backend, request, kvcore.Defects(release_fence=False))
+    context, _, views = _poisoned_pool(device, one_stream=True)
+    context.synchronize()
+    assert set(views[1].read(0)) == {0x11}

@@ -161,3 +161,24 @@ def test_sweep_maps_the_race_window(tmp_path: Path) -> None:
     assert rates[0] <= 0.05 and all(rates[d] == 1.0 for d in (20, 50, 100, 200, 500, 1000))
     assert all(r["sweep"] for r in doc["results"])
     assert code == 0  # a map, not an expectation
+
+
+def test_poison_leaves_every_fixed_variant_clean_and_is_in_the_record(tmp_path: Path) -> None:
+    """--poison on every built-in scenario (the seed's and the zoo's): a correct pool never
+    shows the poison, so every clean-expected variant stays clean and race-free; run.json, each
+    incident's reproduce command and each kept trace say the run was poisoned."""
+    targets = [*ALL, str(SCENARIO_ROOT / "zoo")]
+    code, doc = _run(*targets, "--dangerous", "--poison", "--trials", "5", tmp_path=tmp_path)
+    assert doc["poison"] is True
+    clean = [r for r in doc["results"] if r["expect"] == "clean"]
+    assert len(clean) >= 15
+    for r in clean:
+        assert (r["scenario"], r["outcomes"]["clean"], r["detected"]) == (r["scenario"], 5, 0)
+    buggy = [r for r in doc["results"] if r["reports"]]
+    assert buggy, "no incident to look at"
+    report = json.loads((Path(buggy[0]["reports"][0]) / "report.json").read_text())
+    assert "--poison" in report["reproduce"]["argv"]
+    header = json.loads((Path(buggy[0]["reports"][0]) / "trace.jsonl").read_text()
+                        .splitlines()[0])
+    assert header["poison"] is True
+    assert code == 0

@@ -256,6 +256,7 @@ def run_schema() -> Schema:
         "interrupted": described(string(pattern="^(SIG[A-Z0-9]+)?$"),
                                  "the signal that stopped the run, or empty"),
         "backend": enum(["cuda", "sim"]), "device": ref("device"), "seed": integer(),
+        "poison": described(BOOLEAN, "released pages were poisoned (--poison)"),
         "wall_s": SECONDS, "exit_code": enum(int(c) for c in exits),
         "stopped": string(), "health": closed({"before": nullable(ref("health")),
                                                "after": nullable(ref("health"))}),
@@ -322,6 +323,7 @@ def trace_record_schema() -> Schema:
         "delay_us": nullable(number(0, L.DELAY_MAX_US)),
         "amplify": nullable(closed({"stream": nullable(string()),
                                     "before": nullable(string())})),
+        "poison": described(BOOLEAN, "released pages were poisoned (--poison)"),
         "trial": integer(0, L.SEED_MAX), "seed": integer(0, L.SEED_MAX),
         "pid": integer(0, L.SEED_MAX),
     }, ["type", "schema"])

@@ -36,7 +36,7 @@ _SCHEMA_FAMILY = "gpurace.trace/"
 
 # The header says where the trial came from: enough for `gpurace minimize` to run it again.
 _HEADER_KEYS = ("type", "schema", "level", "scenario", "path", "variant", "backend", "defects",
-                "run_seed", "delay_us", "amplify", "trial", "seed", "pid")
+                "run_seed", "delay_us", "amplify", "poison", "trial", "seed", "pid")
 _BUFFER_KEYS = ("type", "id", "name", "space", "nbytes", "role", "page_bytes")
 _STREAM_KEYS = ("type", "name", "blocking", "legacy", "priority")
 _LABEL_KEYS = ("type", "buffer", "offset", "length", "name")
@@ -163,6 +163,8 @@ class _Parser(LineParser):
                                                     for v in defects.values()):
             raise self.fail("defects", f"must be an object of kvcore defect names to true or "
                                        f"false, not {show(defects)}")
+        if not isinstance(record.get("poison", False), bool):
+            raise self.fail("poison", f"must be true or false, not {show(record['poison'])}")
         amplify = record.get("amplify")
         if amplify is not None and not (
                 isinstance(amplify, dict) and set(amplify) == {"stream", "before"}
