@@ -10,8 +10,11 @@ to every race window.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import math
+import random
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +23,7 @@ import numpy as np
 
 import kvcore
 from harness import batching
+from harness import vocabulary as V
 from harness.footprint import host_bytes
 from harness.limits import COUNTED_READS_MAX
 from harness.model import Amplify, PlaneSpec, PoolSpec, Scenario, Step, Variant
@@ -27,6 +31,46 @@ from harness.outcome import Outcome, TrialResult
 from harness.traces.ticket import Ticket, load_ticket
 from kvcore.device.kernels import Delay
 from kvcore.device.schedule import Schedule
+
+
+@dataclass(frozen=True)
+class Section:
+    """A run of steps on the scenario's own thread (``threads`` empty), or a parallel section:
+    each host thread's steps, in order, the threads in the order they first appear."""
+
+    steps: tuple[Step, ...]
+    threads: tuple[tuple[str, tuple[Step, ...]], ...] = ()
+
+
+def sections(steps: tuple[Step, ...]) -> tuple[Section, ...]:
+    """Consecutive steps with a ``thread`` form a parallel section; the others run in order."""
+    out: list[Section] = []
+    run: list[Step] = []
+    for step in steps:
+        if run and (step.thread is None) != (run[0].thread is None):
+            out.append(_section(run))
+            run = []
+        run.append(step)
+    if run:
+        out.append(_section(run))
+    return tuple(out)
+
+
+def _section(steps: list[Step]) -> Section:
+    if steps[0].thread is None:
+        return Section(tuple(steps))
+    by: dict[str, list[Step]] = {}
+    for step in steps:
+        by.setdefault(str(step.thread), []).append(step)
+    return Section(tuple(steps), tuple((name, tuple(s)) for name, s in by.items()))
+
+
+class _Deadlock(Exception):
+    """No host thread can go on: ends the trial as ``hang``."""
+
+    def __init__(self, step: str, detail: str) -> None:
+        super().__init__(detail)
+        self.step = step
 
 
 class _Corruption(Exception):
@@ -43,6 +87,10 @@ class _HostBuffer:
     pages: int
     readback: bool  # written by the device (copy_to_host): zeroed before every trial
 
+
+_WAITING_STEPS = ("synchronize", "event_query")
+"""Steps that wait for the device: on the GPU, a host thread runs them without holding the
+others back, as an engine's threads do."""
 
 CHECK_STREAM = "(check)"
 """The stream a check reads device pages back on: its own, so that a check adds no ordering to
@@ -164,7 +212,8 @@ class TrialExecutor:
     def __init__(self, scenario: Scenario, variant: Variant, backend: str, *,
                  amplify: bool = True, delay_us: float | None = None,
                  on_device: Callable[[kvcore.Device], None] | None = None,
-                 schedule: Schedule | None = None, poison: bool = False) -> None:
+                 schedule: Schedule | None = None, poison: bool = False,
+                 real_threads: bool | None = None) -> None:
         self.ticket: Ticket | None = None
         workload = scenario.workload
         if workload is not None and workload.kind == "ticket" and workload.ticket is not None:
@@ -174,6 +223,9 @@ class TrialExecutor:
         self.scenario = scenario
         self.schedule = schedule
         self.poison = poison  # the pool poisons released pages (see DeviceKVPagePool)
+        # Host threads: real ones on the GPU; interleaved step by step (by the seed or a
+        # schedule) on the simulated device, which only a schedule can make reproducible.
+        self.real_threads = backend == "cuda" if real_threads is None else real_threads
         self.on_device = on_device
         self.variant = variant
         self.backend = backend
@@ -182,6 +234,8 @@ class TrialExecutor:
             self.amplify.delay_us if self.amplify else None)
         self.amplified_stream = scenario.amplified_stream(variant.name)
         self.steps = scenario.steps_of(variant.name)
+        self.sections = sections(self.steps)
+        self.decisions = 0  # host-thread decisions of the last trial (what explore perturbs)
         self._world: World | None = None
         self.device_info: dict[str, object] = {}
         device = self._open(0)
@@ -218,7 +272,7 @@ class TrialExecutor:
             elif self.scenario.workload is not None:
                 outcome, detail, step, requests = _Conversation(self, world).run()
             else:
-                outcome, detail, step, requests = _Steps(self, world).run()
+                outcome, detail, step, requests = _Steps(self, world, seed).run()
             error = None
         except kvcore.DeviceFaultError as exc:
             outcome, detail, error = Outcome.CRASH, str(exc), exc.cuda_error
@@ -229,6 +283,11 @@ class TrialExecutor:
         return TrialResult(index=index, seed=seed, outcome=outcome, detail=detail,
                            cuda_error=error, step=step, requests=requests,
                            duration_s=time.perf_counter() - start)
+
+    def held_step(self) -> str | None:
+        """The step of a host thread that amplification holds back, if any."""
+        amp = self.amplify
+        return amp.hold if amp is not None and self.delay_us else None
 
     def amplifier(self, world: World, before: str) -> None:
         """Queue the amplifying delay if it belongs before ``before``."""
@@ -242,9 +301,15 @@ class TrialExecutor:
 class _Steps:
     """One trial of a step-list scenario."""
 
-    def __init__(self, executor: TrialExecutor, world: World) -> None:
+    def __init__(self, executor: TrialExecutor, world: World, seed: int = 0) -> None:
         self.ex = executor
         self.w = world
+        self.seed = seed
+        executor.decisions = 0  # counted per trial: a schedule's preemptions name them
+        self.current: Step | None = None  # the step running (the last one begun)
+        self.held: dict[str, str] = {}  # mutex -> the thread holding it (the interleaved threads)
+        self.locks: dict[str, threading.Lock] = {}  # mutex -> lock (real threads, on the GPU)
+        self.freed: dict[str, _HostBuffer] = {}  # host_free'd buffers another thread may use
         self.leases: dict[str, list[kvcore.DeviceKVPageLease]] = {}
         self.catalogs: dict[str, kvcore.KVConversationCatalog] = {}
         self.events: dict[str, kvcore.device.Event] = {}
@@ -257,27 +322,186 @@ class _Steps:
         for buf in w.host.values():
             if buf.readback:
                 buf.view.fill(0)
-        step: Step | None = None
         oplog = w.device.oplog
         try:
-            for step in self.ex.steps:
-                # Set directly, not through oplog.in_step: a context manager per step is a
-                # measurable share of a trial's host time, which sits inside race windows.
-                oplog.step, oplog.origin = step.label, step.origin
-                self.ex.amplifier(w, step.id or "")
-                getattr(self, "_" + step.op)(step)
+            for section in self.ex.sections:
+                if not section.threads:
+                    for step in section.steps:
+                        self._one(step)
+                elif self.ex.real_threads:
+                    self._threads(section)
+                else:
+                    self._interleave(section)
             w.context.synchronize()
             self.idle = True
             self._check_counts()
             return Outcome.CLEAN, "", None, None
         except _Corruption as exc:
             return Outcome.CORRUPTION, str(exc), exc.step, None
+        except _Deadlock as exc:
+            return Outcome.HANG, str(exc), exc.step, None
         except kvcore.DeviceFaultError as exc:
+            step = self.current
             exc.gpurace_step = step.label if step else None  # type: ignore[attr-defined]
             raise
         finally:
             oplog.step = oplog.origin = None
             self._cleanup()
+
+    def _one(self, step: Step) -> None:
+        self.current = step
+        # Set directly, not through oplog.in_step: a context manager per step is a measurable
+        # share of a trial's host time, which sits inside race windows.
+        oplog = self.w.device.oplog
+        oplog.step, oplog.origin = step.label, step.origin
+        self.ex.amplifier(self.w, step.id or "")
+        getattr(self, "_" + step.op)(step)
+
+    # ---- host threads ----------------------------------------------------------------------------
+    def _interleave(self, section: Section) -> None:
+        """A parallel section on the simulated device: one step at a time, from a thread that
+        can go on. A thread keeps going until it ends or must wait, then the first ready thread
+        goes on, except where a preemption switches. Under a schedule the order is the threads'
+        and the preemptions are the schedule's; without one, the trial's seed shuffles the order
+        and preempts now and then (once per thread's worth of steps, on average), as a real
+        scheduler's time slices would."""
+        names = [name for name, _ in section.threads]
+        queues = {name: list(steps) for name, steps in section.threads}
+        schedule = self.ex.schedule
+        order = list(names)
+        rng: random.Random | None = None
+        if schedule is None:
+            rng = random.Random(f"threads-{self.seed}")
+            rng.shuffle(order)
+            chance = len(names) / max(len(section.steps), 1)
+        hold = self.ex.held_step()
+        current: str | None = None
+        while any(queues.values()):
+            ready = [t for t in order if queues[t] and self._ready(queues[t][0])]
+            if not ready:
+                raise self._deadlock(queues)
+            if hold is not None:
+                # The amplified hold: that thread goes on only once no other one can.
+                ready = [t for t in ready if queues[t][0].id != hold] or ready
+            pick = current if current in ready else ready[0]
+            if len(ready) > 1:
+                if rng is not None:
+                    if rng.random() < chance:
+                        pick = rng.choice(ready)
+                else:
+                    wanted = schedule.thread_at(self.ex.decisions)  # type: ignore[union-attr]
+                    if wanted is not None and wanted < len(names) and names[wanted] in ready:
+                        pick = names[wanted]
+                self.ex.decisions += 1
+            current = pick
+            self._threaded(queues[pick].pop(0), pick)
+
+    def _threads(self, section: Section) -> None:
+        """A parallel section on the GPU: a real thread per host thread. A step that names what
+        another thread makes waits until it is made; one thread's device calls are not cut by
+        another's (the op log's step labels are the trial's), except while a step waits for the
+        device or for a mutex."""
+        changed = threading.Condition()
+        issue = threading.Lock()
+        hold = self.ex.held_step()
+        # The simulated device is not thread-safe; its waits take no real time anyway.
+        simulated = self.ex.backend != "cuda"
+        failed: list[BaseException] = []
+
+        def body(name: str, steps: tuple[Step, ...]) -> None:
+            try:
+                for step in steps:
+                    with changed:
+                        changed.wait_for(functools.partial(self._go_on, step, failed))
+                    if failed:
+                        return
+                    if step.id is not None and step.id == hold:
+                        time.sleep(self.ex.delay_us / 1e6)  # type: ignore[operator]
+                    if step.op == "lock" or (step.op in _WAITING_STEPS and not simulated):
+                        self._threaded(step, name)  # blocks: the others must go on meanwhile
+                    else:
+                        with issue:
+                            self._threaded(step, name)
+                    with changed:
+                        changed.notify_all()
+            except BaseException as exc:  # ends the trial; the other threads stop at a step
+                with changed:
+                    failed.append(exc)
+                    changed.notify_all()
+
+        workers = [threading.Thread(target=body, args=item, name=f"gpurace-host-{item[0]}",
+                                    daemon=True) for item in section.threads]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        if failed:
+            raise failed[0]
+
+    def _go_on(self, step: Step, failed: list[BaseException]) -> bool:
+        return bool(failed) or self._ready(step)
+
+    def _threaded(self, step: Step, thread: str) -> None:
+        """One step of a host thread. What the pool refuses here (a lease another thread has
+        released, a pool another thread has emptied) is the race's consequence, not a fault of
+        the scenario: the trial ends as corruption, saying which thread did what."""
+        try:
+            if step.op == "lock":
+                self._take(str(step.args["mutex"]), thread)
+            elif step.op == "unlock":
+                self._give(str(step.args["mutex"]))
+            else:
+                self._one(step)
+        except kvcore.DeviceError:
+            raise
+        except kvcore.KVCoreError as exc:
+            raise _Corruption(step.label, f"{step.label} (thread {thread}): the pool refused: "
+                                          f"{exc}") from exc
+
+    def _take(self, mutex: str, thread: str) -> None:
+        if self.ex.real_threads:
+            self.locks.setdefault(mutex, threading.Lock()).acquire()
+        self.held[mutex] = thread
+
+    def _give(self, mutex: str) -> None:
+        del self.held[mutex]
+        if self.ex.real_threads:
+            self.locks[mutex].release()
+
+    def _ready(self, step: Step) -> bool:
+        """Whether a thread's next step can run now: what it names exists (another thread may
+        not have made it yet), and the mutex it takes is free (on the interleaved device)."""
+        if step.op == "lock" and not self.ex.real_threads and str(step.args["mutex"]) in \
+                self.held:
+            return False
+        return all(self._exists(kind, name) for kind, name in V.uses(step.op, step.args))
+
+    def _exists(self, kind: str, name: str) -> bool:
+        if kind == "lease":
+            return name in self.leases
+        if kind == "catalog":
+            return name in self.catalogs
+        if kind == "event":
+            return name in self.events
+        return name in self.allocs or name in self.w.host or name in self.freed
+
+    def _deadlock(self, queues: dict[str, list[Step]]) -> _Deadlock:
+        waits = []
+        for thread, steps in queues.items():
+            if not steps:
+                continue
+            step = steps[0]
+            if step.op == "lock" and str(step.args["mutex"]) in self.held:
+                mutex = str(step.args["mutex"])
+                waits.append(f"thread {thread} waits at {step.label} for mutex {mutex} (held "
+                             f"by thread {self.held[mutex]})")
+            else:
+                missing = [f"{k} {n}" for k, n in V.uses(step.op, step.args)
+                           if not self._exists(k, n)]
+                waits.append(f"thread {thread} waits at {step.label} for "
+                             f"{', '.join(missing)}, which no thread can make now")
+        first = next(steps[0] for steps in queues.values() if steps)
+        return _Deadlock(first.label, "the host threads deadlocked: " + "; ".join(waits))
 
     def _cleanup(self) -> None:
         """Leave the world as the trial found it: idle, every page free, every row free."""
@@ -310,8 +534,10 @@ class _Steps:
         return [lease_.handle for lease_ in self.leases[str(lease)]]
 
     def _buffer(self, name: object) -> _HostBuffer:
-        """A pinned buffer: one host_alloc'd in this trial, else a world buffer."""
-        return self.allocs.get(str(name)) or self.w.host[str(name)]
+        """A pinned buffer: one host_alloc'd in this trial, else a world buffer, else one that
+        another host thread has freed already (its bytes may be someone else's by now)."""
+        key = str(name)
+        return self.allocs.get(key) or self.w.host.get(key) or self.freed[key]
 
     def _host_fill(self, s: Step) -> None:
         a = s.args
@@ -331,11 +557,13 @@ class _Steps:
     def _host_alloc(self, s: Step) -> None:
         name, pages = str(s.args["buffer"]), int(s.args.get("pages", 1))  # type: ignore
         self.allocs[name] = _HostBuffer(self.w.view(pages, f"buffer {name}"), pages, False)
+        self.freed.pop(name, None)
 
     def _host_free(self, s: Step) -> None:
         after = s.args.get("after", ())
         names = after if isinstance(after, tuple) else (after,)
         buf = self.allocs.pop(str(s.args["buffer"]))
+        self.freed[str(s.args["buffer"])] = buf
         self.w.arena.free(buf.view.allocation, after=tuple(self.events[str(n)] for n in names))
 
     def _copy_from_host(self, s: Step) -> None:

@@ -297,19 +297,21 @@ def _runs_in(step: dict[str, Any], variant: str) -> bool:
 
 
 def _args(step: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in step.items() if k not in ("id", "op", "only")}
+    return {k: v for k, v in step.items() if k not in ("id", "op", "only", "thread")}
 
 
 def _as_steps(raw: list[dict[str, Any]]) -> tuple[Step, ...]:
     return tuple(Step(op=s["op"], args=_args(s), id=s.get("id"), index=i,
                       only=None if "only" not in s else frozenset(
-                          [s["only"]] if isinstance(s["only"], str) else s["only"]))
+                          [s["only"]] if isinstance(s["only"], str) else s["only"]),
+                      thread=s.get("thread"))
                  for i, s in enumerate(raw))
 
 
 def _raw(steps: Sequence[Step]) -> list[dict[str, Any]]:
     return [{**({"id": s.id} if s.id else {}), "op": s.op, **s.args,
-             **({"only": _only(s.only)} if s.only is not None else {})} for s in steps]
+             **({"only": _only(s.only)} if s.only is not None else {}),
+             **({"thread": s.thread} if s.thread is not None else {})} for s in steps]
 
 
 def _only(variants: frozenset[str]) -> str | list[str]:

@@ -69,6 +69,7 @@ class Step:
     index: int = 0
     where: Location | None = None
     only: frozenset[str] | None = None
+    thread: str | None = None  # the host thread it runs on; None: the scenario's own thread
 
     @cached_property
     def label(self) -> str:
@@ -100,12 +101,15 @@ class Amplify:
     """A delay of ``delay_us`` queued on ``stream`` just before step ``before`` (or, in a
     workload, before phase ``before``): it widens the race window so the race shows at once.
     ``stream`` None: the stream of step ``before`` itself, in each variant. ``sweep`` lists
-    delays to map the window with ``--sweep``."""
+    delays to map the window with ``--sweep``. ``hold`` names a step of a host thread: that
+    thread is held back before it, while the other threads go on (on the GPU, it sleeps
+    ``delay_us``), which widens a window between host threads."""
 
     delay_us: float
     stream: str | None
     before: str
     sweep: tuple[float, ...] = ()
+    hold: str | None = None
 
 
 @dataclass(frozen=True)

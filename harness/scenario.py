@@ -401,7 +401,7 @@ def is_file(path: Path) -> bool:
 def _amplify(reader: Reader, node: Node, path: str, steps: tuple[Step, ...],
              workload: Workload | None, variants: tuple[Variant, ...],
              streams: tuple[StreamSpec, ...], declared: bool) -> Amplify:
-    f = reader.mapping(node, path, ("delay_us", "stream", "before", "sweep"),
+    f = reader.mapping(node, path, ("delay_us", "stream", "before", "sweep", "hold"),
                        ("delay_us", "before"), what="amplify")
     delay = reader.number(f.values["delay_us"], f.sub("delay_us"),
                           "a non-negative number of microseconds", limit=L.DELAY_MAX_US,
@@ -430,26 +430,50 @@ def _amplify(reader: Reader, node: Node, path: str, steps: tuple[Step, ...],
         if stream is None:
             raise reader.error(node, path, "amplify needs `stream` in a workload scenario "
                                "(the stream to delay before that phase)")
+        if "hold" in f:
+            raise reader.error(f.keys["hold"], f.sub("hold"), "`hold` holds back a host thread "
+                               "of a step scenario; a workload has none")
         return Amplify(delay_us=delay, stream=stream, before=before, sweep=sweep)
     before = reader.string(before_node, before_path)
-    ids = list(dict.fromkeys(s.id for s in steps if s.id is not None))
-    if before not in ids:
-        known = f"step ids: {_some(ids)}" if ids else \
-            "no step has an id; give the step to delay one"
-        raise reader.error(before_node, before_path,
-                           f"no step has id {echo(before)}{suggest(before, ids)}; {known}")
-    for variant in variants:
-        step = next((s for s in steps if s.id == before and s.runs_in(variant.name)), None)
-        if step is None:
-            other = next(s for s in steps if s.id == before)
-            raise reader.error(before_node, before_path, (
-                f"variant {variant.name} runs no step with id {before!r} (steps[{other.index}] "
-                f"runs only in {', '.join(sorted(other.only or ()))}); amplify a step every "
-                f"variant runs, or give {variant.name} a step with this id"))
+    for step in _every_variants_step(reader, before_node, before_path, before, steps, variants,
+                                     "delay"):
         if stream is None and "stream" not in step.args:
             raise reader.error(node, path, f"step {before!r} runs on no stream ({step.op}); "
                                "say which stream to delay with `stream`")
-    return Amplify(delay_us=delay, stream=stream, before=before, sweep=sweep)
+    hold = None
+    if "hold" in f:
+        hold_node, hold_path = f.values["hold"], f.sub("hold")
+        hold = reader.string(hold_node, hold_path)
+        for step in _every_variants_step(reader, hold_node, hold_path, hold, steps, variants,
+                                         "hold back"):
+            if step.thread is None:
+                raise reader.error(hold_node, hold_path, (
+                    f"step {hold!r} runs on no host thread; `hold` holds a thread back before "
+                    "one of its steps: name a step with `thread:`"))
+    return Amplify(delay_us=delay, stream=stream, before=before, sweep=sweep, hold=hold)
+
+
+def _every_variants_step(reader: Reader, node: Node, path: str, name: str,
+                         steps: tuple[Step, ...], variants: tuple[Variant, ...],
+                         what: str) -> list[Step]:
+    """The step with id ``name`` in each variant (amplify's ``before`` and ``hold``)."""
+    ids = list(dict.fromkeys(s.id for s in steps if s.id is not None))
+    if name not in ids:
+        known = f"step ids: {_some(ids)}" if ids else \
+            f"no step has an id; give the step to {what} one"
+        raise reader.error(node, path,
+                           f"no step has id {echo(name)}{suggest(name, ids)}; {known}")
+    found = []
+    for variant in variants:
+        step = next((s for s in steps if s.id == name and s.runs_in(variant.name)), None)
+        if step is None:
+            other = next(s for s in steps if s.id == name)
+            raise reader.error(node, path, (
+                f"variant {variant.name} runs no step with id {name!r} (steps[{other.index}] "
+                f"runs only in {', '.join(sorted(other.only or ()))}); amplify a step every "
+                f"variant runs, or give {variant.name} a step with this id"))
+        found.append(step)
+    return found
 
 
 # --------------------------------------------------------------------------------------------

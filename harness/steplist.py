@@ -57,6 +57,7 @@ class _Scope:
     catalogs: dict[str, _Catalog] = field(default_factory=dict)
     counted: int = 0  # read_table steps that count instead of asserting
     bytes: set[int] = field(default_factory=set)  # byte values steps write or expect
+    held: dict[tuple[str, str], int] = field(default_factory=dict)  # (thread, mutex) -> lock
 
     def host_pages(self) -> int:
         return sum(self.world.values()) + self.alloc_pages
@@ -105,6 +106,8 @@ class StepList:
         self.nodes = self.reader.sequence(node, path, "a non-empty list of steps",
                                           limit=L.STEPS_MAX, what="steps")
         steps = tuple(self.step(n, f"{path}[{i}]", i) for i, n in enumerate(self.nodes))
+        for v in self.variants:
+            self.end_section(v, self.nodes[-1], f"{path}[{len(self.nodes) - 1}]", "the last step")
         self.check_world_needs()
         return steps
 
@@ -117,7 +120,7 @@ class StepList:
             raise reader.error(node, path, f"a step needs an op; use one of {', '.join(V.OPS)}")
         op = reader.choice(f.values["op"], f.sub("op"), V.OPS, "op")
         spec = V.OPS[op]
-        reader.allow(f, ("id", "op", *V.VARIANT_KEYS, *spec.keys), f" for op {op}")
+        reader.allow(f, (*V.STEP_KEYS, *spec.keys), f" for op {op}")
         reader.require(f, spec.required(), f"a {op} step")
         runs = self.variants_of(f)
         self.runs_everywhere.append(len(runs) == len(self.variants))
@@ -127,11 +130,14 @@ class StepList:
                                f"{spec.id_defines} later steps refer to")
         self.choices(f, spec)
         args = {key: self.arg(op, key, value, f.sub(key), runs)
-                for key, value in f.values.items() if key not in ("id", "op", *V.VARIANT_KEYS)}
+                for key, value in f.values.items() if key not in V.STEP_KEYS}
+        thread = reader.name(f.values[V.THREAD_KEY], f.sub(V.THREAD_KEY)) \
+            if V.THREAD_KEY in f else None
+        self.threads(f, op, args, thread, runs)
         self.effects(f, op, step_id, args, runs)
         only = None if len(runs) == len(self.variants) else frozenset(runs)
         return Step(op=op, args=args, id=step_id, index=index, where=self.where[index],
-                    only=only)
+                    only=only, thread=thread)
 
     def variants_of(self, f: Fields) -> tuple[str, ...]:
         """The variants a step runs in, from its ``only`` or ``unless``."""
@@ -221,6 +227,8 @@ class StepList:
                                  what="microseconds of a delay (10 s; .inf never ends)")
         if holds == V.BOOL:
             return reader.boolean(node, path)
+        if holds == V.MUTEX:
+            return reader.name(node, path)
         if holds in (V.NEW_BUFFER, V.NEW_EVENT):
             name = reader.name(node, path)
             if holds == V.NEW_BUFFER:
@@ -304,6 +312,50 @@ class StepList:
         raise self.reader.error(node, path, f"{kind} {name!r} was {verb} at steps[{gone}] "
                                 f"({self._at(gone)}){where}; it cannot be used after that: "
                                 f"{remedy}")
+
+    # ---- host threads --------------------------------------------------------------------------
+    def threads(self, f: Fields, op: str, args: dict[str, object], thread: str | None,
+                runs: tuple[str, ...]) -> None:
+        """Mutexes are taken and given back by the same thread, never twice, and none is held
+        when its parallel section ends (the steps after it would wait for a thread that waits
+        for nobody)."""
+        if thread is None:
+            for v in runs:
+                self.end_section(v, f.node, f.path, "this step")
+        if op not in ("lock", "unlock"):
+            return
+        node, path = f.values["mutex"], f.sub("mutex")
+        mutex = str(args["mutex"])
+        if thread is None:
+            raise self.reader.error(f.node, f.path, f"{op} is for host threads: give this step "
+                                    "a `thread:` (the thread that takes the mutex)")
+        for v in runs:
+            held = self.scopes[v].held
+            since = held.get((thread, mutex))
+            if op == "lock" and since is not None:
+                raise self.reader.error(node, path, (
+                    f"thread {thread!r} locks mutex {mutex!r} again while it holds it (since "
+                    f"steps[{since}], {self._at(since)}){self._within(v)}: that waits forever; "
+                    "unlock it first"))
+            if op == "unlock" and since is None:
+                raise self.reader.error(node, path, (
+                    f"thread {thread!r} unlocks mutex {mutex!r}, which it does not hold"
+                    f"{self._within(v)}; lock it first, on the same thread"))
+            if op == "lock":
+                held[(thread, mutex)] = self.index
+            else:
+                del held[(thread, mutex)]
+
+    def end_section(self, v: str, node: Node, path: str, what: str) -> None:
+        """The parallel section of variant ``v`` ends at ``what``: no mutex may stay held."""
+        scope = self.scopes[v]
+        if not scope.held:
+            return
+        (thread, mutex), since = next(iter(scope.held.items()))
+        raise self.reader.error(node, path, (
+            f"thread {thread!r} still holds mutex {mutex!r} (locked at steps[{since}], "
+            f"{self._at(since)}) when its threads end at {what}{self._within(v)}; unlock it "
+            "on that thread before"))
 
     # ---- what a step makes and gives back --------------------------------------------------------
     def effects(self, f: Fields, op: str, step_id: str | None, args: dict[str, object],

@@ -25,6 +25,7 @@ ALLOC_BUFFER = "alloc-buffer"  # a pinned host buffer allocated here from the re
 EVENT = "event"          # an event some record_event step recorded
 EVENTS = "events"        # one event, or a list of them
 NEW_EVENT = "new-event"  # an event recorded here (defined if new)
+MUTEX = "mutex"          # a host mutex, named where it is first locked
 
 IN_WORDS = {
     STREAM: "a stream", COUNT: "a number from 1", INDEX: "a number from 0",
@@ -32,6 +33,7 @@ IN_WORDS = {
     BOOL: "true or false", LEASE: "a lease", CATALOG: "a catalog", BUFFER: "a pinned buffer",
     NEW_BUFFER: "a pinned buffer (made here if new)", ALLOC_BUFFER: "a new pinned buffer",
     EVENT: "an event", EVENTS: "an event or a list", NEW_EVENT: "an event (made here if new)",
+    MUTEX: "a host mutex (a name)",
 }
 """What each kind of value is, for `gpurace steps`."""
 
@@ -122,6 +124,9 @@ OPS: dict[str, Op] = {
                       at_most_one=("stream", "event")),
     "delay": Op({"stream": _k(STREAM, True), "us": _k(DURATION, True)},
                 "occupy a stream for some microseconds (.inf: never ends)"),
+    "lock": Op({"mutex": _k(MUTEX, True)},
+               "the host takes a mutex, waiting while another thread holds it"),
+    "unlock": Op({"mutex": _k(MUTEX, True)}, "the host gives back a mutex it holds"),
     "check": Op({"lease": _k(LEASE), "buffer": _k(BUFFER), "equals": _k(BUFFER),
                  "byte": _k(BYTE)},
                 "compare device pages (lease) or a pinned buffer with a buffer or a byte",
@@ -134,6 +139,14 @@ OPS: dict[str, Op] = {
 
 VARIANT_KEYS = ("only", "unless")
 """Keys any step may carry to run in some variants only."""
+
+THREAD_KEY = "thread"
+"""The key any step may carry to run on a host thread of that name. Consecutive steps that
+carry it form a parallel section: each thread runs its own steps in order, the threads run
+concurrently, and the steps after the section wait for all of them."""
+
+STEP_KEYS = ("id", "op", *VARIANT_KEYS, THREAD_KEY)
+"""The keys every step may carry, whatever its op."""
 
 
 def holds(op: str, key: str) -> str:

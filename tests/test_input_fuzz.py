@@ -259,6 +259,8 @@ def scenario_docs(draw: st.DrawFn) -> dict[str, Any]:
             del step[spec.at_most_one[0]]
         if len(variants) > 1 and draw(st.integers(0, 3)) == 0:
             step[draw(st.sampled_from(["only", "unless"]))] = draw(st.sampled_from(variants))
+        if op in ("lock", "unlock") or draw(st.integers(0, 5)) == 0:
+            step[V.THREAD_KEY] = draw(st.sampled_from(["t1", "t2"]))
         steps.append(step)
         for kind, name in V.defines(op, step.get("id"), {k: v for k, v in step.items()
                                                          if k in spec.keys}):
@@ -316,6 +318,7 @@ def _value(holds: str, made: dict[str, list[str]], streams: list[str]) -> st.Sea
         V.NEW_BUFFER: known("buffer"), V.ALLOC_BUFFER: st.sampled_from(NAMES),
         V.EVENTS: st.one_of(known("event"), st.lists(known("event"), min_size=1, max_size=2)),
         V.NEW_EVENT: known("event"),
+        V.MUTEX: st.sampled_from(["m", "n"]),
     }[holds]
 
 

@@ -151,7 +151,7 @@ def test_base_and_defaults(tmp_path: Path) -> None:
 
 def test_every_step_key_has_a_meaning() -> None:
     kinds = {"stream", "count", "index", "pages", "byte", "duration", "bool", "new-buffer",
-             "alloc-buffer", "new-event", *REFERENCES}
+             "alloc-buffer", "new-event", "mutex", *REFERENCES}
     for op, spec in OPS.items():
         assert spec.doc
         for key in spec.keys:
@@ -181,7 +181,9 @@ def test_all_step_ops_accepted(tmp_path: Path) -> None:
     - {op: host_free, buffer: staging, after: done}
     - {op: synchronize, event: done}
     - {id: spare, op: materialize, pages: 1}
-    - {op: release, lease: spare}"""
+    - {op: release, lease: spare}
+    - {op: lock, mutex: pool-lock, thread: t1}
+    - {op: unlock, mutex: pool-lock, thread: t1}"""
     s = load_scenario(write(tmp_path, edited(SYNC, steps)))
     assert {step.op for step in s.steps} == set(OPS)
     by_op = {step.op: step for step in s.steps}  # the last step of each op
@@ -193,6 +195,8 @@ def test_all_step_ops_accepted(tmp_path: Path) -> None:
     assert by_op["host_fill"].args == {"buffer": "staging", "byte": 3, "page": (0, 1)}
     assert by_op["host_free"].args == {"buffer": "staging", "after": "done"}
     assert by_op["catalog"].id == "conv" and by_op["catalog"].args == {}
+    assert by_op["lock"].args == {"mutex": "pool-lock"} and by_op["lock"].thread == "t1"
+    assert by_op["release"].thread is None
 
 
 # --------------------------------------------------------------------------------------------
@@ -220,7 +224,7 @@ CASES = {
     "unknown-step-key": (
         SYNC, "    - {op: synchronize, steam: compute}",
         "17:25: spec.steps[3].steam: unknown key 'steam' for op synchronize (did you mean "
-        "'stream'?); allowed keys: id, op, only, unless, stream, event"),
+        "'stream'?); allowed keys: id, op, only, unless, thread, stream, event"),
     "missing-metadata-name": (
         "  name: demo", "  description: no name",
         "4:3: metadata: metadata is missing the required key 'name'; add it"),
@@ -296,13 +300,14 @@ CASES = {
         "17:12: spec.steps[3].op: unknown op 'synchronise' (did you mean 'synchronize'?); use "
         "one of materialize, release, host_fill, host_alloc, host_free, copy_from_host, "
         "copy_to_host, copy_page, zero_pages, catalog, retain, bind, publish, activate, "
-        "read_table, record_event, wait_event, event_query, synchronize, delay, check"),
+        "read_table, record_event, wait_event, event_query, synchronize, delay, lock, unlock, "
+        "check"),
     "step-without-op": (
         SYNC, "    - {stream: compute}",
         "17:7: spec.steps[3]: a step needs an op; use one of materialize, release, host_fill, "
         "host_alloc, host_free, copy_from_host, copy_to_host, copy_page, zero_pages, catalog, "
         "retain, bind, publish, activate, read_table, record_event, wait_event, event_query, "
-        "synchronize, delay, check"),
+        "synchronize, delay, lock, unlock, check"),
     "step-not-a-mapping": (
         SYNC, "    - synchronize",
         "17:7: spec.steps[3]: expected a step (a mapping with an op), got the string "

@@ -90,7 +90,7 @@ def test_the_step_schema_is_the_vocabulary() -> None:
                "bool": True}
     for op, spec in V.OPS.items():
         step_schema = defs[f"step-{op}"]
-        assert set(step_schema["properties"]) == {"id", "op", "only", "unless", *spec.keys}
+        assert set(step_schema["properties"]) == {*V.STEP_KEYS, *spec.keys}
         step: dict[str, Any] = {"op": op, "id": "s1"}
         for key in spec.required():
             step[key] = samples.get(spec.keys[key].holds, "x")
@@ -346,9 +346,10 @@ def test_bad_list_check_and_explore_documents_are_refused() -> None:
     assert refused("check", _changed(checked, ("schema",), "gpurace.check/2"))
     assert refused("check", {k: v for k, v in checked.items() if k != "schema"})
     explored = {"schema": "gpurace.explore/1", "met": True, "results": [
-        {"scenario": "s", "variant": "v", "strategy": "pct", "ops": 3, "tried": 4,
+        {"scenario": "s", "variant": "v", "strategy": "pct", "ops": 3, "decisions": 2,
+         "tried": 4,
          "stop": "budget", "stop_reason": "the run budget was spent",
-         "failing": [{"token": "s1-2.3", "outcome": "crash", "detail": ""}]}]}
+         "failing": [{"token": "s1-2.3~1.0", "outcome": "crash", "detail": ""}]}]}
     assert_valid("explore", explored)
     for path, value in ((("results", 0, "failing", 0, "token"), "2.3"),
                         (("results", 0, "failing", 0, "outcome"), "clean"),

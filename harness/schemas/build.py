@@ -419,11 +419,11 @@ def check_schema() -> Schema:
 def explore_schema() -> Schema:
     result = closed({
         "scenario": NAME, "variant": NAME, "strategy": enum(s.value for s in Strategy),
-        "ops": integer(0), "tried": integer(0),
+        "ops": integer(0), "decisions": integer(0), "tried": integer(0),
         "stop": enum(s.name.lower() for s in StopReason),
         "stop_reason": enum(s.value for s in StopReason),
         "failing": array(closed({
-            "token": described(string(pattern=r"^s1-([0-9]+(\.[0-9]+)*)?$"),
+            "token": described(string(pattern=r"^s1-([0-9]+(\.[0-9]+)*)?(~[0-9]+\.[0-9]+)*$"),
                                "replay it with `gpurace run --backend sim --schedule TOKEN`"),
             "outcome": enum(o.value for o in Outcome if o.manifested), "detail": string()})),
     })
@@ -469,6 +469,8 @@ def _step(op: str) -> Schema:
         "op": const(op),
         "only": described(variants, "run in these variants only"),
         "unless": described(variants, "run in every variant but these"),
+        V.THREAD_KEY: described(ref("name"), "the host thread it runs on; consecutive steps "
+                                "with a thread run as threads, concurrently"),
     }
     props.update({key: _value(op, key) for key in spec.keys})
     required = ["op", *(("id",) if spec.id_defines else ()), *spec.required()]
@@ -520,6 +522,8 @@ def _scenario_defs() -> dict[str, Schema]:
         "before": described(TEXT, "a step id, or a workload phase: "
                             + ", ".join(WORKLOAD_PHASES)),
         "sweep": array(delay, max_items=L.SWEEP_MAX),
+        "hold": described(ref("name"), "a step of a host thread: the thread is held back "
+                          "before it while the others go on"),
     }, ["delay_us", "before"])
     spec = closed({
         "pool": pool, "streams": streams, "trials": integer(1, L.TRIALS_MAX),
