@@ -444,16 +444,17 @@ def explore_cmd(target: str, variants: Sequence[str], strategy: str, bound: int,
                 found.append((scenario, variant, explore(
                     scenario, variant, Strategy(strategy), bound=bound, depth=depth,
                     runs=runs, seed=seed, first=first)))
-    met = all(bool(e.failing) == (v.expect == "reproduces") for _, v, e in found)
+    met = all(bool(e.failing) == (v.expect != "clean") for _, v, e in found)
     if fmt == "json":
         click.echo(json.dumps({"schema": "gpurace.explore/1", "met": met,
                                "results": [e.to_json() for _, _, e in found]}, indent=2))
     else:
         for scenario, variant, e in found:
-            verdict = "as expected" if bool(e.failing) == (variant.expect == "reproduces") \
+            verdict = "as expected" if bool(e.failing) == (variant.expect != "clean") \
                 else "[bold red]NOT as expected[/]"
+            threads = f" and {e.decisions} thread decisions" if e.decisions else ""
             out.print(f"{e.scenario} ({e.variant}, expects {variant.expect}): {e.tried} "
-                      f"schedules over {e.ops} ops, {len(e.failing)} failing; "
+                      f"schedules over {e.ops} ops{threads}, {len(e.failing)} failing; "
                       f"{e.stop.value}; {verdict}")
             for t in e.failing[:10]:
                 out.print(f"  {t.token}  {t.outcome.value}: {escape(t.detail)}",
