@@ -31,6 +31,7 @@ from harness.outcome import Outcome, TrialResult
 from harness.traces.ticket import Ticket, load_ticket
 from kvcore.device.kernels import Delay
 from kvcore.device.schedule import Schedule
+from kvcore.device.sim import UNWRITTEN
 
 
 @dataclass(frozen=True)
@@ -149,6 +150,9 @@ class World:
         self.counters_host = device.alloc_host(4 * COUNTED_READS_MAX,
                                                name="table-read-counts-host")
         self.scrubs = scrubs
+        # What a page holds before a trial writes it: the last scrub's byte on the GPU, the
+        # simulated device's initial byte on sim. A check that finds it says so.
+        self.unwritten: int | None = UNWRITTEN if device.kind == "sim" else None
         self.scrubbed = 0
         self._scrub_bytes = unused
         if scrubs:
@@ -161,6 +165,7 @@ class World:
         does this at its start and at the end of each trial, once the device is idle."""
         value = self._scrub_bytes[self.scrubbed % len(self._scrub_bytes)]
         self.scrubbed += 1
+        self.unwritten = value
         self.device.memset(self.pool.buffer, 0, self.pool.buffer.nbytes, value,
                            self.check_stream)
         # The whole device: the poison of the trial's last releases runs on a stream of its own.
@@ -310,6 +315,7 @@ class _Steps:
         self.held: dict[str, str] = {}  # mutex -> the thread holding it (the interleaved threads)
         self.locks: dict[str, threading.Lock] = {}  # mutex -> lock (real threads, on the GPU)
         self.freed: dict[str, _HostBuffer] = {}  # host_free'd buffers another thread may use
+        self.wrote: dict[int, list[str]] = {}  # byte -> who wrote it, for a check's findings
         self.leases: dict[str, list[kvcore.DeviceKVPageLease]] = {}
         self.catalogs: dict[str, kvcore.KVConversationCatalog] = {}
         self.events: dict[str, kvcore.device.Event] = {}
@@ -319,9 +325,11 @@ class _Steps:
 
     def run(self) -> tuple[Outcome, str, str | None, int | None]:
         w = self.w
-        for buf in w.host.values():
+        for name, buf in w.host.items():
             if buf.readback:
                 buf.view.fill(0)
+                self._wrote(0, f"buffer {name} as each trial starts it: nothing had landed in "
+                               "it yet")
         oplog = w.device.oplog
         try:
             for section in self.ex.sections:
@@ -543,6 +551,8 @@ class _Steps:
         a = s.args
         view = self._buffer(a["buffer"]).view
         value = int(a["byte"])  # type: ignore[arg-type]
+        self._wrote(value, f"buffer {a['buffer']}, filled at {s.label}" +
+                    (f" (thread {s.thread})" if s.thread else ""))
         if "offset" in a:
             start = view.allocation.offset + int(a["offset"])  # type: ignore[call-overload]
             self.w.device.host_fill(view.buffer, start, int(a.get("length", 1)),  # type: ignore
@@ -582,6 +592,7 @@ class _Steps:
                               self.w.stream(str(a["stream"])))
 
     def _zero_pages(self, s: Step) -> None:
+        self._wrote(0, f"lease {s.args['lease']}, zeroed at {s.label}")
         self.w.pool.zero_pages(self._handles(s.args["lease"]), self.w.stream(str(s.args["stream"])))
 
     def _catalog(self, s: Step) -> None:
@@ -664,7 +675,29 @@ class _Steps:
             got = view.payload(page)
             bad = int(np.count_nonzero(got != want[page]))
             if bad:
-                raise _Corruption(s.label, _describe(s.label, page, got, want[page], bad))
+                raise _Corruption(s.label, self._describe(s.label, page, got, want[page], bad))
+
+    def _wrote(self, value: int, who: str) -> None:
+        said = self.wrote.setdefault(value, [])
+        if who not in said:
+            said.append(who)
+
+    def _describe(self, label: str, page: int, got: np.ndarray, want: np.ndarray,
+                  bad: int) -> str:
+        """What a check found, and whose bytes those are: a buffer a step filled, the pool's
+        poison, or what the page held before the trial wrote it."""
+        values = sorted(set(got[got != want].tolist()))[:4]
+        shown = ", ".join(f"0x{v:02X} ({self._whose(v)})" for v in values)
+        return (f"{label}: page {page}: {bad}/{got.size} bytes differ from what was expected "
+                f"(0x{int(want[0]):02X}...); found {shown}")
+
+    def _whose(self, value: int) -> str:
+        said = list(self.wrote.get(value, ()))
+        if value == self.w.poison:
+            said.append("the pool's poison: the page had been released")
+        if value == self.w.unwritten:
+            said.append("what the page held before this trial: nothing wrote it yet")
+        return "; ".join(said) or "no step of this trial wrote it"
 
     def _check_counts(self) -> None:
         if not self.counted:
@@ -679,11 +712,6 @@ class _Steps:
                                          f"out-of-range entries")
 
 
-def _describe(label: str, page: int, got: np.ndarray, want: np.ndarray, bad: int) -> str:
-    values = sorted(set(got[got != want].tolist()))[:4]
-    shown = ", ".join(f"0x{v:02X}" for v in values)
-    return (f"{label}: page {page}: {bad}/{got.size} bytes differ from what was expected "
-            f"(0x{int(want[0]):02X}...); found {shown}")
 
 
 class _RequestLoop:

@@ -182,3 +182,21 @@ def test_poison_leaves_every_fixed_variant_clean_and_is_in_the_record(tmp_path: 
                         .splitlines()[0])
     assert header["poison"] is True
     assert code == 0
+
+
+def test_a_check_says_whose_bytes_it_found(tmp_path: Path) -> None:
+    """A corruption names where the bytes it found came from: a buffer a step filled, the
+    pool's poison, what a page held before the trial, a read-back buffer nothing landed in."""
+    def detail(name: str, *args: str) -> str:
+        _, doc = _run(name, "--dangerous", "--variant", "buggy", "--trials", "1", *args,
+                      tmp_path=tmp_path)
+        return doc["results"][0]["first_manifested"]["detail"]
+
+    assert detail("release-fence").endswith(
+        "found 0xCD (buffer fresh, filled at 7:host_fill)")
+    assert detail("cross-stream-race", "--poison").endswith(
+        "found 0xFF (the pool's poison: the page had been released)")
+    assert detail("pytorch-2702").endswith(
+        "found 0xA5 (what the page held before this trial: nothing wrote it yet)")
+    assert detail("vllm-36013").endswith(
+        "found 0x00 (buffer accepted-cpu as each trial starts it: nothing had landed in it yet)")

@@ -41,6 +41,9 @@ from kvcore.device.kernels import (
 )
 from kvcore.errors import DeviceFaultError, DeviceUsageError
 
+UNWRITTEN = 0xA5
+"""The byte simulated device memory holds until something writes it."""
+
 NEVER = 1 << 62
 """The end time of an op that never ends (a hung kernel)."""
 
@@ -172,7 +175,7 @@ class SimDevice(Device):
     def _do_alloc(self, nbytes: int, space: str) -> object:
         # Device memory starts as garbage on a GPU; a fixed pattern keeps the simulator
         # deterministic while still not looking like valid data.
-        return np.full(nbytes, 0xA5 if space == DEVICE else 0, np.uint8)
+        return np.full(nbytes, UNWRITTEN if space == DEVICE else 0, np.uint8)
 
     def _do_event(self) -> object:
         return _Event()
