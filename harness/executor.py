@@ -289,10 +289,10 @@ class TrialExecutor:
                            cuda_error=error, step=step, requests=requests,
                            duration_s=time.perf_counter() - start)
 
-    def held_step(self) -> str | None:
-        """The step of a host thread that amplification holds back, if any."""
+    def held_steps(self) -> tuple[str, ...]:
+        """The steps of host threads that amplification holds back, in the order they go on."""
         amp = self.amplify
-        return amp.hold if amp is not None and self.delay_us else None
+        return amp.hold if amp is not None and self.delay_us else ()
 
     def amplifier(self, world: World, before: str) -> None:
         """Queue the amplifying delay if it belongs before ``before``."""
@@ -382,15 +382,17 @@ class _Steps:
             rng = random.Random(f"threads-{self.seed}")
             rng.shuffle(order)
             chance = len(names) / max(len(section.steps), 1)
-        hold = self.ex.held_step()
+        hold = self.ex.held_steps()
         current: str | None = None
         while any(queues.values()):
             ready = [t for t in order if queues[t] and self._ready(queues[t][0])]
             if not ready:
                 raise self._deadlock(queues)
-            if hold is not None:
-                # The amplified hold: that thread goes on only once no other one can.
-                ready = [t for t in ready if queues[t][0].id != hold] or ready
+            if hold:
+                # The amplified hold: a held thread goes on only once no other one can, and
+                # then the one held first in the list.
+                free = [t for t in ready if queues[t][0].id not in hold]
+                ready = free or [min(ready, key=lambda t: hold.index(str(queues[t][0].id)))]
             pick = current if current in ready else ready[0]
             if len(ready) > 1:
                 if rng is not None:
@@ -411,7 +413,7 @@ class _Steps:
         device or for a mutex."""
         changed = threading.Condition()
         issue = threading.Lock()
-        hold = self.ex.held_step()
+        hold = self.ex.held_steps()
         # The simulated device is not thread-safe; its waits take no real time anyway.
         simulated = self.ex.backend != "cuda"
         failed: list[BaseException] = []
@@ -423,8 +425,8 @@ class _Steps:
                         changed.wait_for(functools.partial(self._go_on, step, failed))
                     if failed:
                         return
-                    if step.id is not None and step.id == hold:
-                        time.sleep(self.ex.delay_us / 1e6)  # type: ignore[operator]
+                    if step.id is not None and step.id in hold:
+                        time.sleep((hold.index(step.id) + 1) * self.ex.delay_us / 1e6)  # type: ignore
                     if step.op == "lock" or (step.op in _WAITING_STEPS and not simulated):
                         self._threaded(step, name)  # blocks: the others must go on meanwhile
                     else:

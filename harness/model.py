@@ -101,15 +101,16 @@ class Amplify:
     """A delay of ``delay_us`` queued on ``stream`` just before step ``before`` (or, in a
     workload, before phase ``before``): it widens the race window so the race shows at once.
     ``stream`` None: the stream of step ``before`` itself, in each variant. ``sweep`` lists
-    delays to map the window with ``--sweep``. ``hold`` names a step of a host thread: that
-    thread is held back before it, while the other threads go on (on the GPU, it sleeps
-    ``delay_us``), which widens a window between host threads."""
+    delays to map the window with ``--sweep``. ``hold`` names steps of host threads: a thread
+    whose next step is held waits while another thread can go on, and when every thread waits
+    at a held step, the one first in ``hold`` goes on (on the GPU, a thread sleeps ``delay_us``
+    times its step's place in ``hold``, from 1): the windows between host threads, widened."""
 
     delay_us: float
     stream: str | None
     before: str
     sweep: tuple[float, ...] = ()
-    hold: str | None = None
+    hold: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

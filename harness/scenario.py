@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from yaml.nodes import MappingNode, Node, ScalarNode
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 import kvcore
 from harness import limits as L
@@ -440,17 +440,25 @@ def _amplify(reader: Reader, node: Node, path: str, steps: tuple[Step, ...],
         if stream is None and "stream" not in step.args:
             raise reader.error(node, path, f"step {before!r} runs on no stream ({step.op}); "
                                "say which stream to delay with `stream`")
-    hold = None
+    held: list[str] = []
     if "hold" in f:
-        hold_node, hold_path = f.values["hold"], f.sub("hold")
-        hold = reader.string(hold_node, hold_path)
-        for step in _every_variants_step(reader, hold_node, hold_path, hold, steps, variants,
-                                         "hold back"):
-            if step.thread is None:
-                raise reader.error(hold_node, hold_path, (
-                    f"step {hold!r} runs on no host thread; `hold` holds a thread back before "
-                    "one of its steps: name a step with `thread:`"))
-    return Amplify(delay_us=delay, stream=stream, before=before, sweep=sweep, hold=hold)
+        node_, path_ = f.values["hold"], f.sub("hold")
+        items = reader.sequence(node_, path_, "a step id or a list of them",
+                                limit=L.STEPS_MAX, what="held steps") \
+            if isinstance(node_, SequenceNode) else [node_]
+        for i, item in enumerate(items):
+            where = f"{path_}[{i}]" if isinstance(node_, SequenceNode) else path_
+            name = reader.string(item, where)
+            if name in held:
+                raise reader.error(item, where, f"step {name!r} is held twice; name it once")
+            for step in _every_variants_step(reader, item, where, name, steps, variants,
+                                             "hold back"):
+                if step.thread is None:
+                    raise reader.error(item, where, (
+                        f"step {name!r} runs on no host thread; `hold` holds a thread back "
+                        "before one of its steps: name a step with `thread:`"))
+            held.append(name)
+    return Amplify(delay_us=delay, stream=stream, before=before, sweep=sweep, hold=tuple(held))
 
 
 def _every_variants_step(reader: Reader, node: Node, path: str, name: str,

@@ -522,8 +522,9 @@ def _scenario_defs() -> dict[str, Schema]:
         "before": described(TEXT, "a step id, or a workload phase: "
                             + ", ".join(WORKLOAD_PHASES)),
         "sweep": array(delay, max_items=L.SWEEP_MAX),
-        "hold": described(ref("name"), "a step of a host thread: the thread is held back "
-                          "before it while the others go on"),
+        "hold": described({"anyOf": [ref("name"), array(ref("name"), 1)]},
+                          "steps of host threads: each thread is held back before its step "
+                          "while another can go on; when all are held, the first listed goes on"),
     }, ["delay_us", "before"])
     spec = closed({
         "pool": pool, "streams": streams, "trials": integer(1, L.TRIALS_MAX),
