@@ -437,6 +437,9 @@ class _Steps:
             except BaseException as exc:  # ends the trial; the other threads stop at a step
                 with changed:
                     failed.append(exc)
+                    # A thread waiting for a mutex this one holds must not wait forever.
+                    for mutex in [m for m, t in self.held.items() if t == name]:
+                        self._give(mutex)
                     changed.notify_all()
 
         workers = [threading.Thread(target=body, args=item, name=f"gpurace-host-{item[0]}",

@@ -228,6 +228,31 @@ def test_real_threads_run_the_same_scenarios(tmp_path: Path) -> None:
     # Whichever thread goes first, real threads: a read of a released page is refused.
     results = {executor.run(i, i).outcome.value for i in range(20)}
     assert results <= {"clean", "corruption"}
+    # A thread that fails holding a mutex gives it back: the one waiting for it ends too.
+    failing = HEAD.replace("buggy: {expect: reproduces}\n", "") + """\
+  amplify: {delay_us: 20000, before: pause, hold: [a-check]}
+  steps:
+    - {op: host_fill, buffer: data, byte: 1}
+    - {op: lock, mutex: m, thread: a}
+    - {id: pause, op: delay, us: 10, stream: s, thread: a}
+    - {id: a-check, op: check, buffer: data, byte: 2, thread: a}
+    - {op: unlock, mutex: m, thread: a}
+    - {op: lock, mutex: m, thread: b}
+    - {op: unlock, mutex: m, thread: b}
+"""
+    import threading
+
+    scenario_f = load_scenario(_write(tmp_path, failing))
+    # Held before its check, thread a sleeps with the mutex: b is waiting for it by then.
+    executor_f = TrialExecutor(scenario_f, scenario_f.variant("fixed"), "sim", real_threads=True)
+    seen: list[str] = []
+    for i in range(10):
+        trial = threading.Thread(target=lambda i=i: seen.append(
+            executor_f.run(i, i).outcome.value), daemon=True)
+        trial.start()
+        trial.join(10)
+        assert not trial.is_alive(), f"trial {i} hangs: a mutex was never given back"
+    assert seen == ["corruption"] * 10
     interleaved = TrialExecutor(scenario, scenario.variant("fixed"), "sim",
                                 schedule=Schedule.parse("s1-~0.1"))
     result = interleaved.run(0, 0)
