@@ -97,13 +97,11 @@ class _Judge:
     wrote, say), or has lost the fix, not this one."""
 
     def __init__(self, variant: Variant, clean: tuple[Variant, ...], failure: Failure,
-                 amplified: bool, delay_us: float | None, seed: int) -> None:
+                 how: _HowRun) -> None:
         self.variant = variant
         self.clean = clean or (dataclasses.replace(variant, defects=kvcore.Defects()),)
         self.failure = failure
-        self.amplified = amplified
-        self.delay_us = delay_us
-        self.seed = seed
+        self.how = how
         self.tries = 0
 
     def fails(self, scenario: Scenario) -> bool:
@@ -120,18 +118,30 @@ class _Judge:
     def _run(self, scenario: Scenario,
              variant: Variant) -> tuple[Outcome, list[dict[str, Any]]] | None:
         try:
-            return _trial(scenario, variant, self.amplified, self.delay_us, self.seed)
+            return _trial(scenario, variant, self.how)
         except (kvcore.KVCoreError, KeyError, IndexError, ValueError):
             return None  # a candidate that cannot even run (pool exhausted, a dangling name)
 
 
-def _trial(scenario: Scenario, variant: Variant, amplified: bool, delay: float | None,
-           seed: int) -> tuple[Outcome, list[dict[str, Any]]]:
+@dataclass(frozen=True)
+class _HowRun:
+    """How the failing trial ran, and so how every candidate runs: its amplification, its seed
+    and whether released pages were poisoned."""
+
+    amplified: bool
+    delay_us: float | None
+    seed: int
+    poison: bool = False
+
+
+def _trial(scenario: Scenario, variant: Variant,
+           how: _HowRun) -> tuple[Outcome, list[dict[str, Any]]]:
     """One sim trial with the detector on: its outcome and its findings."""
     detector = RaceDetector()
-    executor = TrialExecutor(scenario, variant, "sim", amplify=amplified, delay_us=delay,
+    executor = TrialExecutor(scenario, variant, "sim", amplify=how.amplified,
+                             delay_us=how.delay_us, poison=how.poison,
                              on_device=detector.attach)
-    result = executor.run(0, seed)
+    result = executor.run(0, how.seed)
     return result.outcome, [f.to_json() for f in detector.findings]
 
 
@@ -327,9 +337,7 @@ class _Origin:
 
     scenario: Scenario
     variant: Variant
-    amplified: bool
-    delay_us: float | None
-    seed: int
+    how: _HowRun
     failure: Failure
 
 
@@ -345,12 +353,12 @@ def minimize(source: Path, *, defects: tuple[str, ...] = (), amplify: bool | Non
     else:
         origin = _from_ticket(source, defects, amplify)
     scenario, variant, failure = origin.scenario, origin.variant, origin.failure
-    amplified, delay, seed = origin.amplified, origin.delay_us, origin.seed
+    amplified = origin.how.amplified
     # A step scenario keeps its own variants (a fix written as steps must stay clean); a
     # workload's or a ticket's steps are judged against the failing variant with no defect.
     own_variants = scenario.workload is None
     clean = tuple(v for v in scenario.variants if v.expect == "clean") if own_variants else ()
-    judge = _Judge(variant, clean, failure, amplified, delay, seed)
+    judge = _Judge(variant, clean, failure, origin.how)
     names = [v.name for v in scenario.variants]
     say(f"the failure to keep: it {failure.describe()}")
 
@@ -443,8 +451,9 @@ def _from_incident(source: Path, amplify: bool | None) -> _Origin:
     scenario = _scenario_at(path, replayed, defects, f"{file}: scenario.path")
     variant = _variant(scenario, _field(report, "variant.name", str, file),
                        f"{file}: variant.name")
-    return _Origin(scenario, variant, amp is not None if amplify is None else amplify, delay,
-                   _field(report, "trial.seed", int, file), _failure(report, file))
+    how = _HowRun(amp is not None if amplify is None else amplify, delay,
+                  _field(report, "trial.seed", int, file), poison="--poison" in argv)
+    return _Origin(scenario, variant, how, _failure(report, file))
 
 
 def _field(report: dict[str, Any], key: str, kind: type, file: Path,
@@ -488,20 +497,21 @@ def _from_op_trace(source: Path, amplify: bool | None) -> _Origin:
     scenario = _scenario_at(path, path.suffix == ".jsonl", header.get("defects", {}), at("path"))
     variant = _variant(scenario, header["variant"], at("variant"))
     amplified = header.get("amplify") is not None if amplify is None else amplify
-    delay, seed = header.get("delay_us"), int(header["seed"])
+    delay = header.get("delay_us")
     if amplified and delay is None and scenario.amplify is not None:
         delay = scenario.amplify.delay_us
+    how = _HowRun(amplified, delay, int(header["seed"]), bool(header.get("poison", False)))
     # The trial again on sim says whether it manifests; the trace itself may hold a race the
     # detector finds even when the run did not manifest it.
     try:
-        failure = _observe(scenario, variant, amplified, delay, seed)
+        failure = _observe(scenario, variant, how)
     except TargetError:
         findings = [f.to_json() for f in check_trace(trace.records).findings]
         if not findings:
             raise TargetError(f"{source}: the trial neither fails again on the simulated device "
                               "nor holds a race the detector finds; nothing to minimize") from None
         failure = Failure(None, _race_key(findings[0]))
-    return _Origin(scenario, variant, amplified, delay, seed, failure)
+    return _Origin(scenario, variant, how, failure)
 
 
 def _from_ticket(source: Path, defects: tuple[str, ...], amplify: bool | None) -> _Origin:
@@ -511,10 +521,9 @@ def _from_ticket(source: Path, defects: tuple[str, ...], amplify: bool | None) -
                           "makes it fail with --defect (e.g. publish_on_legacy_stream)")
     scenario = replay_scenario(source, defects)
     variant = scenario.variants[0]
-    amplified = True if amplify is None else amplify
-    delay = scenario.amplify.delay_us if scenario.amplify else None
-    return _Origin(scenario, variant, amplified, delay, 0,
-                   _observe(scenario, variant, amplified, delay, 0))
+    how = _HowRun(True if amplify is None else amplify,
+                  scenario.amplify.delay_us if scenario.amplify else None, 0)
+    return _Origin(scenario, variant, how, _observe(scenario, variant, how))
 
 
 def _header_line(source: Path) -> str:
@@ -580,9 +589,8 @@ def _failure(report: dict[str, Any], file: Path) -> Failure:
                           "trial again for a new one") from None
 
 
-def _observe(scenario: Scenario, variant: Variant, amplified: bool, delay: float | None,
-             seed: int) -> Failure:
-    outcome, findings = _trial(scenario, variant, amplified, delay, seed)
+def _observe(scenario: Scenario, variant: Variant, how: _HowRun) -> Failure:
+    outcome, findings = _trial(scenario, variant, how)
     if outcome is not Outcome.CLEAN:
         return Failure(outcome, None)
     if findings:

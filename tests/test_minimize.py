@@ -138,3 +138,26 @@ def test_a_fix_written_as_steps_survives_minimization(tmp_path: Path) -> None:
     assert code == 0
     assert by["buggy"]["manifested"] == by["buggy"]["trials"]
     assert by["fixed"]["manifested"] == 0 and by["fixed"]["detected"] == 0
+
+
+def test_a_poisoned_trial_is_minimized_with_poison(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The candidates of a trial that ran with --poison run with it too, from an incident or
+    from its trace; and the minimized scenario still fails."""
+    import harness.minimize as m
+
+    seen: list[bool] = []
+    real = m._trial
+    monkeypatch.setattr(m, "_trial", lambda s, v, how: seen.append(how.poison) or real(s, v, how))
+    incident = _incident(tmp_path, "run", "cross-stream-race", "--dangerous", "--variant",
+                         "buggy", "--poison")
+    _minimize(incident, tmp_path / "small.yaml")
+    assert seen and all(seen)
+    seen.clear()
+    _minimize(incident / "trace.jsonl", tmp_path / "small2.yaml")
+    assert seen and all(seen)
+    seen.clear()
+    plain = _incident(tmp_path / "plain", "run", "cross-stream-race", "--dangerous", "--variant",
+                      "buggy")
+    _minimize(plain, tmp_path / "small3.yaml")
+    assert seen and not any(seen)
