@@ -233,8 +233,9 @@ def schema_cmd(name: str | None) -> None:
               show_default=True)
 def steps_cmd(fmt: str) -> None:
     """The step vocabulary of scenario files: every op, its keys (required ones marked *), and
-    what it does. Any step may also carry `id`, and `only` or `unless` (a variant name or a
-    list) to run in some variants only."""
+    what it does. Any step may also carry `id`, `only` or `unless` (a variant name or a list)
+    to run in some variants only, and `thread` (a host thread's name: consecutive steps with a
+    thread run as concurrent threads)."""
     ops = {op: {"keys": {k: {"holds": vocabulary.IN_WORDS[key.holds], "required": key.required}
                          for k, key in spec.keys.items()}, "does": spec.doc}
            for op, spec in vocabulary.OPS.items()}

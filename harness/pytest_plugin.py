@@ -41,6 +41,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--gpurace-seed", type=int, default=0, help="The run's seed (default 0).")
     group.addoption("--gpurace-dangerous", action="store_true",
                     help="Run dangerous variants too (they may crash a worker's CUDA context).")
+    group.addoption("--gpurace-poison", action="store_true",
+                    help="Poison released pages (as `gpurace run --poison`): a stale reader "
+                         "sees poison; a correct pool never shows it.")
     group.addoption("--gpurace-out", default="gpurace-reports",
                     help="Folder for the runs' reports (default: gpurace-reports).")
 
@@ -88,7 +91,8 @@ class VariantItem(pytest.Item):
                              dangerous=config.getoption("gpurace_dangerous"),
                              trials=config.getoption("gpurace_trials"),
                              seed=config.getoption("gpurace_seed"), variants=(self.variant,),
-                             out_dir=Path(config.getoption("gpurace_out")))
+                             out_dir=Path(config.getoption("gpurace_out")),
+                             poison=config.getoption("gpurace_poison"))
         try:
             runner = Runner(options)
         except BackendUnavailable as exc:

@@ -718,6 +718,7 @@ def test_probe_without_cupy_answers_here_and_says_what_to_install() -> None:
         pass
     else:
         pytest.skip("CuPy is installed here")
+    cuda_usable.cache_clear()
     ok, why = cuda_usable()
     assert not ok and "CuPy is not importable" in why and "gpurace[cuda]" in why
 
@@ -741,7 +742,9 @@ def test_probe_asks_in_a_child_process(monkeypatch: pytest.MonkeyPatch) -> None:
         pytest.skip("CuPy is installed here")
     # Answered here, the probe would say this instead:
     monkeypatch.setattr(kvcore.device.cuda, "available", lambda: (False, "asked in the parent"))
+    probe.cuda_usable.cache_clear()
     ok, why = probe.cuda_usable()
+    probe.cuda_usable.cache_clear()  # what was asked with cupy made findable is no answer here
     assert not ok and "CuPy is not importable" in why
 
 

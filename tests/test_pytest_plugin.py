@@ -3,6 +3,7 @@ and -p no:gpurace."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -90,3 +91,17 @@ def test_files_named_gpurace_yaml_are_collected_and_the_plugin_can_be_turned_off
     pytester.runpytest_subprocess(*SIM).assert_outcomes(passed=2)
     off = pytester.runpytest_subprocess("-p", "no:gpurace", "-p", "no:cacheprovider")
     assert off.ret == pytest.ExitCode.NO_TESTS_COLLECTED
+
+
+def test_poison_and_out_reach_the_runs(pytester: pytest.Pytester, scenarios: Path) -> None:
+    """--gpurace-poison and --gpurace-out reach the runs; and an output folder named `reports`
+    in the working directory (a plain folder, as a run makes it) does not hide gpurace's own
+    `reports` package from the workers."""
+    out = pytester.path / "reports"
+    result = pytester.runpytest_subprocess("--gpurace", str(scenarios / "release_fence.yaml"),
+                                           *SIM, "--gpurace-trials", "2", "--gpurace-poison",
+                                           f"--gpurace-out={out}")
+    result.assert_outcomes(passed=2)
+    incidents = [json.loads(p.read_text()) for p in out.glob("run-*/*/report.json")]
+    assert len(incidents) == 2  # the buggy variant's two trials
+    assert all("--poison" in r["reproduce"]["argv"] for r in incidents)

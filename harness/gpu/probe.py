@@ -9,6 +9,7 @@ parent stays a plain Python program.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import multiprocessing
 from collections.abc import Callable
@@ -59,9 +60,11 @@ def ask(question: Callable[..., Any], *args: Any, what: str) -> tuple[Any, str]:
             proc.join()
 
 
+@functools.cache
 def cuda_usable() -> tuple[bool, str]:
     """``(True, "N CUDA device(s)")`` when the cuda backend can run here, else ``(False, why)``.
-    Never raises."""
+    Never raises. Asked once per process: the pytest plugin makes a runner per scenario
+    variant, and a child that imports CuPy takes a second or two."""
     from kvcore.device import cuda_available
 
     if importlib.util.find_spec("cupy") is None:
