@@ -70,13 +70,20 @@ def _alive(pid: int) -> bool:
     return state[state.rindex(")") + 2] != "Z"
 
 
+def _as_from_a_terminal() -> None:
+    """Ctrl-C as a terminal delivers it: a shell that started this suite in the background
+    (`cmd &`, nohup) leaves SIGINT ignored, and an ignored signal stays ignored across exec."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start_hanging_run(tmp_path: Path) -> tuple[subprocess.Popen, set[int]]:
     """`gpurace run` of a hanging scenario as a child process, once its worker hangs."""
     proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "run",
                              str(_hang_file(tmp_path)), "--backend", "sim", "--out",
                              str(tmp_path / "out")], cwd=REPO,
                             env={**os.environ, "PYTHONPATH": str(REPO)},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_as_from_a_terminal)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         logs = list((tmp_path / "out").glob("run-*/workers/*/trial-current.jsonl"))
