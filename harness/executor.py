@@ -315,7 +315,9 @@ class _Steps:
         self.held: dict[str, str] = {}  # mutex -> the thread holding it (the interleaved threads)
         self.locks: dict[str, threading.Lock] = {}  # mutex -> lock (real threads, on the GPU)
         self.freed: dict[str, _HostBuffer] = {}  # host_free'd buffers another thread may use
-        self.wrote: dict[int, list[str]] = {}  # byte -> who wrote it, for a check's findings
+        # Who wrote each byte value, for a check's findings: (what, name, step) as recorded,
+        # put into words only if a check fails (host steps sit inside race windows).
+        self.wrote: list[tuple[int, str, str, Step | None]] = []
         self.leases: dict[str, list[kvcore.DeviceKVPageLease]] = {}
         self.catalogs: dict[str, kvcore.KVConversationCatalog] = {}
         self.events: dict[str, kvcore.device.Event] = {}
@@ -328,8 +330,7 @@ class _Steps:
         for name, buf in w.host.items():
             if buf.readback:
                 buf.view.fill(0)
-                self._wrote(0, f"buffer {name} as each trial starts it: nothing had landed in "
-                               "it yet")
+                self.wrote.append((0, "readback", name, None))
         oplog = w.device.oplog
         try:
             for section in self.ex.sections:
@@ -556,8 +557,7 @@ class _Steps:
         a = s.args
         view = self._buffer(a["buffer"]).view
         value = int(a["byte"])  # type: ignore[arg-type]
-        self._wrote(value, f"buffer {a['buffer']}, filled at {s.label}" +
-                    (f" (thread {s.thread})" if s.thread else ""))
+        self.wrote.append((value, "fill", str(a["buffer"]), s))
         if "offset" in a:
             start = view.allocation.offset + int(a["offset"])  # type: ignore[call-overload]
             self.w.device.host_fill(view.buffer, start, int(a.get("length", 1)),  # type: ignore
@@ -597,7 +597,7 @@ class _Steps:
                               self.w.stream(str(a["stream"])))
 
     def _zero_pages(self, s: Step) -> None:
-        self._wrote(0, f"lease {s.args['lease']}, zeroed at {s.label}")
+        self.wrote.append((0, "zero", str(s.args["lease"]), s))
         self.w.pool.zero_pages(self._handles(s.args["lease"]), self.w.stream(str(s.args["stream"])))
 
     def _catalog(self, s: Step) -> None:
@@ -682,10 +682,6 @@ class _Steps:
             if bad:
                 raise _Corruption(s.label, self._describe(s.label, page, got, want[page], bad))
 
-    def _wrote(self, value: int, who: str) -> None:
-        said = self.wrote.setdefault(value, [])
-        if who not in said:
-            said.append(who)
 
     def _describe(self, label: str, page: int, got: np.ndarray, want: np.ndarray,
                   bad: int) -> str:
@@ -697,7 +693,20 @@ class _Steps:
                 f"(0x{int(want[0]):02X}...); found {shown}")
 
     def _whose(self, value: int) -> str:
-        said = list(self.wrote.get(value, ()))
+        said: list[str] = []
+        for byte, what, name, step in self.wrote:
+            if byte != value:
+                continue
+            if what == "readback":
+                words = f"buffer {name} as each trial starts it: nothing had landed in it yet"
+            else:
+                assert step is not None
+                verb = "filled" if what == "fill" else "zeroed"
+                kind = "buffer" if what == "fill" else "lease"
+                words = f"{kind} {name}, {verb} at {step.label}" + (
+                    f" (thread {step.thread})" if step.thread else "")
+            if words not in said:
+                said.append(words)
         if value == self.w.poison:
             said.append("the pool's poison: the page had been released")
         if value == self.w.unwritten:
