@@ -756,3 +756,19 @@ def test_a_question_that_fails_or_cannot_travel_is_a_reason() -> None:
         None, "the test failed: ValueError: invalid literal for int() with base 10: 'x'")
     answer, why = ask(lambda: 1, what="the test")
     assert answer is None and why.startswith("the test could not start a process")
+
+
+def test_an_event_before_ready_is_kept() -> None:
+    """The watcher thread can send an Xid before the helper says it is ready."""
+    import multiprocessing
+
+    from harness.gpu.watchproc import WatcherProcess
+
+    parent, child = multiprocessing.Pipe(duplex=True)
+    event = XidEvent(43, 0, "GPU-0", "xid", time.time(), time.monotonic())
+    child.send(("event", event))
+    child.send(("ready", True, [0], ""))
+    watcher = WatcherProcess()
+    assert watcher._await_ready(parent, 1.0) == ("ready", True, [0], "")
+    assert watcher._events == [event]
+    assert watcher._await_ready(parent, 0.05) is None  # nothing more: not ready in time

@@ -18,6 +18,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import threading
+import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
@@ -100,11 +101,8 @@ class WatcherProcess:
             return False
         child.close()
         self._conn, self._proc = parent, proc
-        try:
-            ready = parent.recv() if parent.poll(timeout_s) else None
-        except (EOFError, OSError):
-            ready = None
-        if ready is None or ready[0] != "ready":
+        ready = self._await_ready(parent, timeout_s)
+        if ready is None:
             self._notes.append(self._gone("did not start"))
             self._close()
             return False
@@ -113,6 +111,20 @@ class WatcherProcess:
             self._notes.append(note)
         self._drain()
         return self._available
+
+    def _await_ready(self, conn: Connection, timeout_s: float) -> tuple | None:
+        """The helper's "ready", or None if it did not come in time. Events can come before
+        it: the watcher thread sends as soon as it is registered."""
+        deadline = time.monotonic() + timeout_s
+        try:
+            while conn.poll(max(deadline - time.monotonic(), 0)):
+                message = conn.recv()
+                if message[0] == "ready":
+                    return message  # type: ignore[no-any-return]
+                self._take(message)
+        except (EOFError, OSError):
+            pass
+        return None
 
     @property
     def available(self) -> bool:
