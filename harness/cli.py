@@ -417,8 +417,10 @@ def report_show(path: Path, fmt: str) -> None:
 @click.option("--variant", "variants", multiple=True, help="Explore only this variant.")
 @click.option("--strategy", type=click.Choice([s.value for s in Strategy]),
               default="exhaustive", show_default=True,
-              help="exhaustive: every set of at most --bound held-back ops; random: each op "
-                   "held back with probability 1/n; pct: --depth random ops held back.")
+              help="exhaustive: every set of at most --bound choices (a held-back op, or a "
+                   "switch of host threads); random: each op held back with probability 1/n, "
+                   "each thread decision switched with probability 1/d; pct: --depth random "
+                   "choices.")
 # Exhaustive exploration tries every set of up to --bound ops: C(n, 4) is already 10^6 for
 # 80 ops, so larger bounds are pct's job.
 @click.option("--bound", type=click.IntRange(min=1, max=4), default=2, show_default=True)
@@ -432,10 +434,11 @@ def report_show(path: Path, fmt: str) -> None:
               show_default=True)
 def explore_cmd(target: str, variants: Sequence[str], strategy: str, bound: int, depth: int,
                 runs: int, seed: int, first: bool, fmt: str) -> None:
-    """Explore orderings of a scenario's unordered ops on the simulated device. Each failing
-    schedule is printed as a token that `gpurace run TARGET --backend sim --schedule TOKEN`
-    replays exactly. Exit 0 when every variant did what it expects (a buggy one fails in some
-    schedule, a fixed one in none), 1 otherwise."""
+    """Explore orderings of a scenario's unordered ops, and interleavings of its host threads,
+    on the simulated device. Each failing schedule is printed as a token (s1-3.7: ops 3 and 7
+    held back; ~2.1: at thread decision 2, switch to thread 1) that `gpurace run TARGET
+    --backend sim --schedule TOKEN` replays exactly. Exit 0 when every variant did what it
+    expects (a buggy one fails in some schedule, a fixed one in none), 1 otherwise."""
     scenarios = resolve_targets([target])
     _check_variants(scenarios, variants)
     found = []
