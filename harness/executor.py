@@ -322,7 +322,8 @@ class _Steps:
         self.catalogs: dict[str, kvcore.KVConversationCatalog] = {}
         self.events: dict[str, kvcore.device.Event] = {}
         self.allocs: dict[str, _HostBuffer] = {}  # host_alloc'd buffers not freed yet
-        self.counted: list[tuple[str, int]] = []  # read_table steps counting instead of asserting
+        # Kernels that count instead of asserting, a counter slot each: (step, what it says).
+        self.counted: list[tuple[str, str]] = []
         self.idle = False  # every stream is known idle (the trial's last synchronize ran)
 
     def run(self) -> tuple[Outcome, str, str | None, int | None]:
@@ -617,16 +618,40 @@ class _Steps:
     def _read_table(self, s: Step) -> None:
         catalog = self.catalogs[str(s.args["catalog"])]
         asserting = bool(s.args.get("assert", True))
-        slot = len(self.counted)
-        kwargs: dict[str, object] = {}
-        if not asserting:
-            stream = self.w.stream(str(s.args["stream"]))
-            self.w.device.memset(self.w.counters, slot * 4, 4, 0, stream)
-            self.counted.append((s.label, slot))
-            kwargs = {"result_offset": slot * 4}
+        offset = self._counter(s, asserting, "the table reader saw {count} stale or "
+                                             "out-of-range entries")
         self.w.table.read(catalog.rows[0], max(1, len(catalog.leases)),
                           self.w.stream(str(s.args["stream"])), result=self.w.counters,
-                          assert_on_stale=asserting, **kwargs)  # type: ignore[arg-type]
+                          assert_on_stale=asserting, result_offset=offset)
+
+    def _kv_write(self, s: Step) -> None:
+        catalog = self.catalogs[str(s.args["catalog"])]
+        value = int(s.args["byte"])  # type: ignore[arg-type]
+        self.wrote.append((value, "kv_write", str(s.args["catalog"]), s))
+        self.w.table.write_pages(catalog.rows[0], max(1, len(catalog.leases)), value,
+                                 self.w.stream(str(s.args["stream"])))
+
+    def _attention(self, s: Step) -> None:
+        name = str(s.args["catalog"])
+        catalog = self.catalogs[name]
+        asserting = bool(s.args.get("assert", True))
+        expected = int(s.args["byte"])  # type: ignore[arg-type]
+        offset = self._counter(s, asserting, (
+            f"attention of catalog {name} read {{count}} bytes that are not 0x{expected:02X} in "
+            "the pages its table row names: another owner's data"))
+        self.w.table.attend(catalog.rows[0], max(1, len(catalog.leases)), expected,
+                            self.w.stream(str(s.args["stream"])), result=self.w.counters,
+                            result_offset=offset, assert_on_mismatch=asserting)
+
+    def _counter(self, s: Step, asserting: bool, says: str) -> int:
+        """The counter slot a counting kernel adds to (zeroed first, on its stream), and what
+        a non-zero count says ({count} in ``says``); 0 for a kernel that asserts instead."""
+        if asserting:
+            return 0
+        slot = len(self.counted)
+        self.w.device.memset(self.w.counters, slot * 4, 4, 0, self.w.stream(str(s.args["stream"])))
+        self.counted.append((s.label, says))
+        return slot * 4
 
     def _record_event(self, s: Step) -> None:
         name = str(s.args["event"])
@@ -699,6 +724,10 @@ class _Steps:
                 continue
             if what == "readback":
                 words = f"buffer {name} as each trial starts it: nothing had landed in it yet"
+            elif what == "kv_write":
+                assert step is not None
+                words = f"written through catalog {name}'s table row at {step.label}" + (
+                    f" (thread {step.thread})" if step.thread else "")
             else:
                 assert step is not None
                 verb = "filled" if what == "fill" else "zeroed"
@@ -720,10 +749,9 @@ class _Steps:
         w.device.copy(w.counters_host, 0, w.counters, 0, 4 * len(self.counted), w.check_stream)
         w.device.synchronize_stream(w.check_stream)
         counts = w.device.host_read(w.counters_host, 0, 4 * len(self.counted)).view(np.int32)
-        for (label, _), count in zip(self.counted, counts.tolist()):
+        for (label, says), count in zip(self.counted, counts.tolist()):
             if count:
-                raise _Corruption(label, f"{label}: the table reader saw {count} stale or "
-                                         f"out-of-range entries")
+                raise _Corruption(label, f"{label}: " + says.format(count=count))
 
 
 

@@ -55,7 +55,7 @@ class _Scope:
     leased: int = 0  # pool pages leased now
     rows: list[int] = field(default_factory=list)  # the steps that bound each table row
     catalogs: dict[str, _Catalog] = field(default_factory=dict)
-    counted: int = 0  # read_table steps that count instead of asserting
+    counted: int = 0  # read_table and attention steps that count instead of asserting
     bytes: set[int] = field(default_factory=set)  # byte values steps write or expect
     held: dict[tuple[str, str], int] = field(default_factory=dict)  # (thread, mutex) -> lock
 
@@ -436,7 +436,7 @@ class StepList:
                     "table_rows or bind fewer times"))
             scope.rows.append(self.index)
             scope.catalogs[str(args["catalog"])].rows += 1
-        elif op in ("activate", "publish", "read_table"):
+        elif op in ("activate", "publish", "read_table", "kv_write", "attention"):
             self.table_use(f, op, args, v)
         elif op in ("copy_from_host", "copy_to_host"):
             lease, buffer = (args["dst"], args["src"]) if op == "copy_from_host" else \
@@ -482,14 +482,15 @@ class StepList:
                 f"catalog {name!r} (steps[{made}], {self._at(made)}) is bound to no table "
                 f"row{within}; bind it first (a bind step before this one)"))
         row = self.world.row_pages
-        entries = max(1, catalog.pages) if op == "read_table" else catalog.pages
+        follows = op in ("read_table", "kv_write", "attention")  # read the row on the device
+        entries = max(1, catalog.pages) if follows else catalog.pages
         if entries > row:
-            verb = "reads" if op == "read_table" else "publishes"
+            verb = "reads" if follows else "publishes"
             raise self.reader.error(node, path, (
                 f"this {op} {verb} {entries} entries of catalog {name!r}{within}, more than a "
                 f"table row's {row} (spec.pool.max_pages_per_row, or the pool's pages when "
                 "0); raise max_pages_per_row, or retain fewer pages"))
-        if op != "read_table":
+        if not follows:
             for lease in catalog.leases:
                 gone = scope.gone.get(("lease", lease))
                 if gone is not None:
@@ -498,13 +499,13 @@ class StepList:
                         f"({self._at(gone)}){within}: kvcore refuses to publish a page no "
                         "longer leased; activate before that release, or release the lease "
                         "only when the conversation ends"))
-        elif args.get("assert") is False:
+        elif op != "kv_write" and args.get("assert") is False:
             scope.counted += 1
             if scope.counted > L.COUNTED_READS_MAX:
                 raise self.reader.error(f.values["assert"], f.sub("assert"), (
-                    f"more than {L.COUNTED_READS_MAX} read_table steps with assert: false"
-                    f"{within}, the most that count (one counter each); let the others "
-                    "assert"))
+                    f"more than {L.COUNTED_READS_MAX} read_table and attention steps with "
+                    f"assert: false{within}, the most that count (one counter each); let the "
+                    "others assert"))
 
     # ---- host buffer sizes -----------------------------------------------------------------------
     def sizes(self, f: Fields, op: str, args: dict[str, object], v: str) -> None:

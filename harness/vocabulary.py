@@ -113,6 +113,14 @@ OPS: dict[str, Op] = {
     "read_table": Op({"catalog": _k(CATALOG, True), "stream": _k(STREAM, True),
                       "assert": _k(BOOL)},
                      "the table reader: asserts (or counts) on a stale or empty entry"),
+    "kv_write": Op({"catalog": _k(CATALOG, True), "byte": _k(BYTE, True),
+                    "stream": _k(STREAM, True)},
+                   "a kernel writes the byte over every page the catalog's table row names, as "
+                   "it finds the row when it runs (a stale row: someone else's pages)"),
+    "attention": Op({"catalog": _k(CATALOG, True), "byte": _k(BYTE, True),
+                     "stream": _k(STREAM, True), "assert": _k(BOOL)},
+                    "a kernel reads every page the catalog's table row names and checks it "
+                    "holds the byte: asserts (or counts) on another owner's bytes"),
     "record_event": Op({"event": _k(NEW_EVENT, True), "stream": _k(STREAM, True)},
                        "record an event on a stream"),
     "wait_event": Op({"event": _k(EVENT, True), "stream": _k(STREAM, True)},

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from kvcore.device.base import Buffer, Stream
-from kvcore.device.kernels import RESULT_BYTES, TABLE_ENTRY_BYTES, ReadTable
+from kvcore.device.kernels import RESULT_BYTES, TABLE_ENTRY_BYTES, Attend, ReadTable, WritePages
 from kvcore.errors import TableError
 from kvcore.pool import DeviceKVPageHandle, DeviceKVPagePool
 
@@ -40,6 +40,8 @@ class KVExecutionTablePool:
         self.shadow: Buffer = self.device.alloc_host(nbytes, name="exec-table-shadow")
         self._free_rows = list(range(rows - 1, -1, -1))
         self._published = [False] * rows
+        # The pages each row was last published with, as the host knows them (its shadow).
+        self._pages: list[np.ndarray] = [np.zeros(0, np.int32)] * rows
         self._events = [self.device.create_event(f"table-row-{r}") for r in range(rows)]
         # Every row starts empty on the device, in order before any later work on any stream.
         self.device.host_write(self.shadow, 0,
@@ -100,6 +102,7 @@ class KVExecutionTablePool:
         if self._published[row] and self.device.defects.table_shadow_wait:
             self.device.synchronize_event(self._events[row])
         offset = self.row_offset(row)
+        self._pages[row] = entries.reshape(-1, 2)[:, 0].copy()
         if entries.size:
             self.device.host_write(self.shadow, offset, entries)
             self.device.copy(self.table, offset, self.shadow, offset,
@@ -127,3 +130,31 @@ class KVExecutionTablePool:
             generations=self.pool.generations, num_pages=self.pool.pages,
             result=result, result_offset=result_offset, assert_on_stale=assert_on_stale,
         ), stream)
+
+    def write_pages(self, row: int, entries: int, value: int, stream: Stream) -> None:
+        """Launch ``kv_write`` on ``stream``: it writes ``value`` over every page the first
+        ``entries`` entries of ``row`` name, as the kernel finds the row when it runs."""
+        self.device.launch(WritePages(**self._row_kernel(row, entries), value=value), stream)
+
+    def attend(self, row: int, entries: int, expected: int, stream: Stream, *, result: Buffer,
+               result_offset: int = 0, assert_on_mismatch: bool = True) -> None:
+        """Launch ``attention`` on ``stream``: it reads every page the row names and counts the
+        bytes that are not ``expected`` into the int32 at ``result`` (or, with
+        ``assert_on_mismatch``, fires a device-side assert at the first page that differs)."""
+        if result_offset + RESULT_BYTES > result.nbytes:
+            raise TableError("the result buffer is too small for the count")
+        self.device.launch(Attend(**self._row_kernel(row, entries), expected=expected,
+                                  result=result, result_offset=result_offset,
+                                  assert_on_mismatch=assert_on_mismatch), stream)
+
+    def _row_kernel(self, row: int, entries: int) -> dict[str, object]:
+        """What a row-following kernel needs, with the pages the host last published into the
+        row (its shadow): what the op log records it touches (see RowKernel)."""
+        if not 0 < entries <= self.max_pages_per_row:
+            raise TableError(f"follow 1..{self.max_pages_per_row} entries, not {entries}")
+        offset = self.row_offset(row)
+        pages = self._pages[row][:entries]
+        declared = tuple(sorted({int(p) for p in pages if 0 <= p < self.pool.pages}))
+        return {"table": self.table, "offset": offset, "entries": entries,
+                "pages": self.pool.buffer, "stride": self.pool.page_stride,
+                "num_pages": self.pool.pages, "declared": declared}

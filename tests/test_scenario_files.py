@@ -166,6 +166,8 @@ def test_all_step_ops_accepted(tmp_path: Path) -> None:
     - {op: publish, catalog: conv, stream: legacy}
     - {op: activate, catalog: conv, stream: compute}
     - {op: read_table, catalog: conv, stream: compute, assert: false}
+    - {op: kv_write, catalog: conv, byte: 7, stream: compute}
+    - {op: attention, catalog: conv, byte: 7, stream: compute, assert: false}
     - {op: record_event, event: done, stream: transfer}
     - {op: wait_event, event: done, stream: compute}
     - {op: delay, us: 2.5, stream: transfer_stream}
@@ -300,14 +302,14 @@ CASES = {
         "17:12: spec.steps[3].op: unknown op 'synchronise' (did you mean 'synchronize'?); use "
         "one of materialize, release, host_fill, host_alloc, host_free, copy_from_host, "
         "copy_to_host, copy_page, zero_pages, catalog, retain, bind, publish, activate, "
-        "read_table, record_event, wait_event, event_query, synchronize, delay, lock, unlock, "
-        "check"),
+        "read_table, kv_write, attention, record_event, wait_event, event_query, synchronize, "
+        "delay, lock, unlock, check"),
     "step-without-op": (
         SYNC, "    - {stream: compute}",
         "17:7: spec.steps[3]: a step needs an op; use one of materialize, release, host_fill, "
         "host_alloc, host_free, copy_from_host, copy_to_host, copy_page, zero_pages, catalog, "
-        "retain, bind, publish, activate, read_table, record_event, wait_event, event_query, "
-        "synchronize, delay, lock, unlock, check"),
+        "retain, bind, publish, activate, read_table, kv_write, attention, record_event, "
+        "wait_event, event_query, synchronize, delay, lock, unlock, check"),
     "step-not-a-mapping": (
         SYNC, "    - synchronize",
         "17:7: spec.steps[3]: expected a step (a mapping with an op), got the string "

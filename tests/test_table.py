@@ -67,3 +67,130 @@ def test_legacy_publish_race_unamplified_rate(backend: str,
     print(f"\nlegacy publish race on {backend}, unamplified: {manifested}/{trials}")
     if backend == "sim":
         assert manifested <= 0.05 * trials
+
+
+def _row_world(backend: str, request: pytest.FixtureRequest):
+    from kvcore import DeviceContext, DeviceKVPagePool, KVExecutionTablePool
+    from programs import SMALL_GEOMETRY
+
+    device = make_device(backend, request)
+    context = DeviceContext(device)
+    pool = DeviceKVPagePool(context, SMALL_GEOMETRY, 4)
+    table = KVExecutionTablePool(pool, rows=2, max_pages_per_row=4)
+    leases = pool.materialize(4)
+    pool.zero_pages([lease.handle for lease in leases], context.stream)
+    row = table.acquire(name="conv")
+    return device, context, pool, table, leases, row
+
+
+def _page(device, context, pool, index: int) -> set[int]:
+    host = device.alloc_host(pool.page_stride, name=f"page-{index}-back")
+    device.copy(host, 0, pool.buffer, index * pool.page_stride, pool.page_stride, context.stream)
+    context.synchronize()
+    return set(device.host_read(host, 0, pool.page_stride).tolist())
+
+
+def test_kv_write_and_attention_follow_the_row(backend: str,
+                                               request: pytest.FixtureRequest) -> None:
+    """kv_write writes the pages the row names and no other; attention counts the bytes of
+    those pages that are not the owner's."""
+    import numpy as np
+
+    device, context, pool, table, leases, row = _row_world(backend, request)
+    table.publish(row, [leases[1].handle, leases[3].handle], context.stream)
+    table.write_pages(row, 2, 0x33, context.stream)
+    result = device.alloc(8, name="counts")
+    device.memset(result, 0, 8, 0, context.stream)
+    table.attend(row, 2, 0x33, context.stream, result=result, assert_on_mismatch=False)
+    table.attend(row, 2, 0x44, context.stream, result=result, result_offset=4,
+                 assert_on_mismatch=False)
+    host = device.alloc_host(8, name="counts-host")
+    device.copy(host, 0, result, 0, 8, context.stream)
+    context.synchronize()
+    assert [_page(device, context, pool, i) for i in range(4)] == [{0}, {0x33}, {0}, {0x33}]
+    assert device.host_read(host, 0, 8).view(np.int32).tolist() == [0, 2 * pool.page_stride]
+
+
+def test_kv_write_follows_a_stale_row_and_the_detector_finds_the_row_race(
+        backend: str, request: pytest.FixtureRequest) -> None:
+    """Data-dependent addresses: the row is republished on one stream behind 2 ms of work and
+    kv_write runs at once on another; it follows the old row, into the old page, on both
+    backends. The op log records the page the host last published, and the detector finds the
+    race on the row itself."""
+    from harness.detector import RaceDetector
+    from kvcore.device.kernels import Delay
+
+    device, context, pool, table, leases, row = _row_world(backend, request)
+    detector = RaceDetector()
+    detector.attach(device)
+    table.publish(row, [leases[0].handle], context.stream)
+    context.synchronize()
+    device.launch(Delay(2000), context.transfer_stream)
+    table.publish(row, [leases[2].handle], context.transfer_stream)
+    table.write_pages(row, 1, 0x5A, context.stream)
+    context.synchronize()
+    assert _page(device, context, pool, 0) == {0x5A}  # where the old row pointed
+    assert _page(device, context, pool, 2) == {0}
+    races = [(f.buffer, f.first.kind, f.second.kind) for f in detector.findings]
+    assert any(buffer == "exec-table" and "kernel:kv_write" in (first, second)
+               for buffer, first, second in races), races
+
+
+def test_attention_asserts_on_another_owners_bytes_on_sim() -> None:
+    device = kvcore.open_device("sim")
+    from kvcore import DeviceContext, DeviceKVPagePool, KVExecutionTablePool
+    from programs import SMALL_GEOMETRY
+
+    context = DeviceContext(device)
+    pool = DeviceKVPagePool(context, SMALL_GEOMETRY, 2)
+    table = KVExecutionTablePool(pool, rows=1, max_pages_per_row=2)
+    [lease] = pool.materialize(1)
+    row = table.acquire()
+    table.publish(row, [lease.handle], context.stream)
+    result = device.alloc(4, name="count")
+    table.attend(row, 1, 0x11, context.stream, result=result)
+    with pytest.raises(kvcore.DeviceFaultError, match="kernels_data.cu:17: attention: page 0"):
+        context.synchronize()
+
+
+def test_kernel_steps_in_a_scenario(tmp_path) -> None:
+    """kv_write and attention as steps: attention of the owner's bytes counts nothing; a check
+    that finds kv_write's bytes says whose table row wrote them."""
+    from harness.executor import TrialExecutor
+    from harness.scenario import load_scenario
+
+    text = """\
+apiVersion: gpurace/v1
+kind: Scenario
+metadata: {name: kernels}
+spec:
+  pool: {pages: 4, page_tokens: 64, planes: [{dtype: i8, leading: 8, heads: 2, align: 256}]}
+  variants: {fixed: {expect: clean}, wrong: {expect: reproduces}}
+  steps:
+    - {id: kv, op: materialize, pages: 2}
+    - {id: conv, op: catalog}
+    - {op: retain, catalog: conv, lease: kv}
+    - {op: bind, catalog: conv}
+    - {op: activate, catalog: conv, stream: compute}
+    - {id: write-tokens, op: kv_write, catalog: conv, byte: 0xAA, stream: compute}
+    - {id: decode, op: attention, catalog: conv, byte: 0xAA, stream: compute, assert: false}
+    - {id: decode-wrong, op: attention, catalog: conv, byte: 0xBB, stream: compute,
+       assert: false, only: wrong}
+    - {op: synchronize}
+    - {op: check, lease: kv, byte: 0xAA}
+"""
+    path = tmp_path / "kernels.yaml"
+    path.write_text(text)
+    scenario = load_scenario(path)
+    fixed = TrialExecutor(scenario, scenario.variant("fixed"), "sim").run(0, 0)
+    assert fixed.outcome.value == "clean", fixed.detail
+    wrong = TrialExecutor(scenario, scenario.variant("wrong"), "sim").run(0, 0)
+    assert wrong.detail == (
+        "decode-wrong: attention of catalog conv read 2048 bytes that are not 0xBB in the pages "
+        "its table row names: another owner's data")
+    path.write_text(text.replace("{op: check, lease: kv, byte: 0xAA}",
+                                 "{op: check, lease: kv, byte: 0xCC}"))
+    scenario = load_scenario(path)
+    result = TrialExecutor(scenario, scenario.variant("fixed"), "sim").run(0, 0)
+    assert result.detail.endswith(
+        "found 0xAA (written through catalog conv's table row at write-tokens)")

@@ -20,6 +20,7 @@ import numpy as np
 from kvcore.defects import Defects
 from kvcore.device.base import DEVICE, Buffer, Device, DeviceInfo, Event, Stream
 from kvcore.device.kernels import (
+    Attend,
     Delay,
     Fill,
     Gather,
@@ -27,6 +28,7 @@ from kvcore.device.kernels import (
     ReadTable,
     Scatter,
     Verify,
+    WritePages,
 )
 from kvcore.errors import DeviceError, DeviceFaultError, DeviceUnavailableError, DeviceUsageError
 
@@ -98,6 +100,7 @@ class CudaDevice(Device):
             self._fns = {n: module.get_function(n) for n in
                          ("kv_fill", "kv_verify", "kv_read_table", "kv_delay", "kv_move_pages")}
             props = self._cp.cuda.runtime.getDeviceProperties(index)
+        self._data_error = self._compile_data_kernels()
         self._sm_count = int(props["multiProcessorCount"])
         self._props = props
         self._memcpy = self._cp.cuda.runtime.memcpyAsync
@@ -107,6 +110,19 @@ class CudaDevice(Device):
         self.memset(self._never, 0, 4, 0, self.legacy_stream)
         self._warm_up()
         self.delay_200us_measured_us = self._check_delay()
+
+    def _compile_data_kernels(self) -> str:
+        """The row-following kernels (kernels_data.cu), in a module of their own: if they do
+        not compile, only the steps that use them fail (saying why), not the device. Returns
+        why they are missing, or ""."""
+        source = importlib.resources.files("kvcore.device").joinpath("kernels_data.cu")
+        try:
+            module = self._cp.RawModule(code=source.read_text(), options=("-std=c++17",))
+            for name in ("kv_write_pages", "kv_attention"):
+                self._fns[name] = module.get_function(name)
+        except Exception as exc:  # NVRTC's compile error, with the compiler's log
+            return f"{type(exc).__name__}: {exc}"
+        return ""
 
     # ---- calibration ---------------------------------------------------------------------------
     def _warm_up(self) -> None:
@@ -123,6 +139,11 @@ class CudaDevice(Device):
                                        stream=stream)
             self._fns["kv_move_pages"]((1,), (1,), (flag, flag, flag, zero32, zero64, zero32),
                                        stream=stream)
+            if not self._data_error:
+                self._fns["kv_write_pages"]((1,), (1,), (flag, zero32, flag, zero64, zero32,
+                                                         np.uint32(0)), stream=stream)
+                self._fns["kv_attention"]((1,), (1,), (flag, zero32, flag, zero64, zero32,
+                                                       np.uint32(0), flag, zero32), stream=stream)
             self._spin(0.0, stream)
             self._cp.cuda.runtime.deviceSynchronize()
 
@@ -225,12 +246,32 @@ class CudaDevice(Device):
                     np.uint64(_ptr(kernel.generations)), np.int32(kernel.num_pages),
                     np.uint64(_ptr(kernel.result) + kernel.result_offset),
                     np.int32(1 if kernel.assert_on_stale else 0)), stream=s)
+            elif isinstance(kernel, (WritePages, Attend)):
+                self._row_kernel(kernel, s, blocks)
             elif isinstance(kernel, Delay):
                 self._spin(kernel.us, s)
             elif isinstance(kernel, (Scatter, Gather)):
                 self._move_pages(kernel, s)
             else:
                 raise DeviceUsageError(f"the CUDA device has no kernel {kernel.name!r}")
+
+    def _row_kernel(self, kernel: WritePages | Attend, stream: Any, blocks: int) -> None:
+        if self._data_error:
+            raise DeviceUsageError(f"the {kernel.name} kernel did not compile on this GPU: "
+                                   f"{self._data_error}")
+        grid = (max(1, min(kernel.entries, blocks)),)
+        row = np.uint64(_ptr(kernel.table) + kernel.offset)
+        common = (row, np.int32(kernel.entries), np.uint64(_ptr(kernel.pages)),
+                  np.uint64(kernel.stride), np.int32(kernel.num_pages))
+        if isinstance(kernel, WritePages):
+            self._fns["kv_write_pages"](grid, (_THREADS,), (*common, np.uint32(kernel.value)),
+                                        stream=stream)
+        else:
+            assert kernel.result is not None
+            self._fns["kv_attention"](grid, (_THREADS,), (
+                *common, np.uint32(kernel.expected),
+                np.uint64(_ptr(kernel.result) + kernel.result_offset),
+                np.int32(1 if kernel.assert_on_mismatch else 0)), stream=stream)
 
     def _move_pages(self, kernel: Scatter | Gather, stream: Any) -> None:
         if isinstance(kernel, Scatter):

@@ -29,6 +29,9 @@ RESULT_BYTES = 4
 TABLE_ASSERT_LINE = 132
 """The line the table reader's device-side assert reports, as ninfer's device.cu:132 did."""
 
+ATTENTION_ASSERT_LINE = 17
+"""The line the attention kernel's device-side assert reports (in kernels_data.cu)."""
+
 
 class Kernel:
     """Base of kernel records: what the kernel reads and writes, for the op log."""
@@ -210,6 +213,97 @@ class Gather(Kernel):
 
     def detail(self) -> dict[str, object]:
         return {"pieces": len(self.src_offsets), "chunk": self.chunk}
+
+
+@dataclass(frozen=True)
+class RowKernel(Kernel):
+    """A kernel that follows a table row to the KV pages: it reads ``entries`` entries of the row
+    at ``table[offset]`` and works on every page they name, in ``pages`` (pages of ``stride``
+    bytes; an index outside ``[0, num_pages)`` is skipped). Where it reads or writes depends on
+    what it reads in the row, when it runs.
+
+    The op log learns a kernel's byte ranges when it is issued, before it runs. It records the
+    pages in ``declared``: the ones the host last published into the row (its pinned shadow).
+    That is exactly what the kernel touches when the publish is ordered before it; when it is
+    not, the kernel may follow an older row, and the detector finds that race where it starts,
+    on the row's own bytes (the publish's copy against this kernel's read), so no race of the
+    row is missed and a fixed variant is not charged with pages it never touched. The simulated
+    device and the GPU follow the row as they find it."""
+
+    table: Buffer
+    offset: int
+    entries: int
+    pages: Buffer
+    stride: int
+    num_pages: int
+    declared: tuple[int, ...]
+
+    def row(self) -> Access:
+        return Access(self.table.id, self.offset, self.entries * TABLE_ENTRY_BYTES)
+
+    def page_accesses(self) -> tuple[Access, ...]:
+        return tuple(Access(self.pages.id, p * self.stride, self.stride) for p in self.declared)
+
+    def extents(self) -> tuple[tuple[Buffer, int, int], ...]:
+        # Whatever the row says when the kernel runs, it stays inside the pages' buffer.
+        return ((self.table, self.offset, self.offset + self.entries * TABLE_ENTRY_BYTES),
+                (self.pages, 0, self.num_pages * self.stride))
+
+
+@dataclass(frozen=True)
+class WritePages(RowKernel):
+    """``kv_write``: writes ``value`` over every page the row names (new token rows scattered
+    through the row: with a stale row, into pages that belong to someone else by now)."""
+
+    value: int = 0
+    name = "kv_write"
+
+    def reads(self) -> tuple[Access, ...]:
+        return (self.row(),)
+
+    def writes(self) -> tuple[Access, ...]:
+        return self.page_accesses()
+
+    def buffers(self) -> tuple[Buffer, ...]:
+        return (self.table, self.pages)
+
+    def detail(self) -> dict[str, object]:
+        return {"value": self.value, "entries": self.entries, "pages": "as last published"}
+
+
+@dataclass(frozen=True)
+class Attend(RowKernel):
+    """``attention``: reads every page the row names and counts the bytes that are not
+    ``expected`` (the owner's data), adding the count to the int32 at ``result``; with
+    ``assert_on_mismatch`` the first page that differs fires a device-side assert instead."""
+
+    expected: int = 0
+    result: Buffer | None = None
+    result_offset: int = 0
+    assert_on_mismatch: bool = True
+    name = "attention"
+
+    def reads(self) -> tuple[Access, ...]:
+        assert self.result is not None
+        return (self.row(), *self.page_accesses(),
+                Access(self.result.id, self.result_offset, RESULT_BYTES))
+
+    def writes(self) -> tuple[Access, ...]:
+        assert self.result is not None
+        return (Access(self.result.id, self.result_offset, RESULT_BYTES),)
+
+    def buffers(self) -> tuple[Buffer, ...]:
+        assert self.result is not None
+        return (self.table, self.pages, self.result)
+
+    def extents(self) -> tuple[tuple[Buffer, int, int], ...]:
+        assert self.result is not None
+        return (*super().extents(),
+                (self.result, self.result_offset, self.result_offset + RESULT_BYTES))
+
+    def detail(self) -> dict[str, object]:
+        return {"expected": self.expected, "entries": self.entries,
+                "assert": self.assert_on_mismatch, "pages": "as last published"}
 
 
 def _span(buf: Buffer, offsets: np.ndarray, chunk: int) -> tuple[Buffer, int, int]:

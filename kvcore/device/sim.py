@@ -27,17 +27,21 @@ from kvcore.defects import Defects
 from kvcore.device.base import DEVICE, Buffer, Device, DeviceInfo, Event, Stream
 from kvcore.device.schedule import Schedule
 from kvcore.device.kernels import (
+    ATTENTION_ASSERT_LINE,
     GENERATION_BYTES,
     RESULT_BYTES,
     TABLE_ASSERT_LINE,
     TABLE_ENTRY_BYTES,
     Delay,
     Fill,
+    Attend,
     Gather,
     Kernel,
     ReadTable,
+    RowKernel,
     Scatter,
     Verify,
+    WritePages,
 )
 from kvcore.errors import DeviceFaultError, DeviceUsageError
 
@@ -264,10 +268,11 @@ class SimDevice(Device):
                            packed=_arr(kernel.dst), packed_off=kernel.dst_offset)
             return self._transfer(stream, kernel.chunk * len(kernel.src_offsets), False, move,
                                   kernel=True)
-        elif isinstance(kernel, (Verify, ReadTable)):
+        elif isinstance(kernel, (Verify, ReadTable, WritePages, Attend)):
             begin, end = self._schedule(stream, c.kernel_min_ns, latency=c.kernel_latency_ns,
                                         issue=c.launch_issue_ns)
-            check = self._verify if isinstance(kernel, Verify) else self._read_table
+            check = {Verify: self._verify, ReadTable: self._read_table,
+                     WritePages: self._write_pages, Attend: self._attend}[type(kernel)]
             # The kernel reads what is there when it begins running.
             self._at(begin, lambda: check(kernel))
             return begin, end
@@ -296,6 +301,33 @@ class SimDevice(Device):
                 cuda_error="CUDA_ERROR_ASSERT",
             )
             return
+        _add_result(_arr(k.result), k.result_offset, bad)
+
+    @staticmethod
+    def _row_pages(k: RowKernel) -> list[int]:
+        """The pages a row kernel's row names now, in range (what the kernel follows)."""
+        raw = _arr(k.table)[k.offset:k.offset + k.entries * TABLE_ENTRY_BYTES]
+        pages = raw.view(np.int32).reshape(-1, 2)[:, 0]
+        return [int(p) for p in pages if 0 <= p < k.num_pages]
+
+    def _write_pages(self, k: WritePages) -> None:
+        pages = _arr(k.pages)
+        for p in self._row_pages(k):
+            pages[p * k.stride:(p + 1) * k.stride] = k.value
+
+    def _attend(self, k: Attend) -> None:
+        pages = _arr(k.pages)
+        bad = 0
+        for p in self._row_pages(k):
+            wrong = int(np.count_nonzero(pages[p * k.stride:(p + 1) * k.stride] != k.expected))
+            if wrong and k.assert_on_mismatch:
+                self.fault = DeviceFaultError(
+                    f"device-side assert triggered: kernels_data.cu:{ATTENTION_ASSERT_LINE}: "
+                    f"attention: page {p} holds bytes other than 0x{k.expected:02X}",
+                    cuda_error="CUDA_ERROR_ASSERT")
+                return
+            bad += wrong
+        assert k.result is not None
         _add_result(_arr(k.result), k.result_offset, bad)
 
     def _do_host_view(self, buf: Buffer) -> np.ndarray:

@@ -1,0 +1,55 @@
+// Kernels that follow a table row to the KV pages (RowKernel in kvcore/device/kernels.py):
+// where they read and write depends on what they read. Compiled apart from kernels.cu, so that
+// the harness's own kernels do not depend on these.
+
+extern "C" __device__ void __assertfail(const char* message, const char* file, unsigned line,
+                                        const char* function, size_t char_size);
+
+typedef unsigned char u8;
+typedef unsigned long long u64;
+
+// attention: every byte of every page the row names must be `expected` (the owner's data).
+__device__ void attention_mismatch() {
+    __assertfail("attention read a page holding another owner's bytes", "kernels_data.cu",
+                 17, "kv_attention", sizeof(char));
+}
+
+// One block per entry (a page); the row is read where the kernel runs, as an attention or
+// KV-write kernel reads its block table.
+extern "C" __global__ void kv_write_pages(u64 table, int entries, u64 pages, u64 stride,
+                                          int num_pages, unsigned value) {
+    const int* t = reinterpret_cast<const int*>(table);
+    for (int e = blockIdx.x; e < entries; e += gridDim.x) {
+        const int page = t[2 * e];
+        if (page < 0 || page >= num_pages) {
+            continue;
+        }
+        u8* p = reinterpret_cast<u8*>(pages) + (u64)page * stride;
+        for (u64 i = threadIdx.x; i < stride; i += blockDim.x) {
+            p[i] = (u8)value;
+        }
+    }
+}
+
+extern "C" __global__ void kv_attention(u64 table, int entries, u64 pages, u64 stride,
+                                        int num_pages, unsigned expected, u64 result,
+                                        int assert_on_mismatch) {
+    const int* t = reinterpret_cast<const int*>(table);
+    int bad = 0;
+    for (int e = blockIdx.x; e < entries; e += gridDim.x) {
+        const int page = t[2 * e];
+        if (page < 0 || page >= num_pages) {
+            continue;
+        }
+        const u8* p = reinterpret_cast<const u8*>(pages) + (u64)page * stride;
+        for (u64 i = threadIdx.x; i < stride; i += blockDim.x) {
+            bad += p[i] != (u8)expected;
+        }
+    }
+    if (bad) {
+        if (assert_on_mismatch) {
+            attention_mismatch();
+        }
+        atomicAdd(reinterpret_cast<int*>(result), bad);
+    }
+}
