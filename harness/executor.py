@@ -607,6 +607,9 @@ class _Steps:
     def _retain(self, s: Step) -> None:
         self.catalogs[str(s.args["catalog"])].retain(self.leases[str(s.args["lease"])])
 
+    def _release_catalog(self, s: Step) -> None:
+        self.catalogs[str(s.args["catalog"])].release()
+
     def _bind(self, s: Step) -> None:
         self.catalogs[str(s.args["catalog"])].bind()
 
@@ -705,7 +708,10 @@ class _Steps:
             got = view.payload(page)
             bad = int(np.count_nonzero(got != want[page]))
             if bad:
-                raise _Corruption(s.label, self._describe(s.label, page, got, want[page], bad))
+                read = f"lease {s.args['lease']}" if "lease" in s.args else \
+                    f"buffer {s.args['buffer']}"
+                raise _Corruption(s.label, self._describe(f"{s.label}: {read}", page, got,
+                                                          want[page], bad))
 
 
     def _describe(self, label: str, page: int, got: np.ndarray, want: np.ndarray,

@@ -38,7 +38,11 @@ class _Catalog:
 
     leases: dict[str, int] = field(default_factory=dict)
     pages: int = 0
-    rows: int = 0
+    binds: list[int] = field(default_factory=list)  # the bind steps of its rows
+
+    @property
+    def rows(self) -> int:
+        return len(self.binds)
 
 
 @dataclass
@@ -301,8 +305,10 @@ class StepList:
         if gone is None:
             return
         kind, name = key
-        verb, remedy = ("released", "materialize pages again") if kind == "lease" else \
-            ("freed", "allocate it again with host_alloc")
+        verb, remedy = {
+            "lease": ("released", "materialize pages again"),
+            "catalog": ("released", "make a new catalog"),
+        }.get(kind, ("freed", "allocate it again with host_alloc"))
         where = "" if self.runs_everywhere[gone] else f" in variant {variant}"
         op = self._op_at(self.index)
         if V.OPS[op].frees == (path.rsplit(".", 1)[-1], kind):
@@ -435,7 +441,20 @@ class StepList:
                     "spec.pool.table_rows), and a catalog bound twice takes two; raise "
                     "table_rows or bind fewer times"))
             scope.rows.append(self.index)
-            scope.catalogs[str(args["catalog"])].rows += 1
+            scope.catalogs[str(args["catalog"])].binds.append(self.index)
+        elif op == "release_catalog":
+            catalog = scope.catalogs[str(args["catalog"])]
+            for lease in catalog.leases:
+                gone = scope.gone.get(("lease", lease))
+                if gone is not None:
+                    raise self.reader.error(f.values["catalog"], f.sub("catalog"), (
+                        f"catalog {args['catalog']!r} retains lease {lease!r}, released at "
+                        f"steps[{gone}] ({self._at(gone)}){within}: kvcore would release it "
+                        "twice; leave the lease to the catalog"))
+                scope.gone[("lease", lease)] = self.index
+                scope.leased -= scope.lease_pages[lease]
+            for bind in catalog.binds:
+                scope.rows.remove(bind)
         elif op in ("activate", "publish", "read_table", "kv_write", "attention"):
             self.table_use(f, op, args, v)
         elif op in ("copy_from_host", "copy_to_host"):

@@ -110,6 +110,10 @@ OPS: dict[str, Op] = {
                   "publish the catalog's pages into its row (as activate)"),
     "activate": Op({"catalog": _k(CATALOG, True), "stream": _k(STREAM, True)},
                    "republish the catalog's row on a stream"),
+    "release_catalog": Op({"catalog": _k(CATALOG, True)},
+                          "end a conversation: unbind its table rows (what they hold stays on "
+                          "the device) and release its pages, fenced as release is",
+                          frees=("catalog", "catalog")),
     "read_table": Op({"catalog": _k(CATALOG, True), "stream": _k(STREAM, True),
                       "assert": _k(BOOL)},
                      "the table reader: asserts (or counts) on a stale or empty entry"),

@@ -184,6 +184,8 @@ def test_all_step_ops_accepted(tmp_path: Path) -> None:
     - {op: synchronize, event: done}
     - {id: spare, op: materialize, pages: 1}
     - {op: release, lease: spare}
+    - {id: other, op: catalog}
+    - {op: release_catalog, catalog: other}
     - {op: lock, mutex: pool-lock, thread: t1}
     - {op: unlock, mutex: pool-lock, thread: t1}"""
     s = load_scenario(write(tmp_path, edited(SYNC, steps)))
@@ -196,7 +198,8 @@ def test_all_step_ops_accepted(tmp_path: Path) -> None:
     assert by_op["read_table"].args == {"catalog": "conv", "stream": "compute", "assert": False}
     assert by_op["host_fill"].args == {"buffer": "staging", "byte": 3, "page": (0, 1)}
     assert by_op["host_free"].args == {"buffer": "staging", "after": "done"}
-    assert by_op["catalog"].id == "conv" and by_op["catalog"].args == {}
+    assert by_op["catalog"].id == "other" and by_op["catalog"].args == {}
+    assert by_op["release_catalog"].args == {"catalog": "other"}
     assert by_op["lock"].args == {"mutex": "pool-lock"} and by_op["lock"].thread == "t1"
     assert by_op["release"].thread is None
 
@@ -302,14 +305,14 @@ CASES = {
         "17:12: spec.steps[3].op: unknown op 'synchronise' (did you mean 'synchronize'?); use "
         "one of materialize, release, host_fill, host_alloc, host_free, copy_from_host, "
         "copy_to_host, copy_page, zero_pages, catalog, retain, bind, publish, activate, "
-        "read_table, kv_write, attention, record_event, wait_event, event_query, synchronize, "
-        "delay, lock, unlock, check"),
+        "release_catalog, read_table, kv_write, attention, record_event, wait_event, "
+        "event_query, synchronize, delay, lock, unlock, check"),
     "step-without-op": (
         SYNC, "    - {stream: compute}",
         "17:7: spec.steps[3]: a step needs an op; use one of materialize, release, host_fill, "
         "host_alloc, host_free, copy_from_host, copy_to_host, copy_page, zero_pages, catalog, "
-        "retain, bind, publish, activate, read_table, kv_write, attention, record_event, "
-        "wait_event, event_query, synchronize, delay, lock, unlock, check"),
+        "retain, bind, publish, activate, release_catalog, read_table, kv_write, attention, "
+        "record_event, wait_event, event_query, synchronize, delay, lock, unlock, check"),
     "step-not-a-mapping": (
         SYNC, "    - synchronize",
         "17:7: spec.steps[3]: expected a step (a mapping with an op), got the string "

@@ -194,3 +194,75 @@ spec:
     result = TrialExecutor(scenario, scenario.variant("fixed"), "sim").run(0, 0)
     assert result.detail.endswith(
         "found 0xAA (written through catalog conv's table row at write-tokens)")
+
+
+@pytest.mark.parametrize("backend_name", ["sim", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_stale_indices_make_kv_write_scatter_into_another_requests_page(
+        tmp_path, backend_name: str) -> None:
+    """The acceptance of kernels on the data: a reused table row, republished on the legacy
+    stream, sends request C's KV write into request B's page; the detail names both. Amplified,
+    the buggy variant manifests in at least 95% of trials and the fixed one never; unamplified,
+    the detector finds it on trial 1."""
+    import json
+
+    from click.testing import CliRunner
+
+    from harness.cli import main
+    from harness.targets import SCENARIO_ROOT
+
+    def run(*args: str) -> dict[str, dict]:
+        result = CliRunner().invoke(main, [
+            "run", str(SCENARIO_ROOT / "stale_row_write.yaml"), "--backend", backend_name,
+            "--format", "json", "--out", str(tmp_path), "--insist", *args])
+        assert result.exit_code in (0, 1), result.output
+        return {r["variant"]: r for r in json.loads(result.stdout)["results"]}
+
+    amplified = run("--trials", "50")
+    buggy, fixed = amplified["buggy"], amplified["fixed"]
+    print(f"\nstale-row-write on {backend_name}: buggy {buggy['manifested']}/50, "
+          f"fixed {fixed['manifested']}/50")
+    assert buggy["manifested"] >= 0.95 * 50
+    assert buggy["first_manifested"]["detail"].startswith("b-intact: lease b-page: page 0:")
+    assert buggy["first_manifested"]["detail"].endswith(
+        "found 0xCC (written through catalog c's table row at c-writes)")
+    assert (fixed["manifested"], fixed["detected"]) == (0, 0)
+    first = run("--trials", "1", "--no-amplify", "--variant", "buggy")["buggy"]
+    assert first["detected"] == 1
+
+
+def test_release_catalog_gives_its_pages_and_rows_back(tmp_path) -> None:
+    from harness.errors import ScenarioError
+    from harness.scenario import load_scenario
+
+    head = """\
+apiVersion: gpurace/v1
+kind: Scenario
+metadata: {name: ended}
+spec:
+  pool: {pages: 1, page_tokens: 64, planes: [{dtype: i8, leading: 8, heads: 2, align: 256}],
+         table_rows: 1}
+  variants: {fixed: {expect: clean}}
+  steps:
+    - {id: p, op: materialize, pages: 1}
+    - {id: c, op: catalog}
+    - {op: retain, catalog: c, lease: p}
+    - {op: bind, catalog: c}
+"""
+    path = tmp_path / "ended.yaml"
+    # Its page and its row are free again: the one page and the one row can be taken anew.
+    path.write_text(head + "    - {op: release_catalog, catalog: c}\n"
+                           "    - {id: q, op: materialize, pages: 1}\n"
+                           "    - {id: d, op: catalog}\n    - {op: bind, catalog: d}\n")
+    load_scenario(path)
+    for extra, message in (
+            ("    - {op: release_catalog, catalog: c}\n"
+             "    - {op: zero_pages, lease: p, stream: compute}\n",
+             "lease 'p' was released at steps[4]"),
+            ("    - {op: release, lease: p}\n    - {op: release_catalog, catalog: c}\n",
+             "catalog 'c' retains lease 'p', released at steps[4]"),
+            ("    - {op: release_catalog, catalog: c}\n    - {op: bind, catalog: c}\n",
+             "catalog 'c' was released at steps[4]"),
+    ):
+        path.write_text(head + extra)
+        with pytest.raises(ScenarioError, match=message.replace("[", r"\[").replace("]", r"\]")):
+            load_scenario(path)
