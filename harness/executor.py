@@ -29,7 +29,7 @@ from harness.limits import COUNTED_READS_MAX
 from harness.model import Amplify, PlaneSpec, PoolSpec, Scenario, Step, Variant
 from harness.outcome import Outcome, TrialResult
 from harness.traces.ticket import Ticket, load_ticket
-from kvcore.device.kernels import Delay
+from kvcore.device.kernels import Delay, Verify
 from kvcore.device.schedule import Schedule
 from kvcore.device.sim import UNWRITTEN
 
@@ -645,6 +645,19 @@ class _Steps:
         self.w.table.attend(catalog.rows[0], max(1, len(catalog.leases)), expected,
                             self.w.stream(str(s.args["stream"])), result=self.w.counters,
                             result_offset=offset, assert_on_mismatch=asserting)
+
+    def _read_pinned(self, s: Step) -> None:
+        name = str(s.args["buffer"])
+        buf = self._buffer(name)
+        expected = int(s.args["byte"])  # type: ignore[arg-type]
+        offset = self._counter(s, False, (
+            f"a kernel reading buffer {name} in place saw {{count}} bytes that are not "
+            f"0x{expected:02X}: the host changed them under it"))
+        view = buf.view
+        self.w.device.launch(Verify(view.buffer, view.page_offset(0),
+                                    buf.pages * view.layout.page_stride, expected,
+                                    self.w.counters, offset),
+                             self.w.stream(str(s.args["stream"])))
 
     def _counter(self, s: Step, asserting: bool, says: str) -> int:
         """The counter slot a counting kernel adds to (zeroed first, on its stream), and what

@@ -457,6 +457,8 @@ class StepList:
                 scope.rows.remove(bind)
         elif op in ("activate", "publish", "read_table", "kv_write", "attention"):
             self.table_use(f, op, args, v)
+        elif op == "read_pinned":
+            self.count_slot(f.node, f.path, v)
         elif op in ("copy_from_host", "copy_to_host"):
             lease, buffer = (args["dst"], args["src"]) if op == "copy_from_host" else \
                 (args["src"], args["dst"])
@@ -519,12 +521,17 @@ class StepList:
                         "longer leased; activate before that release, or release the lease "
                         "only when the conversation ends"))
         elif op != "kv_write" and args.get("assert") is False:
-            scope.counted += 1
-            if scope.counted > L.COUNTED_READS_MAX:
-                raise self.reader.error(f.values["assert"], f.sub("assert"), (
-                    f"more than {L.COUNTED_READS_MAX} read_table and attention steps with "
-                    f"assert: false{within}, the most that count (one counter each); let the "
-                    "others assert"))
+            self.count_slot(f.values["assert"], f.sub("assert"), v)
+
+    def count_slot(self, node: Node, path: str, v: str) -> None:
+        """A kernel that counts takes one of the executor's counters."""
+        scope = self.scopes[v]
+        scope.counted += 1
+        if scope.counted > L.COUNTED_READS_MAX:
+            raise self.reader.error(node, path, (
+                f"more than {L.COUNTED_READS_MAX} counting kernels (read_table and attention "
+                f"with assert: false, read_pinned){self._within(v)}, the most there are "
+                "counters for; let the table readers assert, or read fewer times"))
 
     # ---- host buffer sizes -----------------------------------------------------------------------
     def sizes(self, f: Fields, op: str, args: dict[str, object], v: str) -> None:

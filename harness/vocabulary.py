@@ -125,6 +125,10 @@ OPS: dict[str, Op] = {
                      "stream": _k(STREAM, True), "assert": _k(BOOL)},
                     "a kernel reads every page the catalog's table row names and checks it "
                     "holds the byte: asserts (or counts) on another owner's bytes"),
+    "read_pinned": Op({"buffer": _k(BUFFER, True), "byte": _k(BYTE, True),
+                       "stream": _k(STREAM, True)},
+                      "a kernel reads a pinned buffer in place (zero-copy, as small-input "
+                      "paths do) and counts the bytes that are not the byte"),
     "record_event": Op({"event": _k(NEW_EVENT, True), "stream": _k(STREAM, True)},
                        "record an event on a stream"),
     "wait_event": Op({"event": _k(EVENT, True), "stream": _k(STREAM, True)},

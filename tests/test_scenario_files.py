@@ -168,6 +168,8 @@ def test_all_step_ops_accepted(tmp_path: Path) -> None:
     - {op: read_table, catalog: conv, stream: compute, assert: false}
     - {op: kv_write, catalog: conv, byte: 7, stream: compute}
     - {op: attention, catalog: conv, byte: 7, stream: compute, assert: false}
+    - {op: host_fill, buffer: small, byte: 7}
+    - {op: read_pinned, buffer: small, byte: 7, stream: compute}
     - {op: record_event, event: done, stream: transfer}
     - {op: wait_event, event: done, stream: compute}
     - {op: delay, us: 2.5, stream: transfer_stream}
@@ -305,14 +307,15 @@ CASES = {
         "17:12: spec.steps[3].op: unknown op 'synchronise' (did you mean 'synchronize'?); use "
         "one of materialize, release, host_fill, host_alloc, host_free, copy_from_host, "
         "copy_to_host, copy_page, zero_pages, catalog, retain, bind, publish, activate, "
-        "release_catalog, read_table, kv_write, attention, record_event, wait_event, "
-        "event_query, synchronize, delay, lock, unlock, check"),
+        "release_catalog, read_table, kv_write, attention, read_pinned, record_event, "
+        "wait_event, event_query, synchronize, delay, lock, unlock, check"),
     "step-without-op": (
         SYNC, "    - {stream: compute}",
         "17:7: spec.steps[3]: a step needs an op; use one of materialize, release, host_fill, "
         "host_alloc, host_free, copy_from_host, copy_to_host, copy_page, zero_pages, catalog, "
         "retain, bind, publish, activate, release_catalog, read_table, kv_write, attention, "
-        "record_event, wait_event, event_query, synchronize, delay, lock, unlock, check"),
+        "read_pinned, record_event, wait_event, event_query, synchronize, delay, lock, unlock, "
+        "check"),
     "step-not-a-mapping": (
         SYNC, "    - synchronize",
         "17:7: spec.steps[3]: expected a step (a mapping with an op), got the string "

@@ -266,3 +266,40 @@ spec:
         path.write_text(head + extra)
         with pytest.raises(ScenarioError, match=message.replace("[", r"\[").replace("]", r"\]")):
             load_scenario(path)
+
+
+def test_a_kernel_reads_pinned_memory_in_place(backend: str, request, tmp_path) -> None:
+    """Zero-copy: a kernel queued behind 2 ms of work reads a pinned buffer in place; the host
+    rewrites it meanwhile, and the kernel sees the new bytes (on both backends). The fix, a
+    synchronize before the rewrite, keeps it clean, and the detector agrees."""
+    from harness.detector import RaceDetector
+    from harness.executor import TrialExecutor
+    from harness.scenario import load_scenario
+
+    path = tmp_path / "zero_copy.yaml"
+    path.write_text("""\
+apiVersion: gpurace/v1
+kind: Scenario
+metadata: {name: zero-copy}
+spec:
+  pool: {pages: 2, page_tokens: 64, planes: [{dtype: i8, leading: 8, heads: 2, align: 256}]}
+  variants: {buggy: {expect: reproduces}, fixed: {expect: clean}}
+  steps:
+    - {op: host_fill, buffer: input, byte: 0x11}
+    - {op: delay, us: 2000, stream: compute}
+    - {id: in-place, op: read_pinned, buffer: input, byte: 0x11, stream: compute}
+    - {op: synchronize, stream: compute, only: fixed}
+    - {id: next-input, op: host_fill, buffer: input, byte: 0x22}
+    - {op: synchronize}
+""")
+    scenario = load_scenario(path)
+    outcomes = {}
+    for name in ("buggy", "fixed"):
+        detector = RaceDetector()
+        result = TrialExecutor(scenario, scenario.variant(name), backend,
+                               on_device=detector.attach).run(0, 0)
+        outcomes[name] = (result.outcome.value, result.detail, len(detector.findings))
+    assert outcomes["buggy"] == (
+        "corruption", "in-place: a kernel reading buffer input in place saw 1024 bytes that are "
+        "not 0x11: the host changed them under it", 1)
+    assert outcomes["fixed"] == ("clean", "", 0)
