@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+from yaml.nodes import MappingNode, Node, ScalarNode
 
 import kvcore
 from harness import limits as L
@@ -442,12 +442,9 @@ def _amplify(reader: Reader, node: Node, path: str, steps: tuple[Step, ...],
                                "say which stream to delay with `stream`")
     held: list[str] = []
     if "hold" in f:
-        node_, path_ = f.values["hold"], f.sub("hold")
-        items = reader.sequence(node_, path_, "a step id or a list of them",
-                                limit=L.STEPS_MAX, what="held steps") \
-            if isinstance(node_, SequenceNode) else [node_]
-        for i, item in enumerate(items):
-            where = f"{path_}[{i}]" if isinstance(node_, SequenceNode) else path_
+        for item, where in reader.one_or_list(f.values["hold"], f.sub("hold"),
+                                              "a step id or a list of them",
+                                              limit=L.STEPS_MAX, what="held steps"):
             name = reader.string(item, where)
             if name in held:
                 raise reader.error(item, where, f"step {name!r} is held twice; name it once")

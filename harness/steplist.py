@@ -153,11 +153,9 @@ class StepList:
                                     "a step has `only` or `unless`, not both; keep one")
         key = present[0]
         node, path = f.values[key], f.sub(key)
-        items = self.reader.sequence(node, path, "a variant name or a list of them") \
-            if isinstance(node, SequenceNode) else [node]
         named = []
-        for i, item in enumerate(items):
-            item_path = f"{path}[{i}]" if isinstance(node, SequenceNode) else path
+        for item, item_path in self.reader.one_or_list(node, path,
+                                                       "a variant name or a list of them"):
             name = self.reader.string(item, item_path)
             if name not in self.variants:
                 raise self.reader.error(item, item_path, f"unknown variant {echo(name)}"

@@ -193,6 +193,15 @@ class Reader:
             self.at_most(node, path, len(node.value), limit, what)
         return list(node.value)
 
+    def one_or_list(self, node: Node, path: str, expected: str, limit: int | None = None,
+                    what: str = "") -> list[tuple[Node, str]]:
+        """A value written as one item or a list of them (``only: fixed``, ``only: [a, b]``):
+        each item with its path."""
+        if not isinstance(node, SequenceNode):
+            return [(node, path)]
+        items = self.sequence(node, path, expected, limit=limit, what=what)
+        return [(item, f"{path}[{i}]") for i, item in enumerate(items)]
+
     def at_most(self, node: Node, path: str, count: int, limit: int, what: str,
                 whose: str = "a file may have") -> None:
         """Refuse ``count`` items (``what``: "streams") where ``limit`` is the most ``whose``."""
