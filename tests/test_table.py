@@ -136,17 +136,10 @@ def test_kv_write_follows_a_stale_row_and_the_detector_finds_the_row_race(
                for buffer, first, second in races), races
 
 
-def test_attention_asserts_on_another_owners_bytes_on_sim() -> None:
-    device = kvcore.open_device("sim")
-    from kvcore import DeviceContext, DeviceKVPagePool, KVExecutionTablePool
-    from programs import SMALL_GEOMETRY
-
-    context = DeviceContext(device)
-    pool = DeviceKVPagePool(context, SMALL_GEOMETRY, 2)
-    table = KVExecutionTablePool(pool, rows=1, max_pages_per_row=2)
-    [lease] = pool.materialize(1)
-    row = table.acquire()
-    table.publish(row, [lease.handle], context.stream)
+def test_attention_asserts_on_another_owners_bytes_on_sim(
+        request: pytest.FixtureRequest) -> None:
+    device, context, _, table, leases, row = _row_world("sim", request)
+    table.publish(row, [leases[0].handle], context.stream)  # a zeroed page
     result = device.alloc(4, name="count")
     table.attend(row, 1, 0x11, context.stream, result=result)
     with pytest.raises(kvcore.DeviceFaultError, match="kernels_data.cu:17: attention: page 0"):

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.gpu.kernlog import KernelLog, KernelXid
-from harness.gpu.nvml import XidEvent, health_snapshot
+from harness.gpu.nvml import XidEvent
 from harness.gpu.watchproc import WatcherProcess
 
 XID_GRACE_S = 2.0
@@ -58,7 +58,9 @@ class GpuWatch:
     def health(self) -> dict[str, Any]:
         if self.backend != "cuda":
             return {"available": False, "note": "the simulated device has no GPU health"}
-        return self.nvml.health() if self.nvml is not None else health_snapshot()
+        assert self.nvml is not None  # on cuda the helper is always made (it may not run)
+        # The helper takes the snapshot; one that did not start or died takes it here.
+        return self.nvml.health()
 
     def for_trial(self, pid: int | None, t0: float, crashed: bool) -> TrialXids:
         """The Xids of a trial that started (wall time) at ``t0`` in worker ``pid``; after a
