@@ -621,6 +621,8 @@ def test_other_gpu_processes_lists_others_and_says_why_not() -> None:
     from harness.gpu.nvml import other_gpu_processes
 
     assert other_gpu_processes(nvml=FakeNvml()) == ([4242, 4343], "")
+    # Asked from a probe child on behalf of process 4242: the asker is not "another" user.
+    assert other_gpu_processes(nvml=FakeNvml(), me=4242) == ([4343], "")
     none = FakeNvml(fail={"nvmlInit": NVMLError_LibraryNotFound("NVML Shared Library Not Found")})
     pids, note = other_gpu_processes(nvml=none)
     assert pids == [] and "Library Not Found" in note

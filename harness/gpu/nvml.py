@@ -571,14 +571,15 @@ def _xid_support(mod: Any, handles: list[tuple[int, Any]]) -> str:
             pass  # the check's answer stands either way
 
 
-def other_gpu_processes(index: int = 0, nvml: Any | None = None) -> tuple[list[int], str]:
-    """PIDs of other processes with a compute context on GPU ``index``, and a note when NVML
-    could not tell (no NVML, no GPU, no permission): then the list is empty and the caller
-    decides."""
+def other_gpu_processes(index: int = 0, nvml: Any | None = None,
+                        me: int | None = None) -> tuple[list[int], str]:
+    """PIDs of processes other than ``me`` (this process when not given) with a compute context
+    on GPU ``index``, and a note when NVML could not tell (no NVML, no GPU, no permission): then
+    the list is empty and the caller decides."""
     snap = health_snapshot(nvml, index)
     if not snap.get("available"):
         return [], str(snap.get("note") or "NVML is not available")
     if snap.get("processes") is None:
         return [], str((snap.get("notes") or {}).get("processes", "process list unavailable"))
-    me = os.getpid()
+    me = os.getpid() if me is None else me
     return sorted({int(p["pid"]) for p in snap["processes"] if int(p["pid"]) != me}), ""

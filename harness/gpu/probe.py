@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import multiprocessing
+import os
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
@@ -79,5 +80,7 @@ def other_gpu_users(index: int = 0) -> tuple[list[int], str]:
     could not tell (see :func:`harness.gpu.nvml.other_gpu_processes`). Never raises."""
     from harness.gpu.nvml import other_gpu_processes
 
-    answer, why = ask(other_gpu_processes, index, what="the GPU process check")
+    # The question runs in a child: the asker, not the child, is the process to leave out (a
+    # pytest process that drove the GPU in-process is not "another user" of its own run).
+    answer, why = ask(other_gpu_processes, index, None, os.getpid(), what="the GPU process check")
     return answer if answer is not None else ([], why)
