@@ -93,6 +93,12 @@ _WAITING_STEPS = ("synchronize", "event_query")
 """Steps that wait for the device: on the GPU, a host thread runs them without holding the
 others back, as an engine's threads do."""
 
+PREEMPT_CHANCE = 0.02
+"""How often a seeded interleaving on the simulated device switches threads where none had to
+wait. CPython switches threads when one blocks or its 5 ms interval ends, and a scenario's host
+steps take microseconds, so real threads rarely cut each other short; ``explore`` and schedule
+tokens take the preemptions that matter on purpose."""
+
 CHECK_STREAM = "(check)"
 """The stream a check reads device pages back on: its own, so that a check adds no ordering to
 the scenario's streams (and no scenario can name it)."""
@@ -313,7 +319,6 @@ class _Steps:
         executor.decisions = 0  # counted per trial: a schedule's preemptions name them
         self.current: Step | None = None  # the step running (the last one begun)
         self.held: dict[str, str] = {}  # mutex -> the thread holding it (the interleaved threads)
-        self.locks: dict[str, threading.Lock] = {}  # mutex -> lock (real threads, on the GPU)
         self.freed: dict[str, _HostBuffer] = {}  # host_free'd buffers another thread may use
         # Who wrote each byte value, for a check's findings: (what, name, step) as recorded,
         # put into words only if a check fails (host steps sit inside race windows).
@@ -370,24 +375,22 @@ class _Steps:
     # ---- host threads ----------------------------------------------------------------------------
     def _interleave(self, section: Section) -> None:
         """A parallel section on the simulated device: one step at a time, from a thread that
-        can go on. A thread keeps going until it ends or must wait, then the first ready thread
-        goes on, except where a preemption switches. Under a schedule the order is the threads'
-        and the preemptions are the schedule's; without one, the trial's seed shuffles the order
-        and preempts now and then (once per thread's worth of steps, on average), as a real
-        scheduler's time slices would."""
+        can go on. As under CPython's GIL, the threads begin in the order they are declared, and
+        a thread keeps going until it ends or must wait, then the next ready one goes on; the
+        device sees the host's time pass at each start and switch. Preemptions are the
+        schedule's under a schedule; without one, the trial's seed preempts rarely (host steps
+        take microseconds against the interpreter's 5 ms switch interval), so a seeded run
+        predicts what real threads do and ``explore`` covers the other interleavings."""
         names = [name for name, _ in section.threads]
         queues = {name: list(steps) for name, steps in section.threads}
         schedule = self.ex.schedule
-        order = list(names)
-        rng: random.Random | None = None
-        if schedule is None:
-            rng = random.Random(f"threads-{self.seed}")
-            rng.shuffle(order)
-            chance = len(names) / max(len(section.steps), 1)
+        rng = random.Random(f"threads-{self.seed}") if schedule is None else None
         hold = self.ex.held_steps()
+        device = self.w.device
         current: str | None = None
+        begun: set[str] = set()
         while any(queues.values()):
-            ready = [t for t in order if queues[t] and self._ready(queues[t][0])]
+            ready = [t for t in names if queues[t] and self._ready(queues[t][0])]
             if not ready:
                 raise self._deadlock(queues)
             if hold:
@@ -398,50 +401,90 @@ class _Steps:
             pick = current if current in ready else ready[0]
             if len(ready) > 1:
                 if rng is not None:
-                    if rng.random() < chance:
+                    if rng.random() < PREEMPT_CHANCE:
                         pick = rng.choice(ready)
                 else:
                     wanted = schedule.thread_at(self.ex.decisions)  # type: ignore[union-attr]
                     if wanted is not None and wanted < len(names) and names[wanted] in ready:
                         pick = names[wanted]
                 self.ex.decisions += 1
+            if pick != current:
+                device.host_thread_switch(start=pick not in begun)
+                begun.add(pick)
             current = pick
             self._threaded(queues[pick].pop(0), pick)
 
     def _threads(self, section: Section) -> None:
         """A parallel section on the GPU: a real thread per host thread. A step that names what
-        another thread makes waits until it is made; one thread's device calls are not cut by
-        another's (the op log's step labels are the trial's), except while a step waits for the
-        device or for a mutex."""
+        another thread makes waits until it is made, and a mutex is taken under the same
+        condition as that check; one thread's device calls are not cut by another's (the op
+        log's step labels are the trial's), except while a step waits for the device. The
+        amplified hold is the simulated device's: a held step begins only once every other
+        thread has ended or waits."""
         changed = threading.Condition()
         issue = threading.Lock()
         hold = self.ex.held_steps()
         # The simulated device is not thread-safe; its waits take no real time anyway.
         simulated = self.ex.backend != "cuda"
+        names = [name for name, _ in section.threads]
+        waiting: dict[str, Step] = {}  # thread -> the step it waits to begin
+        done: set[str] = set()
         failed: list[BaseException] = []
+
+        def may_go(name: str) -> bool:
+            step = waiting[name]
+            if not self._ready(step):
+                return False
+            if step.id is None or step.id not in hold:
+                return True
+            mine = hold.index(step.id)
+            for other in names:
+                if other == name or other in done:
+                    continue
+                theirs = waiting.get(other)
+                if theirs is None:
+                    return False  # still running: it may reach the window the hold opens
+                if self._ready(theirs) and not (theirs.id in hold and
+                                                hold.index(str(theirs.id)) > mine):
+                    return False
+            return True
+
+        def wake(name: str) -> bool:
+            if failed or may_go(name):
+                return True
+            if all(t in done or (t in waiting and not may_go(t)) for t in names):
+                failed.append(self._deadlock({t: [s] for t, s in waiting.items()}))
+                changed.notify_all()
+                return True
+            return False
 
         def body(name: str, steps: tuple[Step, ...]) -> None:
             try:
                 for step in steps:
                     with changed:
-                        changed.wait_for(functools.partial(self._go_on, step, failed))
-                    if failed:
-                        return
-                    if step.id is not None and step.id in hold:
-                        time.sleep((hold.index(step.id) + 1) * self.ex.delay_us / 1e6)  # type: ignore
-                    if step.op == "lock" or (step.op in _WAITING_STEPS and not simulated):
+                        waiting[name] = step
+                        changed.notify_all()  # what this one made, or that it now waits
+                        changed.wait_for(functools.partial(wake, name))
+                        del waiting[name]
+                        if failed:
+                            return
+                        if step.op in ("lock", "unlock"):
+                            self._threaded(step, name)
+                            continue
+                    if step.op in _WAITING_STEPS and not simulated:
                         self._threaded(step, name)  # blocks: the others must go on meanwhile
                     else:
                         with issue:
                             self._threaded(step, name)
-                    with changed:
-                        changed.notify_all()
             except BaseException as exc:  # ends the trial; the other threads stop at a step
                 with changed:
                     failed.append(exc)
                     # A thread waiting for a mutex this one holds must not wait forever.
                     for mutex in [m for m, t in self.held.items() if t == name]:
                         self._give(mutex)
+            finally:
+                with changed:
+                    done.add(name)
                     changed.notify_all()
 
         workers = [threading.Thread(target=body, args=item, name=f"gpurace-host-{item[0]}",
@@ -452,9 +495,6 @@ class _Steps:
             worker.join()
         if failed:
             raise failed[0]
-
-    def _go_on(self, step: Step, failed: list[BaseException]) -> bool:
-        return bool(failed) or self._ready(step)
 
     def _threaded(self, step: Step, thread: str) -> None:
         """One step of a host thread. What the pool refuses here (a lease another thread has
@@ -474,20 +514,15 @@ class _Steps:
                                           f"{exc}") from exc
 
     def _take(self, mutex: str, thread: str) -> None:
-        if self.ex.real_threads:
-            self.locks.setdefault(mutex, threading.Lock()).acquire()
         self.held[mutex] = thread
 
     def _give(self, mutex: str) -> None:
         del self.held[mutex]
-        if self.ex.real_threads:
-            self.locks[mutex].release()
 
     def _ready(self, step: Step) -> bool:
         """Whether a thread's next step can run now: what it names exists (another thread may
-        not have made it yet), and the mutex it takes is free (on the interleaved device)."""
-        if step.op == "lock" and not self.ex.real_threads and str(step.args["mutex"]) in \
-                self.held:
+        not have made it yet), and the mutex it takes is free."""
+        if step.op == "lock" and str(step.args["mutex"]) in self.held:
             return False
         return all(self._exists(kind, name) for kind, name in V.uses(step.op, step.args))
 

@@ -84,10 +84,14 @@ def test_at_least_three_need_the_open_language() -> None:
 
 def test_every_buggy_variant_is_detected_on_trial_1_unamplified(
         unamplified: dict[str, dict]) -> None:
+    """Except where the race lies in an interleaving of host threads that the threads rarely
+    take (tag ``interleaving``): there trial 1 runs the order real threads run, and exploration
+    finds the bug (the test below)."""
     for path in ZOO:
-        name = load_scenario(path).name
-        r = unamplified[f"{name}/buggy"]
-        assert (r["trials"], r["detected"], r["status"]) == (1, 1, "pass"), name
+        scenario = load_scenario(path)
+        r = unamplified[f"{scenario.name}/buggy"]
+        if "interleaving" not in scenario.tags:
+            assert (r["trials"], r["detected"], r["status"]) == (1, 1, "pass"), scenario.name
 
 
 def test_every_buggy_variant_manifests_amplified(amplified: dict[str, dict]) -> None:

@@ -455,6 +455,11 @@ class Device(ABC):
                           t_issue_ns=self._clock_ns(),
                           detail={"name": name, "range": [buf.id, off, nbytes]}))
 
+    def host_thread_switch(self, *, start: bool) -> None:
+        """The host goes on in another of its threads (``start``: one that had not run yet).
+        Real time passes on the GPU; the simulated device moves its clock on by what a start or
+        a switch costs, so a device op issued just before can finish meanwhile, as it does."""
+
     def clock_ns(self) -> int:
         """The host clock in ns: virtual time on sim, perf_counter on cuda (for benchmarks)."""
         return self._clock_ns()

@@ -77,6 +77,8 @@ class CostModel:
     device_copy_latency_ns: int = 2000
     kernel_latency_ns: int = 1000
     kernel_min_ns: int = 1500
+    thread_start_ns: int = 50_000
+    thread_switch_ns: int = 10_000
     jitter: float = 0.1
     chunk_bytes: int = 4096
     max_chunks: int = 16
@@ -333,6 +335,10 @@ class SimDevice(Device):
     def _do_host_view(self, buf: Buffer) -> np.ndarray:
         self._advance()
         return _arr(buf)
+
+    def host_thread_switch(self, *, start: bool) -> None:
+        self._advance(self._vary(self.cost.thread_start_ns if start
+                                 else self.cost.thread_switch_ns))
 
     def _do_host_written(self, buf: Buffer, off: int, nbytes: int) -> None:
         self.now += self.cost.host_access_ns + int(nbytes / self.cost.host_memcpy_bytes_per_ns)
