@@ -172,9 +172,12 @@ class World:
         value = self._scrub_bytes[self.scrubbed % len(self._scrub_bytes)]
         self.scrubbed += 1
         self.unwritten = value
+        if self.pool.poison is not None:
+            # The poison of the trial's last releases runs on the pool's own stream, still
+            # writing these pages: the scrub must not race it.
+            self.context.synchronize()
         self.device.memset(self.pool.buffer, 0, self.pool.buffer.nbytes, value,
                            self.check_stream)
-        # The whole device: the poison of the trial's last releases runs on a stream of its own.
         self.context.synchronize()
 
     def view(self, pages: int, name: str | None = None) -> kvcore.HostKVAllocationView:

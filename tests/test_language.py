@@ -536,3 +536,23 @@ def test_a_scrubbed_world_starts_each_trial_from_a_byte_no_step_uses(tmp_path: P
         assert _Steps(executor, world).run()[0] is Outcome.CLEAN
         assert detector.findings == []
         assert untouched_page() == {expected}  # another byte after every trial
+
+
+def test_a_poisoned_world_that_serves_many_trials_scrubs_after_the_poison(tmp_path: Path) -> None:
+    """The poison of a trial's last releases runs on the pool's own stream; the scrub that ends
+    the trial on the GPU writes the same pages, so it waits for the poison first: the fixed
+    variant stays race-free however many trials its world serves (shown on sim)."""
+    from harness.executor import World, _Steps
+    from harness.targets import SCENARIO_ROOT
+
+    scenario = load_scenario(SCENARIO_ROOT / "release_fence.yaml")
+    variant = scenario.variant("fixed")
+    executor = TrialExecutor(scenario, variant, "sim", poison=0xEE)
+    device = kvcore.open_device("sim")
+    detector = RaceDetector()
+    detector.attach(device)
+    world = World(scenario, device, variant, scrubs=True, poison=0xEE)
+    for _ in range(3):
+        detector.reset()
+        assert _Steps(executor, world).run()[0] is Outcome.CLEAN
+        assert detector.findings == []
