@@ -59,6 +59,7 @@ def diagnose() -> dict[str, Any]:
     klog = KernelLog()
     checks.append(_check("kernel log (NVRM: Xid lines)", klog.start(),
                          "readable" if klog.available else klog.note))
+    klog.close()
 
     health: dict[str, Any] = {}
     if nvml.get("available"):

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import ctypes
 import queue
+import re
 import subprocess
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -155,6 +157,41 @@ def test_kernel_log_survives_ring_buffer_rotation() -> None:
     assert [x.xid for x in klog.poll()] == [43, 31]
 
 
+def test_kernel_log_keeps_only_the_last_lines_between_polls() -> None:
+    """A crash soak fills the ring buffer with Xid lines: between polls the log keeps only the
+    marker of where the last read ended, not the buffer."""
+    log = FakeLog([f"[{i}.0] line {i}" for i in range(5000)])
+    klog = KernelLog(read_lines=log)
+    klog.start()
+    log.lines = log.lines[100:] + ["[6000.0] " + LINE_43]
+    assert [x.xid for x in klog.poll()] == [43]
+    kept = [v for v in vars(klog).values() if isinstance(v, (list, set, dict))]
+    assert max(len(v) for v in kept) <= KernelLog._TAIL
+
+
+def test_kmsg_reader_returns_the_records_logged_since_its_last_call(tmp_path: Path) -> None:
+    """/dev/kmsg's records (here a file of them): read from where the log ended at opening,
+    stamped like ``dmesg --time-format iso`` so the Xid parser reads them; continuation lines
+    skipped."""
+    from harness.gpu.kernlog import KmsgReader
+
+    path = tmp_path / "kmsg"
+    path.write_text("6,1,1000,-;before the run\n")
+    reader = KmsgReader(str(path))
+    klog = KernelLog(read_lines=reader)
+    assert klog.start() and klog.poll() == []
+    with path.open("a") as f:
+        f.write("4,2,2000000,-;" + LINE_43 + "\n SUBSYSTEM=pci\n6,3,2500000,-;eth0: link up\n")
+    [xid] = klog.poll()
+    assert (xid.xid, xid.pid) == (43, 516)
+    assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d,\d{6}\+00:00$", xid.timestamp or "")
+    assert klog.poll() == []
+    klog.close()
+    assert klog.poll() == [] and not klog.available and "closed" in klog.note
+    with pytest.raises(LogUnavailable, match="cannot read"):
+        KmsgReader(str(tmp_path / "missing"))
+
+
 def test_kernel_log_repeated_identical_lines_are_counted() -> None:
     log = FakeLog(["boot"])
     klog = KernelLog(read_lines=log)
@@ -197,10 +234,11 @@ def test_kernel_log_late_baseline_does_not_report_old_lines() -> None:
 
 
 def test_kernel_log_default_reader_never_raises() -> None:
-    klog = KernelLog()  # real dmesg: may work, be refused, or be missing
+    klog = KernelLog()  # /dev/kmsg or dmesg: may work, be refused, or be missing
     klog.start()
     assert isinstance(klog.poll(), list)
     assert klog.available or klog.note
+    klog.close()
 
 
 def test_dmesg_reader_falls_back_to_plain_dmesg(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -230,7 +268,7 @@ def test_dmesg_reader_explains_refusals(monkeypatch: pytest.MonkeyPatch) -> None
 
     monkeypatch.setattr(kernlog.sys, "platform", "linux")
     monkeypatch.setattr(kernlog.subprocess, "run", refused)
-    klog = KernelLog()
+    klog = KernelLog(read_lines=DmesgReader())  # where /dev/kmsg does not open
     assert not klog.start()
     assert "Operation not permitted" in klog.note and "dmesg_restrict" in klog.note
     monkeypatch.setattr(kernlog.subprocess, "run", missing)

@@ -158,7 +158,9 @@ def test_sweep_maps_the_race_window(tmp_path: Path) -> None:
                      tmp_path=tmp_path)
     rates = {r["delay_us"]: r["manifested"] / r["trials"] for r in doc["results"]}
     assert list(rates) == [0, 20, 50, 100, 200, 500, 1000]
-    assert rates[0] <= 0.05 and all(rates[d] == 1.0 for d in (20, 50, 100, 200, 500, 1000))
+    # A window, not a step at a fixed delay: the host's time between the racing steps moves it.
+    points = list(rates.values())
+    assert rates[0] <= 0.05 and rates[1000] == 1.0 and points == sorted(points)
     assert all(r["sweep"] for r in doc["results"])
     assert code == 0  # a map, not an expectation
 

@@ -121,7 +121,7 @@ def test_the_seed_picks_interleavings_and_hold_forces_the_window(tmp_path: Path)
     again = _run(path, tmp_path, "--trials", "300")
     assert again["buggy"]["detected"] == plain["buggy"]["detected"]  # the seed decides
     held = _write(tmp_path, REUSE.replace(
-        "  steps:", "  amplify: {delay_us: 100, before: copy, hold: other-alloc}\n  steps:"))
+        "  steps:", "  amplify: {delay_us: 1000, before: copy, hold: other-alloc}\n  steps:"))
     amplified = _run(held, tmp_path, "--trials", "40")
     assert amplified["buggy"]["manifested"] == 40 and amplified["fixed"]["manifested"] == 0
     unamplified = _run(held, tmp_path, "--trials", "300", "--no-amplify")

@@ -4,15 +4,21 @@ The kernel-log line is the only Xid record that names the process (``pid=516, na
 which is how a trial's Xid is told apart from one a neighbour on a shared GPU caused. NVML's Xid
 events (harness/nvml.py) arrive sooner but carry no pid, so the harness uses both.
 
-Reading the kernel log often needs privileges (``kernel.dmesg_restrict=1`` means root or
-CAP_SYSLOG); when it cannot be read, :class:`KernelLog` says why in ``note`` and reports nothing.
+Where it can, :class:`KernelLog` reads ``/dev/kmsg`` from where the log ended when the run began,
+so a poll costs what was logged since; elsewhere it runs ``dmesg``, which returns the whole ring
+buffer every time. Reading the kernel log often needs privileges (``kernel.dmesg_restrict=1``
+means root or CAP_SYSLOG); when it cannot be read, :class:`KernelLog` says why in ``note`` and
+reports nothing.
 """
 
 from __future__ import annotations
 
+import datetime as _dt
+import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -84,6 +90,17 @@ def _timestamp(prefix: str) -> str | None:
     return None
 
 
+def _later(stamp: str | None, than: str) -> bool:
+    """Whether a line's stamp comes after ``than``: seconds since boot compare as numbers, ISO
+    and syslog stamps as text."""
+    if stamp is None:
+        return False
+    try:
+        return float(stamp) > float(than)
+    except ValueError:
+        return stamp > than
+
+
 class LogUnavailable(Exception):
     """Raised by a line source when the kernel log cannot be read here; the message says why
     (it becomes :attr:`KernelLog.note`)."""
@@ -129,6 +146,68 @@ class DmesgReader:
         raise LogUnavailable(f"cannot read the kernel log: {reason}")
 
 
+class KmsgReader:
+    """The records logged since the last call, from ``/dev/kmsg``: opened at its end, so the
+    first call returns what came after the opening. Each line is given the ``dmesg --time-format
+    iso`` look (the record's boot-time stamp made wall time), so :func:`parse_xid_line` reads it
+    like any. A crash soak fills the ring buffer with Xid lines; reading only the new ones keeps
+    a poll small and the run's memory flat."""
+
+    incremental = True
+
+    def __init__(self, path: str = "/dev/kmsg") -> None:
+        try:
+            self._fd: int | None = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+            os.lseek(self._fd, 0, os.SEEK_END)
+        except OSError as exc:
+            self._fd = None
+            raise LogUnavailable(f"cannot read {path}: {exc.strerror or exc}") from None
+
+    def __call__(self) -> list[str]:
+        if self._fd is None:
+            raise LogUnavailable("the kernel log reader was closed")
+        lines: list[str] = []
+        offset = time.time() - time.monotonic()  # the kernel stamps records in boot time
+        while True:
+            try:
+                record = os.read(self._fd, 8192)
+            except BlockingIOError:  # nothing more yet
+                return lines
+            except BrokenPipeError:  # records were overwritten before we read them: go on
+                continue
+            except OSError as exc:
+                raise LogUnavailable(f"reading /dev/kmsg failed: {exc}") from None
+            if not record:
+                return lines
+            # One record a read from /dev/kmsg: "prio,seq,usec,flags;message", then lines
+            # beginning with a space that carry key=value pairs.
+            for entry in record.decode("utf-8", "replace").splitlines():
+                if not entry or entry.startswith(" "):
+                    continue
+                head, _, message = entry.partition(";")
+                try:
+                    wall = offset + int(head.split(",")[2]) / 1e6
+                except (IndexError, ValueError):
+                    lines.append(entry)
+                    continue
+                stamp = _dt.datetime.fromtimestamp(wall, _dt.timezone.utc)
+                lines.append(stamp.strftime("%Y-%m-%dT%H:%M:%S,%f+00:00 ") + message)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def _default_source() -> ReadLines:
+    if sys.platform.startswith("linux"):
+        try:
+            return KmsgReader()
+        except LogUnavailable:
+            pass
+    return DmesgReader()
+
+
 class KernelLog:
     """Collects the Xid lines the kernel logs during a run.
 
@@ -136,7 +215,11 @@ class KernelLog:
     :meth:`poll` as often as useful: each call returns the Xid lines that appeared since the
     last one. Neither ever raises; when the log cannot be read, ``available`` is False and
     ``note`` says why. ``read_lines`` returns the whole current log (one string a line) or
-    raises :class:`LogUnavailable`; tests pass a fake, the default runs ``dmesg``.
+    raises :class:`LogUnavailable`; tests pass a fake. A source marked ``incremental`` (the
+    default where ``/dev/kmsg`` opens: :class:`KmsgReader`) returns only the lines logged since
+    its last call; otherwise (``dmesg``) the lines after the previous read's last ones are new.
+    Nothing but those last lines is kept between polls: a run's memory does not grow with the
+    kernel log.
     """
 
     # Lines of the previous read that mark where it ended. More than one, so a line repeated
@@ -144,11 +227,11 @@ class KernelLog:
     _TAIL = 5
 
     def __init__(self, read_lines: ReadLines | None = None) -> None:
-        self._read: ReadLines = read_lines if read_lines is not None else DmesgReader()
+        self._read: ReadLines = read_lines if read_lines is not None else _default_source()
+        self._incremental = bool(getattr(self._read, "incremental", False))
         self._started = False
         self._baseline = False
         self._tail: list[str] = []
-        self._previous: set[str] = set()
         self._collected: list[KernelXid] = []
         self.available = False
         self.note = "not started"
@@ -175,7 +258,7 @@ class KernelLog:
             # its lines cannot be told apart from those that were there before the run.
             self._remember(lines)
             return []
-        fresh = self._new_lines(lines)
+        fresh = lines if self._incremental else self._new_lines(lines)
         self._remember(lines)
         found = [x for x in (parse_xid_line(line) for line in fresh) if x is not None]
         self._collected.extend(found)
@@ -199,10 +282,16 @@ class KernelLog:
         self.available, self.note = True, ""
         return lines
 
+    def close(self) -> None:
+        """Let go of the log (an open ``/dev/kmsg``); polls then report nothing."""
+        close = getattr(self._read, "close", None)
+        if close is not None:
+            close()
+
     def _remember(self, lines: list[str]) -> None:
         self._baseline = True
-        self._tail = lines[-self._TAIL:]
-        self._previous = set(lines)
+        if lines or not self._incremental:
+            self._tail = lines[-self._TAIL:]
 
     def _new_lines(self, lines: list[str]) -> list[str]:
         tail, k = self._tail, len(self._tail)
@@ -211,6 +300,9 @@ class KernelLog:
         for end in range(len(lines), k - 1, -1):
             if lines[end - k:end] == tail:
                 return lines[end:]
-        # The marker rotated out of the ring buffer (or the log was cleared): everything not
-        # in the previous read is new.
-        return [line for line in lines if line not in self._previous]
+        # The marker rotated out of the ring buffer (or the log was cleared): the lines stamped
+        # after the previous read's last one are new; without stamps, all of them.
+        last = _timestamp(tail[-1])
+        if last is None:
+            return lines
+        return [line for line in lines if _later(_timestamp(line), last)]

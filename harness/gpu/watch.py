@@ -109,6 +109,8 @@ class GpuWatch:
     def stop(self) -> None:
         if self.nvml is not None:
             self.nvml.stop()
+        if self.klog is not None:
+            self.klog.close()
 
 
 def _iso(wall: float) -> str:

@@ -134,6 +134,9 @@ class Device(ABC):
         self.oplog = OpLog()
         self.record_call_sites = False
         self.fault: DeviceFaultError | None = None
+        # Device API calls so far. On the GPU each one lets go of Python's interpreter lock,
+        # where another host thread may take over.
+        self.calls = 0
         self._ids = itertools.count(1)
         self._streams: list[Stream] = []
         self._stream_ids: dict[int, Stream] = {}
@@ -455,6 +458,11 @@ class Device(ABC):
                           t_issue_ns=self._clock_ns(),
                           detail={"name": name, "range": [buf.id, off, nbytes]}))
 
+    def host_step(self) -> None:
+        """The harness goes on to a scenario's next step. Real time passes on the GPU; the
+        simulated device moves its clock on by what a step costs the harness there, so a small
+        copy issued by the step before can land meanwhile, as it does."""
+
     def host_thread_switch(self, *, start: bool) -> None:
         """The host goes on in another of its threads (``start``: one that had not run yet).
         Real time passes on the GPU; the simulated device moves its clock on by what a start or
@@ -486,6 +494,7 @@ class Device(ABC):
         return buf
 
     def _alive(self) -> None:
+        self.calls += 1
         if self.fault is not None:
             raise self.fault
 
@@ -506,7 +515,8 @@ class Device(ABC):
             )
 
     def _host_access(self, buf: Buffer, off: int, nbytes: int) -> None:
-        self._alive()
+        if self.fault is not None:  # not _alive: a CPU store calls nothing on the device
+            raise self.fault
         self._check_range(buf, off, nbytes)
         if buf.space != PINNED:
             raise DeviceUsageError(

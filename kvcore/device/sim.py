@@ -63,6 +63,14 @@ class CostModel:
     launched right after it on another stream starts: unamplified, the legacy-stream table
     publish raced its non-blocking reader 0 times in 200 there, so the race needs a delay on the
     producer stream to show, as on the GPU.
+
+    The host's own time counts too: a scenario's step costs the harness tens of microseconds on
+    the GPU (Python, the op log the race detector reads). 60 us a step puts the race windows
+    where the H200 measured them: mini-sglang-103 manifested in none of 50 trials at a 100 us
+    delay and in all at 200 us, cutorch-222 in none at 200 us and all at 500 us. With it a small
+    copy lands before the host's next step touches its buffer, as there (host-overwrite and
+    pinned-read races: 0 of 50 without a delay). A host thread starts in about 62 us there
+    (median, CPython) and two threads hand over in about 11 us.
     """
 
     host_device_bytes_per_ns: float = 55.5
@@ -77,8 +85,9 @@ class CostModel:
     device_copy_latency_ns: int = 2000
     kernel_latency_ns: int = 1000
     kernel_min_ns: int = 1500
-    thread_start_ns: int = 50_000
-    thread_switch_ns: int = 10_000
+    host_step_ns: int = 60_000
+    thread_start_ns: int = 62_000
+    thread_switch_ns: int = 11_000
     jitter: float = 0.1
     chunk_bytes: int = 4096
     max_chunks: int = 16
@@ -335,6 +344,9 @@ class SimDevice(Device):
     def _do_host_view(self, buf: Buffer) -> np.ndarray:
         self._advance()
         return _arr(buf)
+
+    def host_step(self) -> None:
+        self._advance(self._vary(self.cost.host_step_ns))
 
     def host_thread_switch(self, *, start: bool) -> None:
         self._advance(self._vary(self.cost.thread_start_ns if start
