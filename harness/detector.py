@@ -248,9 +248,10 @@ class Finding:
                     "completed (host_free after: the event, as a caching host allocator "
                     "does), or synchronize before giving it back")
         if b.stream == HOST and b.write and not a.write:
-            return (f"{head}; synchronize on the copy's event (record one on {a.stream} after "
-                    f"{a.at}) before the host rewrites the buffer at {b.at}, or write into a "
-                    "fresh buffer")
+            reader = "copy" if a.kind.startswith("copy") else "kernel"
+            return (f"{head}; synchronize on the {reader}'s event (record one on {a.stream} "
+                    f"after {a.at}) before the host rewrites the buffer at {b.at}, or write "
+                    "into a fresh buffer")
         if b.stream == HOST and b.write:
             return (f"{head}; synchronize on an event recorded on {a.stream} after {a.at} "
                     f"before the host writes the buffer at {b.at}")

@@ -206,6 +206,7 @@ def _host_buffer_sizes(steps: tuple[Step, ...]) -> dict[str, tuple[int, bool]]:
     pages and whether the device writes it."""
     lease_pages: dict[str, int] = {}
     allocated: set[str] = {str(s.args["buffer"]) for s in steps if s.op == "host_alloc"}
+    lists: dict[str, int] = {}  # page list -> entries
     sizes: dict[str, tuple[int, bool]] = {}
     for step in steps:
         a = step.args
@@ -216,9 +217,17 @@ def _host_buffer_sizes(steps: tuple[Step, ...]) -> dict[str, tuple[int, bool]]:
             pages = int(a.get("pages", 1))  # type: ignore[arg-type]
             old = sizes.get(name, (0, False))
             sizes[name] = (max(old[0], pages), old[1])
-        elif step.op == "copy_to_host" and str(a["dst"]) not in allocated:
-            name = str(a["dst"])
-            pages = lease_pages.get(str(a["src"]), 1)
+        elif step.op == "page_list":
+            lists[str(a["buffer"])] = lease_pages.get(str(a["lease"]), 1)
+            if str(a["buffer"]) not in allocated:
+                old = sizes.get(str(a["buffer"]), (0, False))
+                sizes[str(a["buffer"])] = (max(old[0], 1), old[1])
+        elif step.op in ("copy_to_host", "gather"):
+            name = str(a["dst"] if step.op == "copy_to_host" else a["to"])
+            if name in allocated:
+                continue
+            pages = lease_pages.get(str(a["src"]), 1) if step.op == "copy_to_host" else \
+                lists.get(str(a["page_list"]), 1)
             old = sizes.get(name, (0, True))
             sizes[name] = (max(old[0], pages), True)
     return sizes
@@ -336,6 +345,7 @@ class _Steps:
         self.catalogs: dict[str, kvcore.KVConversationCatalog] = {}
         self.events: dict[str, kvcore.device.Event] = {}
         self.allocs: dict[str, _HostBuffer] = {}  # host_alloc'd buffers not freed yet
+        self.lists: dict[str, kvcore.PageIndex] = {}  # page lists the host wrote, by buffer
         # Kernels that count instead of asserting, a counter slot each: (step, what it says).
         self.counted: list[tuple[str, str]] = []
         self.idle = False  # every stream is known idle (the trial's last synchronize ran)
@@ -676,24 +686,53 @@ class _Steps:
                           self.w.stream(str(s.args["stream"])), result=self.w.counters,
                           assert_on_stale=asserting, result_offset=offset)
 
+    def _page_list(self, s: Step) -> None:
+        name = str(s.args["buffer"])
+        view = self._buffer(name).view
+        listing = kvcore.PageIndex(self.w.pool, view.buffer, view.page_offset(0),
+                                   view.layout.page_stride)
+        listing.write(self._handles(s.args["lease"]))
+        self.lists[name] = listing
+
     def _kv_write(self, s: Step) -> None:
-        catalog = self.catalogs[str(s.args["catalog"])]
         value = int(s.args["byte"])  # type: ignore[arg-type]
-        self.wrote.append((value, "kv_write", str(s.args["catalog"]), s))
-        self.w.table.write_pages(catalog.rows[0], max(1, len(catalog.leases)), value,
-                                 self.w.stream(str(s.args["stream"])))
+        stream = self.w.stream(str(s.args["stream"]))
+        if "page_list" in s.args:
+            self.wrote.append((value, "kv_write", f"page list {s.args['page_list']}", s))
+            self.lists[str(s.args["page_list"])].write_pages(value, stream)
+            return
+        catalog = self.catalogs[str(s.args["catalog"])]
+        self.wrote.append((value, "kv_write", f"catalog {s.args['catalog']}'s table row", s))
+        self.w.table.write_pages(catalog.rows[0], max(1, len(catalog.leases)), value, stream)
 
     def _attention(self, s: Step) -> None:
-        name = str(s.args["catalog"])
-        catalog = self.catalogs[name]
         asserting = bool(s.args.get("assert", True))
         expected = int(s.args["byte"])  # type: ignore[arg-type]
+        stream = self.w.stream(str(s.args["stream"]))
+        follows = f"page list {s.args['page_list']}" if "page_list" in s.args else \
+            f"catalog {s.args['catalog']}'s table row"
         offset = self._counter(s, asserting, (
-            f"attention of catalog {name} read {{count}} bytes that are not 0x{expected:02X} in "
-            "the pages its table row names: another owner's data"))
-        self.w.table.attend(catalog.rows[0], max(1, len(catalog.leases)), expected,
-                            self.w.stream(str(s.args["stream"])), result=self.w.counters,
-                            result_offset=offset, assert_on_mismatch=asserting)
+            f"attention through {follows} read {{count}} bytes that are not 0x{expected:02X} in "
+            "the pages it names: another owner's data"))
+        if "page_list" in s.args:
+            self.lists[str(s.args["page_list"])].attend(
+                expected, stream, result=self.w.counters, result_offset=offset,
+                assert_on_mismatch=asserting)
+            return
+        catalog = self.catalogs[str(s.args["catalog"])]
+        self.w.table.attend(catalog.rows[0], max(1, len(catalog.leases)), expected, stream,
+                            result=self.w.counters, result_offset=offset,
+                            assert_on_mismatch=asserting)
+
+    def _gather(self, s: Step) -> None:
+        view = self._buffer(s.args["to"]).view
+        self.lists[str(s.args["page_list"])].gather(view.buffer, view.page_offset(0),
+                                                    self.w.stream(str(s.args["stream"])))
+
+    def _scatter(self, s: Step) -> None:
+        view = self._buffer(s.args["from"]).view
+        self.lists[str(s.args["page_list"])].scatter(view.buffer, view.page_offset(0),
+                                                     self.w.stream(str(s.args["stream"])))
 
     def _read_pinned(self, s: Step) -> None:
         name = str(s.args["buffer"])
@@ -794,7 +833,7 @@ class _Steps:
                 words = f"buffer {name} as each trial starts it: nothing had landed in it yet"
             elif what == "kv_write":
                 assert step is not None
-                words = f"written through catalog {name}'s table row at {step.label}" + (
+                words = f"written through {name} at {step.label}" + (
                     f" (thread {step.thread})" if step.thread else "")
             else:
                 assert step is not None

@@ -27,6 +27,7 @@ from harness.footprint import Footprint
 from harness.inputs import echo
 from harness.model import STREAM_ALIASES, Location, StreamSpec, Step
 from harness.yamlnodes import Fields, Reader, suggest
+from kvcore.device.kernels import TABLE_ENTRY_BYTES
 
 _PLURAL = {"lease": "leases", "catalog": "catalogs", "buffer": "buffers", "event": "events"}
 
@@ -62,6 +63,7 @@ class _Scope:
     counted: int = 0  # read_table and attention steps that count instead of asserting
     bytes: set[int] = field(default_factory=set)  # byte values steps write or expect
     held: dict[tuple[str, str], int] = field(default_factory=dict)  # (thread, mutex) -> lock
+    page_lists: dict[str, int] = field(default_factory=dict)  # buffer -> entries last written
 
     def host_pages(self) -> int:
         return sum(self.world.values()) + self.alloc_pages
@@ -453,8 +455,19 @@ class StepList:
                 scope.leased -= scope.lease_pages[lease]
             for bind in catalog.binds:
                 scope.rows.remove(bind)
+        elif op in ("kv_write", "attention", "gather", "scatter") and "page_list" in args:
+            self.list_use(f, op, args, v)
         elif op in ("activate", "publish", "read_table", "kv_write", "attention"):
             self.table_use(f, op, args, v)
+        elif op == "page_list":
+            entries = scope.lease_pages[str(args["lease"])]
+            most = self.page_bytes // TABLE_ENTRY_BYTES
+            if entries > most:
+                raise self.reader.error(f.values["lease"], f.sub("lease"), (
+                    f"lease {args['lease']!r} has {entries} pages; a page list holds at most "
+                    f"{most} entries of {TABLE_ENTRY_BYTES} bytes (one page of the buffer): "
+                    "list a smaller lease"))
+            scope.page_lists[str(args["buffer"])] = entries
         elif op == "read_pinned":
             self.count_slot(f.node, f.path, v)
         elif op in ("copy_from_host", "copy_to_host"):
@@ -521,6 +534,24 @@ class StepList:
         elif op != "kv_write" and args.get("assert") is False:
             self.count_slot(f.values["assert"], f.sub("assert"), v)
 
+    def list_use(self, f: Fields, op: str, args: dict[str, object], v: str) -> None:
+        """A kernel that follows a page list needs one written before it (in the variant); a
+        gather or scatter moves as many pages of its pinned buffer as the list has entries."""
+        scope = self.scopes[v]
+        name = str(args["page_list"])
+        entries = scope.page_lists.get(name)
+        if entries is None:
+            raise self.reader.error(f.values["page_list"], f.sub("page_list"), (
+                f"buffer {name!r} holds no page list{self._within(v)} when this {op} runs: "
+                "write one into it first (a page_list step)"))
+        if op == "attention" and args.get("assert") is False:
+            self.count_slot(f.values["assert"], f.sub("assert"), v)
+        elif op in ("gather", "scatter"):
+            key = "to" if op == "gather" else "from"
+            self.need_pages(f.values[key], f.sub(key), v, str(args[key]), entries,
+                            f"page list {name!r} has {entries} entr"
+                            f"{'ies' if entries != 1 else 'y'}, a page each")
+
     def count_slot(self, node: Node, path: str, v: str) -> None:
         """A kernel that counts takes one of the executor's counters."""
         scope = self.scopes[v]
@@ -537,11 +568,15 @@ class StepList:
         them); ranges of allocated buffers are checked now, those of world buffers once every
         step is read."""
         scope = self.scopes[v]
-        if op == "copy_to_host":
-            name = str(args["dst"])
+        if op in ("copy_to_host", "gather", "page_list"):
+            # The pages the device writes there (a page list fits in one).
+            key, pages = {
+                "copy_to_host": ("dst", lambda: scope.lease_pages.get(str(args["src"]), 1)),
+                "gather": ("to", lambda: scope.page_lists.get(str(args["page_list"]), 1)),
+                "page_list": ("buffer", lambda: 1)}[op]
+            name = str(args[key])
             if name not in scope.allocated:
-                self.grow(f.values["dst"], f.sub("dst"), v, name,
-                          scope.lease_pages.get(str(args["src"]), 1))
+                self.grow(f.values[key], f.sub(key), v, name, pages())
             return
         if op != "host_fill":
             return

@@ -44,7 +44,7 @@ REFERENCES = {LEASE: "lease", CATALOG: "catalog", BUFFER: "buffer", EVENT: "even
 HOW_TO_DEFINE = {
     "lease": "a materialize step with an id defines one",
     "catalog": "a catalog step with an id defines one",
-    "buffer": "a host_fill, copy_to_host or host_alloc step defines one",
+    "buffer": "a host_fill, copy_to_host, page_list, gather or host_alloc step defines one",
     "event": "a record_event step records one",
 }
 
@@ -75,6 +75,9 @@ class Op:
 def _k(holds: str, required: bool = False) -> Key:
     return Key(holds, required)
 
+
+_FOLLOWS = ((("catalog", "page_list"), "catalog (its table row) or page_list (a pinned page "
+                                        "list), to follow"),)
 
 OPS: dict[str, Op] = {
     "materialize": Op({"pages": _k(COUNT, True)}, "lease pages from the pool (the id names them)",
@@ -117,14 +120,28 @@ OPS: dict[str, Op] = {
     "read_table": Op({"catalog": _k(CATALOG, True), "stream": _k(STREAM, True),
                       "assert": _k(BOOL)},
                      "the table reader: asserts (or counts) on a stale or empty entry"),
-    "kv_write": Op({"catalog": _k(CATALOG, True), "byte": _k(BYTE, True),
+    "page_list": Op({"buffer": _k(NEW_BUFFER, True), "lease": _k(LEASE, True)},
+                    "the host writes a lease's pages into a pinned buffer as a page list "
+                    "(int32 page, int32 generation each), which kernels read in place when "
+                    "they run"),
+    "kv_write": Op({"catalog": _k(CATALOG), "page_list": _k(BUFFER), "byte": _k(BYTE, True),
                     "stream": _k(STREAM, True)},
-                   "a kernel writes the byte over every page the catalog's table row names, as "
-                   "it finds the row when it runs (a stale row: someone else's pages)"),
-    "attention": Op({"catalog": _k(CATALOG, True), "byte": _k(BYTE, True),
+                   "a kernel writes the byte over every page the catalog's table row (or a page "
+                   "list) names, as it finds them when it runs (stale: someone else's pages)",
+                   one_of=_FOLLOWS),
+    "attention": Op({"catalog": _k(CATALOG), "page_list": _k(BUFFER), "byte": _k(BYTE, True),
                      "stream": _k(STREAM, True), "assert": _k(BOOL)},
-                    "a kernel reads every page the catalog's table row names and checks it "
-                    "holds the byte: asserts (or counts) on another owner's bytes"),
+                    "a kernel reads every page the catalog's table row (or a page list) names "
+                    "and checks it holds the byte: asserts (or counts) on another owner's bytes",
+                    one_of=_FOLLOWS),
+    "gather": Op({"page_list": _k(BUFFER, True), "to": _k(NEW_BUFFER, True),
+                  "stream": _k(STREAM, True)},
+                 "a kernel copies every page a page list names into consecutive pages of a "
+                 "pinned buffer (in place, zero-copy), as it finds the list when it runs"),
+    "scatter": Op({"page_list": _k(BUFFER, True), "from": _k(BUFFER, True),
+                   "stream": _k(STREAM, True)},
+                  "a kernel copies consecutive pages of a pinned buffer into the pages a page "
+                  "list names, as it finds the list when it runs"),
     "read_pinned": Op({"buffer": _k(BUFFER, True), "byte": _k(BYTE, True),
                        "stream": _k(STREAM, True)},
                       "a kernel reads a pinned buffer in place (zero-copy, as small-input "

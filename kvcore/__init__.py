@@ -36,7 +36,7 @@ from kvcore.pool import (
     DeviceKVPagePool,
     DeviceKVPageReservation,
 )
-from kvcore.table import KVExecutionTablePool
+from kvcore.table import KVExecutionTablePool, PageIndex
 
 __all__ = [
     "DType", "Defects", "Device", "DeviceArena", "DeviceContext", "DeviceError",
@@ -44,6 +44,7 @@ __all__ = [
     "DeviceKVPageReservation", "DeviceUnavailableError", "DeviceUsageError", "GeometryError",
     "HostKVAllocation", "HostKVAllocationView", "HostKVArena", "HostKVPageLayout",
     "KVConversationCatalog", "KVCoreError", "KVExecutionTablePool", "KVPageGeometry",
-    "KVPlaneGeometry", "PoolError", "PoolExhaustedError", "StaleHandleError", "TableError",
+    "KVPlaneGeometry", "PageIndex", "PoolError", "PoolExhaustedError", "StaleHandleError",
+    "TableError",
     "cuda_available", "open_device", "page_payload_equal", "plan_host_kv_page_layout",
 ]

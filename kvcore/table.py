@@ -1,4 +1,5 @@
-"""KVExecutionTablePool: the logical->physical page rows that attention kernels read.
+"""KVExecutionTablePool: the logical->physical page rows that attention kernels read; PageIndex:
+a page list in pinned memory that kernels read in place.
 
 Rows live on the device; each is published from a pinned host shadow with one async copy on the
 caller's stream, so a kernel later on that stream reads the row it was meant to. With
@@ -15,7 +16,15 @@ from collections.abc import Sequence
 import numpy as np
 
 from kvcore.device.base import Buffer, Stream
-from kvcore.device.kernels import RESULT_BYTES, TABLE_ENTRY_BYTES, Attend, ReadTable, WritePages
+from kvcore.device.kernels import (
+    RESULT_BYTES,
+    TABLE_ENTRY_BYTES,
+    Attend,
+    GatherPages,
+    ReadTable,
+    ScatterPages,
+    WritePages,
+)
 from kvcore.errors import TableError
 from kvcore.pool import DeviceKVPageHandle, DeviceKVPagePool
 
@@ -156,5 +165,66 @@ class KVExecutionTablePool:
         pages = self._pages[row][:entries]
         declared = tuple(sorted({int(p) for p in pages if 0 <= p < self.pool.pages}))
         return {"table": self.table, "offset": offset, "entries": entries,
+                "pages": self.pool.buffer, "stride": self.pool.page_stride,
+                "num_pages": self.pool.pages, "declared": declared}
+
+
+class PageIndex:
+    """A list of pages in pinned host memory that kernels read in place, where they run.
+
+    The host writes it with a plain store (``write``: one (int32 page, int32 generation) entry
+    per handle), with no copy and no stream: a kernel launched after follows whatever the list
+    holds when it runs. An engine that rewrites such a list in place for its next batch while
+    the last batch's kernel is still queued sends that kernel to the next batch's pages. As for
+    a table row, the op log records the pages last written here as what a kernel touches; a
+    rewrite before the kernel runs is a race on the list's own bytes, where the detector finds
+    it."""
+
+    def __init__(self, pool: DeviceKVPagePool, buffer: Buffer, offset: int, nbytes: int) -> None:
+        self.pool = pool
+        self.device = pool.device
+        self.buffer, self.offset, self.nbytes = buffer, offset, nbytes
+        self.pages: tuple[int, ...] = ()
+
+    def write(self, handles: Sequence[DeviceKVPageHandle]) -> None:
+        """The host writes the handles' entries into the list, now."""
+        if not handles or len(handles) * TABLE_ENTRY_BYTES > self.nbytes:
+            raise TableError(f"a page list of {self.nbytes} bytes holds 1 to "
+                             f"{self.nbytes // TABLE_ENTRY_BYTES} entries, not {len(handles)}")
+        entries = np.array([(h.index, h.generation) for h in handles], dtype=np.int32)
+        self.device.host_write(self.buffer, self.offset, entries)
+        self.pages = tuple(h.index for h in handles)
+
+    def write_pages(self, value: int, stream: Stream) -> None:
+        """``kv_write`` through the list: ``value`` over every page it names when it runs."""
+        self.device.launch(WritePages(**self._fields(), value=value), stream)
+
+    def attend(self, expected: int, stream: Stream, *, result: Buffer, result_offset: int = 0,
+               assert_on_mismatch: bool = True) -> None:
+        """``attention`` through the list (see :meth:`KVExecutionTablePool.attend`)."""
+        if result_offset + RESULT_BYTES > result.nbytes:
+            raise TableError("the result buffer is too small for the count")
+        self.device.launch(Attend(**self._fields(), expected=expected, result=result,
+                                  result_offset=result_offset,
+                                  assert_on_mismatch=assert_on_mismatch), stream)
+
+    def gather(self, packed: Buffer, offset: int, stream: Stream) -> None:
+        """Copy every page the list names, entry ``e`` to the ``e``-th page of ``packed`` from
+        ``offset``."""
+        self.device.launch(GatherPages(**self._fields(), packed=packed, packed_offset=offset),
+                           stream)
+
+    def scatter(self, packed: Buffer, offset: int, stream: Stream) -> None:
+        """Copy the ``e``-th page of ``packed`` from ``offset`` into the page entry ``e``
+        names."""
+        self.device.launch(ScatterPages(**self._fields(), packed=packed, packed_offset=offset),
+                           stream)
+
+    def _fields(self) -> dict[str, object]:
+        if not self.pages:
+            raise TableError("the page list was never written: write it before a kernel "
+                             "follows it")
+        declared = tuple(sorted(set(self.pages)))
+        return {"table": self.buffer, "offset": self.offset, "entries": len(self.pages),
                 "pages": self.pool.buffer, "stride": self.pool.page_stride,
                 "num_pages": self.pool.pages, "declared": declared}

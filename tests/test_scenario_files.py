@@ -170,6 +170,10 @@ def test_all_step_ops_accepted(tmp_path: Path) -> None:
     - {op: attention, catalog: conv, byte: 7, stream: compute, assert: false}
     - {op: host_fill, buffer: small, byte: 7}
     - {op: read_pinned, buffer: small, byte: 7, stream: compute}
+    - {op: page_list, buffer: blocks, lease: old-page}
+    - {op: attention, page_list: blocks, byte: 7, stream: compute}
+    - {op: gather, page_list: blocks, to: gathered, stream: compute}
+    - {op: scatter, page_list: blocks, from: gathered, stream: compute}
     - {op: record_event, event: done, stream: transfer}
     - {op: wait_event, event: done, stream: compute}
     - {op: delay, us: 2.5, stream: transfer_stream}
@@ -307,15 +311,16 @@ CASES = {
         "17:12: spec.steps[3].op: unknown op 'synchronise' (did you mean 'synchronize'?); use "
         "one of materialize, release, host_fill, host_alloc, host_free, copy_from_host, "
         "copy_to_host, copy_page, zero_pages, catalog, retain, bind, publish, activate, "
-        "release_catalog, read_table, kv_write, attention, read_pinned, record_event, "
-        "wait_event, event_query, synchronize, delay, lock, unlock, check"),
+        "release_catalog, read_table, page_list, kv_write, attention, gather, scatter, "
+        "read_pinned, record_event, wait_event, event_query, synchronize, delay, lock, unlock, "
+        "check"),
     "step-without-op": (
         SYNC, "    - {stream: compute}",
         "17:7: spec.steps[3]: a step needs an op; use one of materialize, release, host_fill, "
         "host_alloc, host_free, copy_from_host, copy_to_host, copy_page, zero_pages, catalog, "
-        "retain, bind, publish, activate, release_catalog, read_table, kv_write, attention, "
-        "read_pinned, record_event, wait_event, event_query, synchronize, delay, lock, unlock, "
-        "check"),
+        "retain, bind, publish, activate, release_catalog, read_table, page_list, kv_write, "
+        "attention, gather, scatter, read_pinned, record_event, wait_event, event_query, "
+        "synchronize, delay, lock, unlock, check"),
     "step-not-a-mapping": (
         SYNC, "    - synchronize",
         "17:7: spec.steps[3]: expected a step (a mapping with an op), got the string "

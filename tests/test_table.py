@@ -136,6 +136,92 @@ def test_kv_write_follows_a_stale_row_and_the_detector_finds_the_row_race(
                for buffer, first, second in races), races
 
 
+def _oplog(device) -> list[tuple]:
+    """What the op log says each kernel read and wrote: (kind, stream, reads, writes)."""
+    out = []
+    device.oplog.subscribe(lambda r: out.append(
+        (r.kind, r.stream, [(a.buffer, a.offset, a.length) for a in r.reads],
+         [(a.buffer, a.offset, a.length) for a in r.writes])) if r.kind.startswith("kernel:")
+        else None)
+    return out
+
+
+def test_gather_and_scatter_follow_a_pinned_page_list(backend: str,
+                                                      request: pytest.FixtureRequest) -> None:
+    """A page list in pinned memory, read in place by the kernels: scatter writes packed pages
+    into the pages it names, gather copies them back out, kv_write and attention follow it too;
+    the op log says which pages each touched, the same on both backends."""
+    import numpy as np
+
+    from kvcore import PageIndex
+
+    device, context, pool, _table, leases, _row = _row_world(backend, request)
+    stride = pool.page_stride
+    staging = device.alloc_host(4 * stride + 64, name="page-list")
+    listing = PageIndex(pool, staging, 0, 64)
+    packed = device.alloc_host(2 * stride, name="packed")
+    device.host_fill(packed, 0, stride, 0x11)
+    device.host_fill(packed, stride, stride, 0x22)
+    log = _oplog(device)
+    listing.write([leases[3].handle, leases[1].handle])
+    listing.scatter(packed, 0, context.stream)
+    context.synchronize()
+    assert [_page(device, context, pool, i) for i in range(4)] == [{0}, {0x22}, {0}, {0x11}]
+    back = device.alloc_host(2 * stride, name="back")
+    listing.gather(back, 0, context.stream)
+    result = device.alloc(4, name="count")
+    device.memset(result, 0, 4, 0, context.stream)
+    listing.attend(0x11, context.stream, result=result, assert_on_mismatch=False)
+    context.synchronize()  # before the host rewrites the list: the kernels read it in place
+    listing.write([leases[2].handle])
+    listing.write_pages(0x33, context.stream)
+    context.synchronize()
+    assert set(device.host_read(back, 0, stride).tolist()) == {0x11}
+    assert set(device.host_read(back, stride, stride).tolist()) == {0x22}
+    assert _page(device, context, pool, 2) == {0x33}
+    count = device.alloc_host(4, name="count-host")
+    device.copy(count, 0, result, 0, 4, context.stream)
+    context.synchronize()
+    assert device.host_read(count, 0, 4).view(np.int32).tolist() == [stride]  # page 1's bytes
+    kernels = [(kind, reads, writes) for kind, _, reads, writes in log]
+    p, s, b = pool.buffer.id, staging.id, back.id
+    assert kernels == [
+        ("kernel:scatter_pages", [(s, 0, 16), (packed.id, 0, 2 * stride)],
+         [(p, stride, stride), (p, 3 * stride, stride)]),
+        ("kernel:gather_pages", [(s, 0, 16), (p, stride, stride), (p, 3 * stride, stride)],
+         [(b, 0, 2 * stride)]),
+        ("kernel:attention", [(s, 0, 16), (p, stride, stride), (p, 3 * stride, stride),
+                              (result.id, 0, 4)], [(result.id, 0, 4)]),
+        ("kernel:kv_write", [(s, 0, 8)], [(p, 2 * stride, stride)]),
+    ]
+
+
+def test_a_page_list_rewritten_in_place_sends_a_queued_kernel_elsewhere(
+        backend: str, request: pytest.FixtureRequest) -> None:
+    """Data-dependent addresses through pinned memory: kv_write is queued behind 2 ms of work
+    following a list of page 0, and the host rewrites the list in place for page 2 before it
+    runs. It writes page 2 on both backends; the op log records page 0 (what the list held at
+    the launch) and the detector finds the race on the list's own bytes."""
+    from harness.detector import RaceDetector
+    from kvcore import PageIndex
+    from kvcore.device.kernels import Delay
+
+    device, context, pool, _table, leases, _row = _row_world(backend, request)
+    detector = RaceDetector()
+    detector.attach(device)
+    staging = device.alloc_host(64, name="page-list")
+    listing = PageIndex(pool, staging, 0, 64)
+    listing.write([leases[0].handle])
+    device.launch(Delay(2000), context.stream)
+    listing.write_pages(0x5A, context.stream)
+    listing.write([leases[2].handle])  # the next batch's list, in place
+    context.synchronize()
+    assert _page(device, context, pool, 0) == {0}
+    assert _page(device, context, pool, 2) == {0x5A}
+    races = [(f.buffer, f.first.kind, f.second.kind) for f in detector.findings]
+    assert ("page-list", "kernel:kv_write", "host_write") in races, races
+
+
 def test_attention_asserts_on_another_owners_bytes_on_sim(
         request: pytest.FixtureRequest) -> None:
     device, context, _, table, leases, row = _row_world("sim", request)
@@ -179,8 +265,8 @@ spec:
     assert fixed.outcome.value == "clean", fixed.detail
     wrong = TrialExecutor(scenario, scenario.variant("wrong"), "sim").run(0, 0)
     assert wrong.detail == (
-        "decode-wrong: attention of catalog conv read 2048 bytes that are not 0xBB in the pages "
-        "its table row names: another owner's data")
+        "decode-wrong: attention through catalog conv's table row read 2048 bytes that are not "
+        "0xBB in the pages it names: another owner's data")
     path.write_text(text.replace("{op: check, lease: kv, byte: 0xAA}",
                                  "{op: check, lease: kv, byte: 0xCC}"))
     scenario = load_scenario(path)
@@ -296,3 +382,60 @@ spec:
         "corruption", "in-place: a kernel reading buffer input in place saw 1024 bytes that are "
         "not 0x11: the host changed them under it", 1)
     assert outcomes["fixed"] == ("clean", "", 0)
+
+
+PAGE_LIST = """\
+apiVersion: gpurace/v1
+kind: Scenario
+metadata: {name: lists}
+spec:
+  pool: {pages: 4, page_tokens: 64, planes: [{dtype: i8, leading: 8, heads: 2, align: 256}]}
+  variants: {fixed: {expect: clean}}
+  steps:
+    - {id: kv, op: materialize, pages: 2}
+    - {op: host_fill, buffer: tokens, byte: 0x5A, pages: 2}
+    - {op: page_list, buffer: blocks, lease: kv}
+    - {op: scatter, page_list: blocks, from: tokens, stream: compute}
+    - {op: gather, page_list: blocks, to: back, stream: compute}
+    - {op: kv_write, page_list: blocks, byte: 0x6B, stream: compute}
+    - {op: synchronize}
+    - {op: check, buffer: back, equals: tokens}
+    - {op: check, lease: kv, byte: 0x6C}
+"""
+
+
+def test_page_list_steps_run_and_say_whose_bytes(tmp_path) -> None:
+    """scatter, gather and kv_write through a page list as steps; a check that finds the
+    kv_write's bytes names the page list."""
+    from harness.executor import TrialExecutor
+    from harness.scenario import load_scenario
+
+    path = tmp_path / "lists.yaml"
+    path.write_text(PAGE_LIST)
+    scenario = load_scenario(path)
+    result = TrialExecutor(scenario, scenario.variant("fixed"), "sim").run(0, 0)
+    assert result.outcome.value == "corruption"  # the gathered copy matched; the lease did not
+    assert result.detail.startswith("8:check: lease kv: page 0: ")
+    assert result.detail.endswith("found 0x6B (written through page list blocks at 5:kv_write)")
+
+
+@pytest.mark.parametrize("old, new, says", [
+    ("{op: page_list, buffer: blocks, lease: kv}", "{op: host_fill, buffer: blocks, byte: 1}",
+     "buffer 'blocks' holds no page list when this scatter runs: write one into it first"),
+    ("{op: kv_write, page_list: blocks,", "{op: kv_write, catalog: blocks, page_list: blocks,",
+     "catalog (its table row) or page_list (a pinned page list), to follow"),
+    ("{op: host_fill, buffer: tokens, byte: 0x5A, pages: 2}",
+     "{op: host_alloc, buffer: tokens, pages: 1}",
+     "page list 'blocks' has 2 entries, a page each"),
+])
+def test_page_list_mistakes_are_refused_at_the_step(tmp_path, old: str, new: str,
+                                                     says: str) -> None:
+    from harness.errors import ScenarioError
+    from harness.scenario import load_scenario
+
+    assert old in PAGE_LIST
+    path = tmp_path / "lists.yaml"
+    path.write_text(PAGE_LIST.replace(old, new))
+    with pytest.raises(ScenarioError) as caught:
+        load_scenario(path)
+    assert says in str(caught.value), str(caught.value)

@@ -24,9 +24,11 @@ from kvcore.device.kernels import (
     Delay,
     Fill,
     Gather,
+    GatherPages,
     Kernel,
     ReadTable,
     Scatter,
+    ScatterPages,
     Verify,
     WritePages,
 )
@@ -118,7 +120,7 @@ class CudaDevice(Device):
         source = importlib.resources.files("kvcore.device").joinpath("kernels_data.cu")
         try:
             module = self._cp.RawModule(code=source.read_text(), options=("-std=c++17",))
-            for name in ("kv_write_pages", "kv_attention"):
+            for name in ("kv_write_pages", "kv_attention", "kv_move_row_pages"):
                 self._fns[name] = module.get_function(name)
         except Exception as exc:  # NVRTC's compile error, with the compiler's log
             return f"{type(exc).__name__}: {exc}"
@@ -144,6 +146,8 @@ class CudaDevice(Device):
                                                          np.uint32(0)), stream=stream)
                 self._fns["kv_attention"]((1,), (1,), (flag, zero32, flag, zero64, zero32,
                                                        np.uint32(0), flag, zero32), stream=stream)
+                self._fns["kv_move_row_pages"]((1,), (1,), (flag, zero32, flag, zero64, zero32,
+                                                            flag, zero32), stream=stream)
             self._spin(0.0, stream)
             self._cp.cuda.runtime.deviceSynchronize()
 
@@ -246,7 +250,7 @@ class CudaDevice(Device):
                     np.uint64(_ptr(kernel.generations)), np.int32(kernel.num_pages),
                     np.uint64(_ptr(kernel.result) + kernel.result_offset),
                     np.int32(1 if kernel.assert_on_stale else 0)), stream=s)
-            elif isinstance(kernel, (WritePages, Attend)):
+            elif isinstance(kernel, (WritePages, Attend, GatherPages)):
                 self._row_kernel(kernel, s, blocks)
             elif isinstance(kernel, Delay):
                 self._spin(kernel.us, s)
@@ -255,7 +259,8 @@ class CudaDevice(Device):
             else:
                 raise DeviceUsageError(f"the CUDA device has no kernel {kernel.name!r}")
 
-    def _row_kernel(self, kernel: WritePages | Attend, stream: Any, blocks: int) -> None:
+    def _row_kernel(self, kernel: WritePages | Attend | GatherPages, stream: Any,
+                    blocks: int) -> None:
         if self._data_error:
             raise DeviceUsageError(f"the {kernel.name} kernel did not compile on this GPU: "
                                    f"{self._data_error}")
@@ -266,6 +271,11 @@ class CudaDevice(Device):
         if isinstance(kernel, WritePages):
             self._fns["kv_write_pages"](grid, (_THREADS,), (*common, np.uint32(kernel.value)),
                                         stream=stream)
+        elif isinstance(kernel, GatherPages):
+            assert kernel.packed is not None
+            self._fns["kv_move_row_pages"](grid, (_THREADS,), (
+                *common, np.uint64(_ptr(kernel.packed) + kernel.packed_offset),
+                np.int32(1 if isinstance(kernel, ScatterPages) else 0)), stream=stream)
         else:
             assert kernel.result is not None
             self._fns["kv_attention"](grid, (_THREADS,), (

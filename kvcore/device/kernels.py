@@ -306,6 +306,54 @@ class Attend(RowKernel):
                 "assert": self.assert_on_mismatch, "pages": "as last published"}
 
 
+@dataclass(frozen=True)
+class GatherPages(RowKernel):
+    """``gather``: copies every page the row names into consecutive pages of ``packed`` (from
+    ``packed_offset``; entry ``e`` to the ``e``-th page there), as an offload or a block-table
+    gather does: with a stale row, another owner's pages."""
+
+    packed: Buffer | None = None
+    packed_offset: int = 0
+    name = "gather_pages"
+
+    def _packed(self) -> Access:
+        assert self.packed is not None
+        return Access(self.packed.id, self.packed_offset, self.entries * self.stride)
+
+    def reads(self) -> tuple[Access, ...]:
+        return (self.row(), *self.page_accesses())
+
+    def writes(self) -> tuple[Access, ...]:
+        return (self._packed(),)
+
+    def buffers(self) -> tuple[Buffer, ...]:
+        assert self.packed is not None
+        return (self.table, self.pages, self.packed)
+
+    def extents(self) -> tuple[tuple[Buffer, int, int], ...]:
+        assert self.packed is not None
+        packed = self._packed()
+        return (*super().extents(), (self.packed, packed.offset, packed.end))
+
+    def detail(self) -> dict[str, object]:
+        return {"entries": self.entries, "pages": "as last published"}
+
+
+@dataclass(frozen=True)
+class ScatterPages(GatherPages):
+    """``scatter``: copies consecutive pages of ``packed`` into the pages the row names (entry
+    ``e`` from the ``e``-th page there), as a KV load does: with a stale row, into another
+    owner's pages."""
+
+    name = "scatter_pages"
+
+    def reads(self) -> tuple[Access, ...]:
+        return (self.row(), self._packed())
+
+    def writes(self) -> tuple[Access, ...]:
+        return self.page_accesses()
+
+
 def _span(buf: Buffer, offsets: np.ndarray, chunk: int) -> tuple[Buffer, int, int]:
     """The bytes a set of ``chunk``-byte pieces at ``offsets`` can touch, first to last."""
     if len(offsets) == 0:

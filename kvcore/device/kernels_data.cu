@@ -53,3 +53,25 @@ extern "C" __global__ void kv_attention(u64 table, int entries, u64 pages, u64 s
         atomicAdd(reinterpret_cast<int*>(result), bad);
     }
 }
+
+// gather (to_pages = 0): every page the row names to the entry's page of `packed`;
+// scatter (to_pages = 1): the entry's page of `packed` into the page the row names.
+extern "C" __global__ void kv_move_row_pages(u64 table, int entries, u64 pages, u64 stride,
+                                             int num_pages, u64 packed, int to_pages) {
+    const int* t = reinterpret_cast<const int*>(table);
+    for (int e = blockIdx.x; e < entries; e += gridDim.x) {
+        const int page = t[2 * e];
+        if (page < 0 || page >= num_pages) {
+            continue;
+        }
+        u8* p = reinterpret_cast<u8*>(pages) + (u64)page * stride;
+        u8* q = reinterpret_cast<u8*>(packed) + (u64)e * stride;
+        for (u64 i = threadIdx.x; i < stride; i += blockDim.x) {
+            if (to_pages) {
+                p[i] = q[i];
+            } else {
+                q[i] = p[i];
+            }
+        }
+    }
+}

@@ -32,14 +32,16 @@ from kvcore.device.kernels import (
     RESULT_BYTES,
     TABLE_ASSERT_LINE,
     TABLE_ENTRY_BYTES,
+    Attend,
     Delay,
     Fill,
-    Attend,
     Gather,
+    GatherPages,
     Kernel,
     ReadTable,
     RowKernel,
     Scatter,
+    ScatterPages,
     Verify,
     WritePages,
 )
@@ -279,11 +281,13 @@ class SimDevice(Device):
                            packed=_arr(kernel.dst), packed_off=kernel.dst_offset)
             return self._transfer(stream, kernel.chunk * len(kernel.src_offsets), False, move,
                                   kernel=True)
-        elif isinstance(kernel, (Verify, ReadTable, WritePages, Attend)):
+        elif isinstance(kernel, (Verify, ReadTable, WritePages, Attend, GatherPages)):
             begin, end = self._schedule(stream, c.kernel_min_ns, latency=c.kernel_latency_ns,
                                         issue=c.launch_issue_ns)
             check = {Verify: self._verify, ReadTable: self._read_table,
-                     WritePages: self._write_pages, Attend: self._attend}[type(kernel)]
+                     WritePages: self._write_pages, Attend: self._attend,
+                     GatherPages: self._move_row_pages,
+                     ScatterPages: self._move_row_pages}[type(kernel)]
             # The kernel reads what is there when it begins running.
             self._at(begin, lambda: check(kernel))
             return begin, end
@@ -315,11 +319,26 @@ class SimDevice(Device):
         _add_result(_arr(k.result), k.result_offset, bad)
 
     @staticmethod
-    def _row_pages(k: RowKernel) -> list[int]:
-        """The pages a row kernel's row names now, in range (what the kernel follows)."""
+    def _row_entries(k: RowKernel) -> list[tuple[int, int]]:
+        """(entry, page) for each entry of a row kernel's row that names a page in range now
+        (what the kernel follows)."""
         raw = _arr(k.table)[k.offset:k.offset + k.entries * TABLE_ENTRY_BYTES]
         pages = raw.view(np.int32).reshape(-1, 2)[:, 0]
-        return [int(p) for p in pages if 0 <= p < k.num_pages]
+        return [(e, int(p)) for e, p in enumerate(pages) if 0 <= p < k.num_pages]
+
+    @classmethod
+    def _row_pages(cls, k: RowKernel) -> list[int]:
+        return [p for _, p in cls._row_entries(k)]
+
+    def _move_row_pages(self, k: GatherPages) -> None:
+        assert k.packed is not None
+        pages, packed, n = _arr(k.pages), _arr(k.packed), k.stride
+        for e, p in self._row_entries(k):
+            at = k.packed_offset + e * n
+            if isinstance(k, ScatterPages):
+                pages[p * n:(p + 1) * n] = packed[at:at + n]
+            else:
+                packed[at:at + n] = pages[p * n:(p + 1) * n]
 
     def _write_pages(self, k: WritePages) -> None:
         pages = _arr(k.pages)
