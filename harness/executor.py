@@ -29,7 +29,7 @@ from harness.limits import COUNTED_READS_MAX
 from harness.model import Amplify, PlaneSpec, PoolSpec, Scenario, Step, Variant
 from harness.outcome import Outcome, TrialResult
 from harness.traces.ticket import Ticket, load_ticket
-from kvcore.device.kernels import Delay, Verify
+from kvcore.device.kernels import FIRST_BYTES, Delay, Verify, first_mismatch
 from kvcore.device.schedule import Schedule
 from kvcore.device.sim import UNWRITTEN
 
@@ -161,6 +161,10 @@ class World:
         self.counters = device.alloc(4 * COUNTED_READS_MAX, name="table-read-counts")
         self.counters_host = device.alloc_host(4 * COUNTED_READS_MAX,
                                                name="table-read-counts-host")
+        # And per slot, where a counting attention keeps the first page it found wrong.
+        self.firsts = device.alloc(FIRST_BYTES * COUNTED_READS_MAX, name="attention-firsts")
+        self.firsts_host = device.alloc_host(FIRST_BYTES * COUNTED_READS_MAX,
+                                             name="attention-firsts-host")
         self.scrubs = scrubs
         # What a page holds before a trial writes it: the last scrub's byte on the GPU, the
         # simulated device's initial byte on sim. A check that finds it says so.
@@ -347,7 +351,7 @@ class _Steps:
         self.allocs: dict[str, _HostBuffer] = {}  # host_alloc'd buffers not freed yet
         self.lists: dict[str, kvcore.PageIndex] = {}  # page lists the host wrote, by buffer
         # Kernels that count instead of asserting, a counter slot each: (step, what it says).
-        self.counted: list[tuple[str, str]] = []
+        self.counted: list[tuple[str, str, bool]] = []  # (step, says, keeps its first)
         self.idle = False  # every stream is known idle (the trial's last synchronize ran)
 
     def run(self) -> tuple[Outcome, str, str | None, int | None]:
@@ -713,16 +717,18 @@ class _Steps:
             f"catalog {s.args['catalog']}'s table row"
         offset = self._counter(s, asserting, (
             f"attention through {follows} read {{count}} bytes that are not 0x{expected:02X} in "
-            "the pages it names: another owner's data"))
+            "the pages it names: another owner's data"), first=True)
+        # Where a counting attention keeps the first page it found wrong (its slot's own).
+        first = {"first": self.w.firsts, "first_offset": offset * 2} if not asserting else {}
         if "page_list" in s.args:
             self.lists[str(s.args["page_list"])].attend(
                 expected, stream, result=self.w.counters, result_offset=offset,
-                assert_on_mismatch=asserting)
+                assert_on_mismatch=asserting, **first)
             return
         catalog = self.catalogs[str(s.args["catalog"])]
         self.w.table.attend(catalog.rows[0], max(1, len(catalog.leases)), expected, stream,
                             result=self.w.counters, result_offset=offset,
-                            assert_on_mismatch=asserting)
+                            assert_on_mismatch=asserting, **first)
 
     def _gather(self, s: Step) -> None:
         view = self._buffer(s.args["to"]).view
@@ -747,14 +753,19 @@ class _Steps:
                                     self.w.counters, offset),
                              self.w.stream(str(s.args["stream"])))
 
-    def _counter(self, s: Step, asserting: bool, says: str) -> int:
+    def _counter(self, s: Step, asserting: bool, says: str, first: bool = False) -> int:
         """The counter slot a counting kernel adds to (zeroed first, on its stream), and what
-        a non-zero count says ({count} in ``says``); 0 for a kernel that asserts instead."""
+        a non-zero count says ({count} in ``says``); 0 for a kernel that asserts instead. With
+        ``first``, the slot's first-mismatch record (8 bytes at twice the offset in
+        ``firsts``) is set to all ones too."""
         if asserting:
             return 0
         slot = len(self.counted)
-        self.w.device.memset(self.w.counters, slot * 4, 4, 0, self.w.stream(str(s.args["stream"])))
-        self.counted.append((s.label, says))
+        stream = self.w.stream(str(s.args["stream"]))
+        self.w.device.memset(self.w.counters, slot * 4, 4, 0, stream)
+        if first:
+            self.w.device.memset(self.w.firsts, slot * 8, 8, 0xFF, stream)
+        self.counted.append((s.label, says, first))
         return slot * 4
 
     def _record_event(self, s: Step) -> None:
@@ -853,12 +864,26 @@ class _Steps:
         if not self.counted:
             return
         w = self.w
-        w.device.copy(w.counters_host, 0, w.counters, 0, 4 * len(self.counted), w.check_stream)
+        n = len(self.counted)
+        w.device.copy(w.counters_host, 0, w.counters, 0, 4 * n, w.check_stream)
+        w.device.copy(w.firsts_host, 0, w.firsts, 0, 8 * n, w.check_stream)
         w.device.synchronize_stream(w.check_stream)
-        counts = w.device.host_read(w.counters_host, 0, 4 * len(self.counted)).view(np.int32)
-        for (label, says), count in zip(self.counted, counts.tolist()):
+        counts = w.device.host_read(w.counters_host, 0, 4 * n).view(np.int32)
+        firsts = w.device.host_read(w.firsts_host, 0, 8 * n).view(np.uint64)
+        for (label, says, kept), count, first in zip(self.counted, counts.tolist(),
+                                                     firsts.tolist()):
             if count:
-                raise _Corruption(label, f"{label}: " + says.format(count=count))
+                found = first_mismatch(int(first)) if kept else None
+                raise _Corruption(label, f"{label}: " + says.format(count=count) + (
+                    self._first_wrong(*found) if found else ""))
+
+    def _first_wrong(self, entry: int, page: int, byte: int) -> str:
+        """Whose page a counting attention read, and whose bytes it found there."""
+        holders = [name for name, group in self.leases.items()
+                   if any(lease.handle.index == page and not lease.released for lease in group)]
+        held = f"lease {holders[0]}'s" if holders else "a page no lease holds now,"
+        return (f"; entry {entry} named page {page} ({held} page), which held 0x{byte:02X} "
+                f"({self._whose(byte)})")
 
 
 

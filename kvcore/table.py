@@ -17,6 +17,7 @@ import numpy as np
 
 from kvcore.device.base import Buffer, Stream
 from kvcore.device.kernels import (
+    FIRST_BYTES,
     RESULT_BYTES,
     TABLE_ENTRY_BYTES,
     Attend,
@@ -146,15 +147,16 @@ class KVExecutionTablePool:
         self.device.launch(WritePages(**self._row_kernel(row, entries), value=value), stream)
 
     def attend(self, row: int, entries: int, expected: int, stream: Stream, *, result: Buffer,
-               result_offset: int = 0, assert_on_mismatch: bool = True) -> None:
+               result_offset: int = 0, assert_on_mismatch: bool = True,
+               first: Buffer | None = None, first_offset: int = 0) -> None:
         """Launch ``attention`` on ``stream``: it reads every page the row names and counts the
         bytes that are not ``expected`` into the int32 at ``result`` (or, with
-        ``assert_on_mismatch``, fires a device-side assert at the first page that differs)."""
-        if result_offset + RESULT_BYTES > result.nbytes:
-            raise TableError("the result buffer is too small for the count")
-        self.device.launch(Attend(**self._row_kernel(row, entries), expected=expected,
-                                  result=result, result_offset=result_offset,
-                                  assert_on_mismatch=assert_on_mismatch), stream)
+        ``assert_on_mismatch``, fires a device-side assert at the first page that differs).
+        With ``first``, it also keeps there which entry, page and byte it first found wrong
+        (see :data:`~kvcore.device.kernels.FIRST_BYTES`; the caller sets it to all ones)."""
+        self.device.launch(_attend(self._row_kernel(row, entries), expected, result,
+                                   result_offset, assert_on_mismatch, first, first_offset),
+                           stream)
 
     def _row_kernel(self, row: int, entries: int) -> dict[str, object]:
         """What a row-following kernel needs, with the pages the host last published into the
@@ -200,13 +202,11 @@ class PageIndex:
         self.device.launch(WritePages(**self._fields(), value=value), stream)
 
     def attend(self, expected: int, stream: Stream, *, result: Buffer, result_offset: int = 0,
-               assert_on_mismatch: bool = True) -> None:
+               assert_on_mismatch: bool = True, first: Buffer | None = None,
+               first_offset: int = 0) -> None:
         """``attention`` through the list (see :meth:`KVExecutionTablePool.attend`)."""
-        if result_offset + RESULT_BYTES > result.nbytes:
-            raise TableError("the result buffer is too small for the count")
-        self.device.launch(Attend(**self._fields(), expected=expected, result=result,
-                                  result_offset=result_offset,
-                                  assert_on_mismatch=assert_on_mismatch), stream)
+        self.device.launch(_attend(self._fields(), expected, result, result_offset,
+                                   assert_on_mismatch, first, first_offset), stream)
 
     def gather(self, packed: Buffer, offset: int, stream: Stream) -> None:
         """Copy every page the list names, entry ``e`` to the ``e``-th page of ``packed`` from
@@ -228,3 +228,14 @@ class PageIndex:
         return {"table": self.buffer, "offset": self.offset, "entries": len(self.pages),
                 "pages": self.pool.buffer, "stride": self.pool.page_stride,
                 "num_pages": self.pool.pages, "declared": declared}
+
+
+def _attend(fields: dict[str, object], expected: int, result: Buffer, result_offset: int,
+            assert_on_mismatch: bool, first: Buffer | None, first_offset: int) -> Attend:
+    if result_offset + RESULT_BYTES > result.nbytes:
+        raise TableError("the result buffer is too small for the count")
+    if first is not None and first_offset + FIRST_BYTES > first.nbytes:
+        raise TableError("the buffer for the first mismatch is too small")
+    return Attend(**fields, expected=expected, result=result,  # type: ignore[arg-type]
+                  result_offset=result_offset, assert_on_mismatch=assert_on_mismatch,
+                  first=first, first_offset=first_offset)

@@ -154,6 +154,7 @@ def test_gather_and_scatter_follow_a_pinned_page_list(backend: str,
     import numpy as np
 
     from kvcore import PageIndex
+    from kvcore.device.kernels import first_mismatch
 
     device, context, pool, _table, leases, _row = _row_world(backend, request)
     stride = pool.page_stride
@@ -170,8 +171,10 @@ def test_gather_and_scatter_follow_a_pinned_page_list(backend: str,
     back = device.alloc_host(2 * stride, name="back")
     listing.gather(back, 0, context.stream)
     result = device.alloc(4, name="count")
+    first = device.alloc(8, name="first")
     device.memset(result, 0, 4, 0, context.stream)
-    listing.attend(0x11, context.stream, result=result, assert_on_mismatch=False)
+    device.memset(first, 0, 8, 0xFF, context.stream)
+    listing.attend(0x11, context.stream, result=result, assert_on_mismatch=False, first=first)
     context.synchronize()  # before the host rewrites the list: the kernels read it in place
     listing.write([leases[2].handle])
     listing.write_pages(0x33, context.stream)
@@ -179,10 +182,13 @@ def test_gather_and_scatter_follow_a_pinned_page_list(backend: str,
     assert set(device.host_read(back, 0, stride).tolist()) == {0x11}
     assert set(device.host_read(back, stride, stride).tolist()) == {0x22}
     assert _page(device, context, pool, 2) == {0x33}
-    count = device.alloc_host(4, name="count-host")
+    count = device.alloc_host(12, name="count-host")
     device.copy(count, 0, result, 0, 4, context.stream)
+    device.copy(count, 4, first, 0, 8, context.stream)
     context.synchronize()
     assert device.host_read(count, 0, 4).view(np.int32).tolist() == [stride]  # page 1's bytes
+    # The first page it found wrong: entry 1 of the list, page 1, holding 0x22.
+    assert first_mismatch(int(device.host_read(count, 4, 8).view(np.uint64)[0])) == (1, 1, 0x22)
     kernels = [(kind, reads, writes) for kind, _, reads, writes in log]
     p, s, b = pool.buffer.id, staging.id, back.id
     assert kernels == [
@@ -191,7 +197,8 @@ def test_gather_and_scatter_follow_a_pinned_page_list(backend: str,
         ("kernel:gather_pages", [(s, 0, 16), (p, stride, stride), (p, 3 * stride, stride)],
          [(b, 0, 2 * stride)]),
         ("kernel:attention", [(s, 0, 16), (p, stride, stride), (p, 3 * stride, stride),
-                              (result.id, 0, 4)], [(result.id, 0, 4)]),
+                              (result.id, 0, 4), (first.id, 0, 8)],
+         [(result.id, 0, 4), (first.id, 0, 8)]),
         ("kernel:kv_write", [(s, 0, 8)], [(p, 2 * stride, stride)]),
     ]
 
@@ -266,7 +273,8 @@ spec:
     wrong = TrialExecutor(scenario, scenario.variant("wrong"), "sim").run(0, 0)
     assert wrong.detail == (
         "decode-wrong: attention through catalog conv's table row read 2048 bytes that are not "
-        "0xBB in the pages it names: another owner's data")
+        "0xBB in the pages it names: another owner's data; entry 0 named page 0 (lease kv's "
+        "page), which held 0xAA (written through catalog conv's table row at write-tokens)")
     path.write_text(text.replace("{op: check, lease: kv, byte: 0xAA}",
                                  "{op: check, lease: kv, byte: 0xCC}"))
     scenario = load_scenario(path)

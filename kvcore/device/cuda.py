@@ -145,7 +145,8 @@ class CudaDevice(Device):
                 self._fns["kv_write_pages"]((1,), (1,), (flag, zero32, flag, zero64, zero32,
                                                          np.uint32(0)), stream=stream)
                 self._fns["kv_attention"]((1,), (1,), (flag, zero32, flag, zero64, zero32,
-                                                       np.uint32(0), flag, zero32), stream=stream)
+                                                       np.uint32(0), flag, zero32, zero64),
+                                          stream=stream)
                 self._fns["kv_move_row_pages"]((1,), (1,), (flag, zero32, flag, zero64, zero32,
                                                             flag, zero32), stream=stream)
             self._spin(0.0, stream)
@@ -278,10 +279,12 @@ class CudaDevice(Device):
                 np.int32(1 if isinstance(kernel, ScatterPages) else 0)), stream=stream)
         else:
             assert kernel.result is not None
+            first = 0 if kernel.first is None else _ptr(kernel.first) + kernel.first_offset
             self._fns["kv_attention"](grid, (_THREADS,), (
                 *common, np.uint32(kernel.expected),
                 np.uint64(_ptr(kernel.result) + kernel.result_offset),
-                np.int32(1 if kernel.assert_on_mismatch else 0)), stream=stream)
+                np.int32(1 if kernel.assert_on_mismatch else 0), np.uint64(first)),
+                stream=stream)
 
     def _move_pages(self, kernel: Scatter | Gather, stream: Any) -> None:
         if isinstance(kernel, Scatter):

@@ -26,6 +26,25 @@ GENERATION_BYTES = 4
 RESULT_BYTES = 4
 """Kernels that count (verify, read_table) add an int32 to ``result`` at ``result_offset``."""
 
+FIRST_BYTES = 8
+"""A counting attention's record of the first page it found wrong: a uint64 that each mismatch
+lowers (atomicMin) to ``entry << 40 | page << 8 | byte``, so it ends as the lowest entry whose
+page held other bytes, that page, and the smallest such byte; all ones when none did."""
+
+NO_FIRST = (1 << 64) - 1
+
+
+def first_mismatch(value: int) -> tuple[int, int, int] | None:
+    """(entry, page, byte) from a :data:`FIRST_BYTES` record, None when nothing mismatched."""
+    if value == NO_FIRST:
+        return None
+    return value >> 40, (value >> 8) & 0xFFFFFFFF, value & 0xFF
+
+
+def first_key(entry: int, page: int, byte: int) -> int:
+    return entry << 40 | page << 8 | byte
+
+
 TABLE_ASSERT_LINE = 132
 """The line the table reader's device-side assert reports, as ninfer's device.cu:132 did."""
 
@@ -281,25 +300,32 @@ class Attend(RowKernel):
     result: Buffer | None = None
     result_offset: int = 0
     assert_on_mismatch: bool = True
+    first: Buffer | None = None  # where to keep the first mismatch (FIRST_BYTES), if anywhere
+    first_offset: int = 0
     name = "attention"
 
-    def reads(self) -> tuple[Access, ...]:
+    def _results(self) -> tuple[Access, ...]:
         assert self.result is not None
-        return (self.row(), *self.page_accesses(),
-                Access(self.result.id, self.result_offset, RESULT_BYTES))
+        out = (Access(self.result.id, self.result_offset, RESULT_BYTES),)
+        if self.first is not None:
+            out += (Access(self.first.id, self.first_offset, FIRST_BYTES),)
+        return out
+
+    def reads(self) -> tuple[Access, ...]:
+        return (self.row(), *self.page_accesses(), *self._results())
 
     def writes(self) -> tuple[Access, ...]:
-        assert self.result is not None
-        return (Access(self.result.id, self.result_offset, RESULT_BYTES),)
+        return self._results()
 
     def buffers(self) -> tuple[Buffer, ...]:
         assert self.result is not None
-        return (self.table, self.pages, self.result)
+        return (self.table, self.pages, self.result) + (
+            (self.first,) if self.first is not None else ())
 
     def extents(self) -> tuple[tuple[Buffer, int, int], ...]:
-        assert self.result is not None
-        return (*super().extents(),
-                (self.result, self.result_offset, self.result_offset + RESULT_BYTES))
+        by_id = {b.id: b for b in self.buffers()}
+        return (*super().extents(), *((by_id[a.buffer], a.offset, a.end)
+                                      for a in self._results()))
 
     def detail(self) -> dict[str, object]:
         return {"expected": self.expected, "entries": self.entries,

@@ -31,9 +31,12 @@ extern "C" __global__ void kv_write_pages(u64 table, int entries, u64 pages, u64
     }
 }
 
+// `first` (0: none) keeps the first page found wrong: atomicMin of entry << 40 | page << 8 |
+// byte, so the lowest entry, its page and the smallest other byte there (FIRST_BYTES in
+// kernels.py).
 extern "C" __global__ void kv_attention(u64 table, int entries, u64 pages, u64 stride,
                                         int num_pages, unsigned expected, u64 result,
-                                        int assert_on_mismatch) {
+                                        int assert_on_mismatch, u64 first) {
     const int* t = reinterpret_cast<const int*>(table);
     int bad = 0;
     for (int e = blockIdx.x; e < entries; e += gridDim.x) {
@@ -42,8 +45,16 @@ extern "C" __global__ void kv_attention(u64 table, int entries, u64 pages, u64 s
             continue;
         }
         const u8* p = reinterpret_cast<const u8*>(pages) + (u64)page * stride;
+        unsigned smallest = 256;
         for (u64 i = threadIdx.x; i < stride; i += blockDim.x) {
-            bad += p[i] != (u8)expected;
+            if (p[i] != (u8)expected) {
+                bad += 1;
+                smallest = p[i] < smallest ? p[i] : smallest;
+            }
+        }
+        if (first && smallest < 256) {
+            atomicMin(reinterpret_cast<u64*>(first),
+                      ((u64)e << 40) | ((u64)(unsigned)page << 8) | (u64)smallest);
         }
     }
     if (bad) {

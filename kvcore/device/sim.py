@@ -28,7 +28,9 @@ from kvcore.device.base import DEVICE, Buffer, Device, DeviceInfo, Event, Stream
 from kvcore.device.schedule import Schedule
 from kvcore.device.kernels import (
     ATTENTION_ASSERT_LINE,
+    FIRST_BYTES,
     GENERATION_BYTES,
+    NO_FIRST,
     RESULT_BYTES,
     TABLE_ASSERT_LINE,
     TABLE_ENTRY_BYTES,
@@ -44,6 +46,7 @@ from kvcore.device.kernels import (
     ScatterPages,
     Verify,
     WritePages,
+    first_key,
 )
 from kvcore.errors import DeviceFaultError, DeviceUsageError
 
@@ -348,17 +351,24 @@ class SimDevice(Device):
     def _attend(self, k: Attend) -> None:
         pages = _arr(k.pages)
         bad = 0
-        for p in self._row_pages(k):
-            wrong = int(np.count_nonzero(pages[p * k.stride:(p + 1) * k.stride] != k.expected))
-            if wrong and k.assert_on_mismatch:
+        first = NO_FIRST
+        for e, p in self._row_entries(k):
+            page = pages[p * k.stride:(p + 1) * k.stride]
+            other = page[page != k.expected]
+            if other.size and k.assert_on_mismatch:
                 self.fault = DeviceFaultError(
                     f"device-side assert triggered: kernels_data.cu:{ATTENTION_ASSERT_LINE}: "
                     f"attention: page {p} holds bytes other than 0x{k.expected:02X}",
                     cuda_error="CUDA_ERROR_ASSERT")
                 return
-            bad += wrong
+            if other.size:
+                first = min(first, first_key(e, p, int(other.min())))
+            bad += int(other.size)
         assert k.result is not None
         _add_result(_arr(k.result), k.result_offset, bad)
+        if k.first is not None:
+            slot = _arr(k.first)[k.first_offset:k.first_offset + FIRST_BYTES].view(np.uint64)
+            slot[0] = min(int(slot[0]), first)
 
     def _do_host_view(self, buf: Buffer) -> np.ndarray:
         self._advance()
