@@ -290,7 +290,7 @@ class KernelLog:
 
     def _remember(self, lines: list[str]) -> None:
         self._baseline = True
-        if lines or not self._incremental:
+        if not self._incremental:  # an incremental source needs no marker
             self._tail = lines[-self._TAIL:]
 
     def _new_lines(self, lines: list[str]) -> list[str]:
