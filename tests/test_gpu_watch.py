@@ -436,6 +436,69 @@ def wait_for(predicate: Any, timeout_s: float = 2.0) -> bool:
 
 # -- NvmlWatcher -----------------------------------------------------------------------------
 
+@pytest.fixture(autouse=True)
+def _every_gpu_visible(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fakes' GPUs are all visible, whatever the machine running the tests was given."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
+
+
+class MixedNvml(FakeNvml):
+    """Two GPUs of different models: CUDA's default order may not be NVML's."""
+
+    def nvmlDeviceGetName(self, handle: Handle) -> bytes:
+        return b"NVIDIA H200" if handle.index == 0 else b"NVIDIA L4"
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    ("1", [1]), ("1,0", [1, 0]), ("GPU-1", [1]), (" 2 , GPU-0", [2, 0]),
+    ("", []), ("0,7,1", [0]), ("1,1,0", [1]), ("-1", []), ("GPU-9", []),
+])
+def test_cuda_visible_devices_map_to_nvml_as_cuda_reads_them(value: str,
+                                                            expected: list[int]) -> None:
+    from harness.gpu.nvml import cuda_visible
+
+    assert cuda_visible(FakeNvml(gpus=3), {"CUDA_VISIBLE_DEVICES": value}) == (expected, "")
+
+
+def test_cuda_visible_says_when_it_cannot_map() -> None:
+    from harness.gpu.nvml import cuda_visible
+
+    assert cuda_visible(FakeNvml(gpus=2), {}) == (None, "")
+    visible, note = cuda_visible(FakeNvml(gpus=2), {"CUDA_VISIBLE_DEVICES": "MIG-4f1c"})
+    assert visible is None and "MIG instance" in note
+    visible, note = cuda_visible(MixedNvml(gpus=2), {"CUDA_VISIBLE_DEVICES": "1"})
+    assert visible is None and "CUDA_DEVICE_ORDER=PCI_BUS_ID" in note
+    ordered = {"CUDA_VISIBLE_DEVICES": "1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    assert cuda_visible(MixedNvml(gpus=2), ordered) == ([1], "")
+    # A UUID names one GPU whatever the order.
+    assert cuda_visible(MixedNvml(gpus=2), {"CUDA_VISIBLE_DEVICES": "GPU-1"}) == ([1], "")
+
+
+def test_a_run_on_one_gpu_watches_and_checks_that_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a shared host a run on GPU 1 must not take GPU 0's Xids, health or users for its own."""
+    from harness.gpu.nvml import other_gpu_processes
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    fake = FakeNvml(gpus=2)
+    watcher = NvmlWatcher(nvml=fake, wait_ms=50)
+    assert watcher.start() and watcher.watched == [1]
+    fake.emit(1, 43)
+    assert wait_for(lambda: len(watcher.events) == 1)
+    watcher.stop()
+    assert fake.registered == [(1, 0xB)] and watcher.events[0].gpu_index == 1
+    snap = health_snapshot(nvml=FakeNvml(gpus=2))
+    assert (snap["index"], snap["uuid"], snap["notes"]) == (1, "GPU-1", {})
+    assert health_snapshot(nvml=FakeNvml(gpus=2), index=0)["uuid"] == "GPU-0"
+    assert other_gpu_processes(nvml=FakeNvml(gpus=2)) == ([4242, 4343], "")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    snap = health_snapshot(nvml=FakeNvml(gpus=2))
+    assert not snap["available"] and snap["note"] == "CUDA_VISIBLE_DEVICES hides every GPU"
+    hidden = NvmlWatcher(nvml=FakeNvml(gpus=2), wait_ms=50)
+    assert not hidden.start() and hidden.watched == [] and "no NVIDIA GPU" in hidden.note
+    hidden.stop()
+
+
 def test_watcher_delivers_events_with_gpu_index() -> None:
     fake = FakeNvml(gpus=2)
     seen: list[XidEvent] = []

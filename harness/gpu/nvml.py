@@ -18,7 +18,7 @@ import ctypes
 import threading
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -129,6 +129,60 @@ def _same_device(a: Any, b: Any) -> bool:
         return False
 
 
+def cuda_visible(nvml: Any, env: Mapping[str, str] | None = None
+                 ) -> tuple[list[int] | None, str]:
+    """NVML's indices of the GPUs that CUDA shows this process, in CUDA's order, from
+    ``CUDA_VISIBLE_DEVICES``; None when every GPU is visible or the list cannot be mapped, with a
+    note saying why. ``nvml`` must be initialized.
+
+    NVML ignores ``CUDA_VISIBLE_DEVICES``: without this, a run on GPU 1 would watch GPU 0 and
+    take another job's Xids for its own. Entries are read as CUDA reads them: ordinals or
+    ``GPU-`` UUID prefixes, and the list ends at the first entry that names no GPU (so an empty
+    value hides them all). NVML numbers GPUs in PCI bus order, and so does CUDA when
+    ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` or when all the GPUs are the same model; otherwise CUDA puts
+    the fastest first and an ordinal cannot be mapped. ``MIG-`` entries are not mapped either.
+    """
+    env = os.environ if env is None else env
+    value = env.get("CUDA_VISIBLE_DEVICES")
+    if value is None:
+        return None, ""
+    try:
+        count = int(nvml.nvmlDeviceGetCount())
+        handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+        uuids = [_text(nvml.nvmlDeviceGetUUID(h)) for h in handles]
+        models = {_text(nvml.nvmlDeviceGetName(h)) for h in handles}
+    except Exception as exc:
+        return None, f"cannot map CUDA_VISIBLE_DEVICES={value!r} to NVML: {_reason(exc)}"
+    ordinals_match = len(models) <= 1 or env.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID"
+    out: list[int] = []
+    for entry in (e.strip() for e in value.split(",")):
+        if entry.startswith("MIG-"):
+            return None, f"CUDA_VISIBLE_DEVICES names a MIG instance ({entry}): watching every GPU"
+        if entry.lstrip("-").isdigit():
+            index = int(entry)
+            if not ordinals_match:
+                return None, ("the GPUs differ and CUDA_DEVICE_ORDER is not PCI_BUS_ID, so CUDA's "
+                              "ordinals are not NVML's: watching every GPU (set "
+                              "CUDA_DEVICE_ORDER=PCI_BUS_ID to watch only yours)")
+            found = [index] if 0 <= index < len(handles) else []
+        else:
+            found = [i for i, u in enumerate(uuids) if u.startswith(entry)] if entry else []
+        if len(found) != 1 or found[0] in out:
+            break  # CUDA stops at an entry that names no GPU (or names one twice)
+        out.append(found[0])
+    return out, ""
+
+
+def _first_visible(nvml: Any) -> tuple[int | None, str]:
+    """The NVML index of the GPU a worker uses (CUDA's device 0), or None with why."""
+    visible, note = cuda_visible(nvml)
+    if visible is None:
+        return 0, note
+    if not visible:
+        return None, "CUDA_VISIBLE_DEVICES hides every GPU"
+    return visible[0], ""
+
+
 def _event_bits(nvml: Any) -> tuple[int, int, int]:
     return (int(getattr(nvml, "nvmlEventTypeXidCriticalError", _XID_BIT)),
             int(getattr(nvml, "nvmlEventTypeSingleBitEccError", _SBE_BIT)),
@@ -141,7 +195,9 @@ class NvmlWatcher:
     ``start()`` returns once registration is done (``available`` says whether it worked,
     ``note`` why not); ``stop()`` ends the thread within about ``wait_ms`` and releases NVML.
     ``on_event`` is called on the watcher thread for each event, so keep it short. One watcher
-    watches once: make a new one for the next run. Usable as a context manager.
+    watches once: make a new one for the next run. Usable as a context manager. It watches the
+    GPUs ``indices`` (NVML's numbers), or by default those CUDA shows this process
+    (:func:`cuda_visible`), which are the GPUs the run's workers use.
     """
 
     def __init__(self, nvml: Any | None = None, indices: Iterable[int] | None = None,
@@ -256,8 +312,12 @@ class NvmlWatcher:
     def _register(self, nvml: Any) -> Any | None:
         indices: Sequence[int]
         if self._indices is None:
+            visible, note = cuda_visible(nvml)
+            if note:
+                self._add_note(note)
             try:
-                indices = range(int(nvml.nvmlDeviceGetCount()))
+                indices = (range(int(nvml.nvmlDeviceGetCount())) if visible is None
+                           else visible)
             except Exception as exc:
                 self._add_note(f"NVML could not count GPUs: {_reason(exc)}")
                 return None
@@ -390,9 +450,11 @@ def _mib(nbytes: Any) -> int | None:
     return None if nbytes is None else int(nbytes) // (1 << 20)
 
 
-def health_snapshot(nvml: Any | None = None, index: int = 0) -> dict[str, Any]:
-    """What NVML says about GPU ``index`` now, for a report: identity, clocks, temperature,
-    power, memory, ECC, remapped rows and processes.
+def health_snapshot(nvml: Any | None = None, index: int | None = None
+                    ) -> dict[str, Any]:
+    """What NVML says about GPU ``index`` (NVML's number; by default the GPU the run's workers
+    use, CUDA's device 0) now, for a report: identity, clocks, temperature, power, memory, ECC,
+    remapped rows and processes.
 
     Never raises. Each field is read on its own; one that fails is None, with the reason in
     ``notes[field]``. When NVML or the GPU is missing, ``available`` is False and ``note`` says
@@ -415,6 +477,14 @@ def health_snapshot(nvml: Any | None = None, index: int = 0) -> dict[str, Any]:
         snap["note"] = note
         return snap
     try:
+        if index is None:
+            index, why = _first_visible(mod)
+            snap["index"] = index
+            if why:
+                snap["notes"]["index"] = why
+            if index is None:
+                snap["note"] = why
+                return snap
         try:
             handle = mod.nvmlDeviceGetHandleByIndex(index)
         except Exception as exc:
@@ -571,11 +641,11 @@ def _xid_support(mod: Any, handles: list[tuple[int, Any]]) -> str:
             pass  # the check's answer stands either way
 
 
-def other_gpu_processes(index: int = 0, nvml: Any | None = None,
+def other_gpu_processes(index: int | None = None, nvml: Any | None = None,
                         me: int | None = None) -> tuple[list[int], str]:
     """PIDs of processes other than ``me`` (this process when not given) with a compute context
-    on GPU ``index``, and a note when NVML could not tell (no NVML, no GPU, no permission): then
-    the list is empty and the caller decides."""
+    on GPU ``index`` (by default the workers' GPU), and a note when NVML could not tell (no
+    NVML, no GPU, no permission): then the list is empty and the caller decides."""
     snap = health_snapshot(nvml, index)
     if not snap.get("available"):
         return [], str(snap.get("note") or "NVML is not available")

@@ -75,8 +75,9 @@ def cuda_usable() -> tuple[bool, str]:
     return (bool(answer[0]), str(answer[1])) if answer is not None else (False, why)
 
 
-def other_gpu_users(index: int = 0) -> tuple[list[int], str]:
-    """PIDs of other processes with a compute context on GPU ``index``, and a note when NVML
+def other_gpu_users(index: int | None = None) -> tuple[list[int], str]:
+    """PIDs of other processes with a compute context on GPU ``index`` (by default the GPU the
+    run's workers use), and a note when NVML
     could not tell (see :func:`harness.gpu.nvml.other_gpu_processes`). Never raises."""
     from harness.gpu.nvml import other_gpu_processes
 

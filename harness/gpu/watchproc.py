@@ -42,7 +42,7 @@ def watcher_main(conn: Connection, parent_pid: int, wait_ms: int) -> None:
 
 
 def serve(conn: Connection, make_watcher: Callable[[Callable[[XidEvent], None]], Any],
-          snapshot: Callable[[int], dict[str, Any]] | None = None) -> None:
+          snapshot: Callable[[int | None], dict[str, Any]] | None = None) -> None:
     """The helper's work: watch, send each event, answer health requests, stop when asked or
     when the parent's end of the pipe closes."""
     lock = threading.Lock()  # the watcher thread and this one both send
@@ -148,9 +148,9 @@ class WatcherProcess:
         """Events whose wall time lies in ``[t0, t1]`` (``time.time()`` values)."""
         return [e for e in self.events if t0 <= e.wall_time <= t1]
 
-    def health(self, index: int = 0) -> dict[str, Any]:
-        """NVML's health snapshot of GPU ``index``, taken by the helper; taken here when the
-        helper is not running."""
+    def health(self, index: int | None = None) -> dict[str, Any]:
+        """NVML's health snapshot of GPU ``index`` (by default the workers' GPU), taken by the
+        helper; taken here when the helper is not running."""
         conn = self._conn
         if conn is not None:
             try:
