@@ -27,11 +27,12 @@ from rich.table import Table
 import kvcore
 from harness.errors import GpuBusyError, HarnessError, ScenarioError, TargetError
 from harness import schemas, vocabulary
-from harness.limits import DELAY_MAX_US, TIMEOUT_MAX_S, TRIALS_MAX
+from harness.limits import DELAY_MAX_US, SHARDS_MAX, TIMEOUT_MAX_S, TRIALS_MAX
 from harness.detector import check_trace
 from harness.doctor import diagnose
 from harness.explore import Strategy, explore
 from harness.traces.optrace import load_trace
+from harness.merge import merge_runs
 from harness.minimize import minimize, write_minimized
 from harness.replay import replay_scenario
 
@@ -42,6 +43,7 @@ from reports import (
     ReportError,
     list_incidents,
     load_report,
+    percent_interval,
     render_junit,
     render_markdown,
     write_atomic,
@@ -118,6 +120,23 @@ def main() -> None:
     """
 
 
+class _ShardType(click.ParamType):
+    """``K/N``: the K-th of N parts of a run's trials (1 <= K <= N)."""
+
+    name = "K/N"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> tuple[int, int]:
+        if isinstance(value, tuple):
+            return value
+        k, slash, n = str(value).partition("/")
+        if slash and k.strip().isdigit() and n.strip().isdigit() \
+                and 1 <= int(k) <= int(n) <= SHARDS_MAX:
+            return int(k), int(n)
+        self.fail(f"{value!r} is not K/N with 1 <= K <= N <= {SHARDS_MAX}: for the first of "
+                  "three shards, say 1/3", param, ctx)
+
+
 _SHARED_RUN_OPTIONS = [
     click.option("--dangerous", is_flag=True,
                  help="Run what may crash the CUDA context (dangerous scenarios, a replay with "
@@ -160,6 +179,11 @@ _SHARED_RUN_OPTIONS = [
                       "incidents kept; `gpurace check` reads them."),
     click.option("--max-incidents", type=click.IntRange(min=0), default=3, show_default=True,
                  help="Incident folders written per variant; further bad trials are counted."),
+    click.option("--shard", type=_ShardType(),
+                 help="Run only the K-th of N parts of the trials (K/N, e.g. 2/3), with the "
+                      "seeds the whole run gives them: N machines or array tasks with the same "
+                      "command but for K run together exactly what one run would, and "
+                      "`gpurace merge` makes their run.json files one."),
     click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
                  show_default=True, help="json: one gpurace.run/1 document on stdout."),
 ]
@@ -175,6 +199,8 @@ def _shared_run_options(command: Callable[..., None]) -> Callable[..., None]:
 def _run_options(shared: dict[str, Any], **own: Any) -> tuple[RunOptions, dict[str, Any]]:
     """RunOptions from the shared options and a command's own; and what _execute takes."""
     how = {k: shared.pop(k) for k in ("insist", "junit", "fmt")}
+    if shared.get("shard") and shared.get("trial") is not None:
+        raise click.UsageError("--trial runs one trial of the whole run; it takes no --shard")
     return RunOptions(**shared, **own), how
 
 
@@ -310,6 +336,16 @@ def _execute(scenarios: Sequence[Scenario], options: RunOptions, *, insist: bool
             result = runner.run(scenarios)
     finally:
         signal.signal(signal.SIGTERM, previous)
+    _write_and_show(result, junit, fmt)
+    if result.interrupted:
+        done = sum(r.trials for r in result.results)
+        err.print(f"interrupted ({result.interrupted}): {Path(result.folder) / 'run.json'} "
+                  f"keeps the {done} trials that finished", highlight=False)
+    sys.exit(int(result.exit_code))
+
+
+def _write_and_show(result: RunResult, junit: Path | None, fmt: str) -> None:
+    """Write the run's run.json (and JUnit) in its folder, and print it: run, replay, merge."""
     document = result.to_json()
     write_atomic(Path(result.folder) / "run.json", json.dumps(document, indent=2) + "\n")
     if junit is not None:
@@ -319,15 +355,38 @@ def _execute(scenarios: Sequence[Scenario], options: RunOptions, *, insist: bool
         click.echo(json.dumps(document, indent=2))
     else:
         _print_summary(result, Path(result.folder))
-    if result.interrupted:
-        done = sum(r.trials for r in result.results)
-        err.print(f"interrupted ({result.interrupted}): {Path(result.folder) / 'run.json'} "
-                  f"keeps the {done} trials that finished", highlight=False)
-    sys.exit(int(result.exit_code))
 
 
 def _stop_on_sigterm(signum: int, frame: object) -> None:
     raise Interrupted(signum)
+
+
+@main.command("merge")
+@click.argument("runs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
+              required=True, help="Folder for the merged run.json.")
+@click.option("--junit", "junit", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write the merged run as JUnit XML here.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
+              show_default=True, help="json: the merged gpurace.run/1 document on stdout.")
+def merge_cmd(runs: Sequence[Path], out_dir: Path, junit: Path | None, fmt: str) -> None:
+    """Merge the run.json files of a sharded run (`gpurace run ... --shard K/N`, K = 1..N,
+    each its own machine or array task) into the one run they add up to: the same counts,
+    rates, intervals and digests one run of all the trials gives, and its exit code (0 every
+    expectation met, 1 one failed). Shards of different gpurace versions, seeds, backends,
+    options or scenario contents are refused (exit 2).
+
+    \b
+    gpurace run zoo --shard 1/3 --out shards/1     (and 2/3, 3/3 elsewhere)
+    gpurace merge shards/*/run-*/run.json --out merged --junit merged/junit.xml
+    """
+    check_folder(out_dir, "--out")
+    if junit is not None:
+        check_file(junit, "--junit")
+    result = merge_runs(runs, out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _write_and_show(result, junit, fmt)
+    sys.exit(int(result.exit_code))
 
 
 @main.command("replay")
@@ -651,21 +710,22 @@ def _print_summary(result: RunResult, out_dir: Path) -> None:
             delay = "" if r.delay_us is None else f", delay {r.delay_us:g} us"
             found = f", detected {r.detected}" if detect else ""
             out.print(f"  {escape(r.scenario)} ({escape(r.variant)}) {status}: expects "
-                      f"{r.expect}; {r.trials} trials{delay}; manifested {r.manifested}"
-                      f"{found}; {counts}", highlight=False)
+                      f"{r.expect}; {r.trials} trials{delay}; manifested {r.manifested} "
+                      f"({percent_interval(r.interval)}){found}; {counts}", highlight=False)
     else:
         table = Table(title=title, box=box.SIMPLE_HEAD)
         # The detector's column only once it has something to say.
-        numeric = ("delay us", "trials", "manifested", "detected")
+        numeric = ("delay us", "trials", "manifested", "95% interval", "detected")
         for column in ("scenario", "variant", "expect", "delay us", "trials", "manifested",
-                       *(("detected",) if detect else ()), "outcomes", "status"):
+                       "95% interval", *(("detected",) if detect else ()), "outcomes",
+                       "status"):
             table.add_column(column, justify="right" if column in numeric else "left",
                              no_wrap=column in ("scenario", "status"))
         for r, counts, status in rows:
             table.add_row(r.scenario, r.variant, r.expect,
                           "-" if r.delay_us is None else f"{r.delay_us:g}", str(r.trials),
-                          str(r.manifested), *((str(r.detected),) if detect else ()), counts,
-                          status)
+                          str(r.manifested), percent_interval(r.interval),
+                          *((str(r.detected),) if detect else ()), counts, status)
         out.print(table)
     dangerous = [r for r in result.results if r.status is Status.SKIP and r.dangerous]
     if dangerous:

@@ -69,3 +69,16 @@ class OutputError(HarnessError):
     """
 
     exit_code = 2
+
+
+class MergeError(HarnessError):
+    """Run documents that cannot be merged into one run: a file that is not a ``gpurace.run/1``
+    document, a run made without ``--shard``, a shard missing, given twice, or interrupted, or
+    shards that did not run the same plan (another gpurace version, seed, backend, option or
+    scenario file).
+
+    Merge the N documents of one ``--shard K/N`` campaign, each run with the same command but
+    for K; rerun the shard the message names.
+    """
+
+    exit_code = 2

@@ -36,6 +36,13 @@ REPORT_MAX_BYTES = _REPORT_MAX_BYTES
 """Bytes of an incident's report.json that gpurace reads back (report show, report list,
 minimize): the reports package's own bound, since it reads reports without the harness."""
 
+SHARDS_MAX = 10_000
+"""Parts a run may be split into with --shard: more machines than any array job holds."""
+
+RUN_MAX_BYTES = 64 * MiB
+"""A run document `gpurace merge` reads. A variant's entry is bounded (10,000 crash requests,
+its folded findings and Xids), so even a run of a thousand variants stays far below this."""
+
 HEAD_BYTES = 64 * KiB
 """Bytes read to tell what kind of file a path is (an op trace's header line), whatever its
 size."""

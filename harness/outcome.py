@@ -8,6 +8,8 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from harness.rates import wilson
+
 
 def step_shape(step: object) -> object:
     """A step with its numbers taken out: request 1 and request 2 are the same place, and a
@@ -69,6 +71,8 @@ class TrialResult:
         return cls(**fields)  # type: ignore[arg-type]
 
 
+_DIGEST_MOD = 2 ** 256
+
 CRASH_REQUESTS_KEPT = 10_000
 """Crash requests a variant's result lists (a soak may crash far more often)."""
 
@@ -80,7 +84,12 @@ class VariantResult:
     Trials are added one by one (:meth:`add`) and folded into running counts, so a run of
     20,000 trials costs the same per trial as one of 20, and keeps no more memory: the first
     trial that went wrong, the folded findings and Xids, the counts, and a digest of every
-    trial's (index, seed, outcome, detail) that says whether two runs did the same thing."""
+    trial's (index, seed, outcome, detail) that says whether two runs did the same thing.
+
+    Everything folded adds up across shards: :meth:`absorb` takes another part of the same
+    variant's trials (from its run document, :meth:`from_json`) and gives what one run of all
+    the trials would have given. So the digest is order-free, a sum of one hash per trial: each
+    trial's index is in its hash, so no order is lost that matters."""
 
     scenario: str
     variant: str
@@ -105,7 +114,7 @@ class VariantResult:
     crash_requests: list[int] = field(default_factory=list)
     _findings: dict[tuple[object, ...], dict[str, object]] = field(default_factory=dict)
     _xids: dict[object, dict[str, object]] = field(default_factory=dict)
-    _digest: Any = field(default_factory=hashlib.sha256)
+    _digest: int = 0
 
     def add(self, trial: TrialResult) -> None:
         """Fold one finished trial into the counts."""
@@ -123,18 +132,25 @@ class VariantResult:
                 and len(self.crash_requests) < CRASH_REQUESTS_KEPT:
             self.crash_requests.append(trial.requests)
         for f in trial.findings:
-            first, second = f["first"], f["second"]  # type: ignore[index]
-            key = (f["buffer"], first["stream"], first["kind"],  # type: ignore[index]
-                   step_shape(first["step"]), second["stream"],  # type: ignore[index]
-                   second["kind"], step_shape(second["step"]))  # type: ignore[index]
-            entry = self._findings.setdefault(key, {**f, "trials": 0})
-            entry["trials"] = int(entry["trials"]) + 1  # type: ignore[call-overload]
+            self._fold_finding(f, 1)
         for x in {int(x["xid"]): x for x in trial.xids}.values():  # type: ignore[call-overload]
-            entry = self._xids.setdefault(x["xid"], {"xid": x["xid"], "meaning": x.get("meaning"),
-                                                     "class": x.get("class"), "trials": 0})
-            entry["trials"] = int(entry["trials"]) + 1  # type: ignore[call-overload]
-        self._digest.update(f"{trial.index}:{trial.seed}:{trial.outcome.value}:"
-                            f"{trial.detail}\n".encode())
+            self._fold_xid(x, 1)
+        line = f"{trial.index}:{trial.seed}:{trial.outcome.value}:{trial.detail}\n"
+        self._digest = (self._digest + int.from_bytes(
+            hashlib.sha256(line.encode()).digest(), "big")) % _DIGEST_MOD
+
+    def _fold_finding(self, f: dict[str, object], trials: int) -> None:
+        first, second = f["first"], f["second"]
+        key = (f["buffer"], first["stream"], first["kind"],  # type: ignore[index]
+               step_shape(first["step"]), second["stream"],  # type: ignore[index]
+               second["kind"], step_shape(second["step"]))  # type: ignore[index]
+        entry = self._findings.setdefault(key, {**f, "trials": 0})
+        entry["trials"] = int(entry["trials"]) + trials  # type: ignore[call-overload]
+
+    def _fold_xid(self, x: dict[str, object], trials: int) -> None:
+        entry = self._xids.setdefault(x["xid"], {"xid": x["xid"], "meaning": x.get("meaning"),
+                                                 "class": x.get("class"), "trials": 0})
+        entry["trials"] = int(entry["trials"]) + trials  # type: ignore[call-overload]
 
     def counts_as_reproduced(self, trial: TrialResult) -> bool:
         """Whether the race showed in this trial. A hang shows only that the trial hung: it
@@ -149,8 +165,15 @@ class VariantResult:
 
     @property
     def digest(self) -> str:
-        """sha256 over every trial's index, seed, outcome and detail, in order."""
-        return self._digest.hexdigest()
+        """The sum, modulo 2**256, of the sha256 of each trial's index, seed, outcome and
+        detail, as 64 hex digits: equal for two runs that did the same trials the same way, in
+        whatever order or shards."""
+        return f"{self._digest:064x}"
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        """The Wilson 95% interval of the manifestation rate."""
+        return wilson(self.manifested, self.trials)
 
     def outcomes(self) -> dict[str, int]:
         return dict(self.counts)
@@ -190,9 +213,9 @@ class VariantResult:
         many trials it came."""
         return list(self._xids.values())
 
-    def finding_summary(self, most: int = 5) -> list[dict[str, object]]:
+    def finding_summary(self, most: int | None = None) -> list[dict[str, object]]:
         """The detector's findings across trials, folded by the ops that raced: each once,
-        with in how many trials it was found."""
+        with in how many trials it was found, the most found first."""
         return sorted(self._findings.values(),
                       key=lambda f: -int(f["trials"]))[:most]  # type: ignore[call-overload]
 
@@ -206,7 +229,10 @@ class VariantResult:
             "trials": self.trials,
             "wall_s": round(self.wall_s, 6),
             "manifested": self.manifested,
+            "manifested_interval": [round(x, 6) for x in self.interval],
             "detected": self.detected,
+            "reproduced": self.reproduced,
+            "not_clean": self.not_clean,
             "outcomes": self.outcomes(),
             "reports": list(self.reports),
             "reason": self.reason,
@@ -223,3 +249,48 @@ class VariantResult:
             "findings": self.finding_summary(),
             "digest": self.digest,
         }
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> VariantResult:
+        """A variant's result as its run document wrote it, ready to :meth:`absorb` more."""
+        first = doc.get("first_manifested")
+        out = cls(
+            scenario=doc["scenario"], variant=doc["variant"], expect=doc["expect"],
+            path=doc["path"], dangerous=doc["dangerous"], amplified=doc["amplified"],
+            delay_us=doc["delay_us"], status=Status(doc["status"]), reason=doc["reason"],
+            trials=doc["trials"], wall_s=doc["wall_s"], min_rate=doc["min_rate"],
+            reports=list(doc["reports"]), sweep=doc["sweep"], counts=dict(doc["outcomes"]),
+            detected=doc["detected"], reproduced=doc["reproduced"], not_clean=doc["not_clean"],
+            first_manifested=None if first is None else TrialResult.from_json(first),
+            traces=list(doc["traces"]), crash_requests=list(doc["crash_requests"]),
+            _digest=int(doc["digest"], 16))
+        for f in doc["findings"]:
+            out._fold_finding({k: v for k, v in f.items() if k != "trials"}, int(f["trials"]))
+        for x in doc["xids"]:
+            out._fold_xid(x, int(x["trials"]))
+        return out
+
+    def absorb(self, other: VariantResult) -> None:
+        """Add another part of this variant's trials (another shard's): counts, findings, Xids
+        and digest add up, the first manifested trial is the one of lowest index, and the
+        verdict is judged again over all of them."""
+        self.trials += other.trials
+        self.wall_s += other.wall_s
+        for outcome, n in other.counts.items():
+            self.counts[outcome] = self.counts.get(outcome, 0) + n
+        self.detected += other.detected
+        self.reproduced += other.reproduced
+        self.not_clean += other.not_clean
+        firsts = [t for t in (self.first_manifested, other.first_manifested) if t is not None]
+        self.first_manifested = min(firsts, key=lambda t: t.index, default=None)
+        self.reports += other.reports
+        self.traces += other.traces
+        self.crash_requests = (self.crash_requests + other.crash_requests)[:CRASH_REQUESTS_KEPT]
+        for f in other._findings.values():
+            self._fold_finding({k: v for k, v in f.items() if k != "trials"}, int(f["trials"]))
+        for x in other._xids.values():
+            self._fold_xid(x, int(x["trials"]))
+        self._digest = (self._digest + other._digest) % _DIGEST_MOD
+        if self.trials:  # else both parts were skipped, and say why
+            self.status, self.reason = Status.SKIP, ""
+            self.judge()

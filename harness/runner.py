@@ -12,12 +12,14 @@ import dataclasses
 import enum
 import functools
 import hashlib
+import importlib.metadata
+import json
 import multiprocessing
 import os
 import signal
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -80,6 +82,7 @@ class RunOptions:
     schedule: str | None = None  # replay this schedule token in every trial (sim only)
     record: bool = False  # keep every trial's op trace under out_dir/workers
     poison: bool = False  # the pool poisons released pages (kvcore's DeviceKVPagePool)
+    shard: tuple[int, int] | None = None  # (K, N): run the K-th of N parts of the trials
 
 
 class RunHooks:
@@ -108,6 +111,9 @@ class RunResult:
     folder: str = ""  # the run's own folder under --out
     run_id: str = ""
     poison: bool = False  # released pages were poisoned (--poison)
+    shard: tuple[int, int] | None = None  # (K, N) when the run was one part of N
+    plan: dict[str, object] = field(default_factory=dict)  # what shards must agree on
+    shards: list[dict[str, object]] = field(default_factory=list)  # a merged run's parts
 
     @property
     def exit_code(self) -> ExitCode:
@@ -125,6 +131,7 @@ class RunResult:
     def to_json(self) -> dict[str, object]:
         return {
             "schema": RUN_SCHEMA,
+            "version": VERSION,
             "run_id": self.run_id,
             "folder": self.folder,
             "interrupted": self.interrupted,
@@ -137,6 +144,10 @@ class RunResult:
             "stopped": self.stopped,
             "health": self.health,
             "watch_notes": self.watch_notes,
+            "shard": None if self.shard is None else {"index": self.shard[0],
+                                                      "count": self.shard[1]},
+            "plan": self.plan,
+            "shards": self.shards,
             "results": [r.to_json() for r in self.results],
         }
 
@@ -148,6 +159,36 @@ def choose_backend(requested: str) -> str:
     if requested == "cuda" and not ok:
         raise BackendUnavailable(f"--backend cuda: {why}")
     return "cuda" if ok else "sim"
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("gpurace")
+    except importlib.metadata.PackageNotFoundError:
+        return "0+source"  # run from a source tree that was never installed
+
+
+VERSION = _version()
+"""This gpurace's version, in every run document: shards of different versions do not merge."""
+
+
+def run_plan(scenarios: Sequence[Scenario], options: RunOptions, backend: str
+             ) -> dict[str, object]:
+    """What decides which trials a run makes and how: this gpurace, the backend, the options
+    that change a trial, and each scenario's file contents. Shards of one run share it; the
+    digest is what `gpurace merge` compares, the sources say which scenario differs."""
+    sources = {}
+    for scenario in scenarios:
+        try:
+            sources[scenario.name] = hashlib.sha256(Path(scenario.path).read_bytes()).hexdigest()
+        except OSError:
+            sources[scenario.name] = ""  # nothing on disk to compare: the name must do
+    same = {"version": VERSION, "backend": backend, "sources": sources,
+            **{k: v for k, v in dataclasses.asdict(options).items()
+               if k not in ("out_dir", "record", "max_incidents", "shard")}}
+    digest = hashlib.sha256(json.dumps(same, sort_keys=True, default=str).encode()).hexdigest()
+    return {"digest": digest, "version": VERSION, "backend": backend, "seed": options.seed,
+            "sources": sources}
 
 
 def trial_seed(seed: int, scenario: str, variant: str, index: int) -> int:
@@ -179,6 +220,7 @@ class Runner:
         self.health: dict[str, object] = {}
         self.stopped = ""
         self._running: VariantResult | None = None  # the variant whose trials are running
+        self._position = 0  # trials planned before the variant that runs next, for --shard
 
     def run(self, scenarios: Iterable[Scenario]) -> RunResult:
         """Phases: watch and health first, then every variant's trials, then health again."""
@@ -186,8 +228,12 @@ class Runner:
         # A folder of the run's own under --out: runs that share --out share nothing else.
         self.folder = RunFolder.create(self.options.out_dir or Path(tempfile.mkdtemp(
             prefix="gpurace-")))
+        scenarios = list(scenarios)
         result = RunResult(self.backend, self.device, self.options.seed, poison=self.options.poison,
-                           folder=str(self.out_dir), run_id=self.folder.run_id)
+                           folder=str(self.out_dir), run_id=self.folder.run_id,
+                           shard=self.options.shard,
+                           plan=run_plan(scenarios, self.options, self.backend))
+        self._position = 0
         self.started_wall = time.time()
         self.watch = GpuWatch(self.backend)
         if self.backend == "cuda":  # on sim there is nothing to watch, and reports say so
@@ -252,13 +298,17 @@ class Runner:
             sweep=sweep_delay is not None,
         )
         self._running = result
+        indices = self._shard_of([opts.trial] if opts.trial is not None else range(
+            opts.trials or scenario.trials))
         if scenario.dangerous and not opts.dangerous:
             result.status = Status.SKIP
             result.reason = "dangerous: it can crash the CUDA context; pass --dangerous to run it"
             self.hooks.variant_finished(result)
             return result
-        indices = [opts.trial] if opts.trial is not None else range(
-            opts.trials or scenario.trials)
+        if not indices:
+            assert opts.shard is not None  # only a shard can leave a variant no trial
+            result.reason = (f"none of its trials falls in shard {opts.shard[0]}/"
+                             f"{opts.shard[1]}")
         timeout = opts.timeout_s or scenario.timeout_s
         pending = [(i, trial_seed(opts.seed, scenario.name, variant.name, i)) for i in indices]
         self.hooks.variant_started(result, len(pending))
@@ -290,6 +340,17 @@ class Runner:
         result.judge()
         self.hooks.variant_finished(result)
         return result
+
+    def _shard_of(self, indices: Sequence[int]) -> list[int]:
+        """The trial indices of the next variant that this run makes: all of them, or with
+        --shard K/N those whose place in the whole run's trials is K-1 modulo N. Places count
+        every variant's trials, skipped ones too, so shards that run the same targets with the
+        same options split them the same way, each trial to exactly one shard."""
+        start, self._position = self._position, self._position + len(indices)
+        if self.options.shard is None:
+            return list(indices)
+        k, n = self.options.shard
+        return [i for place, i in enumerate(indices, start) if place % n == k - 1]
 
     def _supervise(self, job: WorkerJob, timeout: float, run: _VariantRun) -> int:
         """Run one worker until it finishes, crashes or hangs; returns how many of the job's

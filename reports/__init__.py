@@ -14,7 +14,7 @@ never imports ``harness`` or ``kvcore``, so reports can be read and re-rendered 
 
 from reports.atomic import atomic_writer, remove_stale_temps, write_atomic
 from reports.incident import list_incidents, load_report, write_incident
-from reports.junit import render_junit
+from reports.junit import percent_interval, render_junit
 from reports.markdown import render_markdown
 from reports.model import REPORT_SCHEMA, RUN_SCHEMA, ReportError
 
@@ -25,6 +25,7 @@ __all__ = [
     "atomic_writer",
     "list_incidents",
     "load_report",
+    "percent_interval",
     "remove_stale_temps",
     "render_junit",
     "render_markdown",

@@ -16,6 +16,7 @@ suggests, and the incident folders. Every other variant's figures are in its ``<
 
 from __future__ import annotations
 
+import math
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from typing import Any
@@ -141,6 +142,16 @@ def _case_name(result: Mapping[str, Any]) -> str:
     return name
 
 
+def percent_interval(interval: Any) -> str:
+    """``[0.9287, 1.0]`` as ``"92-100%"``: a rate's interval in whole percents, rounded
+    outward so the words never claim more certainty than the figures; "" for no interval."""
+    try:
+        low, high = (float(x) for x in interval)
+    except (TypeError, ValueError):
+        return ""
+    return f"{math.floor(low * 100 + 1e-9):.0f}-{math.ceil(high * 100 - 1e-9):.0f}%"
+
+
 def _number(value: Any) -> str:
     """1000.0 as "1000", 2.5 as "2.5": test names must not change with float formatting."""
     try:
@@ -249,7 +260,9 @@ def _figures(result: Mapping[str, Any]) -> str:
     us; min rate 0.9"``: what the variant was asked to do and what it did, in one line."""
     parts = [f"expect {result.get('expect') or '?'}",
              f"{result.get('trials', 0)} trials in {_result_time(result):.3f} s",
-             f"manifested {result.get('manifested', 0)}",
+             f"manifested {result.get('manifested', 0)}" + (
+                 f" (95% interval {interval})" if (interval := percent_interval(
+                     result.get("manifested_interval"))) else ""),
              f"race detected {result.get('detected', 0)}"]
     if result.get("delay_us") is not None:
         parts.append(f"delay {_number(result['delay_us'])} us")

@@ -236,7 +236,13 @@ def run_schema() -> Schema:
         "scenario": NAME, "variant": NAME, "status": enum(s.value for s in Status),
         "expect": enum(EXPECTATIONS), "trials": integer(0),
         "wall_s": described(SECONDS, "the seconds its trials took, added up"),
-        "manifested": integer(0), "detected": integer(0),
+        "manifested": integer(0),
+        "manifested_interval": described(
+            array(number(0, 1), min_items=2, max_items=2),
+            "the Wilson 95% interval of the manifestation rate, [low, high]"),
+        "detected": integer(0),
+        "reproduced": described(integer(0), "trials that count as reproducing the race"),
+        "not_clean": described(integer(0), "trials that manifested or had a race found"),
         "outcomes": closed({o.value: integer(0) for o in Outcome}),
         "reports": described(array(string()), "its incident folders"),
         "reason": string(), "path": string(), "dangerous": BOOLEAN, "amplified": BOOLEAN,
@@ -246,8 +252,13 @@ def run_schema() -> Schema:
         "xids": array(closed({"xid": integer(0), "meaning": nullable(string()),
                               "class": nullable(enum([APPLICATION, GPU_FATAL, "unknown"])),
                               "trials": integer(1)})),
-        "findings": array(ref("folded-finding"), max_items=5),
-        "digest": string(pattern="^[0-9a-f]{64}$"),
+        "findings": described(array(ref("folded-finding")),
+                              "every race found, folded by the ops that raced, the most found "
+                              "first"),
+        "digest": described(string(pattern="^[0-9a-f]{64}$"),
+                            "the sum modulo 2**256 of each trial's sha256 (index, seed, "
+                            "outcome, detail): equal for runs, or merged shards, that made "
+                            "the same trials"),
     })
     exits = [ExitCode.OK, ExitCode.EXPECTATION_FAILED, ExitCode.NOTHING_RAN,
              ExitCode.INTERRUPTED, ExitCode.TERMINATED]
@@ -260,7 +271,25 @@ def run_schema() -> Schema:
         "wall_s": SECONDS, "exit_code": enum(int(c) for c in exits),
         "stopped": string(), "health": closed({"before": nullable(ref("health")),
                                                "after": nullable(ref("health"))}),
-        "watch_notes": array(string()), "results": array(ref("variant")),
+        "watch_notes": array(string()),
+        "version": described(string(), "the gpurace that made the run"),
+        "shard": described(nullable(closed({"index": integer(1, L.SHARDS_MAX),
+                                            "count": integer(1, L.SHARDS_MAX)})),
+                           "K of N with --shard K/N, else null"),
+        "plan": described(closed({
+            "digest": string(pattern="^[0-9a-f]{64}$"), "version": string(),
+            "backend": enum(["cuda", "sim"]), "seed": integer(),
+            "sources": described({"type": "object", "additionalProperties": string()},
+                                 "each scenario's file sha256 (empty: none on disk)"),
+        }), "what the shards of one run must share: gpurace merge compares it"),
+        "shards": described(array(closed({
+            "index": integer(1), "count": integer(1), "path": string(), "run_id": string(),
+            "folder": string(), "device": ref("device"),
+            "health": closed({"before": nullable(ref("health")),
+                              "after": nullable(ref("health"))}),
+            "wall_s": SECONDS, "exit_code": integer()})),
+            "a merged run's shard documents, empty for a run"),
+        "results": array(ref("variant")),
     })
     return document(
         "gpurace run", f"run.json and `gpurace run --format json`: {RUN_SCHEMA}, a result per "
