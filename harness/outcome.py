@@ -74,7 +74,8 @@ class TrialResult:
 _DIGEST_MOD = 2 ** 256
 
 CRASH_REQUESTS_KEPT = 10_000
-"""Crash requests a variant's result lists (a soak may crash far more often)."""
+"""Crash requests (and restart times) a variant's result lists (a soak may crash far more
+often)."""
 
 
 @dataclass
@@ -112,6 +113,7 @@ class VariantResult:
     first_manifested: TrialResult | None = None
     traces: list[str] = field(default_factory=list)
     crash_requests: list[int] = field(default_factory=list)
+    restart_s: list[float] = field(default_factory=list)  # worker death to the next hand-over
     _findings: dict[tuple[object, ...], dict[str, object]] = field(default_factory=dict)
     _xids: dict[object, dict[str, object]] = field(default_factory=dict)
     _digest: int = 0
@@ -138,6 +140,11 @@ class VariantResult:
         line = f"{trial.index}:{trial.seed}:{trial.outcome.value}:{trial.detail}\n"
         self._digest = (self._digest + int.from_bytes(
             hashlib.sha256(line.encode()).digest(), "big")) % _DIGEST_MOD
+
+    def add_restart(self, seconds: float) -> None:
+        """A worker died and the next one was handed the trials ``seconds`` later."""
+        if len(self.restart_s) < CRASH_REQUESTS_KEPT:
+            self.restart_s.append(round(seconds, 6))
 
     def _fold_finding(self, f: dict[str, object], trials: int) -> None:
         first, second = f["first"], f["second"]
@@ -245,6 +252,7 @@ class VariantResult:
             "first_manifested": None if first is None else first.to_json(),
             "traces": list(self.traces),
             "crash_requests": list(self.crash_requests),
+            "restart_s": list(self.restart_s),
             "xids": self.xid_summary(),
             "findings": self.finding_summary(),
             "digest": self.digest,
@@ -263,7 +271,7 @@ class VariantResult:
             detected=doc["detected"], reproduced=doc["reproduced"], not_clean=doc["not_clean"],
             first_manifested=None if first is None else TrialResult.from_json(first),
             traces=list(doc["traces"]), crash_requests=list(doc["crash_requests"]),
-            _digest=int(doc["digest"], 16))
+            restart_s=list(doc["restart_s"]), _digest=int(doc["digest"], 16))
         for f in doc["findings"]:
             out._fold_finding({k: v for k, v in f.items() if k != "trials"}, int(f["trials"]))
         for x in doc["xids"]:
@@ -286,6 +294,7 @@ class VariantResult:
         self.reports += other.reports
         self.traces += other.traces
         self.crash_requests = (self.crash_requests + other.crash_requests)[:CRASH_REQUESTS_KEPT]
+        self.restart_s = (self.restart_s + other.restart_s)[:CRASH_REQUESTS_KEPT]
         for f in other._findings.values():
             self._fold_finding({k: v for k, v in f.items() if k != "trials"}, int(f["trials"]))
         for x in other._xids.values():

@@ -32,7 +32,8 @@ from harness.outputs import RunFolder
 from harness.outcome import Outcome, Status, TrialResult, VariantResult
 from harness.gpu.probe import cuda_usable
 from harness.gpu.watch import GpuWatch, TrialXids
-from harness.worker import WorkerJob, worker_main
+from harness.worker import WorkerJob
+from harness.workers import GONE, SILENT, Worker, WorkerFailed, WorkerSupply, receive
 from kvcore.device.schedule import Schedule
 from reports import write_incident
 
@@ -328,15 +329,19 @@ class Runner:
             timeout_s=opts.timeout_s, schedule=opts.schedule, poison=opts.poison)
         run = _VariantRun(scenario, variant, result,
                           None if where is None else {**where, "delay_us": delay}, argv)
-        while pending and not self.stopped:
+        def make_job() -> WorkerJob:
             self._workers += 1
             folder = self.log_dir / f"{self._workers:04d}-{scenario.name}-{variant.name}"
-            job = WorkerJob(scenario, variant.name, self.backend, tuple(pending), os.getpid(),
-                            amplified, delay if amplified else None,
-                            str(folder / "worker.log"), str(folder), header, opts.detect,
-                            opts.schedule, opts.record, opts.poison)
-            done = self._supervise(job, timeout, run)
-            pending = pending[done:]
+            return WorkerJob(scenario, variant.name, self.backend, os.getpid(), amplified,
+                             delay if amplified else None, str(folder / "worker.log"),
+                             str(folder), header, opts.detect, opts.schedule, opts.record,
+                             opts.poison)
+
+        supply = WorkerSupply(make_job, WORKER_START_TIMEOUT_S)
+        try:
+            self._run_trials(supply, pending, timeout, run)
+        finally:
+            supply.close()
         result.judge()
         self.hooks.variant_finished(result)
         return result
@@ -352,68 +357,93 @@ class Runner:
         k, n = self.options.shard
         return [i for place, i in enumerate(indices, start) if place % n == k - 1]
 
-    def _supervise(self, job: WorkerJob, timeout: float, run: _VariantRun) -> int:
-        """Run one worker until it finishes, crashes or hangs; returns how many of the job's
-        trials ended (at least one, so the run always moves on)."""
-        ctx = multiprocessing.get_context("spawn")
-        Path(job.trace_dir).mkdir(parents=True, exist_ok=True)
-        parent, child = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=worker_main, args=(child, job), daemon=True)
-        proc.start()
-        child.close()
-        finished = 0
+    def _run_trials(self, supply: WorkerSupply, pending: list[tuple[int, int]],
+                    timeout: float, run: _VariantRun) -> None:
+        """Hand the trials to workers until all ended: a worker that dies leaves the rest to
+        the next one, which is the warm spare once a worker of this variant has died. The dead
+        worker's last trial is recorded after the hand-over, so its joining and its Xid wait
+        do not hold up the next trial."""
+        died_at: float | None = None
+        dead: tuple[Worker, _Ended] | None = None
+        while pending and not self._stop_for_fatal_xid():
+            worker = self._take(supply)
+            worker.give(pending)
+            if died_at is not None:
+                run.result.add_restart(time.monotonic() - died_at)
+            supply.refill()
+            if dead is not None:  # now that the next worker runs, the dead one's last trial
+                self._finish_dead(*dead, run)
+                dead = None
+            ended = self._supervise(worker, timeout, run)
+            pending = pending[ended.finished:]
+            died_at = ended.died_at
+            if died_at is not None:
+                supply.died()
+                dead = (worker, ended)
+        if dead is not None:
+            self._finish_dead(*dead, run)
+
+    def _take(self, supply: WorkerSupply) -> Worker:
         try:
-            message = _receive(parent, WORKER_START_TIMEOUT_S)
-            if message in (_SILENT, _GONE) or message[0] == "error":
-                raise HarnessError(_worker_failed(job, proc, message))
-            self.device.update({k: v for k, v in message[1].items() if k != "pid"})
-            while finished < len(job.trials) and not self.stopped:
-                index, seed = job.trials[finished]
-                started, wall = time.monotonic(), time.time()
-                message = _receive(parent, timeout)
-                if message in (_SILENT, _GONE):
-                    # Silent and alive: it hangs, and the watchdog kills it. Gone (its pipe
-                    # closed), or silent and already dead: it died on its own, or was killed
-                    # from outside; a crash, whatever the clock says.
-                    hung = message is _SILENT and proc.is_alive()
-                    if hung:
-                        proc.kill()
-                    proc.join(5)
-                    # Measured after the kill: how long the trial held the GPU in all.
-                    waited = time.monotonic() - started
-                    if hung:
-                        kind, detail = Outcome.HANG, (
-                            f"no result within the {timeout:g} s trial timeout; worker "
-                            f"{proc.pid} killed after {waited:.2f} s")
-                    else:
-                        kind, detail = Outcome.CRASH, (
-                            f"worker {proc.pid} {_death(proc)} after {waited:.2f} s, "
-                            "before it reported the trial")
-                    self._record(run, TrialResult(
-                        index, seed, kind, detail=detail, duration_s=waited,
-                        worker_pid=proc.pid, device_log=_tail(job.log_path),
-                        trace=_keep_current_trace(job, index)), wall, job)
-                    return finished + 1
-                if message[0] == "error":
-                    raise HarnessError(_worker_failed(job, proc, message))
-                if message[0] == "done":
-                    return len(job.trials)
-                trial = TrialResult.from_json(message[1])
-                if trial.outcome is Outcome.CRASH and job.backend == "cuda":
-                    # The device's own words (the assert's file, line, block and thread) reach
-                    # the worker's log once the process is gone.
-                    proc.join(10)
-                    trial = dataclasses.replace(trial, device_log=_tail(job.log_path))
-                self._record(run, trial, wall, job)
-                finished += 1
-                if trial.outcome is Outcome.CRASH and job.backend == "cuda":
-                    return finished
-            return finished
-        finally:
-            if proc.is_alive():
-                proc.kill()
-            proc.join(5)
-            parent.close()
+            worker = supply.take()
+        except WorkerFailed as failed:
+            failed.worker.stop(1.0)
+            raise HarnessError(_worker_failed(failed.worker, failed.message)) from None
+        self.device.update({k: v for k, v in worker.info.items() if k != "pid"})
+        return worker
+
+    def _supervise(self, worker: Worker, timeout: float, run: _VariantRun) -> _Ended:
+        """Run a worker's trials until it finishes, crashes or hangs. A worker that died
+        (``died_at`` set) is left to :meth:`_finish_dead`, with the trial it died in."""
+        finished = 0
+        proc, job = worker.proc, worker.job
+        while finished < len(worker.trials) and not self.stopped:
+            index, seed = worker.trials[finished]
+            started, wall = time.monotonic(), time.time()
+            message = receive(worker.conn, timeout)
+            if message in (SILENT, GONE):
+                # Silent and alive: it hangs, and the watchdog kills it. Gone (its pipe
+                # closed), or silent and already dead: it died on its own, or was killed
+                # from outside; a crash, whatever the clock says.
+                hung = message is SILENT and proc.is_alive()
+                if hung:
+                    proc.kill()
+                proc.join(5)
+                # Measured after the kill: how long the trial held the GPU in all.
+                waited = time.monotonic() - started
+                if hung:
+                    kind, detail = Outcome.HANG, (
+                        f"no result within the {timeout:g} s trial timeout; worker "
+                        f"{proc.pid} killed after {waited:.2f} s")
+                else:
+                    kind, detail = Outcome.CRASH, (
+                        f"worker {proc.pid} {_death(proc)} after {waited:.2f} s, "
+                        "before it reported the trial")
+                return _Ended(finished + 1, time.monotonic(), wall, TrialResult(
+                    index, seed, kind, detail=detail, duration_s=waited,
+                    worker_pid=proc.pid, trace=_keep_current_trace(job, index)))
+            if message[0] == "error":
+                worker.stop(1.0)
+                raise HarnessError(_worker_failed(worker, message))
+            if message[0] == "done":
+                break
+            trial = TrialResult.from_json(message[1])
+            if trial.outcome is Outcome.CRASH and job.backend == "cuda":
+                # The context is dead and the worker exits: the rest go to the next worker.
+                return _Ended(finished + 1, time.monotonic(), wall, trial)
+            self._record(run, trial, wall, job)
+            finished += 1
+        worker.stop()
+        return _Ended(finished, None, 0.0, None)
+
+    def _finish_dead(self, worker: Worker, ended: _Ended, run: _VariantRun) -> None:
+        """Record the trial a worker died in, once it is gone: the device's own words (the
+        assert's file, line, block and thread) reach its log only when the process ends."""
+        worker.proc.join(10)
+        assert ended.last is not None
+        trial = dataclasses.replace(ended.last, device_log=_tail(worker.job.log_path))
+        worker.stop()
+        self._record(run, trial, ended.wall, worker.job)
 
     def _record(self, run: _VariantRun, trial: TrialResult, wall: float,
                 job: WorkerJob) -> None:
@@ -432,12 +462,18 @@ class Runner:
             trial = dataclasses.replace(trial, trace=self._settle_trace(trial.trace, kept))
         run.result.add(trial)
         self.hooks.trial_finished(run.result, trial)
+        self._stop_for_fatal_xid()
+
+    def _stop_for_fatal_xid(self) -> bool:
+        """Whether the run must stop: the GPU reported a fatal Xid (said once, as a note)."""
+        assert self.watch is not None
         fatal = self.watch.fatal_since(self.started_wall)
         if fatal and not self.stopped:
             xids = ", ".join(f"Xid {ev.xid} ({ev.info.meaning})" for ev in fatal)
             self.stopped = (f"the GPU reported {xids}: it needs attention (a reset or service) "
                             "before it runs anything else; the run stopped here")
             self.hooks.note(self.stopped)
+        return bool(self.stopped)
 
     def _settle_trace(self, worker_trace: str | None, incident_trace: str | None) -> str | None:
         """Where a bad trial's trace lives on: the worker's copy when --record keeps every
@@ -476,20 +512,16 @@ class _VariantRun:
     argv: Callable[[TrialResult], list[str]]
 
 
-_SILENT = ("silent",)
-"""What _receive says when the worker sent nothing in time."""
-_GONE = ("gone",)
-"""What _receive says when the worker's end of the pipe closed: it died."""
+@dataclass(frozen=True)
+class _Ended:
+    """How a worker's turn ended: ``finished`` trials ended (the one it died in too); when it
+    died, the time the parent learned it, and that trial (``last``) with its start's wall
+    time, still to record."""
 
-
-def _receive(conn: object, timeout: float) -> tuple:
-    """The worker's next message, or _SILENT (nothing in time), or _GONE (it died)."""
-    try:
-        if not conn.poll(timeout):  # type: ignore[attr-defined]
-            return _SILENT
-        return conn.recv()  # type: ignore[attr-defined,no-any-return]
-    except (EOFError, OSError):
-        return _GONE
+    finished: int
+    died_at: float | None
+    wall: float
+    last: TrialResult | None
 
 
 def _death(proc: multiprocessing.process.BaseProcess) -> str:
@@ -528,9 +560,9 @@ def _tail(path: str, lines: int = 20) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def _worker_failed(job: WorkerJob, proc: multiprocessing.process.BaseProcess,
-                   message: tuple) -> str:
-    if message in (_SILENT, _GONE):
+def _worker_failed(worker: Worker, message: tuple) -> str:
+    job, proc = worker.job, worker.proc
+    if message in (SILENT, GONE):
         proc.join(1)
         return (f"the worker for {Path(job.scenario.path).name} ({job.variant}) did not start "
                 f"(it {_death(proc)}; its log: {job.log_path}); run with --backend sim to "

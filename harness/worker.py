@@ -1,8 +1,11 @@
-"""The worker process: runs trials and reports each one to the parent as it ends.
+"""The worker process: makes its device, then runs the trials it is handed and reports each one
+to the parent as it ends.
 
-Workers are spawned, never forked (a forked child would share the parent's CUDA state). A CUDA
-fault kills the context, so a cuda worker exits after a crash and the parent starts a new one for
-the remaining trials; a hang is ended by the parent's watchdog killing the worker.
+Workers are spawned, never forked (a forked child would share the parent's CUDA state). A worker
+says it is ready only once its device, kernels and pool are made, and waits for trials: so the
+parent can keep one ready as a spare (:mod:`harness.workers`). A CUDA fault kills the context, so
+a cuda worker exits after a crash and the parent hands the remaining trials to another; a hang is
+ended by the parent's watchdog killing the worker.
 """
 
 from __future__ import annotations
@@ -17,16 +20,16 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
+from collections.abc import Iterator
 
 
 @dataclass(frozen=True)
 class WorkerJob:
-    """What a worker is to do: trials ``(index, seed)`` of one scenario variant."""
+    """What a worker is to do: trials of one scenario variant, handed to it once it is ready."""
 
     scenario: Any  # harness.model.Scenario, pickled whole: a replay's scenario has no file
     variant: str
     backend: str
-    trials: tuple[tuple[int, int], ...]
     parent_pid: int
     amplify: bool
     delay_us: float | None
@@ -40,8 +43,10 @@ class WorkerJob:
 
 
 def worker_main(conn: Connection, job: WorkerJob) -> None:
-    """Entry point of a worker process. Messages to the parent:
-    ("ready", device_info), ("trial", result_json) per trial, ("done",), or ("error", text)."""
+    """Entry point of a worker process. Messages to the parent: ("ready", device_info), then
+    for each ("trials", ((index, seed), ...)) it is handed ("trial", result_json) per trial and
+    ("done",); ("error", text) when something failed. ("stop",), or the parent's end closing,
+    ends it."""
     die_with_parent(job.parent_pid)
     # Everything the process prints, CUDA's device-side assert messages included, goes to the
     # worker's log: the parent's terminal keeps its progress bar, and reports quote the log.
@@ -71,7 +76,7 @@ def worker_main(conn: Connection, job: WorkerJob) -> None:
                                  schedule=Schedule.parse(job.schedule) if job.schedule else None,
                                  poison=job.poison)
         conn.send(("ready", {**executor.device_info, "pid": os.getpid()}))
-        for index, seed in job.trials:
+        for index, seed in _handed(conn):
             recorder.start_trial({**job.header, "trial": index, "seed": seed,
                                   "pid": os.getpid()})
             if detector is not None:
@@ -93,11 +98,24 @@ def worker_main(conn: Connection, job: WorkerJob) -> None:
                 sys.stdout.flush()
                 sys.stderr.flush()
                 os._exit(0)
-        conn.send(("done",))
     except BaseException:
         conn.send(("error", traceback.format_exc()))
     finally:
         conn.close()
+
+
+def _handed(conn: Connection) -> Iterator[tuple[int, int]]:
+    """The trials the parent hands over, list after list, each list followed by ("done",); ends
+    when the parent says stop or its end closes."""
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return
+        if message[0] != "trials":
+            return
+        yield from message[1]
+        conn.send(("done",))
 
 
 def die_with_parent(parent: int) -> None:

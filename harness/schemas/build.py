@@ -249,6 +249,9 @@ def run_schema() -> Schema:
         "delay_us": nullable(number(0, L.DELAY_MAX_US)), "min_rate": number(0, 1),
         "sweep": BOOLEAN, "first_manifested": nullable(ref("trial")),
         "traces": array(string()), "crash_requests": array(integer(0)),
+        "restart_s": described(array(number(0)),
+                               "for each worker that died, the seconds until the next worker "
+                               "was handed the remaining trials (a warm spare's hand-over)"),
         "xids": array(closed({"xid": integer(0), "meaning": nullable(string()),
                               "class": nullable(enum([APPLICATION, GPU_FATAL, "unknown"])),
                               "trials": integer(1)})),

@@ -1,0 +1,138 @@
+"""The parent's side of worker processes: starting one, handing it trials, and a warm spare.
+
+A worker is spawned with its job (a scenario variant and how to run it) and makes its device,
+kernels and pool before it says it is ready; only then is it handed trials. So a worker can be
+started before it is needed. Once a variant's workers have started to die (a CUDA fault kills
+its worker, the watchdog kills a hung one), the supply keeps a spare ready beside the worker
+that runs trials, and the next death costs a hand-over instead of a start (an interpreter,
+CuPy, a context, the kernels, the pool). A spare that is not needed is stopped with the supply:
+none outlives its variant.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from harness.worker import WorkerJob, worker_main
+
+SILENT = ("silent",)
+"""What :func:`receive` says when the worker sent nothing in time."""
+GONE = ("gone",)
+"""What :func:`receive` says when the worker's end of the pipe closed: it died."""
+
+
+def receive(conn: Connection, timeout: float) -> tuple:
+    """The worker's next message, or SILENT (nothing in time), or GONE (it died)."""
+    try:
+        if not conn.poll(timeout):
+            return SILENT
+        return conn.recv()  # type: ignore[no-any-return]
+    except (EOFError, OSError):
+        return GONE
+
+
+@dataclass
+class Worker:
+    """One spawned worker: its process, the parent's end of its pipe, its job, and the trials
+    it was handed (none while it waits as a spare)."""
+
+    proc: multiprocessing.process.BaseProcess
+    conn: Connection
+    job: WorkerJob
+    trials: tuple[tuple[int, int], ...] = ()
+    info: dict[str, Any] = field(default_factory=dict)  # its "ready" message: the device
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid
+
+    def give(self, trials: Sequence[tuple[int, int]]) -> None:
+        """Hand the worker its trials; it runs them in order and reports each."""
+        self.trials = tuple(trials)
+        self.conn.send(("trials", self.trials))
+
+    def stop(self, wait_s: float = 5.0) -> None:
+        """End the worker: ask a living one to leave, kill it if it does not; safe twice."""
+        if self.proc.is_alive():
+            try:
+                self.conn.send(("stop",))
+            except (OSError, ValueError):
+                pass  # its end is closed: it is on its way out
+            self.proc.join(min(wait_s, 1.0))
+        if self.proc.is_alive():
+            self.proc.kill()
+        self.proc.join(wait_s)
+        self.conn.close()
+
+
+class WorkerFailed(Exception):
+    """A worker sent an error or died before it was ready; ``message`` is what it said."""
+
+    def __init__(self, worker: Worker, message: tuple) -> None:
+        super().__init__(message)
+        self.worker = worker
+        self.message = message
+
+
+class WorkerSupply:
+    """Workers for one variant: the spare when one is ready, else a new one (see the module
+    docstring). ``make_job()`` makes the job of each new worker (its own log folder)."""
+
+    def __init__(self, make_job: Callable[[], WorkerJob], start_timeout_s: float) -> None:
+        self._make_job = make_job
+        self._start_timeout_s = start_timeout_s
+        self._spare: Worker | None = None
+        self.spares_wanted = False  # set once a worker of this variant died
+        self.started = 0  # workers started, spares included
+        self.warm = 0  # workers taken that were already started as spares
+
+    def take(self) -> Worker:
+        """A ready worker: the spare when there is a living one. Raises WorkerFailed when the
+        worker could not start."""
+        worker, self._spare = self._spare, None
+        if worker is not None and worker.proc.is_alive():
+            self.warm += 1
+        else:
+            if worker is not None:
+                worker.stop()  # a spare that died waiting: start afresh
+            worker = self._start()
+        self._wait_ready(worker)
+        return worker
+
+    def refill(self) -> None:
+        """Start a spare when spares are wanted and none waits: called once the worker taken
+        has its trials, so starting one costs the hand-over nothing."""
+        if self.spares_wanted and self._spare is None:
+            self._spare = self._start()
+
+    def died(self) -> None:
+        """A worker of this variant died: from now on a spare waits beside each worker."""
+        self.spares_wanted = True
+
+    def close(self) -> None:
+        """Stop the spare, if there is one."""
+        if self._spare is not None:
+            self._spare.stop()
+            self._spare = None
+
+    def _start(self) -> Worker:
+        ctx = multiprocessing.get_context("spawn")
+        job = self._make_job()
+        Path(job.trace_dir).mkdir(parents=True, exist_ok=True)
+        parent, child = ctx.Pipe(duplex=True)
+        proc = ctx.Process(target=worker_main, args=(child, job), daemon=True)
+        proc.start()
+        child.close()
+        self.started += 1
+        return Worker(proc, parent, job)
+
+    def _wait_ready(self, worker: Worker) -> None:
+        message = receive(worker.conn, self._start_timeout_s)
+        if message in (SILENT, GONE) or message[0] == "error":
+            raise WorkerFailed(worker, message)
+        worker.info = message[1]

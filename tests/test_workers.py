@@ -1,0 +1,92 @@
+"""Warm spare workers: once a variant's workers start dying, the next one is already made and
+waiting, so a death costs a hand-over; a spare that is not needed is stopped, never leaked."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import statistics
+from pathlib import Path
+
+from harness.runner import RunOptions, Runner
+from harness.scenario import load_scenario
+from harness.targets import resolve_targets
+from harness.worker import WorkerJob
+from harness.workers import WorkerSupply
+
+HANG = """\
+apiVersion: gpurace/v1
+kind: Scenario
+metadata: {name: hang, description: a kernel that never ends}
+spec:
+  pool: {pages: 2}
+  trials: 5
+  timeout: 60
+  variants: {fixed: {expect: clean}}
+  steps:
+    - {op: delay, stream: compute, us: .inf}
+    - {op: synchronize}
+"""
+
+
+def _hang_file(tmp_path: Path) -> Path:
+    path = tmp_path / "hang.yaml"
+    path.write_text(HANG)
+    return path
+
+
+def test_after_the_first_death_each_next_worker_is_a_warm_spare(tmp_path: Path) -> None:
+    """Five hangs, each killed by the watchdog: the first death waits for a worker to start,
+    the later ones take the spare that started while the trial hung."""
+    runner = Runner(RunOptions(backend="sim", timeout_s=1.5, out_dir=tmp_path))
+    [r] = runner.run(resolve_targets([str(_hang_file(tmp_path))])).results
+    assert r.counts["hang"] == 5
+    cold, *warm = r.restart_s
+    assert len(warm) == 3
+    # A start imports the harness and makes the device: far longer than handing over trials.
+    assert max(warm) < 0.1 < cold, r.restart_s
+    # Workers: one per trial, and one spare at the end that was stopped with the variant.
+    workers = sorted((Path(runner.out_dir) / "workers").iterdir())
+    assert len(workers) == 6
+    assert not multiprocessing.active_children()
+    print(f"\nrestart after a worker's death: cold {cold * 1e3:.0f} ms, warm median "
+          f"{statistics.median(warm) * 1e3:.2f} ms")
+
+
+def test_a_run_without_deaths_starts_no_spare(tmp_path: Path) -> None:
+    runner = Runner(RunOptions(backend="sim", trials=3, out_dir=tmp_path))
+    results = runner.run(resolve_targets(["smoke"])).results
+    assert all(r.restart_s == [] for r in results)
+    assert len(list((Path(runner.out_dir) / "workers").iterdir())) == len(results)
+    assert not multiprocessing.active_children()
+
+
+def test_a_spare_that_died_waiting_is_replaced(tmp_path: Path) -> None:
+    scenario = load_scenario(_hang_file(tmp_path))
+    made = []
+
+    def make_job() -> WorkerJob:
+        folder = tmp_path / f"w{len(made)}"
+        made.append(folder)
+        return WorkerJob(scenario, "fixed", "sim", os.getpid(), False, None,
+                         str(folder / "worker.log"), str(folder), {})
+
+    supply = WorkerSupply(make_job, 60.0)
+    supply.died()
+    first = supply.take()
+    supply.refill()  # a spare behind it
+    spare = supply._spare
+    assert spare is not None and first.pid != spare.pid
+    spare.proc.kill()
+    spare.proc.join(5)
+    second = supply.take()
+    assert second.pid not in (first.pid, spare.pid) and supply.warm == 0
+    supply.refill()
+    assert supply.started == 4  # first, its spare, the replacement and its own spare
+    waiting = supply._spare.pid
+    third = supply.take()
+    assert third.pid == waiting and supply.warm == 1
+    for worker in (first, second, third):
+        worker.stop()
+    supply.close()
+    assert not multiprocessing.active_children()
