@@ -27,7 +27,7 @@ from rich.table import Table
 import kvcore
 from harness.errors import GpuBusyError, HarnessError, ScenarioError, TargetError
 from harness import schemas, vocabulary
-from harness.limits import DELAY_MAX_US, SHARDS_MAX, TIMEOUT_MAX_S, TRIALS_MAX
+from harness.limits import DELAY_MAX_US, SHARDS_MAX, SPARES_MAX, TIMEOUT_MAX_S, TRIALS_MAX
 from harness.detector import check_trace
 from harness.doctor import diagnose
 from harness.explore import Strategy, explore
@@ -179,6 +179,11 @@ _SHARED_RUN_OPTIONS = [
                       "incidents kept; `gpurace check` reads them."),
     click.option("--max-incidents", type=click.IntRange(min=0), default=3, show_default=True,
                  help="Incident folders written per variant; further bad trials are counted."),
+    click.option("--spares", type=click.IntRange(min=0, max=SPARES_MAX), default=4,
+                 show_default=True,
+                 help="Once a variant's workers start dying (a CUDA fault kills its worker), "
+                      "keep this many spare workers made and waiting, so a crash costs a "
+                      "hand-over rather than a worker start; 0 starts each worker when needed."),
     click.option("--shard", type=_ShardType(),
                  help="Run only the K-th of N parts of the trials (K/N, e.g. 2/3), with the "
                       "seeds the whole run gives them: N machines or array tasks with the same "

@@ -39,6 +39,11 @@ minimize): the reports package's own bound, since it reads reports without the h
 SHARDS_MAX = 10_000
 """Parts a run may be split into with --shard: more machines than any array job holds."""
 
+SPARES_MAX = 16
+"""Spare workers --spares may keep ready: each holds a CUDA context and its pool, and they
+start one per hand-over, so a few cover a worker start of about a second at a crash every
+quarter second."""
+
 RUN_MAX_BYTES = 64 * MiB
 """A run document `gpurace merge` reads. A variant's entry is bounded (10,000 crash requests,
 its folded findings and Xids), so even a run of a thousand variants stays far below this."""

@@ -84,6 +84,7 @@ class RunOptions:
     record: bool = False  # keep every trial's op trace under out_dir/workers
     poison: bool = False  # the pool poisons released pages (kvcore's DeviceKVPagePool)
     shard: tuple[int, int] | None = None  # (K, N): run the K-th of N parts of the trials
+    spares: int = 4  # workers kept ready once a variant's workers die (harness.workers)
 
 
 class RunHooks:
@@ -186,7 +187,7 @@ def run_plan(scenarios: Sequence[Scenario], options: RunOptions, backend: str
             sources[scenario.name] = ""  # nothing on disk to compare: the name must do
     same = {"version": VERSION, "backend": backend, "sources": sources,
             **{k: v for k, v in dataclasses.asdict(options).items()
-               if k not in ("out_dir", "record", "max_incidents", "shard")}}
+               if k not in ("out_dir", "record", "max_incidents", "shard", "spares")}}
     digest = hashlib.sha256(json.dumps(same, sort_keys=True, default=str).encode()).hexdigest()
     return {"digest": digest, "version": VERSION, "backend": backend, "seed": options.seed,
             "sources": sources}
@@ -337,7 +338,7 @@ class Runner:
                              str(folder), header, opts.detect, opts.schedule, opts.record,
                              opts.poison)
 
-        supply = WorkerSupply(make_job, WORKER_START_TIMEOUT_S)
+        supply = WorkerSupply(make_job, WORKER_START_TIMEOUT_S, opts.spares)
         try:
             self._run_trials(supply, pending, timeout, run)
         finally:

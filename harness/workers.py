@@ -5,13 +5,17 @@ kernels and pool before it says it is ready; only then is it handed trials. So a
 started before it is needed. Once a variant's workers have started to die (a CUDA fault kills
 its worker, the watchdog kills a hung one), the supply keeps a spare ready beside the worker
 that runs trials, and the next death costs a hand-over instead of a start (an interpreter,
-CuPy, a context, the kernels, the pool). A spare that is not needed is stopped with the supply:
-none outlives its variant.
+CuPy, a context, the kernels, the pool). Where every trial crashes at once, as in a crash soak,
+one spare has only a trial's time to start, so the supply keeps several: after the first death
+they start together, and then one for each taken, so each has had that many hand-overs' time
+when its turn comes. Spares that are not needed are stopped with the supply: none outlives its
+variant.
 """
 
 from __future__ import annotations
 
 import multiprocessing
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
@@ -83,10 +87,12 @@ class WorkerSupply:
     """Workers for one variant: the spare when one is ready, else a new one (see the module
     docstring). ``make_job()`` makes the job of each new worker (its own log folder)."""
 
-    def __init__(self, make_job: Callable[[], WorkerJob], start_timeout_s: float) -> None:
+    def __init__(self, make_job: Callable[[], WorkerJob], start_timeout_s: float,
+                 spares: int = 1) -> None:
         self._make_job = make_job
         self._start_timeout_s = start_timeout_s
-        self._spare: Worker | None = None
+        self._spares: deque[Worker] = deque()  # oldest first: the likeliest to be ready
+        self.spares = spares  # how many to keep once spares are wanted
         self.spares_wanted = False  # set once a worker of this variant died
         self.started = 0  # workers started, spares included
         self.warm = 0  # workers taken that were already started as spares
@@ -94,31 +100,36 @@ class WorkerSupply:
     def take(self) -> Worker:
         """A ready worker: the spare when there is a living one. Raises WorkerFailed when the
         worker could not start."""
-        worker, self._spare = self._spare, None
-        if worker is not None and worker.proc.is_alive():
-            self.warm += 1
+        while self._spares:
+            worker = self._spares.popleft()
+            if worker.proc.is_alive():
+                self.warm += 1
+                break
+            worker.stop()  # a spare that died waiting: try the next, or start afresh
         else:
-            if worker is not None:
-                worker.stop()  # a spare that died waiting: start afresh
             worker = self._start()
         self._wait_ready(worker)
         return worker
 
     def refill(self) -> None:
-        """Start a spare when spares are wanted and none waits: called once the worker taken
-        has its trials, so starting one costs the hand-over nothing."""
-        if self.spares_wanted and self._spare is None:
-            self._spare = self._start()
+        """Start spares, when they are wanted, until ``spares`` wait: called once the worker
+        taken has its trials, so starting them costs the hand-over nothing."""
+        while self.spares_wanted and len(self._spares) < self.spares:
+            self._spares.append(self._start())
 
     def died(self) -> None:
         """A worker of this variant died: from now on a spare waits beside each worker."""
         self.spares_wanted = True
 
     def close(self) -> None:
-        """Stop the spare, if there is one."""
-        if self._spare is not None:
-            self._spare.stop()
-            self._spare = None
+        """Stop the spares that wait."""
+        while self._spares:
+            self._spares.popleft().stop()
+
+    @property
+    def waiting(self) -> list[Worker]:
+        """The spares that wait, oldest first."""
+        return list(self._spares)
 
     def _start(self) -> Worker:
         ctx = multiprocessing.get_context("spawn")

@@ -45,9 +45,10 @@ def test_after_the_first_death_each_next_worker_is_a_warm_spare(tmp_path: Path) 
     assert len(warm) == 3
     # A start imports the harness and makes the device: far longer than handing over trials.
     assert max(warm) < 0.1 < cold, r.restart_s
-    # Workers: one per trial, and one spare at the end that was stopped with the variant.
+    # Workers: the first two cold, four spares after the first death, one more for each of
+    # the three spares taken; the four left waiting were stopped with the variant.
     workers = sorted((Path(runner.out_dir) / "workers").iterdir())
-    assert len(workers) == 6
+    assert len(workers) == 2 + 4 + 3
     assert not multiprocessing.active_children()
     print(f"\nrestart after a worker's death: cold {cold * 1e3:.0f} ms, warm median "
           f"{statistics.median(warm) * 1e3:.2f} ms")
@@ -71,22 +72,52 @@ def test_a_spare_that_died_waiting_is_replaced(tmp_path: Path) -> None:
         return WorkerJob(scenario, "fixed", "sim", os.getpid(), False, None,
                          str(folder / "worker.log"), str(folder), {})
 
-    supply = WorkerSupply(make_job, 60.0)
+    supply = WorkerSupply(make_job, 60.0, spares=1)
     supply.died()
     first = supply.take()
     supply.refill()  # a spare behind it
-    spare = supply._spare
-    assert spare is not None and first.pid != spare.pid
+    [spare] = supply.waiting
+    assert first.pid != spare.pid
     spare.proc.kill()
     spare.proc.join(5)
     second = supply.take()
     assert second.pid not in (first.pid, spare.pid) and supply.warm == 0
     supply.refill()
     assert supply.started == 4  # first, its spare, the replacement and its own spare
-    waiting = supply._spare.pid
+    waiting = supply.waiting[0].pid
     third = supply.take()
     assert third.pid == waiting and supply.warm == 1
     for worker in (first, second, third):
         worker.stop()
     supply.close()
     assert not multiprocessing.active_children()
+
+
+def test_without_spares_every_death_waits_for_a_start(tmp_path: Path) -> None:
+    runner = Runner(RunOptions(backend="sim", timeout_s=1.0, trials=3, spares=0,
+                               out_dir=tmp_path))
+    [r] = runner.run(resolve_targets([str(_hang_file(tmp_path))])).results
+    assert r.counts["hang"] == 3 and len(r.restart_s) == 2
+    assert min(r.restart_s) > 0.05  # each one a worker start
+    assert len(list((Path(runner.out_dir) / "workers").iterdir())) == 3
+
+
+def test_spares_are_kept_and_all_stop(tmp_path: Path) -> None:
+    scenario = load_scenario(_hang_file(tmp_path))
+    supply = WorkerSupply(lambda: WorkerJob(scenario, "fixed", "sim", os.getpid(), False, None,
+                                            str(tmp_path / "w.log"), str(tmp_path), {}),
+                          60.0, spares=3)
+    supply.refill()
+    assert supply.waiting == []  # no death yet: no spare
+    supply.died()
+    taken = []
+    for _ in range(4):
+        taken.append(supply.take())
+        supply.refill()
+        assert len(supply.waiting) == 3
+    assert supply.warm == 3  # the 2nd, 3rd and 4th were spares
+    assert supply.started == 1 + 3 + 3  # the first, three spares, one more for each taken
+    for worker in taken:
+        worker.stop()
+    supply.close()
+    assert supply.waiting == [] and not multiprocessing.active_children()
