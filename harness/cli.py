@@ -27,7 +27,14 @@ from rich.table import Table
 import kvcore
 from harness.errors import GpuBusyError, HarnessError, ScenarioError, TargetError
 from harness import schemas, vocabulary
-from harness.limits import DELAY_MAX_US, SHARDS_MAX, SPARES_MAX, TIMEOUT_MAX_S, TRIALS_MAX
+from harness.limits import (
+    DELAY_MAX_US,
+    GPUS_MAX,
+    SHARDS_MAX,
+    SPARES_MAX,
+    TIMEOUT_MAX_S,
+    TRIALS_MAX,
+)
 from harness.detector import check_trace
 from harness.doctor import diagnose
 from harness.explore import Strategy, explore
@@ -137,6 +144,28 @@ class _ShardType(click.ParamType):
                   "three shards, say 1/3", param, ctx)
 
 
+class _GpusType(click.ParamType):
+    """``all``, a count ``N``, or ordinals ``0,2``."""
+
+    name = "all|N|I,J"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> str:
+        text = str(value).strip()
+        if text == "all":
+            return text
+        parts = text.split(",")
+        if all(p.strip().isdigit() for p in parts):
+            numbers = [int(p) for p in parts]
+            if len(parts) == 1 and 1 <= numbers[0] <= GPUS_MAX:
+                return str(numbers[0])
+            if len(parts) > 1 and len(set(numbers)) == len(numbers) \
+                    and max(numbers) < GPUS_MAX:
+                return ",".join(map(str, numbers))
+        self.fail(f"{value!r}: say all, a count from 1 to {GPUS_MAX}, or GPU numbers such as "
+                  "0,2 (each once)", param, ctx)
+
+
 _SHARED_RUN_OPTIONS = [
     click.option("--dangerous", is_flag=True,
                  help="Run what may crash the CUDA context (dangerous scenarios, a replay with "
@@ -184,6 +213,12 @@ _SHARED_RUN_OPTIONS = [
                  help="Once a variant's workers start dying (a CUDA fault kills its worker), "
                       "keep this many spare workers made and waiting, so a crash costs a "
                       "hand-over rather than a worker start; 0 starts each worker when needed."),
+    click.option("--gpus", type=_GpusType(),
+                 help="Run on several GPUs at once: all, the first N, or those numbered (0,2). "
+                      "Each gets its own workers (pinned with CUDA_VISIBLE_DEVICES) and takes "
+                      "the next trials when it is free; Xids are told apart by GPU, and one "
+                      "that reports a fatal Xid is retired while the others go on (exit 1). "
+                      "On the simulated device: N devices side by side. Default: one GPU."),
     click.option("--shard", type=_ShardType(),
                  help="Run only the K-th of N parts of the trials (K/N, e.g. 2/3), with the "
                       "seeds the whole run gives them: N machines or array tasks with the same "
@@ -702,7 +737,8 @@ columns would cut words (the CI logs of 80 columns)."""
 
 def _print_summary(result: RunResult, out_dir: Path) -> None:
     device = result.device.get("name", result.backend)
-    title = f"gpurace run on {result.backend} ({device}), seed {result.seed}"
+    lanes = f", {len(result.lanes)} devices side by side" if len(result.lanes) > 1 else ""
+    title = f"gpurace run on {result.backend} ({device}{lanes}), seed {result.seed}"
     detect = any(r.detected for r in result.results)
     rows = []
     for r in result.results:
@@ -757,6 +793,8 @@ def _print_summary(result: RunResult, out_dir: Path) -> None:
                   highlight=False)
         for path in incidents[:10]:
             out.print(f"    {path}", highlight=False)
+    for retired in result.retired:
+        out.print(f"[bold red]retired:[/] {escape(retired)}")
     if result.stopped:
         out.print(f"[bold red]stopped:[/] {escape(result.stopped)}")
     out.print(f"exit {int(result.exit_code)} ({result.exit_code.name.lower()}), "

@@ -44,6 +44,10 @@ SPARES_MAX = 16
 start one per hand-over, so a few cover a worker start of about a second at a crash every
 quarter second."""
 
+GPUS_MAX = 64
+"""Lanes --gpus may ask for: GPUs of one host (eight is common, a few more exist), or
+simulated devices side by side, one a CPU core."""
+
 RUN_MAX_BYTES = 64 * MiB
 """A run document `gpurace merge` reads. A variant's entry is bounded (10,000 crash requests,
 its folded findings and Xids), so even a run of a thousand variants stays far below this."""

@@ -25,7 +25,7 @@ _VARIANT_KEYS = ("scenario", "variant", "delay_us", "sweep")
 """What names one entry of a run's results: the same in every shard, in the same order."""
 
 _RUN_KEYS = ("run_id", "folder", "backend", "device", "seed", "poison", "wall_s", "exit_code",
-             "stopped", "health", "watch_notes", "plan", "results")
+             "stopped", "health", "watch_notes", "plan", "lanes", "retired", "results")
 _RESULT_KEYS = ("expect", "path", "dangerous", "amplified", "status", "reason", "trials",
                 "wall_s", "min_rate", "reports", "outcomes", "detected", "reproduced",
                 "not_clean", "first_manifested", "traces", "crash_requests", "restart_s",
@@ -111,6 +111,8 @@ def _merge(paths: Sequence[Path], folder: Path) -> RunResult:
         stopped=stopped, watch_notes=sorted({n for d, _ in docs for n in d["watch_notes"]}),
         folder=str(folder), run_id=f"merged-{first['plan']['digest'][:12]}",
         poison=first["poison"], plan=first["plan"],
+        lanes=[f"shard {d['shard']['index']}: {lane}" for d, _ in docs for lane in d["lanes"]],
+        retired=[f"shard {d['shard']['index']}: {r}" for d, _ in docs for r in d["retired"]],
         shards=[{"index": d["shard"]["index"], "count": count, "path": str(p),
                  "run_id": d["run_id"], "folder": d["folder"], "device": d["device"],
                  "health": d["health"], "wall_s": d["wall_s"], "exit_code": d["exit_code"]}

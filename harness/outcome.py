@@ -126,7 +126,9 @@ class VariantResult:
         self.detected += trial.race
         self.not_clean += trial.outcome.manifested or trial.race
         self.reproduced += self.counts_as_reproduced(trial)
-        if trial.outcome.manifested and self.first_manifested is None:
+        # The lowest index, not the first to end: lanes end trials out of order.
+        if trial.outcome.manifested and (self.first_manifested is None
+                                         or trial.index < self.first_manifested.index):
             self.first_manifested = trial
         if trial.trace:
             self.traces.append(trial.trace)

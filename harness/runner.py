@@ -8,6 +8,7 @@ why a variant ended is in its status and reason.
 from __future__ import annotations
 
 import contextlib
+from collections import deque
 import dataclasses
 import enum
 import functools
@@ -30,10 +31,19 @@ from harness.incidents import build_report, reproduce_argv
 from harness.model import Scenario, Variant
 from harness.outputs import RunFolder
 from harness.outcome import Outcome, Status, TrialResult, VariantResult
-from harness.gpu.probe import cuda_usable
+from harness.gpu.probe import cuda_usable, gpu_count
+from harness.limits import GPUS_MAX
 from harness.gpu.watch import GpuWatch, TrialXids
 from harness.worker import WorkerJob
-from harness.workers import GONE, SILENT, Worker, WorkerFailed, WorkerSupply, receive
+from harness.workers import (
+    GONE,
+    SILENT,
+    Worker,
+    WorkerFailed,
+    WorkerSupply,
+    receive,
+    wait_any,
+)
 from kvcore.device.schedule import Schedule
 from reports import write_incident
 
@@ -85,6 +95,7 @@ class RunOptions:
     poison: bool = False  # the pool poisons released pages (kvcore's DeviceKVPagePool)
     shard: tuple[int, int] | None = None  # (K, N): run the K-th of N parts of the trials
     spares: int = 4  # workers kept ready once a variant's workers die (harness.workers)
+    gpus: str | None = None  # "all", "N" or "0,2": a lane of workers per GPU (sim: N devices)
 
 
 class RunHooks:
@@ -116,13 +127,15 @@ class RunResult:
     shard: tuple[int, int] | None = None  # (K, N) when the run was one part of N
     plan: dict[str, object] = field(default_factory=dict)  # what shards must agree on
     shards: list[dict[str, object]] = field(default_factory=list)  # a merged run's parts
+    lanes: list[str] = field(default_factory=list)  # the GPUs (or simulated devices) it used
+    retired: list[str] = field(default_factory=list)  # GPUs a fatal Xid took out of the run
 
     @property
     def exit_code(self) -> ExitCode:
         if self.interrupted:
             return ExitCode.TERMINATED if self.interrupted == "SIGTERM" \
                 else ExitCode.INTERRUPTED
-        if self.stopped:
+        if self.stopped or self.retired:
             return ExitCode.EXPECTATION_FAILED
         ran = [r for r in self.results if r.status is not Status.SKIP]
         # A sweep maps the race window; its points at small delays are not expected to pass.
@@ -150,6 +163,8 @@ class RunResult:
                                                       "count": self.shard[1]},
             "plan": self.plan,
             "shards": self.shards,
+            "lanes": self.lanes,
+            "retired": self.retired,
             "results": [r.to_json() for r in self.results],
         }
 
@@ -187,7 +202,7 @@ def run_plan(scenarios: Sequence[Scenario], options: RunOptions, backend: str
             sources[scenario.name] = ""  # nothing on disk to compare: the name must do
     same = {"version": VERSION, "backend": backend, "sources": sources,
             **{k: v for k, v in dataclasses.asdict(options).items()
-               if k not in ("out_dir", "record", "max_incidents", "shard", "spares")}}
+               if k not in ("out_dir", "record", "max_incidents", "shard", "spares", "gpus")}}
     digest = hashlib.sha256(json.dumps(same, sort_keys=True, default=str).encode()).hexdigest()
     return {"digest": digest, "version": VERSION, "backend": backend, "seed": options.seed,
             "sources": sources}
@@ -223,6 +238,33 @@ class Runner:
         self.stopped = ""
         self._running: VariantResult | None = None  # the variant whose trials are running
         self._position = 0  # trials planned before the variant that runs next, for --shard
+        self.lanes = self._resolve_lanes(options.gpus)
+        self.retired: dict[str, str] = {}  # lane name -> why its GPU runs nothing more
+
+    def _resolve_lanes(self, spec: str | None) -> list[tuple[str, str | None]]:
+        """The run's lanes, each a name and the CUDA_VISIBLE_DEVICES of its workers: without
+        --gpus one lane on the device this process sees first, as ever; with it a lane per GPU
+        (``all``, the first ``N``, or ordinals ``0,2`` among the GPUs this process sees), or on
+        the simulated device N devices side by side (``all``: one a CPU core)."""
+        if spec is None:
+            return [("GPU 0" if self.backend == "cuda" else "sim", None)]
+        if self.backend == "sim":
+            n = min(os.cpu_count() or 1, GPUS_MAX) if spec == "all" else (
+                int(spec) if spec.isdigit() else len(spec.split(",")))
+            return [(f"sim {i}", None) for i in range(n)]
+        count = gpu_count()
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        # A worker sees one GPU: the parent's own entry for it, so CUDA_VISIBLE_DEVICES="3,5"
+        # with --gpus all gives workers "3" and "5".
+        entries = [e.strip() for e in visible.split(",")] if visible else [
+            str(i) for i in range(count)]
+        chosen = list(range(count)) if spec == "all" else (
+            list(range(int(spec))) if spec.isdigit() else [int(x) for x in spec.split(",")])
+        beyond = [i for i in chosen if i >= min(count, len(entries))]
+        if beyond:
+            raise TargetError(f"--gpus {spec}: this process sees {count} GPU(s), numbered "
+                              f"0 to {count - 1}; ask for those")
+        return [(f"GPU {i}", entries[i]) for i in chosen]
 
     def run(self, scenarios: Iterable[Scenario]) -> RunResult:
         """Phases: watch and health first, then every variant's trials, then health again."""
@@ -268,6 +310,8 @@ class Runner:
         result.device = self.device
         result.health = self.health
         result.stopped = self.stopped
+        result.lanes = [name for name, _ in self.lanes]
+        result.retired = list(self.retired.values())
         result.watch_notes = list(self.watch.notes)
         result.wall_s = time.perf_counter() - start
         return result
@@ -330,19 +374,23 @@ class Runner:
             timeout_s=opts.timeout_s, schedule=opts.schedule, poison=opts.poison)
         run = _VariantRun(scenario, variant, result,
                           None if where is None else {**where, "delay_us": delay}, argv)
-        def make_job() -> WorkerJob:
-            self._workers += 1
-            folder = self.log_dir / f"{self._workers:04d}-{scenario.name}-{variant.name}"
-            return WorkerJob(scenario, variant.name, self.backend, os.getpid(), amplified,
-                             delay if amplified else None, str(folder / "worker.log"),
-                             str(folder), header, opts.detect, opts.schedule, opts.record,
-                             opts.poison)
+        def make_job(gpu: str | None) -> Callable[[], WorkerJob]:
+            def job() -> WorkerJob:
+                self._workers += 1
+                folder = self.log_dir / f"{self._workers:04d}-{scenario.name}-{variant.name}"
+                return WorkerJob(scenario, variant.name, self.backend, os.getpid(), amplified,
+                                 delay if amplified else None, str(folder / "worker.log"),
+                                 str(folder), header, opts.detect, opts.schedule, opts.record,
+                                 opts.poison, gpu)
+            return job
 
-        supply = WorkerSupply(make_job, WORKER_START_TIMEOUT_S, opts.spares)
+        lanes = [_Lane(name, WorkerSupply(make_job(gpu), WORKER_START_TIMEOUT_S, opts.spares))
+                 for name, gpu in self.lanes if name not in self.retired]
         try:
-            self._run_trials(supply, pending, timeout, run)
+            self._run_trials(lanes, pending, timeout, run)
         finally:
-            supply.close()
+            for lane in lanes:
+                lane.close()
         result.judge()
         self.hooks.variant_finished(result)
         return result
@@ -358,102 +406,163 @@ class Runner:
         k, n = self.options.shard
         return [i for place, i in enumerate(indices, start) if place % n == k - 1]
 
-    def _run_trials(self, supply: WorkerSupply, pending: list[tuple[int, int]],
+    def _run_trials(self, lanes: list[_Lane], pending: list[tuple[int, int]],
                     timeout: float, run: _VariantRun) -> None:
-        """Hand the trials to workers until all ended: a worker that dies leaves the rest to
-        the next one, which is the warm spare once a worker of this variant has died. The dead
-        worker's last trial is recorded after the hand-over, so its joining and its Xid wait
-        do not hold up the next trial."""
-        died_at: float | None = None
-        dead: tuple[Worker, _Ended] | None = None
-        while pending and not self._stop_for_fatal_xid():
-            worker = self._take(supply)
-            worker.give(pending)
-            if died_at is not None:
-                run.result.add_restart(time.monotonic() - died_at)
-            supply.refill()
-            if dead is not None:  # now that the next worker runs, the dead one's last trial
-                self._finish_dead(*dead, run)
-                dead = None
-            ended = self._supervise(worker, timeout, run)
-            pending = pending[ended.finished:]
-            died_at = ended.died_at
-            if died_at is not None:
-                supply.died()
-                dead = (worker, ended)
-        if dead is not None:
-            self._finish_dead(*dead, run)
+        """Hand the trials out to the lanes until all ended. One lane gets them all at once;
+        several get them in small batches, the next batch to whichever lane is free, so a
+        slow or crashing GPU holds up only its own. A worker that dies leaves the rest of its
+        batch to the front of the queue, and its lane's next worker (a spare, once one died)
+        is handed work before the dead worker's last trial is recorded: joining it and
+        waiting for its Xids do not hold up the next trial."""
+        queue = deque(pending)
+        while True:
+            self._retire_lanes(lanes, queue)
+            for lane in lanes:
+                if not lane.inflight and queue and not lane.retired:
+                    size = len(queue) if len(lanes) == 1 else max(
+                        1, min(_BATCH_MAX, len(queue) // (4 * len(lanes))))
+                    self._hand(lane, [queue.popleft() for _ in range(size)], run)
+                if lane.dead is not None and not lane.inflight:
+                    self._finish_dead(lane, run)  # its lane got no work: record it now
+            active = [lane for lane in lanes if lane.inflight]
+            if not active:
+                return
+            self._wait(lanes, active, timeout, run, queue)
 
-    def _take(self, supply: WorkerSupply) -> Worker:
-        try:
-            worker = supply.take()
-        except WorkerFailed as failed:
-            failed.worker.stop(1.0)
-            raise HarnessError(_worker_failed(failed.worker, failed.message)) from None
-        self.device.update({k: v for k, v in worker.info.items() if k != "pid"})
-        return worker
+    def _hand(self, lane: _Lane, batch: list[tuple[int, int]], run: _VariantRun) -> None:
+        if lane.worker is None:
+            try:
+                lane.worker = lane.supply.take()
+            except WorkerFailed as failed:
+                failed.worker.stop(1.0)
+                raise HarnessError(_worker_failed(failed.worker, failed.message)) from None
+            self.device.update({k: v for k, v in lane.worker.info.items() if k != "pid"})
+        lane.worker.give(batch)
+        lane.inflight = deque(batch)
+        lane.started, lane.wall = time.monotonic(), time.time()
+        if lane.died_at is not None:
+            run.result.add_restart(lane.started - lane.died_at)
+            lane.died_at = None
+        lane.supply.refill()
+        if lane.dead is not None:  # now that the next worker runs, the dead one's last trial
+            self._finish_dead(lane, run)
 
-    def _supervise(self, worker: Worker, timeout: float, run: _VariantRun) -> _Ended:
-        """Run a worker's trials until it finishes, crashes or hangs. A worker that died
-        (``died_at`` set) is left to :meth:`_finish_dead`, with the trial it died in."""
-        finished = 0
+    def _wait(self, lanes: list[_Lane], active: list[_Lane], timeout: float, run: _VariantRun,
+              queue: deque[tuple[int, int]]) -> None:
+        """Take every message that came, or once a lane's trial has run past the timeout,
+        end it: a living, silent worker hangs and is killed; a dead one crashed. After each
+        trial recorded, a fatal Xid retires its GPU before another trial is taken."""
+        assert all(lane.worker is not None for lane in active)
+        by_conn = {lane.worker.conn: lane for lane in active}  # type: ignore[union-attr]
+        due = min(lane.started for lane in active) + timeout
+        ready = wait_any(list(by_conn), max(0.0, due - time.monotonic()))
+        for conn in ready:
+            lane = by_conn[conn]  # type: ignore[index]
+            while lane.inflight and lane.worker is not None and conn.poll():
+                self._message(lane, receive(conn, 0), run, queue)
+                self._retire_lanes(lanes, queue)
+        now = time.monotonic()
+        for lane in active:
+            if lane.inflight and lane.worker is not None and now >= lane.started + timeout \
+                    and not lane.worker.conn.poll():
+                self._ended_unreported(lane, timeout, queue)
+
+    def _message(self, lane: _Lane, message: tuple, run: _VariantRun,
+                 queue: deque[tuple[int, int]]) -> None:
+        worker = lane.worker
+        assert worker is not None
+        if message is GONE:
+            self._ended_unreported(lane, None, queue)
+            return
+        if message[0] == "error":
+            worker.stop(1.0)
+            raise HarnessError(_worker_failed(worker, message))
+        if message[0] != "trial":
+            return  # "done": the worker waits for more; the lane's inflight says it is free
+        lane.inflight.popleft()
+        trial = TrialResult.from_json(message[1])
+        if trial.outcome is Outcome.CRASH and worker.job.backend == "cuda":
+            # The context is dead and the worker exits: the rest go to the next worker.
+            self._died(lane, trial, queue)
+            return
+        self._record(run, trial, lane.wall, worker.job, lane.uuid)
+        lane.started, lane.wall = time.monotonic(), time.time()
+
+    def _ended_unreported(self, lane: _Lane, timeout: float | None,
+                          queue: deque[tuple[int, int]]) -> None:
+        """The lane's trial in flight ended without a report: past ``timeout`` with a living
+        worker, a hang (the watchdog kills it); otherwise the worker died, a crash."""
+        worker = lane.worker
+        assert worker is not None
         proc, job = worker.proc, worker.job
-        while finished < len(worker.trials) and not self.stopped:
-            index, seed = worker.trials[finished]
-            started, wall = time.monotonic(), time.time()
-            message = receive(worker.conn, timeout)
-            if message in (SILENT, GONE):
-                # Silent and alive: it hangs, and the watchdog kills it. Gone (its pipe
-                # closed), or silent and already dead: it died on its own, or was killed
-                # from outside; a crash, whatever the clock says.
-                hung = message is SILENT and proc.is_alive()
-                if hung:
-                    proc.kill()
-                proc.join(5)
-                # Measured after the kill: how long the trial held the GPU in all.
-                waited = time.monotonic() - started
-                if hung:
-                    kind, detail = Outcome.HANG, (
-                        f"no result within the {timeout:g} s trial timeout; worker "
-                        f"{proc.pid} killed after {waited:.2f} s")
-                else:
-                    kind, detail = Outcome.CRASH, (
-                        f"worker {proc.pid} {_death(proc)} after {waited:.2f} s, "
-                        "before it reported the trial")
-                return _Ended(finished + 1, time.monotonic(), wall, TrialResult(
-                    index, seed, kind, detail=detail, duration_s=waited,
-                    worker_pid=proc.pid, trace=_keep_current_trace(job, index)))
-            if message[0] == "error":
-                worker.stop(1.0)
-                raise HarnessError(_worker_failed(worker, message))
-            if message[0] == "done":
-                break
-            trial = TrialResult.from_json(message[1])
-            if trial.outcome is Outcome.CRASH and job.backend == "cuda":
-                # The context is dead and the worker exits: the rest go to the next worker.
-                return _Ended(finished + 1, time.monotonic(), wall, trial)
-            self._record(run, trial, wall, job)
-            finished += 1
-        worker.stop()
-        return _Ended(finished, None, 0.0, None)
+        index, seed = lane.inflight.popleft()
+        hung = timeout is not None and proc.is_alive()
+        if hung:
+            proc.kill()
+        proc.join(5)
+        # Measured after the kill: how long the trial held the GPU in all.
+        waited = time.monotonic() - lane.started
+        if hung:
+            kind, detail = Outcome.HANG, (
+                f"no result within the {timeout:g} s trial timeout; worker {proc.pid} killed "
+                f"after {waited:.2f} s")
+        else:
+            kind, detail = Outcome.CRASH, (
+                f"worker {proc.pid} {_death(proc)} after {waited:.2f} s, before it reported "
+                "the trial")
+        self._died(lane, TrialResult(index, seed, kind, detail=detail, duration_s=waited,
+                                     worker_pid=proc.pid,
+                                     trace=_keep_current_trace(job, index)), queue)
 
-    def _finish_dead(self, worker: Worker, ended: _Ended, run: _VariantRun) -> None:
+    def _died(self, lane: _Lane, trial: TrialResult, queue: deque[tuple[int, int]]) -> None:
+        lane.died_at = time.monotonic()
+        queue.extendleft(reversed(lane.inflight))  # back in front, in order
+        lane.inflight.clear()
+        assert lane.worker is not None
+        lane.dead, lane.dead_wall, lane.worker = (lane.worker, trial), lane.wall, None
+        lane.supply.died()
+
+    def _finish_dead(self, lane: _Lane, run: _VariantRun) -> None:
         """Record the trial a worker died in, once it is gone: the device's own words (the
         assert's file, line, block and thread) reach its log only when the process ends."""
+        assert lane.dead is not None
+        worker, trial = lane.dead
+        lane.dead = None
         worker.proc.join(10)
-        assert ended.last is not None
-        trial = dataclasses.replace(ended.last, device_log=_tail(worker.job.log_path))
+        trial = dataclasses.replace(trial, device_log=_tail(worker.job.log_path))
         worker.stop()
-        self._record(run, trial, ended.wall, worker.job)
+        self._record(run, trial, lane.dead_wall, worker.job, lane.uuid)
+
+    def _retire_lanes(self, lanes: list[_Lane], queue: deque[tuple[int, int]]) -> None:
+        """A GPU that reported a fatal Xid runs nothing more: its lane is retired (its trials
+        go to the others); with none left, the run stops. A fatal Xid that names no GPU of
+        ours, or any on a run of one GPU, stops it all."""
+        assert self.watch is not None
+        fatal = self.watch.fatal_since(self.started_wall)
+        for lane in lanes:
+            mine = [ev for ev in fatal if len(lanes) == 1 or ev.gpu_uuid is None
+                    or lane.uuid is None or ev.gpu_uuid == lane.uuid]
+            if mine and not lane.retired:
+                xids = ", ".join(f"Xid {ev.xid} ({ev.info.meaning})" for ev in mine)
+                lane.retired = (f"{lane.name} reported {xids}: it needs attention (a reset or "
+                                "service) before it runs anything else")
+                self.retired[lane.name] = lane.retired
+                self.hooks.note(lane.retired)
+                queue.extendleft(reversed(lane.inflight))  # for the other lanes, if any
+                lane.inflight.clear()
+                lane.close()
+        if lanes and all(lane.retired for lane in lanes) and not self.stopped:
+            self.stopped = "; ".join(lane.retired for lane in lanes) + "; the run stopped here"
 
     def _record(self, run: _VariantRun, trial: TrialResult, wall: float,
-                job: WorkerJob) -> None:
-        """Keep a finished trial; for one that was not clean, gather what the GPU said and write
-        its incident; stop the run if the GPU reported a fatal Xid."""
+                job: WorkerJob, gpu: str | None = None) -> None:
+        """Keep a finished trial; for one that was not clean, gather what its GPU said and
+        write its incident."""
         assert self.watch is not None
         if trial.outcome.manifested or trial.race:
             said = self.watch.for_trial(trial.worker_pid, wall,
-                                        crashed=trial.outcome in (Outcome.CRASH, Outcome.HANG))
+                                        crashed=trial.outcome in (Outcome.CRASH, Outcome.HANG),
+                                        gpu=gpu)
             trial = dataclasses.replace(trial, xids=said.xids)
             kept = None
             if len(run.result.reports) < self.options.max_incidents:
@@ -463,18 +572,6 @@ class Runner:
             trial = dataclasses.replace(trial, trace=self._settle_trace(trial.trace, kept))
         run.result.add(trial)
         self.hooks.trial_finished(run.result, trial)
-        self._stop_for_fatal_xid()
-
-    def _stop_for_fatal_xid(self) -> bool:
-        """Whether the run must stop: the GPU reported a fatal Xid (said once, as a note)."""
-        assert self.watch is not None
-        fatal = self.watch.fatal_since(self.started_wall)
-        if fatal and not self.stopped:
-            xids = ", ".join(f"Xid {ev.xid} ({ev.info.meaning})" for ev in fatal)
-            self.stopped = (f"the GPU reported {xids}: it needs attention (a reset or service) "
-                            "before it runs anything else; the run stopped here")
-            self.hooks.note(self.stopped)
-        return bool(self.stopped)
 
     def _settle_trace(self, worker_trace: str | None, incident_trace: str | None) -> str | None:
         """Where a bad trial's trace lives on: the worker's copy when --record keeps every
@@ -513,16 +610,47 @@ class _VariantRun:
     argv: Callable[[TrialResult], list[str]]
 
 
-@dataclass(frozen=True)
-class _Ended:
-    """How a worker's turn ended: ``finished`` trials ended (the one it died in too); when it
-    died, the time the parent learned it, and that trial (``last``) with its start's wall
-    time, still to record."""
+_BATCH_MAX = 64
+"""Trials handed to one lane at a time when there are several: small enough that a slow lane
+holds few back, large enough that a hand-over is rare."""
 
-    finished: int
-    died_at: float | None
-    wall: float
-    last: TrialResult | None
+
+@dataclass
+class _Lane:
+    """One device the run's trials go to (a GPU, or a simulated device): its worker supply,
+    the worker that runs its trials, the trials handed to it and not yet ended, and the last
+    trial of a worker that died, still to record."""
+
+    name: str
+    supply: WorkerSupply
+    worker: Worker | None = None
+    inflight: deque[tuple[int, int]] = field(default_factory=deque)
+    started: float = 0.0  # monotonic: when the trial in flight started
+    wall: float = 0.0  # its wall time, for Xids
+    died_at: float | None = None
+    dead: tuple[Worker, TrialResult] | None = None
+    dead_wall: float = 0.0
+    retired: str = ""
+
+    @property
+    def uuid(self) -> str | None:
+        """The GPU's UUID, as its worker said (None on sim, or before a worker started)."""
+        info = self.worker.info if self.worker is not None else {}
+        uuid = info.get("uuid") or self._uuid
+        self._uuid = uuid
+        return uuid  # type: ignore[no-any-return]
+
+    _uuid: str | None = None
+
+    def close(self) -> None:
+        """Stop the lane's workers: the one running (it is idle or its GPU is retired) and the
+        spares."""
+        if self.worker is not None:
+            self.worker.stop()
+            self.worker = None
+        if self.dead is not None:
+            self.dead[0].stop()
+        self.supply.close()
 
 
 def _death(proc: multiprocessing.process.BaseProcess) -> str:

@@ -40,6 +40,7 @@ class WorkerJob:
     schedule: str | None = None  # a schedule token (sim): every trial replays that ordering
     record: bool = False  # keep every trial's op trace, not only the ones that went wrong
     poison: bool = False  # the pool poisons released pages
+    gpu: str | None = None  # CUDA_VISIBLE_DEVICES for the worker: the one GPU of its lane
 
 
 def worker_main(conn: Connection, job: WorkerJob) -> None:
@@ -48,6 +49,9 @@ def worker_main(conn: Connection, job: WorkerJob) -> None:
     ("done",); ("error", text) when something failed. ("stop",), or the parent's end closing,
     ends it."""
     die_with_parent(job.parent_pid)
+    if job.gpu is not None:
+        # Before anything imports CuPy: the worker's device 0 is its lane's GPU.
+        os.environ["CUDA_VISIBLE_DEVICES"] = job.gpu
     # Everything the process prints, CUDA's device-side assert messages included, goes to the
     # worker's log: the parent's terminal keeps its progress bar, and reports quote the log.
     log = os.open(job.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)

@@ -18,6 +18,7 @@ import multiprocessing
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from multiprocessing import connection
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,11 @@ def receive(conn: Connection, timeout: float) -> tuple:
         return conn.recv()  # type: ignore[no-any-return]
     except (EOFError, OSError):
         return GONE
+
+
+def wait_any(conns: list[Connection], timeout: float) -> list[Connection]:
+    """The workers' connections with a message (or closed) within ``timeout`` seconds."""
+    return connection.wait(conns, timeout)  # type: ignore[return-value]
 
 
 @dataclass

@@ -235,3 +235,15 @@ def test_rename_the_legacy_stream_for_findings() -> None:
     device.create_stream("user")
     with pytest.raises(kvcore.DeviceUsageError, match="a stream named 'user' exists already"):
         device.rename_stream(device.legacy_stream, "user")
+
+
+def test_a_cuda_device_names_its_gpu_as_nvml_does() -> None:
+    """A GPU's UUID and PCI address, from CUDA's device properties, in NVML's and the kernel
+    log's spelling: how a run on several GPUs tells their Xids apart."""
+    from kvcore.device.cuda import _pci_bus_id, _uuid
+
+    raw = bytes.fromhex("c74544341b63622186becfa0953be945")
+    assert _uuid(raw) == "GPU-c7454434-1b63-6221-86be-cfa0953be945"
+    assert _uuid(b"short") is None and _uuid(None) is None
+    assert _pci_bus_id({"pciDomainID": 0, "pciBusID": 0x3B, "pciDeviceID": 0}) == "0000:3b:00"
+    assert _pci_bus_id({}) is None

@@ -148,7 +148,8 @@ class _FatalWatch(GpuWatch):
         self.notes = []
         self.ended = False
 
-    def for_trial(self, pid: int | None, t0: float, crashed: bool) -> TrialXids:
+    def for_trial(self, pid: int | None, t0: float, crashed: bool,
+                  gpu: str | None = None) -> TrialXids:
         self.ended = True  # the first (buggy, amplified) trial went wrong: its Xids are asked
         return TrialXids()
 

@@ -121,3 +121,99 @@ def test_spares_are_kept_and_all_stop(tmp_path: Path) -> None:
         worker.stop()
     supply.close()
     assert supply.waiting == [] and not multiprocessing.active_children()
+
+
+# -- lanes: several devices side by side ------------------------------------------------------
+
+def test_three_simulated_devices_make_the_same_trials_as_one(tmp_path: Path) -> None:
+    """The trials a run makes do not depend on how many lanes made them: same counts, same
+    per-trial digest; and every lane did some of them."""
+    def run(gpus: str | None) -> tuple[list, Runner]:
+        runner = Runner(RunOptions(backend="sim", trials=12, amplify=False, gpus=gpus,
+                                   out_dir=tmp_path / str(gpus)))
+        return runner.run(resolve_targets(["smoke", "cudf-22284"], ())).results, runner
+
+    one, _ = run(None)
+    three, runner = run("3")
+    assert [(r.digest, r.outcomes(), r.detected) for r in one] == \
+        [(r.digest, r.outcomes(), r.detected) for r in three]
+    assert any(0 < r.detected < r.trials for r in one)
+    assert [name for name, _ in runner.lanes] == ["sim 0", "sim 1", "sim 2"]
+    # Each variant's trials went to three workers, one a lane.
+    assert len(list((Path(runner.out_dir) / "workers").iterdir())) == 3 * len(three)
+    assert not multiprocessing.active_children()
+
+
+def test_lanes_survive_hangs_and_hand_each_death_to_a_spare(tmp_path: Path) -> None:
+    runner = Runner(RunOptions(backend="sim", timeout_s=1.0, trials=6, gpus="2",
+                               out_dir=tmp_path))
+    [r] = runner.run(resolve_targets([str(_hang_file(tmp_path))])).results
+    assert r.counts["hang"] == 6 and r.trials == 6
+    assert r.first_manifested is not None and r.first_manifested.index == 0
+    assert len(r.restart_s) >= 4  # one per death that had trials left after it
+    assert not multiprocessing.active_children()
+
+
+def test_a_fatal_xid_retires_its_gpu_and_the_others_go_on(tmp_path: Path) -> None:
+    import time
+    from collections import deque
+
+    from harness.gpu.nvml import XidEvent
+    from harness.runner import _Lane
+
+    runner = Runner(RunOptions(backend="sim", out_dir=tmp_path))
+
+    class Watch:
+        events: list[XidEvent] = []
+
+        def fatal_since(self, t0: float) -> list[XidEvent]:
+            return self.events
+
+    runner.watch, runner.started_wall = Watch(), 0.0  # type: ignore[assignment]
+    supply = WorkerSupply(lambda: None, 1.0)  # type: ignore[arg-type,return-value]
+    lanes = [_Lane("GPU 0", supply, _uuid="GPU-a"), _Lane("GPU 1", supply, _uuid="GPU-b")]
+    lanes[1].inflight = deque([(4, 44), (5, 55)])
+    queue: deque = deque([(6, 66)])
+    runner._retire_lanes(lanes, queue)
+    assert runner.retired == {} and not runner.stopped
+    Watch.events = [XidEvent(79, 1, "GPU-b", "xid", time.time(), time.monotonic())]
+    runner._retire_lanes(lanes, queue)
+    assert list(runner.retired) == ["GPU 1"] and "Xid 79" in runner.retired["GPU 1"]
+    assert list(queue) == [(4, 44), (5, 55), (6, 66)] and not lanes[1].inflight
+    assert not lanes[0].retired and not runner.stopped  # GPU 0 goes on
+    # A fatal Xid that names no GPU cannot be placed: every GPU stops.
+    Watch.events = [XidEvent(48, None, None, "xid", time.time(), time.monotonic())]
+    runner._retire_lanes(lanes, queue)
+    assert lanes[0].retired and "the run stopped here" in runner.stopped
+
+
+def test_gpus_name_the_gpus_this_process_sees(monkeypatch, tmp_path: Path) -> None:
+    import harness.runner
+    from harness.errors import TargetError
+
+    runner = Runner(RunOptions(backend="sim", out_dir=tmp_path))
+    runner.backend = "cuda"
+    monkeypatch.setattr(harness.runner, "gpu_count", lambda: 2)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    assert runner._resolve_lanes("all") == [("GPU 0", "3"), ("GPU 1", "5")]
+    assert runner._resolve_lanes("1") == [("GPU 0", "3")]
+    assert runner._resolve_lanes(None) == [("GPU 0", None)]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert runner._resolve_lanes("1,0") == [("GPU 1", "1"), ("GPU 0", "0")]
+    try:
+        runner._resolve_lanes("0,2")
+    except TargetError as exc:
+        assert "sees 2 GPU(s)" in str(exc)
+    else:
+        raise AssertionError("GPU 2 of 2 was accepted")
+
+
+def test_a_bad_gpus_value_is_a_usage_error(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from harness.cli import main
+
+    for value in ("0", "x", "1,1", "65", "1,,2"):
+        result = CliRunner().invoke(main, ["run", "smoke", "--backend", "sim", "--gpus", value,
+                                           "--out", str(tmp_path)])
+        assert result.exit_code == 2 and "--gpus" in result.stderr, value

@@ -13,6 +13,7 @@ import functools
 import importlib.util
 import multiprocessing
 import os
+import re
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
@@ -73,6 +74,13 @@ def cuda_usable() -> tuple[bool, str]:
         return cuda_available()
     answer, why = ask(cuda_available, what="the CUDA probe")
     return (bool(answer[0]), str(answer[1])) if answer is not None else (False, why)
+
+
+def gpu_count() -> int:
+    """How many GPUs CUDA shows this process (0 when none is usable), from the one probe."""
+    ok, why = cuda_usable()
+    match = re.match(r"(\d+) CUDA device", why) if ok else None
+    return int(match.group(1)) if match else 0
 
 
 def other_gpu_users(index: int | None = None) -> tuple[list[int], str]:

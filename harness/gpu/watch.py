@@ -62,16 +62,20 @@ class GpuWatch:
         # The helper takes the snapshot; one that did not start or died takes it here.
         return self.nvml.health()
 
-    def for_trial(self, pid: int | None, t0: float, crashed: bool) -> TrialXids:
-        """The Xids of a trial that started (wall time) at ``t0`` in worker ``pid``; after a
-        crash, waits up to XID_GRACE_S for them to arrive."""
+    def for_trial(self, pid: int | None, t0: float, crashed: bool,
+                  gpu: str | None = None) -> TrialXids:
+        """The Xids of a trial that started (wall time) at ``t0`` in worker ``pid`` on the GPU
+        whose UUID is ``gpu`` (NVML events of other GPUs are not its own; None: any GPU);
+        after a crash, waits up to XID_GRACE_S for them to arrive."""
         out = TrialXids(note="; ".join(self.notes))
         if self.backend != "cuda":
             return out
         deadline = time.time() + (XID_GRACE_S if crashed else 0.0)
         while True:
             self._poll_klog()
-            events = self.nvml.events_between(t0 - 0.5, time.time()) if self.nvml else []
+            events = [ev for ev in (self.nvml.events_between(t0 - 0.5, time.time())
+                                    if self.nvml else [])
+                      if gpu is None or ev.gpu_uuid in (None, gpu)]
             lines = [x for x in self._lines if pid is not None and x.pid == pid]
             if events or lines or time.time() >= deadline:
                 break

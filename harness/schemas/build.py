@@ -292,6 +292,10 @@ def run_schema() -> Schema:
                               "after": nullable(ref("health"))}),
             "wall_s": SECONDS, "exit_code": integer()})),
             "a merged run's shard documents, empty for a run"),
+        "lanes": described(array(string()),
+                           "the GPUs (or simulated devices) its trials went to, side by side"),
+        "retired": described(array(string()),
+                             "GPUs a fatal Xid took out of the run, and why; the run exits 1"),
         "results": array(ref("variant")),
     })
     return document(

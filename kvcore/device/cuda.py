@@ -335,7 +335,29 @@ class CudaDevice(Device):
             "cupy_version": self._cp.__version__,
             "delay_200us_measured_us": round(self.delay_200us_measured_us, 1),
             "max_connections": os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"),
+            "uuid": _uuid(props.get("uuid")),
+            "pci_bus_id": _pci_bus_id(props),
         })
+
+
+def _uuid(raw: Any) -> str | None:
+    """CUDA's 16-byte device UUID as NVML and nvidia-smi write it: GPU-8-4-4-4-12 hex."""
+    try:
+        h = bytes(raw).hex() if not isinstance(raw, str) else raw.encode("latin-1").hex()
+    except (TypeError, ValueError):
+        return None
+    if len(h) != 32:
+        return None
+    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+def _pci_bus_id(props: dict[str, Any]) -> str | None:
+    """The PCI address the kernel log's Xid lines name (``0000:3b:00``), from the properties."""
+    try:
+        return f"{int(props['pciDomainID']):04x}:{int(props['pciBusID']):02x}:" \
+               f"{int(props['pciDeviceID']):02x}"
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 class _Pinned:
