@@ -436,7 +436,8 @@ class Runner:
             except WorkerFailed as failed:
                 failed.worker.stop(1.0)
                 raise HarnessError(_worker_failed(failed.worker, failed.message)) from None
-            self.device.update({k: v for k, v in lane.worker.info.items() if k != "pid"})
+            lane.device = {k: v for k, v in lane.worker.info.items() if k != "pid"}
+            self.device.update(lane.device)
         lane.worker.give(batch)
         lane.inflight = deque(batch)
         lane.started, lane.wall = time.monotonic(), time.time()
@@ -485,7 +486,7 @@ class Runner:
             # The context is dead and the worker exits: the rest go to the next worker.
             self._died(lane, trial, queue)
             return
-        self._record(run, trial, lane.wall, worker.job, lane.uuid)
+        self._record(run, trial, lane.wall, worker.job, lane)
         lane.started, lane.wall = time.monotonic(), time.time()
 
     def _ended_unreported(self, lane: _Lane, timeout: float | None,
@@ -531,7 +532,7 @@ class Runner:
         worker.proc.join(10)
         trial = dataclasses.replace(trial, device_log=_tail(worker.job.log_path))
         worker.stop()
-        self._record(run, trial, lane.dead_wall, worker.job, lane.uuid)
+        self._record(run, trial, lane.dead_wall, worker.job, lane)
 
     def _retire_lanes(self, lanes: list[_Lane], queue: deque[tuple[int, int]]) -> None:
         """A GPU that reported a fatal Xid runs nothing more: its lane is retired (its trials
@@ -555,18 +556,18 @@ class Runner:
             self.stopped = "; ".join(lane.retired for lane in lanes) + "; the run stopped here"
 
     def _record(self, run: _VariantRun, trial: TrialResult, wall: float,
-                job: WorkerJob, gpu: str | None = None) -> None:
+                job: WorkerJob, lane: _Lane) -> None:
         """Keep a finished trial; for one that was not clean, gather what its GPU said and
         write its incident."""
         assert self.watch is not None
         if trial.outcome.manifested or trial.race:
             said = self.watch.for_trial(trial.worker_pid, wall,
                                         crashed=trial.outcome in (Outcome.CRASH, Outcome.HANG),
-                                        gpu=gpu)
+                                        gpu=lane.uuid)
             trial = dataclasses.replace(trial, xids=said.xids)
             kept = None
             if len(run.result.reports) < self.options.max_incidents:
-                incident = self._incident(run, trial, said, job)
+                incident = self._incident(run, trial, said, job, lane.device)
                 run.result.reports.append(str(incident))
                 kept = str(incident / "trace.jsonl") if trial.trace else None
             trial = dataclasses.replace(trial, trace=self._settle_trace(trial.trace, kept))
@@ -584,9 +585,10 @@ class Runner:
         return incident_trace
 
     def _incident(self, run: _VariantRun, trial: TrialResult, said: TrialXids,
-                  job: WorkerJob) -> Path:
+                  job: WorkerJob, device: dict[str, object]) -> Path:
         report = build_report(
-            run.scenario, run.variant, trial, backend=self.backend, device=dict(self.device),
+            run.scenario, run.variant, trial, backend=self.backend,
+            device=dict(device or self.device),  # the trial's own GPU, where a lane said
             health={"before": self.health.get("before"), "after": self.watch.health()
                     if self.watch else None, "note": ""},
             run_seed=self.options.seed, amplification=run.amplification, xids=said.xids,
@@ -631,16 +633,14 @@ class _Lane:
     dead: tuple[Worker, TrialResult] | None = None
     dead_wall: float = 0.0
     retired: str = ""
+    device: dict[str, object] = field(default_factory=dict)  # what its worker said it runs on
 
     @property
     def uuid(self) -> str | None:
-        """The GPU's UUID, as its worker said (None on sim, or before a worker started)."""
-        info = self.worker.info if self.worker is not None else {}
-        uuid = info.get("uuid") or self._uuid
-        self._uuid = uuid
-        return uuid  # type: ignore[no-any-return]
+        """The GPU's UUID, as its workers said (None on sim, or before a worker started)."""
+        return self.device.get("uuid") or self._uuid  # type: ignore[return-value]
 
-    _uuid: str | None = None
+    _uuid: str | None = None  # a UUID known before any worker said one (tests)
 
     def close(self) -> None:
         """Stop the lane's workers: the one running (it is idle or its GPU is retired) and the
