@@ -1,6 +1,7 @@
 """Benchmark: the harness's in-process trial rate against a bare CuPy loop doing the same work.
 
     python -m harness.bench [--trials 2000] [--variant fixed] [--delays 0,1000]
+    python -m harness.bench --gpus 2 --trials 300 [--scenario catalog-reactivation]
 
 One trial of cross_stream_race, run by the harness's TrialExecutor (the pool, its bookkeeping,
 the op-log hooks, the checks) and by a bare loop of CuPy calls issuing the same operations: fill
@@ -126,6 +127,55 @@ def measure_detector(backend: str, trials: int, variant: str, delay_us: float,
             "found": found, "trials": index}
 
 
+def measure_lanes(backend: str, target: str, variant: str, trials: int, gpus: str,
+                  rounds: int = 2) -> dict[str, dict[str, float]]:
+    """The same runs (``trials`` of one variant, dangerous ones too) on one lane and on
+    ``gpus`` lanes, alternating, ``rounds`` times each: trials a second (median of the rounds)
+    and, where workers died, the restart times (worker death to the next hand-over)."""
+    import tempfile
+    from pathlib import Path
+
+    from harness.runner import RunOptions, Runner
+    from harness.targets import resolve_targets
+
+    scenarios = resolve_targets([target], ())
+    walls: dict[str, list[float]] = {"one": [], "many": []}
+    restarts: dict[str, list[float]] = {"one": [], "many": []}
+    with tempfile.TemporaryDirectory(prefix="gpurace-bench-") as tmp:
+        for _ in range(rounds):
+            for key, lanes in (("one", None), ("many", gpus)):
+                options = RunOptions(backend=backend, trials=trials, variants=(variant,),
+                                     dangerous=True, gpus=lanes, max_incidents=1,
+                                     out_dir=Path(tmp) / key)
+                start = time.perf_counter()
+                [result] = Runner(options).run(scenarios).results
+                walls[key].append(time.perf_counter() - start)
+                restarts[key] += result.restart_s
+    out = {}
+    for key in walls:
+        rs = sorted(restarts[key])
+        out[key] = {"rate": trials / statistics.median(walls[key]), "restarts": len(rs),
+                    "median_s": statistics.median(rs) if rs else 0.0,
+                    "p95_s": rs[min(len(rs) - 1, round(0.95 * (len(rs) - 1)))] if rs else 0.0}
+    return out
+
+
+def _lanes_main(args: argparse.Namespace) -> int:
+    try:
+        got = measure_lanes(args.backend, args.scenario, args.variant, args.trials, args.gpus)
+    except (kvcore.KVCoreError, Exception) as exc:  # noqa: BLE001 - a benchmark reports any
+        print(f"harness.bench: {exc}", file=sys.stderr)
+        return 77 if "cuda" in str(exc).lower() else 1
+    print(f"{args.scenario} [{args.variant}] on {args.backend}, {args.trials} trials a run, "
+          f"one GPU against --gpus {args.gpus}, alternating in one process:")
+    for key, label in (("one", "1 lane"), ("many", f"--gpus {args.gpus}")):
+        r = got[key]
+        print(f"  {label:>12}: {r['rate']:8.1f} trials/s; restarts {r['restarts']}, median "
+              f"{r['median_s'] * 1e3:.1f} ms, p95 {r['p95_s'] * 1e3:.1f} ms")
+    print(f"  trial rate ratio: {got['many']['rate'] / got['one']['rate']:.2f}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m harness.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -137,10 +187,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="measure the race detector's cost instead: trials with it on "
                              "against trials with it off")
     parser.add_argument("--backend", default="cuda", choices=["cuda", "sim"],
-                        help="backend for --detector (the bare loop needs cuda)")
+                        help="backend for --detector and --gpus (the bare loop needs cuda)")
+    parser.add_argument("--gpus",
+                        help="measure runs on these GPUs (all, N, or 0,2) against runs on one "
+                             "instead: the trial rate ratio, and the restart times of dying "
+                             "workers")
+    parser.add_argument("--scenario", default="catalog-reactivation",
+                        help="the scenario for --gpus (default: a crash soak)")
     args = parser.parse_args(argv)
     if args.detector:
         return _detector_main(args)
+    if args.gpus:
+        return _lanes_main(args)
     try:
         rows = [measure(args.trials, args.variant, float(d)) for d in args.delays.split(",")]
     except (kvcore.KVCoreError, Exception) as exc:  # noqa: BLE001 - a benchmark reports any

@@ -217,3 +217,12 @@ def test_a_bad_gpus_value_is_a_usage_error(tmp_path: Path) -> None:
         result = CliRunner().invoke(main, ["run", "smoke", "--backend", "sim", "--gpus", value,
                                            "--out", str(tmp_path)])
         assert result.exit_code == 2 and "--gpus" in result.stderr, value
+
+
+def test_the_lanes_benchmark_runs_on_the_simulated_device(capsys) -> None:
+    from harness import bench
+
+    assert bench.main(["--gpus", "2", "--backend", "sim", "--trials", "6",
+                       "--scenario", "release-fence", "--variant", "buggy"]) == 0
+    out = capsys.readouterr().out
+    assert "1 lane:" in out and "--gpus 2:" in out and "trial rate ratio:" in out
