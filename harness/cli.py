@@ -793,7 +793,7 @@ def _print_summary(result: RunResult, out_dir: Path) -> None:
                   highlight=False)
         for path in incidents[:10]:
             out.print(f"    {path}", highlight=False)
-    for retired in result.retired:
+    for retired in [] if result.stopped else result.retired:  # when all stopped, it says so
         out.print(f"[bold red]retired:[/] {escape(retired)}")
     if result.stopped:
         out.print(f"[bold red]stopped:[/] {escape(result.stopped)}")

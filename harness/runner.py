@@ -415,6 +415,8 @@ class Runner:
         is handed work before the dead worker's last trial is recorded: joining it and
         waiting for its Xids do not hold up the next trial."""
         queue = deque(pending)
+        for lane in lanes[:len(queue)]:
+            lane.supply.prestart()
         while True:
             self._retire_lanes(lanes, queue)
             for lane in lanes:

@@ -101,7 +101,7 @@ class WorkerSupply:
         self.spares = spares  # how many to keep once spares are wanted
         self.spares_wanted = False  # set once a worker of this variant died
         self.started = 0  # workers started, spares included
-        self.warm = 0  # workers taken that were already started as spares
+        self.warm = 0  # workers taken that were already started (spares, prestarted ones)
 
     def take(self) -> Worker:
         """A ready worker: the spare when there is a living one. Raises WorkerFailed when the
@@ -121,6 +121,12 @@ class WorkerSupply:
         """Start spares, when they are wanted, until ``spares`` wait: called once the worker
         taken has its trials, so starting them costs the hand-over nothing."""
         while self.spares_wanted and len(self._spares) < self.spares:
+            self._spares.append(self._start())
+
+    def prestart(self) -> None:
+        """Start a worker now, to be taken later: lanes start theirs side by side rather than
+        one after another."""
+        if not self._spares:
             self._spares.append(self._start())
 
     def died(self) -> None:
