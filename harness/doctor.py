@@ -14,7 +14,12 @@ from typing import Any
 import kvcore
 
 from harness.gpu.kernlog import KernelLog
-from harness.gpu.nvml import health_snapshot, nvml_summary, other_gpu_processes
+from harness.gpu.nvml import (
+    health_snapshot,
+    nvml_summary,
+    other_gpu_processes,
+    visible_gpus,
+)
 
 
 def _check(name: str, ok: bool, detail: str, **data: Any) -> dict[str, Any]:
@@ -61,13 +66,16 @@ def diagnose() -> dict[str, Any]:
                          "readable" if klog.available else klog.note))
     klog.close()
 
-    health: dict[str, Any] = {}
     if nvml.get("available"):
-        health = health_snapshot()
-        detail = (f"{health.get('temperature_c')} C, {health.get('power_w')} W, SM "
-                  f"{(health.get('clocks_mhz') or {}).get('sm')} MHz, ECC "
-                  f"{health.get('ecc')}, remapped rows {health.get('remapped_rows')}")
-        checks.append(_check("GPU health", bool(health.get("available")), detail, health=health))
+        # Every GPU a run may use (--gpus all takes them all): after a soak, each must be well.
+        gpus = visible_gpus()
+        for index in gpus:
+            health = health_snapshot(index=index)
+            detail = (f"{health.get('temperature_c')} C, {health.get('power_w')} W, SM "
+                      f"{(health.get('clocks_mhz') or {}).get('sm')} MHz, ECC "
+                      f"{health.get('ecc')}, remapped rows {health.get('remapped_rows')}")
+            name = "GPU health" if len(gpus) == 1 else f"GPU {index} health ({health.get('uuid')})"
+            checks.append(_check(name, bool(health.get("available")), detail, health=health))
         pids, note = other_gpu_processes()
         checks.append(_check("other GPU processes", not pids,
                              note or (f"pids {pids}" if pids else "none")))

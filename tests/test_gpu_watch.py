@@ -475,6 +475,16 @@ def test_cuda_visible_says_when_it_cannot_map() -> None:
     assert cuda_visible(MixedNvml(gpus=2), {"CUDA_VISIBLE_DEVICES": "GPU-1"}) == ([1], "")
 
 
+def test_visible_gpus_for_doctor(monkeypatch: pytest.MonkeyPatch) -> None:
+    from harness.gpu.nvml import visible_gpus
+
+    assert visible_gpus(FakeNvml(gpus=3)) == [0, 1, 2]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,0")
+    assert visible_gpus(FakeNvml(gpus=3)) == [2, 0]
+    broken = FakeNvml(fail={"nvmlInit": NVMLError_LibraryNotFound("no library")})
+    assert visible_gpus(broken) == []
+
+
 def test_a_run_on_one_gpu_watches_and_checks_that_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     """On a shared host a run on GPU 1 must not take GPU 0's Xids, health or users for its own."""
     from harness.gpu.nvml import other_gpu_processes

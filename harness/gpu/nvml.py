@@ -641,6 +641,21 @@ def _xid_support(mod: Any, handles: list[tuple[int, Any]]) -> str:
             pass  # the check's answer stands either way
 
 
+def visible_gpus(nvml: Any | None = None) -> list[int]:
+    """NVML's indices of the GPUs CUDA shows this process (every GPU when it cannot tell);
+    empty without NVML. Never raises."""
+    mod, _ = _load(nvml)
+    if mod is None or _init(mod):
+        return []
+    try:
+        visible, _ = cuda_visible(mod)
+        return list(range(int(mod.nvmlDeviceGetCount()))) if visible is None else visible
+    except Exception:
+        return []
+    finally:
+        _shutdown(mod)
+
+
 def other_gpu_processes(index: int | None = None, nvml: Any | None = None,
                         me: int | None = None) -> tuple[list[int], str]:
     """PIDs of processes other than ``me`` (this process when not given) with a compute context
