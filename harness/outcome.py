@@ -72,6 +72,7 @@ class TrialResult:
 
 
 _DIGEST_MOD = 2 ** 256
+"""Trial hashes add up modulo the size of one sha256: the sum keeps a digest's width."""
 
 CRASH_REQUESTS_KEPT = 10_000
 """Crash requests (and restart times) a variant's result lists (a soak may crash far more
