@@ -364,7 +364,7 @@ def _execute(scenarios: Sequence[Scenario], options: RunOptions, *, insist: bool
         check_file(junit, "--junit")
     runner = Runner(options, None)
     if runner.backend == "cuda" and options.dangerous and any(s.dangerous for s in scenarios):
-        _refuse_busy_gpu(insist)
+        _refuse_busy_gpu(insist, [gpu for _, gpu in runner.lanes])
     sweep_dead_runs(out_dir)  # what killed earlier runs left half-written, and only that
     hooks = _ProgressHooks(fmt == "text" and err.is_terminal,
                            every_s=float(os.environ.get("GPURACE_PROGRESS_S", "30")))
@@ -455,10 +455,15 @@ def _check_variants(scenarios: Sequence[Scenario], wanted: Sequence[str]) -> Non
                                          f"they have {', '.join(sorted(known))}")
 
 
-def _refuse_busy_gpu(insist: bool) -> None:
-    pids, note = other_gpu_users()
-    if note:
-        err.print(f"[yellow]note:[/] could not check for other GPU users ({note})")
+def _refuse_busy_gpu(insist: bool, lanes: Sequence[str | None]) -> None:
+    """Refuse dangerous work on a GPU (each lane's) that other processes use, unless told."""
+    pids: list[int] = []
+    for visible in lanes:
+        users, note = other_gpu_users(visible)
+        pids += users
+        if note:
+            err.print(f"[yellow]note:[/] could not check for other GPU users ({note})")
+    pids = sorted(set(pids))
     if pids and not insist:
         raise GpuBusyError(f"processes {', '.join(map(str, pids))} are using the GPU; a "
                            "dangerous trial may crash their work. Pass --insist if they are "

@@ -885,3 +885,24 @@ def test_an_event_before_ready_is_kept() -> None:
     assert watcher._await_ready(parent, 1.0) == ("ready", True, [0], "")
     assert watcher._events == [event]
     assert watcher._await_ready(parent, 0.05) is None  # nothing more: not ready in time
+
+
+def test_the_busy_check_looks_at_the_gpu_each_lane_uses(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    import harness.gpu.nvml as nvml
+    from harness.gpu.probe import _users_seen_as, other_gpu_users
+
+    seen = []
+
+    def users(index: object, mod: object, me: int) -> tuple[list[int], str]:
+        seen.append((index, os.environ["CUDA_VISIBLE_DEVICES"], me))
+        return [7], ""
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")  # restored after the test
+    monkeypatch.setattr(nvml, "other_gpu_processes", users)
+    assert _users_seen_as("1", 42) == ([7], "")
+    assert seen == [(None, "1", 42)]  # the lane's GPU is the first its worker sees
+    # In a real child: an answer (here, without NVML, an empty list and why), not a failure.
+    pids, note = other_gpu_users("1")
+    assert isinstance(pids, list) and not note.startswith("the GPU process check"), note

@@ -83,13 +83,20 @@ def gpu_count() -> int:
     return int(match.group(1)) if match else 0
 
 
-def other_gpu_users(index: int | None = None) -> tuple[list[int], str]:
-    """PIDs of other processes with a compute context on GPU ``index`` (by default the GPU the
-    run's workers use), and a note when NVML
-    could not tell (see :func:`harness.gpu.nvml.other_gpu_processes`). Never raises."""
-    from harness.gpu.nvml import other_gpu_processes
-
+def other_gpu_users(visible: str | None = None) -> tuple[list[int], str]:
+    """PIDs of other processes with a compute context on the GPU a worker uses: this process's
+    first GPU, or the one a lane's ``CUDA_VISIBLE_DEVICES`` value ``visible`` names; and a note
+    when NVML could not tell (see :func:`harness.gpu.nvml.other_gpu_processes`). Never raises."""
     # The question runs in a child: the asker, not the child, is the process to leave out (a
     # pytest process that drove the GPU in-process is not "another user" of its own run).
-    answer, why = ask(other_gpu_processes, index, None, os.getpid(), what="the GPU process check")
+    answer, why = ask(_users_seen_as, visible, os.getpid(), what="the GPU process check")
     return answer if answer is not None else ([], why)
+
+
+def _users_seen_as(visible: str | None, me: int) -> tuple[list[int], str]:
+    """In the probe child: the other users of the GPU a worker given ``visible`` sees first."""
+    from harness.gpu.nvml import other_gpu_processes
+
+    if visible is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = visible
+    return other_gpu_processes(None, None, me)
