@@ -1,4 +1,4 @@
-"""The parent's side of worker processes: starting one, handing it trials, and a warm spare.
+"""The parent's side of worker processes: starting one, handing it trials, and warm spares.
 
 A worker is spawned with its job (a scenario variant and how to run it) and makes its device,
 kernels and pool before it says it is ready; only then is it handed trials. So a worker can be
@@ -66,13 +66,18 @@ class Worker:
         self.trials = tuple(trials)
         self.conn.send(("trials", self.trials))
 
-    def stop(self, wait_s: float = 5.0) -> None:
-        """End the worker: ask a living one to leave, kill it if it does not; safe twice."""
+    def ask_to_stop(self) -> None:
+        """Ask a living worker to leave once it has no trial left (it says nothing back)."""
         if self.proc.is_alive():
             try:
                 self.conn.send(("stop",))
             except (OSError, ValueError):
                 pass  # its end is closed: it is on its way out
+
+    def stop(self, wait_s: float = 5.0) -> None:
+        """End the worker: ask a living one to leave, kill it if it does not; safe twice."""
+        if self.proc.is_alive():
+            self.ask_to_stop()
             self.proc.join(min(wait_s, 1.0))
         if self.proc.is_alive():
             self.proc.kill()
@@ -130,11 +135,13 @@ class WorkerSupply:
             self._spares.append(self._start())
 
     def died(self) -> None:
-        """A worker of this variant died: from now on a spare waits beside each worker."""
+        """A worker of this variant died: from now on spares wait beside each worker."""
         self.spares_wanted = True
 
     def close(self) -> None:
-        """Stop the spares that wait."""
+        """Stop the spares that wait: all asked first, so their contexts end side by side."""
+        for spare in self._spares:
+            spare.ask_to_stop()
         while self._spares:
             self._spares.popleft().stop()
 
