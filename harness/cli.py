@@ -219,6 +219,15 @@ _SHARED_RUN_OPTIONS = [
                       "the next trials when it is free; Xids are told apart by GPU, and one "
                       "that reports a fatal Xid is retired while the others go on (exit 1). "
                       "On the simulated device: N devices side by side. Default: one GPU."),
+    click.option("--executor", type=click.Choice(["local", "ray"]), default="local",
+                 show_default=True,
+                 help="ray: every worker is a Ray actor asking for one GPU (install "
+                      "gpurace[ray]); results, incidents and exit codes are a local run's. "
+                      "--gpus N runs N actors side by side."),
+    click.option("--address",
+                 help="With --executor ray: the cluster to join (ray://host:10001, or auto); "
+                      "without it a local Ray instance starts. --out must be on storage the "
+                      "cluster's nodes share."),
     click.option("--shard", type=_ShardType(),
                  help="Run only the K-th of N parts of the trials (K/N, e.g. 2/3), with the "
                       "seeds the whole run gives them: N machines or array tasks with the same "
@@ -241,6 +250,8 @@ def _run_options(shared: dict[str, Any], **own: Any) -> tuple[RunOptions, dict[s
     how = {k: shared.pop(k) for k in ("insist", "junit", "fmt")}
     if shared.get("shard") and shared.get("trial") is not None:
         raise click.UsageError("--trial runs one trial of the whole run; it takes no --shard")
+    if shared.get("address") and shared.get("executor") != "ray":
+        raise click.UsageError("--address names a Ray cluster: add --executor ray")
     return RunOptions(**shared, **own), how
 
 

@@ -82,3 +82,14 @@ class MergeError(HarnessError):
     """
 
     exit_code = 2
+
+
+class ExecutorError(HarnessError):
+    """The executor asked for cannot run the trials: ``--executor ray`` without Ray installed,
+    or a Ray cluster that cannot be reached at ``--address``.
+
+    Install ``gpurace[ray]``, check the address (``ray status`` on the head node), or run with
+    the local executor.
+    """
+
+    exit_code = 2

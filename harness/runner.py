@@ -42,6 +42,7 @@ from harness.workers import (
     WorkerFailed,
     WorkerSupply,
     receive,
+    start_local,
     wait_any,
 )
 from kvcore.device.schedule import Schedule
@@ -96,6 +97,8 @@ class RunOptions:
     shard: tuple[int, int] | None = None  # (K, N): run the K-th of N parts of the trials
     spares: int = 4  # workers kept ready once a variant's workers die (harness.workers)
     gpus: str | None = None  # "all", "N" or "0,2": a lane of workers per GPU (sim: N devices)
+    executor: str = "local"  # "ray": workers are Ray actors (harness.rayexec)
+    address: str | None = None  # the Ray cluster's address; None: a local instance
 
 
 class RunHooks:
@@ -202,7 +205,8 @@ def run_plan(scenarios: Sequence[Scenario], options: RunOptions, backend: str
             sources[scenario.name] = ""  # nothing on disk to compare: the name must do
     same = {"version": VERSION, "backend": backend, "sources": sources,
             **{k: v for k, v in dataclasses.asdict(options).items()
-               if k not in ("out_dir", "record", "max_incidents", "shard", "spares", "gpus")}}
+               if k not in ("out_dir", "record", "max_incidents", "shard", "spares", "gpus",
+                            "executor", "address")}}
     digest = hashlib.sha256(json.dumps(same, sort_keys=True, default=str).encode()).hexdigest()
     return {"digest": digest, "version": VERSION, "backend": backend, "seed": options.seed,
             "sources": sources}
@@ -246,6 +250,11 @@ class Runner:
         --gpus one lane on the device this process sees first, as ever; with it a lane per GPU
         (``all``, the first ``N``, or ordinals ``0,2`` among the GPUs this process sees), or on
         the simulated device N devices side by side (``all``: one a CPU core)."""
+        if self.options.executor == "ray":
+            # Ray gives each actor its GPU: lanes are only how many run side by side.
+            n = 1 if spec is None else (GPUS_MAX if spec == "all" else int(spec)
+                                        if spec.isdigit() else len(spec.split(",")))
+            return [(f"ray {i}", None) for i in range(n)]
         if spec is None:
             return [("GPU 0" if self.backend == "cuda" else "sim", None)]
         if self.backend == "sim":
@@ -265,6 +274,13 @@ class Runner:
             raise TargetError(f"--gpus {spec}: this process sees {count} GPU(s), numbered "
                               f"0 to {count - 1}; ask for those")
         return [(f"GPU {i}", entries[i]) for i in chosen]
+
+    def _start_worker(self, job: WorkerJob) -> Worker:
+        if self.options.executor == "ray":
+            from harness.rayexec import start_actor
+
+            return start_actor(job, self.options.address)
+        return start_local(job)
 
     def run(self, scenarios: Iterable[Scenario]) -> RunResult:
         """Phases: watch and health first, then every variant's trials, then health again."""
@@ -384,7 +400,8 @@ class Runner:
                                  opts.poison, gpu)
             return job
 
-        lanes = [_Lane(name, WorkerSupply(make_job(gpu), WORKER_START_TIMEOUT_S, opts.spares))
+        lanes = [_Lane(name, WorkerSupply(make_job(gpu), WORKER_START_TIMEOUT_S, opts.spares,
+                                          self._start_worker))
                  for name, gpu in self.lanes if name not in self.retired]
         try:
             self._run_trials(lanes, pending, timeout, run)
@@ -656,7 +673,11 @@ class _Lane:
 
 
 def _death(proc: multiprocessing.process.BaseProcess) -> str:
-    """How a worker process ended, in words: the signal that killed it, or its exit code."""
+    """How a worker process ended, in words: the signal that killed it, or its exit code (or,
+    for a Ray actor, what Ray said when it lost it)."""
+    lost = getattr(proc, "lost", "")
+    if lost:
+        return f"was lost ({lost})"
     code = proc.exitcode
     if code is None:
         return "is still running"

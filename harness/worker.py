@@ -52,60 +52,88 @@ def worker_main(conn: Connection, job: WorkerJob) -> None:
     if job.gpu is not None:
         # Before anything imports CuPy: the worker's device 0 is its lane's GPU.
         os.environ["CUDA_VISIBLE_DEVICES"] = job.gpu
-    # Everything the process prints, CUDA's device-side assert messages included, goes to the
-    # worker's log: the parent's terminal keeps its progress bar, and reports quote the log.
-    log = os.open(job.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-    # Imported here: a spawned child imports this module first, and only then the heavy parts.
-    from harness.detector import RaceDetector
-    from harness.executor import TrialExecutor
-    from harness.traces.flight import FlightRecorder
-    from harness.outcome import Outcome
-    from kvcore.device.schedule import Schedule
-
+    log_to(job.log_path)
     try:
-        scenario = job.scenario
-        recorder = FlightRecorder(Path(job.trace_dir))
-        detector = RaceDetector() if job.detect else None
-
-        def on_device(device: Any) -> None:
-            recorder.attach(device)
-            if detector is not None:
-                detector.attach(device)
-
-        executor = TrialExecutor(scenario, scenario.variant(job.variant), job.backend,
-                                 amplify=job.amplify, delay_us=job.delay_us,
-                                 on_device=on_device,
-                                 schedule=Schedule.parse(job.schedule) if job.schedule else None,
-                                 poison=job.poison)
-        conn.send(("ready", {**executor.device_info, "pid": os.getpid()}))
+        runner = TrialRunner(job)
+        conn.send(("ready", runner.info))
         for index, seed in _handed(conn):
-            recorder.start_trial({**job.header, "trial": index, "seed": seed,
-                                  "pid": os.getpid()})
-            if detector is not None:
-                detector.reset()
-            result = executor.run(index, seed)
-            if detector is not None and detector.findings:
-                result = dataclasses.replace(
-                    result, race=True, findings=[f.to_json() for f in detector.findings])
-            payload = result.to_json()
-            payload["worker_pid"] = os.getpid()
-            payload["trace"] = recorder.end_trial(
-                index, keep=job.record or result.outcome.manifested or result.race)
-            payload["ops_total"] = recorder.total
+            payload = runner.run(index, seed)
             conn.send(("trial", payload))
-            if result.outcome is Outcome.CRASH and job.backend == "cuda":
+            if runner.context_died(payload):
                 # The context is dead: exit now, without the destructors that would try to
                 # free its memory and print CUDA errors. The parent starts a new worker.
                 conn.close()
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(0)
+                exit_now()
     except BaseException:
         conn.send(("error", traceback.format_exc()))
     finally:
         conn.close()
+
+
+def log_to(path: str) -> None:
+    """Everything the process prints, CUDA's device-side assert messages included, goes to the
+    worker's log: the parent's terminal keeps its progress bar, and reports quote the log."""
+    log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+
+
+def exit_now() -> None:
+    """Leave the process at once, its log flushed: after a CUDA fault, destructors would only
+    try to free a dead context's memory and print errors."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+class TrialRunner:
+    """A worker's device and its trials, whatever carries the messages (a pipe to the parent,
+    or Ray): the executor, the flight recorder and the race detector, made once."""
+
+    def __init__(self, job: WorkerJob) -> None:
+        # Imported here: a spawned child imports this module first, and only then the heavy
+        # parts.
+        from harness.detector import RaceDetector
+        from harness.executor import TrialExecutor
+        from harness.traces.flight import FlightRecorder
+        from kvcore.device.schedule import Schedule
+
+        self.job = job
+        scenario = job.scenario
+        self.recorder = FlightRecorder(Path(job.trace_dir))
+        self.detector = RaceDetector() if job.detect else None
+
+        def on_device(device: Any) -> None:
+            self.recorder.attach(device)
+            if self.detector is not None:
+                self.detector.attach(device)
+
+        self.executor = TrialExecutor(
+            scenario, scenario.variant(job.variant), job.backend, amplify=job.amplify,
+            delay_us=job.delay_us, on_device=on_device,
+            schedule=Schedule.parse(job.schedule) if job.schedule else None, poison=job.poison)
+        self.info: dict[str, Any] = {**self.executor.device_info, "pid": os.getpid()}
+
+    def run(self, index: int, seed: int) -> dict[str, Any]:
+        """One trial, as the JSON the parent records."""
+        job, recorder, detector = self.job, self.recorder, self.detector
+        recorder.start_trial({**job.header, "trial": index, "seed": seed, "pid": os.getpid()})
+        if detector is not None:
+            detector.reset()
+        result = self.executor.run(index, seed)
+        if detector is not None and detector.findings:
+            result = dataclasses.replace(
+                result, race=True, findings=[f.to_json() for f in detector.findings])
+        payload = result.to_json()
+        payload["worker_pid"] = os.getpid()
+        payload["trace"] = recorder.end_trial(
+            index, keep=job.record or result.outcome.manifested or result.race)
+        payload["ops_total"] = recorder.total
+        return payload
+
+    def context_died(self, payload: dict[str, Any]) -> bool:
+        """Whether the trial crashed a CUDA context: the process must go."""
+        return payload["outcome"] == "crash" and self.job.backend == "cuda"
 
 
 def _handed(conn: Connection) -> Iterator[tuple[int, int]]:

@@ -85,6 +85,16 @@ class Worker:
         self.conn.close()
 
 
+def start_local(job: WorkerJob) -> Worker:
+    """A worker in a spawned process of this machine."""
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe(duplex=True)
+    proc = ctx.Process(target=worker_main, args=(child, job), daemon=True)
+    proc.start()
+    child.close()
+    return Worker(proc, parent, job)
+
+
 class WorkerFailed(Exception):
     """A worker sent an error or died before it was ready; ``message`` is what it said."""
 
@@ -99,8 +109,9 @@ class WorkerSupply:
     docstring). ``make_job()`` makes the job of each new worker (its own log folder)."""
 
     def __init__(self, make_job: Callable[[], WorkerJob], start_timeout_s: float,
-                 spares: int = 1) -> None:
+                 spares: int = 1, start: Callable[[WorkerJob], Worker] | None = None) -> None:
         self._make_job = make_job
+        self._start_worker = start or start_local
         self._start_timeout_s = start_timeout_s
         self._spares: deque[Worker] = deque()  # oldest first: the likeliest to be ready
         self.spares = spares  # how many to keep once spares are wanted
@@ -151,15 +162,10 @@ class WorkerSupply:
         return list(self._spares)
 
     def _start(self) -> Worker:
-        ctx = multiprocessing.get_context("spawn")
         job = self._make_job()
         Path(job.trace_dir).mkdir(parents=True, exist_ok=True)
-        parent, child = ctx.Pipe(duplex=True)
-        proc = ctx.Process(target=worker_main, args=(child, job), daemon=True)
-        proc.start()
-        child.close()
         self.started += 1
-        return Worker(proc, parent, job)
+        return self._start_worker(job)
 
     def _wait_ready(self, worker: Worker) -> None:
         message = receive(worker.conn, self._start_timeout_s)
