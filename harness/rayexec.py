@@ -20,7 +20,7 @@ import traceback
 from typing import Any
 
 from harness.errors import ExecutorError
-from harness.worker import TrialRunner, WorkerJob, exit_now, log_to
+from harness.worker import TrialRunner, WorkerJob, exit_now, handed_trials, log_to
 from harness.workers import Worker
 
 _RAY: Any = None
@@ -123,20 +123,12 @@ def _feed(ray: Any, actor: Any, conn: Any, proc: _ActorProcess, job: WorkerJob) 
             return
         proc.pid = info.get("pid")
         conn.send(("ready", info))
-        while True:
-            try:
-                message = conn.recv()
-            except (EOFError, OSError):
-                break
-            if message[0] != "trials":
-                break
-            for index, seed in message[1]:
-                payload = ray.get(actor.run.remote(index, seed))
-                conn.send(("trial", payload))
-                if payload["outcome"] == "crash" and job.backend == "cuda":
-                    proc.exitcode = 0  # the actor ends itself, a clean context for the next
-                    return
-            conn.send(("done",))
+        for index, seed in handed_trials(conn):  # as a local worker takes them
+            payload = ray.get(actor.run.remote(index, seed))
+            conn.send(("trial", payload))
+            if payload["outcome"] == "crash" and job.backend == "cuda":
+                proc.exitcode = 0  # the actor ends itself, a clean context for the next
+                return
         ray.kill(actor, no_restart=True)
         if proc.exitcode is None:
             proc.exitcode = 0

@@ -56,7 +56,7 @@ def worker_main(conn: Connection, job: WorkerJob) -> None:
     try:
         runner = TrialRunner(job)
         conn.send(("ready", runner.info))
-        for index, seed in _handed(conn):
+        for index, seed in handed_trials(conn):
             payload = runner.run(index, seed)
             conn.send(("trial", payload))
             if runner.context_died(payload):
@@ -136,7 +136,7 @@ class TrialRunner:
         return payload["outcome"] == "crash" and self.job.backend == "cuda"
 
 
-def _handed(conn: Connection) -> Iterator[tuple[int, int]]:
+def handed_trials(conn: Connection) -> Iterator[tuple[int, int]]:
     """The trials the parent hands over, list after list, each list followed by ("done",); ends
     when the parent says stop or its end closes."""
     while True:

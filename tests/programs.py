@@ -7,6 +7,7 @@ import multiprocessing
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -137,3 +138,26 @@ def in_worker(fn: Callable[..., Any], *args: Any, timeout: float = 120.0) -> Any
     if status != "ok":
         raise RuntimeError(f"worker failed: {value}")
     return value
+
+
+HANG_SCENARIO = """\
+apiVersion: gpurace/v1
+kind: Scenario
+metadata: {{name: hang, description: a kernel that never ends}}
+spec:
+  pool: {{pages: 2}}
+  trials: {trials}
+  timeout: 60
+  variants: {{fixed: {{expect: clean}}}}
+  steps:
+    - {{op: delay, stream: compute, us: .inf}}
+    - {{op: synchronize}}
+"""
+
+
+def hang_file(folder: Path, trials: int = 3) -> Path:
+    """A scenario whose every trial hangs (a delay that never ends), in ``folder``: what the
+    watchdog, orphan and spare-worker tests kill."""
+    path = folder / "hang.yaml"
+    path.write_text(HANG_SCENARIO.format(trials=trials))
+    return path

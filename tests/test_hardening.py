@@ -22,30 +22,10 @@ from harness.outcome import Outcome, TrialResult, VariantResult
 from harness.outputs import RunFolder, sweep_dead_runs
 from harness.runner import Runner, RunOptions
 from harness.targets import SCENARIO_ROOT, resolve_targets
+from programs import hang_file
 from reports import ReportError, write_atomic
 
 REPO = Path(__file__).resolve().parent.parent
-HANG = """\
-apiVersion: gpurace/v1
-kind: Scenario
-metadata: {name: hang, description: a kernel that never ends}
-spec:
-  pool: {pages: 2}
-  trials: 3
-  timeout: 60
-  variants: {fixed: {expect: clean}}
-  steps:
-    - {op: delay, stream: compute, us: .inf}
-    - {op: synchronize}
-"""
-
-
-def _hang_file(tmp_path: Path) -> Path:
-    path = tmp_path / "hang.yaml"
-    path.write_text(HANG)
-    return path
-
-
 def _children(pid: int) -> set[int]:
     """Live processes whose parent is ``pid`` (from /proc)."""
     found = set()
@@ -79,7 +59,7 @@ def _as_from_a_terminal() -> None:
 def _start_hanging_run(tmp_path: Path) -> tuple[subprocess.Popen, set[int]]:
     """`gpurace run` of a hanging scenario as a child process, once its worker hangs."""
     proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "run",
-                             str(_hang_file(tmp_path)), "--backend", "sim", "--out",
+                             str(hang_file(tmp_path)), "--backend", "sim", "--out",
                              str(tmp_path / "out")], cwd=REPO,
                             env={**os.environ, "PYTHONPATH": str(REPO)},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -127,7 +107,7 @@ def test_a_worker_killed_from_outside_is_a_crash_that_names_the_signal(tmp_path:
     runner = Runner(RunOptions(backend="sim", trials=1, out_dir=tmp_path))
     done: list = []
     thread = threading.Thread(target=lambda: done.append(
-        runner.run(resolve_targets([str(_hang_file(tmp_path))]))))
+        runner.run(resolve_targets([str(hang_file(tmp_path))]))))
     thread.start()
     deadline = time.monotonic() + 60
     while not multiprocessing.active_children() and time.monotonic() < deadline:
@@ -292,7 +272,7 @@ def test_a_line_number_is_not_an_emoji_code(tmp_path: Path) -> None:
 
 
 def test_what_runs_trials_in_process_refuses_a_step_that_never_ends(tmp_path: Path) -> None:
-    result = CliRunner().invoke(main, ["explore", str(_hang_file(tmp_path))])
+    result = CliRunner().invoke(main, ["explore", str(hang_file(tmp_path))])
     assert result.exit_code == 2
     assert "this step never ends (us: .inf), and exploration runs its trials in this " \
            "process" in result.output

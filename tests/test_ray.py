@@ -18,23 +18,9 @@ from click.testing import CliRunner
 from harness.cli import main
 from harness.runner import RunOptions, Runner
 from harness.targets import resolve_targets
+from programs import hang_file
 
 pytest.importorskip("ray")
-
-HANG = """\
-apiVersion: gpurace/v1
-kind: Scenario
-metadata: {name: hang, description: a kernel that never ends}
-spec:
-  pool: {pages: 2}
-  trials: 3
-  timeout: 60
-  variants: {fixed: {expect: clean}}
-  steps:
-    - {op: delay, stream: compute, us: .inf}
-    - {op: synchronize}
-"""
-
 
 def _run(out: Path, *args: str) -> dict:
     result = CliRunner().invoke(main, ["run", "smoke", "cudf-22284", "--backend", "sim",
@@ -71,8 +57,7 @@ def _actor_running_a_trial() -> int | None:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the actor in /proc")
 def test_an_actor_lost_mid_trial_is_a_crash_and_the_run_goes_on(tmp_path: Path) -> None:
-    path = tmp_path / "hang.yaml"
-    path.write_text(HANG)
+    path = hang_file(tmp_path)
     runner = Runner(RunOptions(backend="sim", executor="ray", timeout_s=6, out_dir=tmp_path))
     done: list = []
     thread = threading.Thread(target=lambda: done.append(

@@ -13,33 +13,13 @@ from harness.scenario import load_scenario
 from harness.targets import resolve_targets
 from harness.worker import WorkerJob
 from harness.workers import WorkerSupply
-
-HANG = """\
-apiVersion: gpurace/v1
-kind: Scenario
-metadata: {name: hang, description: a kernel that never ends}
-spec:
-  pool: {pages: 2}
-  trials: 5
-  timeout: 60
-  variants: {fixed: {expect: clean}}
-  steps:
-    - {op: delay, stream: compute, us: .inf}
-    - {op: synchronize}
-"""
-
-
-def _hang_file(tmp_path: Path) -> Path:
-    path = tmp_path / "hang.yaml"
-    path.write_text(HANG)
-    return path
-
+from programs import hang_file
 
 def test_after_the_first_death_each_next_worker_is_a_warm_spare(tmp_path: Path) -> None:
     """Five hangs, each killed by the watchdog: the first death waits for a worker to start,
     the later ones take the spare that started while the trial hung."""
     runner = Runner(RunOptions(backend="sim", timeout_s=1.5, out_dir=tmp_path))
-    [r] = runner.run(resolve_targets([str(_hang_file(tmp_path))])).results
+    [r] = runner.run(resolve_targets([str(hang_file(tmp_path, 5))])).results
     assert r.counts["hang"] == 5
     cold, *warm = r.restart_s
     assert len(warm) == 3
@@ -63,7 +43,7 @@ def test_a_run_without_deaths_starts_no_spare(tmp_path: Path) -> None:
 
 
 def test_a_spare_that_died_waiting_is_replaced(tmp_path: Path) -> None:
-    scenario = load_scenario(_hang_file(tmp_path))
+    scenario = load_scenario(hang_file(tmp_path, 5))
     made = []
 
     def make_job() -> WorkerJob:
@@ -96,14 +76,14 @@ def test_a_spare_that_died_waiting_is_replaced(tmp_path: Path) -> None:
 def test_without_spares_every_death_waits_for_a_start(tmp_path: Path) -> None:
     runner = Runner(RunOptions(backend="sim", timeout_s=1.0, trials=3, spares=0,
                                out_dir=tmp_path))
-    [r] = runner.run(resolve_targets([str(_hang_file(tmp_path))])).results
+    [r] = runner.run(resolve_targets([str(hang_file(tmp_path, 5))])).results
     assert r.counts["hang"] == 3 and len(r.restart_s) == 2
     assert min(r.restart_s) > 0.05  # each one a worker start
     assert len(list((Path(runner.out_dir) / "workers").iterdir())) == 3
 
 
 def test_spares_are_kept_and_all_stop(tmp_path: Path) -> None:
-    scenario = load_scenario(_hang_file(tmp_path))
+    scenario = load_scenario(hang_file(tmp_path, 5))
     supply = WorkerSupply(lambda: WorkerJob(scenario, "fixed", "sim", os.getpid(), False, None,
                                             str(tmp_path / "w.log"), str(tmp_path), {}),
                           60.0, spares=3)
@@ -147,7 +127,7 @@ def test_three_simulated_devices_make_the_same_trials_as_one(tmp_path: Path) -> 
 def test_lanes_survive_hangs_and_hand_each_death_to_a_spare(tmp_path: Path) -> None:
     runner = Runner(RunOptions(backend="sim", timeout_s=1.0, trials=6, gpus="2",
                                out_dir=tmp_path))
-    [r] = runner.run(resolve_targets([str(_hang_file(tmp_path))])).results
+    [r] = runner.run(resolve_targets([str(hang_file(tmp_path, 5))])).results
     assert r.counts["hang"] == 6 and r.trials == 6
     assert r.first_manifested is not None and r.first_manifested.index == 0
     assert len(r.restart_s) >= 4  # one per death that had trials left after it
