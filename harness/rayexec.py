@@ -133,7 +133,7 @@ def _feed(ray: Any, actor: Any, conn: Any, proc: _ActorProcess, job: WorkerJob) 
         if proc.exitcode is None:
             proc.exitcode = 0
     except Exception as exc:  # the actor was lost mid-trial: killed, or its node went away
-        proc.lost = _reason(exc).splitlines()[0] if _reason(exc) else type(exc).__name__
+        proc.lost = _reason(exc).splitlines()[0]
         if proc.exitcode is None:
             proc.exitcode = 1
     finally:
