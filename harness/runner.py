@@ -580,9 +580,10 @@ class Runner:
         write its incident."""
         assert self.watch is not None
         if trial.outcome.manifested or trial.race:
+            # Told apart by GPU only where there are several: one GPU's Xids are all its own.
             said = self.watch.for_trial(trial.worker_pid, wall,
                                         crashed=trial.outcome in (Outcome.CRASH, Outcome.HANG),
-                                        gpu=lane.uuid)
+                                        gpu=lane.uuid if len(self.lanes) > 1 else None)
             trial = dataclasses.replace(trial, xids=said.xids)
             kept = None
             if len(run.result.reports) < self.options.max_incidents:

@@ -232,3 +232,16 @@ def test_watch_attributes_xids_by_time_and_pid() -> None:
     assert not said.fatal
     empty = watch.for_trial(516, now + 10, crashed=False)
     assert empty.xids == [] and "no Xid was reported" in empty.note
+
+
+def test_watch_gives_a_gpu_only_its_own_nvml_xids() -> None:
+    """On a run of several GPUs, an NVML event of GPU-y is not a GPU-x trial's; one that names
+    no GPU could be anyone's."""
+    watch = GpuWatch("sim")
+    watch.backend, watch.notes, watch.klog = "cuda", [], None
+    now = time.time()
+    watch.nvml = _FakeNvml([XidEvent(43, 1, "GPU-y", "xid", now, time.monotonic()),
+                            XidEvent(31, None, None, "xid", now, time.monotonic())])
+    assert [x["xid"] for x in watch.for_trial(516, now - 1, False, gpu="GPU-x").xids] == [31]
+    assert [x["xid"] for x in watch.for_trial(516, now - 1, False, gpu="GPU-y").xids] == [43, 31]
+    assert [x["xid"] for x in watch.for_trial(516, now - 1, False).xids] == [43, 31]
