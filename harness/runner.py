@@ -2,7 +2,9 @@
 
 The engine knows nothing of the CLI: it reports progress through :class:`RunHooks` and returns a
 :class:`RunResult`. A run has named phases (plan, then each variant's trials, then the verdict);
-why a variant ended is in its status and reason.
+why a variant ended is in its status and reason. A variant's trials go to lanes, one a GPU (or a
+simulated device), each with its workers and spares (:mod:`harness.workers`), local processes
+or Ray actors (:mod:`harness.rayexec`); ``--shard`` keeps a deterministic part of them.
 """
 
 from __future__ import annotations
