@@ -276,7 +276,7 @@ class VariantResult:
             traces=list(doc["traces"]), crash_requests=list(doc["crash_requests"]),
             restart_s=list(doc["restart_s"]), _digest=int(doc["digest"], 16))
         for f in doc["findings"]:
-            out._fold_finding({k: v for k, v in f.items() if k != "trials"}, int(f["trials"]))
+            out._fold_finding(f, int(f["trials"]))  # the entry's own count is replaced
         for x in doc["xids"]:
             out._fold_xid(x, int(x["trials"]))
         return out
@@ -299,7 +299,7 @@ class VariantResult:
         self.crash_requests = (self.crash_requests + other.crash_requests)[:CRASH_REQUESTS_KEPT]
         self.restart_s = (self.restart_s + other.restart_s)[:CRASH_REQUESTS_KEPT]
         for f in other._findings.values():
-            self._fold_finding({k: v for k, v in f.items() if k != "trials"}, int(f["trials"]))
+            self._fold_finding(f, int(f["trials"]))
         for x in other._xids.values():
             self._fold_xid(x, int(x["trials"]))
         self._digest = (self._digest + other._digest) % _DIGEST_MOD

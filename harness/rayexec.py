@@ -20,7 +20,7 @@ import traceback
 from typing import Any
 
 from harness.errors import ExecutorError
-from harness.worker import TrialRunner, WorkerJob, exit_now, handed_trials, log_to
+from harness.worker import TrialRunner, WorkerJob, context_died, exit_now, handed_trials, log_to
 from harness.workers import Worker
 
 _RAY: Any = None
@@ -126,7 +126,7 @@ def _feed(ray: Any, actor: Any, conn: Any, proc: _ActorProcess, job: WorkerJob) 
         for index, seed in handed_trials(conn):  # as a local worker takes them
             payload = ray.get(actor.run.remote(index, seed))
             conn.send(("trial", payload))
-            if payload["outcome"] == "crash" and job.backend == "cuda":
+            if context_died(payload, job.backend):
                 proc.exitcode = 0  # the actor ends itself, a clean context for the next
                 return
         ray.kill(actor, no_restart=True)

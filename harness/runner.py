@@ -36,7 +36,7 @@ from harness.outcome import Outcome, Status, TrialResult, VariantResult
 from harness.gpu.probe import cuda_usable, gpu_count
 from harness.limits import GPUS_MAX
 from harness.gpu.watch import GpuWatch, TrialXids
-from harness.worker import WorkerJob
+from harness.worker import WorkerJob, context_died
 from harness.workers import (
     GONE,
     SILENT,
@@ -503,7 +503,7 @@ class Runner:
             return  # "done": the worker waits for more; the lane's inflight says it is free
         lane.inflight.popleft()
         trial = TrialResult.from_json(message[1])
-        if trial.outcome is Outcome.CRASH and worker.job.backend == "cuda":
+        if context_died(message[1], worker.job.backend):
             # The context is dead and the worker exits: the rest go to the next worker.
             self._died(lane, trial, queue)
             return
@@ -660,9 +660,7 @@ class _Lane:
     @property
     def uuid(self) -> str | None:
         """The GPU's UUID, as its workers said (None on sim, or before a worker started)."""
-        return self.device.get("uuid") or self._uuid  # type: ignore[return-value]
-
-    _uuid: str | None = None  # a UUID known before any worker said one (tests)
+        return self.device.get("uuid")  # type: ignore[return-value]
 
     def close(self) -> None:
         """Stop the lane's workers: the one running (it is idle or its GPU is retired) and the

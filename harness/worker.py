@@ -133,7 +133,13 @@ class TrialRunner:
 
     def context_died(self, payload: dict[str, Any]) -> bool:
         """Whether the trial crashed a CUDA context: the process must go."""
-        return payload["outcome"] == "crash" and self.job.backend == "cuda"
+        return context_died(payload, self.job.backend)
+
+
+def context_died(payload: dict[str, Any], backend: str) -> bool:
+    """Whether a trial (its JSON) crashed a CUDA context, so its worker's process must go: on
+    the simulated device a crash leaves the worker whole."""
+    return payload["outcome"] == "crash" and backend == "cuda"
 
 
 def handed_trials(conn: Connection) -> Iterator[tuple[int, int]]:

@@ -151,7 +151,8 @@ def test_a_fatal_xid_retires_its_gpu_and_the_others_go_on(tmp_path: Path) -> Non
 
     runner.watch, runner.started_wall = Watch(), 0.0  # type: ignore[assignment]
     supply = WorkerSupply(lambda: None, 1.0)  # type: ignore[arg-type,return-value]
-    lanes = [_Lane("GPU 0", supply, _uuid="GPU-a"), _Lane("GPU 1", supply, _uuid="GPU-b")]
+    lanes = [_Lane("GPU 0", supply, device={"uuid": "GPU-a"}),
+             _Lane("GPU 1", supply, device={"uuid": "GPU-b"})]
     lanes[1].inflight = deque([(4, 44), (5, 55)])
     queue: deque = deque([(6, 66)])
     runner._retire_lanes(lanes, queue)
