@@ -33,6 +33,16 @@ def _version(package: str) -> str:
         return "not installed"
 
 
+def _cuda_count() -> int:
+    """How many GPUs CUDA shows this process."""
+    from kvcore.device.cuda import device_uuids
+
+    try:
+        return len(device_uuids())
+    except Exception:  # a driver that answered the check a moment ago and not now
+        return 0
+
+
 def diagnose() -> dict[str, Any]:
     """All checks and the verdict, as a JSON-able dict."""
     version = _version("gpurace")
@@ -71,11 +81,18 @@ def diagnose() -> dict[str, Any]:
         gpus = visible_gpus()
         for index in gpus:
             health = health_snapshot(index=index)
-            detail = (f"{health.get('temperature_c')} C, {health.get('power_w')} W, SM "
+            reset = health.get("needs_reset")
+            detail = (f"needs a reset: {reset}; gpurace runs nothing on it" if reset else
+                      f"{health.get('temperature_c')} C, {health.get('power_w')} W, SM "
                       f"{(health.get('clocks_mhz') or {}).get('sm')} MHz, ECC "
                       f"{health.get('ecc')}, remapped rows {health.get('remapped_rows')}")
             name = "GPU health" if len(gpus) == 1 else f"GPU {index} health ({health.get('uuid')})"
-            checks.append(_check(name, bool(health.get("available")), detail, health=health))
+            checks.append(_check(name, bool(health.get("available")) and not reset, detail,
+                                 health=health))
+        if cuda_ok and (count := _cuda_count()) < len(gpus):
+            checks.append(_check("CUDA sees every GPU", False,
+                                 f"CUDA shows {count} of the {len(gpus)} GPUs NVML sees: the "
+                                 "others cannot run work (see their health above)"))
         pids, note = other_gpu_processes()
         checks.append(_check("other GPU processes", not pids,
                              note or (f"pids {pids}" if pids else "none")))

@@ -33,7 +33,7 @@ from harness.incidents import build_report, reproduce_argv
 from harness.model import Scenario, Variant
 from harness.outputs import RunFolder
 from harness.outcome import Outcome, Status, TrialResult, VariantResult
-from harness.gpu.probe import cuda_usable, gpu_count
+from harness.gpu.probe import cuda_state, cuda_usable, gpu_uuids
 from harness.limits import GPUS_MAX
 from harness.gpu.watch import GpuWatch, TrialXids
 from harness.worker import WorkerJob, context_died
@@ -263,19 +263,21 @@ class Runner:
             n = min(os.cpu_count() or 1, GPUS_MAX) if spec == "all" else (
                 int(spec) if spec.isdigit() else len(spec.split(",")))
             return [(f"sim {i}", None) for i in range(n)]
-        count = gpu_count()
+        uuids = gpu_uuids()
+        count = len(uuids)
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        # A worker sees one GPU: the parent's own entry for it, so CUDA_VISIBLE_DEVICES="3,5"
-        # with --gpus all gives workers "3" and "5".
+        # A worker sees one GPU, named by its UUID: CUDA's ordinals skip a GPU it cannot use
+        # and need not follow NVML's order. Without a UUID, the parent's own entry for it, so
+        # CUDA_VISIBLE_DEVICES="3,5" with --gpus all gives workers "3" and "5".
         entries = [e.strip() for e in visible.split(",")] if visible else [
             str(i) for i in range(count)]
         chosen = list(range(count)) if spec == "all" else (
             list(range(int(spec))) if spec.isdigit() else [int(x) for x in spec.split(",")])
-        beyond = [i for i in chosen if i >= min(count, len(entries))]
+        beyond = [i for i in chosen if i >= count or (uuids[i] is None and i >= len(entries))]
         if beyond:
             raise TargetError(f"--gpus {spec}: this process sees {count} GPU(s), numbered "
                               f"0 to {count - 1}; ask for those")
-        return [(f"GPU {i}", entries[i]) for i in chosen]
+        return [(f"GPU {i}", uuids[i] or entries[i]) for i in chosen]
 
     def _start_worker(self, job: WorkerJob) -> Worker:
         if self.options.executor == "ray":
@@ -301,7 +303,8 @@ class Runner:
         if self.backend == "cuda":  # on sim there is nothing to watch, and reports say so
             for note in self.watch.notes:
                 self.hooks.note(note)
-        self.health = {"before": self.watch.health(), "after": None}
+        self.health = {"before": self.watch.health(self._gpu_of(None)), "after": None}
+        self._retire_unusable_gpus()
         try:
             for scenario in scenarios:
                 sweep = scenario.amplify.sweep if (self.options.sweep and self.options.amplify
@@ -323,7 +326,7 @@ class Runner:
                                   f"{partial.trials} trials; " + partial.reason).rstrip("; ")
                 result.results.append(partial)
         finally:
-            self.health["after"] = self.watch.health()
+            self.health["after"] = self.watch.health(self._gpu_of(None))
             self.watch.stop()
         result.device = self.device
         result.health = self.health
@@ -403,7 +406,7 @@ class Runner:
             return job
 
         lanes = [_Lane(name, WorkerSupply(make_job(gpu), WORKER_START_TIMEOUT_S, opts.spares,
-                                          self._start_worker))
+                                          self._start_worker), pin=gpu)
                  for name, gpu in self.lanes if name not in self.retired]
         try:
             self._run_trials(lanes, pending, timeout, run)
@@ -413,6 +416,46 @@ class Runner:
         result.judge()
         self.hooks.variant_finished(result)
         return result
+
+    def _gpu_of(self, pin: str | None) -> str | None:
+        """The UUID of the GPU a lane pinned to ``pin`` (its workers' CUDA_VISIBLE_DEVICES)
+        runs on, as far as known without a worker: the pin itself, or CUDA's first GPU for a
+        lane that is not pinned (None: ask NVML for the first GPU it lets the workers see)."""
+        if pin is not None:
+            return pin if pin.startswith("GPU-") else None
+        shown = gpu_uuids() if self.backend == "cuda" and self.options.executor == "local" \
+            else []
+        return shown[0] if shown else None
+
+    def _retire_unusable_gpus(self) -> None:
+        """Before any trial: a GPU that must be reset runs nothing (its lane is retired, and
+        the run exits 1); with ``--gpus all`` a GPU that NVML sees and CUDA no longer shows is
+        named among the retired too, so a fleet soak says which GPU needs attention instead of
+        quietly running on fewer."""
+        if self.backend != "cuda" or self.options.executor != "local" or self.watch is None:
+            return
+        for name, pin in self.lanes:
+            gpu = self._gpu_of(pin)
+            why = str(self.watch.health(gpu).get("needs_reset") or "") if gpu else ""
+            if why:
+                self._retire(name, f"{name} ({gpu}) cannot run: {why}")
+        if self.options.gpus == "all":
+            _, _, shown, seen = cuda_state()
+            for gpu in seen:
+                if gpu not in shown:
+                    health = self.watch.health(gpu)
+                    why = health.get("needs_reset") or "CUDA does not show it"
+                    self._retire(f"NVML GPU {health.get('index')}",
+                                 f"NVML GPU {health.get('index')} ({gpu}) cannot run: {why}")
+        if self.lanes and all(name in self.retired for name, _ in self.lanes):
+            self.stopped = "; ".join(self.retired.values()) + "; the run stopped here"
+
+    def _retire(self, name: str, why: str) -> str:
+        """Take a GPU out of the run for good: said now, listed in the run document, exit 1."""
+        why += ": it needs attention (a reset or service) before it runs anything else"
+        self.retired[name] = why
+        self.hooks.note(why)
+        return why
 
     def _shard_of(self, indices: Sequence[int]) -> list[int]:
         """The trial indices of the next variant that this run makes: all of them, or with
@@ -442,21 +485,32 @@ class Runner:
                 if not lane.inflight and queue and not lane.retired:
                     size = len(queue) if len(lanes) == 1 else max(
                         1, min(_BATCH_MAX, len(queue) // (4 * len(lanes))))
-                    self._hand(lane, [queue.popleft() for _ in range(size)], run)
+                    self._hand(lane, [queue.popleft() for _ in range(size)], run, queue)
                 if lane.dead is not None and not lane.inflight:
                     self._finish_dead(lane, run)  # its lane got no work: record it now
             active = [lane for lane in lanes if lane.inflight]
             if not active:
+                self._stop_if_all_retired(lanes)  # a lane retired as it was handed work
                 return
             self._wait(lanes, active, timeout, run, queue)
 
-    def _hand(self, lane: _Lane, batch: list[tuple[int, int]], run: _VariantRun) -> None:
+    def _hand(self, lane: _Lane, batch: list[tuple[int, int]], run: _VariantRun,
+              queue: deque[tuple[int, int]]) -> None:
         if lane.worker is None:
             try:
                 lane.worker = lane.supply.take()
             except WorkerFailed as failed:
                 failed.worker.stop(1.0)
-                raise HarnessError(_worker_failed(failed.worker, failed.message)) from None
+                # A GPU that went bad under the run: its lane is retired, the others go on.
+                gpu = lane.uuid or self._gpu_of(lane.pin)
+                why = str(self.watch.health(gpu).get("needs_reset") or "") \
+                    if self.watch is not None and self.backend == "cuda" and gpu else ""
+                if not why:
+                    raise HarnessError(_worker_failed(failed.worker, failed.message)) from None
+                queue.extendleft(reversed(batch))
+                self._retire_lane(lane, f"{lane.name} ({gpu}) cannot start a worker: {why}",
+                                  queue)
+                return
             lane.device = {k: v for k, v in lane.worker.info.items() if k != "pid"}
             self.device.update(lane.device)
         lane.worker.give(batch)
@@ -566,15 +620,18 @@ class Runner:
                     or lane.uuid is None or ev.gpu_uuid == lane.uuid]
             if mine and not lane.retired:
                 xids = ", ".join(f"Xid {ev.xid} ({ev.info.meaning})" for ev in mine)
-                lane.retired = (f"{lane.name} reported {xids}: it needs attention (a reset or "
-                                "service) before it runs anything else")
-                self.retired[lane.name] = lane.retired
-                self.hooks.note(lane.retired)
-                queue.extendleft(reversed(lane.inflight))  # for the other lanes, if any
-                lane.inflight.clear()
-                lane.close()
+                self._retire_lane(lane, f"{lane.name} reported {xids}", queue)
+        self._stop_if_all_retired(lanes)
+
+    def _stop_if_all_retired(self, lanes: list[_Lane]) -> None:
         if lanes and all(lane.retired for lane in lanes) and not self.stopped:
             self.stopped = "; ".join(lane.retired for lane in lanes) + "; the run stopped here"
+
+    def _retire_lane(self, lane: _Lane, why: str, queue: deque[tuple[int, int]]) -> None:
+        lane.retired = self._retire(lane.name, why)
+        queue.extendleft(reversed(lane.inflight))  # for the other lanes, if any
+        lane.inflight.clear()
+        lane.close()
 
     def _record(self, run: _VariantRun, trial: TrialResult, wall: float,
                 job: WorkerJob, lane: _Lane) -> None:
@@ -647,6 +704,7 @@ class _Lane:
 
     name: str
     supply: WorkerSupply
+    pin: str | None = None  # its workers' CUDA_VISIBLE_DEVICES (a GPU's UUID where known)
     worker: Worker | None = None
     inflight: deque[tuple[int, int]] = field(default_factory=deque)
     started: float = 0.0  # monotonic: when the trial in flight started
@@ -659,8 +717,11 @@ class _Lane:
 
     @property
     def uuid(self) -> str | None:
-        """The GPU's UUID, as its workers said (None on sim, or before a worker started)."""
-        return self.device.get("uuid")  # type: ignore[return-value]
+        """The GPU's UUID, as its workers said or its pin names (None on sim, or before a
+        worker of a lane not pinned by UUID started)."""
+        said = self.device.get("uuid")
+        return str(said) if said else (self.pin if self.pin and self.pin.startswith("GPU-")
+                                       else None)
 
     def close(self) -> None:
         """Stop the lane's workers: the one running (it is idle or its GPU is retired) and the

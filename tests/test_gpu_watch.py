@@ -42,7 +42,7 @@ def test_application_xids(number: int) -> None:
     assert number in xidmod.APPLICATION_XIDS
 
 
-@pytest.mark.parametrize("number", [48, 63, 64, 74, 79, 92, 94, 95, 119, 120])
+@pytest.mark.parametrize("number", [48, 63, 64, 74, 79, 92, 94, 95, 119, 120, 154])
 def test_gpu_fatal_xids(number: int) -> None:
     info = xidmod.describe(number)
     assert info.klass == "gpu-fatal" and info.meaning
@@ -295,6 +295,10 @@ class NVMLError_LibraryNotFound(NVMLError):  # noqa: N801
     pass
 
 
+class NVMLError_ResetRequired(NVMLError):  # noqa: N801
+    value = 16  # what pynvml's class carries
+
+
 @dataclass(frozen=True)
 class Handle:
     index: int
@@ -348,6 +352,15 @@ class FakeNvml:
 
     def nvmlDeviceGetUUID(self, handle: Handle) -> bytes:
         return f"GPU-{handle.index}".encode()
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> Handle:
+        for handle in self.handles:
+            if f"GPU-{handle.index}" == uuid:
+                return handle
+        raise NVMLError("Not Found")
+
+    def nvmlDeviceGetIndex(self, handle: Handle) -> int:
+        return handle.index
 
     def nvmlDeviceGetName(self, handle: Handle) -> bytes:
         self._check("nvmlDeviceGetName")
@@ -699,6 +712,36 @@ def test_health_snapshot_without_nvml_or_gpu() -> None:
     assert fake.shutdowns == 1
 
 
+def test_health_snapshot_by_uuid_and_a_gpu_that_needs_a_reset() -> None:
+    """A GPU the driver will not run until it is reset: every query answers "GPU requires
+    restart" (seen on an H200 whose GSP stopped answering), or NVML names a recovery action."""
+    snap = health_snapshot(nvml=FakeNvml(gpus=3), index="GPU-2")
+    assert snap["available"] and snap["index"] == 2 and snap["uuid"] == "GPU-2"
+    assert snap["needs_reset"] == ""  # an older binding: no recovery-action field to read
+    assert not health_snapshot(nvml=FakeNvml(), index="GPU-7")["available"]
+    wedged = FakeNvml(fail={
+        "nvmlDeviceGetRemappedRows": NVMLError_ResetRequired("GPU requires restart"),
+        "nvmlDeviceGetPowerUsage": NVMLError_NotSupported("Not Supported")})
+    snap = health_snapshot(nvml=wedged)
+    assert snap["available"] and "requires a reset" in snap["needs_reset"]
+    assert "remapped_rows: GPU requires restart" in snap["needs_reset"]
+
+    class Recovering(FakeNvml):
+        NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = 271
+        NVML_GPU_RECOVERY_ACTION_NONE = 0
+        NVML_GPU_RECOVERY_ACTION_GPU_RESET = 1
+        action = 1
+
+        def nvmlDeviceGetFieldValues(self, handle: Handle, ids: list[int]) -> list[Any]:
+            assert ids == [271]
+            return [SimpleNamespace(nvmlReturn=0, value=SimpleNamespace(uiVal=self.action))]
+
+    assert health_snapshot(nvml=Recovering())["needs_reset"] == \
+        "NVML's recovery action for the GPU is 'gpu reset'"
+    Recovering.action = 0
+    assert health_snapshot(nvml=Recovering())["needs_reset"] == ""
+
+
 def test_health_snapshot_with_real_pynvml() -> None:
     snap = health_snapshot()
     if snap["available"]:
@@ -823,7 +866,7 @@ def test_watcher_process_that_dies_is_a_note_not_an_error() -> None:
 # -- the CUDA probe ---------------------------------------------------------------------------
 
 def test_probe_without_cupy_answers_here_and_says_what_to_install() -> None:
-    from harness.gpu.probe import cuda_usable
+    from harness.gpu.probe import cuda_state, cuda_usable
 
     try:
         import cupy  # noqa: F401
@@ -831,7 +874,7 @@ def test_probe_without_cupy_answers_here_and_says_what_to_install() -> None:
         pass
     else:
         pytest.skip("CuPy is installed here")
-    cuda_usable.cache_clear()
+    cuda_state.cache_clear()
     ok, why = cuda_usable()
     assert not ok and "CuPy is not importable" in why and "gpurace[cuda]" in why
 
@@ -855,9 +898,9 @@ def test_probe_asks_in_a_child_process(monkeypatch: pytest.MonkeyPatch) -> None:
         pytest.skip("CuPy is installed here")
     # Answered here, the probe would say this instead:
     monkeypatch.setattr(kvcore.device.cuda, "available", lambda: (False, "asked in the parent"))
-    probe.cuda_usable.cache_clear()
+    probe.cuda_state.cache_clear()
     ok, why = probe.cuda_usable()
-    probe.cuda_usable.cache_clear()  # what was asked with cupy made findable is no answer here
+    probe.cuda_state.cache_clear()  # what was asked with cupy made findable is no answer here
     assert not ok and "CuPy is not importable" in why
 
 

@@ -129,6 +129,29 @@ def test_doctor_without_gpu_explains_and_exits_0() -> None:
     assert text.exit_code == 0 and "sim backend" in text.output
 
 
+def test_doctor_fails_a_gpu_that_needs_a_reset(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seen on an H200 whose GSP stopped answering: NVML still lists it, CUDA no longer shows
+    it, and every health query says "GPU requires restart". Doctor must not call it healthy."""
+    import kvcore
+    from harness import doctor
+
+    monkeypatch.setattr(kvcore, "cuda_available", lambda: (True, "1 CUDA device(s)"))
+    monkeypatch.setattr(doctor, "_cuda_count", lambda: 1)
+    monkeypatch.setattr(doctor, "nvml_summary", lambda: {
+        "available": True, "devices": [], "xid_events": "supported", "device_count": 2})
+    monkeypatch.setattr(doctor, "visible_gpus", lambda: [0, 1])
+    monkeypatch.setattr(doctor, "other_gpu_processes", lambda: ([], ""))
+    monkeypatch.setattr(doctor, "health_snapshot", lambda index: {
+        "available": True, "uuid": f"GPU-{index}", "temperature_c": 35,
+        "needs_reset": "the driver says the GPU requires a reset" if index == 0 else ""})
+    checks = {c["name"]: c for c in doctor.diagnose()["checks"]}
+    assert not checks["GPU 0 health (GPU-0)"]["ok"]
+    assert checks["GPU 0 health (GPU-0)"]["detail"].startswith("needs a reset: the driver")
+    assert checks["GPU 1 health (GPU-1)"]["ok"]
+    assert not checks["CUDA sees every GPU"]["ok"]
+    assert "CUDA shows 1 of the 2 GPUs" in checks["CUDA sees every GPU"]["detail"]
+
+
 def test_report_list_and_show(crash_run: tuple[Path, dict]) -> None:
     out, doc = crash_run
     listed = CliRunner().invoke(main, ["report", "list", str(out), "--format", "json"])

@@ -7,6 +7,9 @@ import multiprocessing
 import os
 import statistics
 from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
 
 from harness.runner import RunOptions, Runner
 from harness.scenario import load_scenario
@@ -174,11 +177,15 @@ def test_gpus_name_the_gpus_this_process_sees(monkeypatch, tmp_path: Path) -> No
 
     runner = Runner(RunOptions(backend="sim", out_dir=tmp_path))
     runner.backend = "cuda"
-    monkeypatch.setattr(harness.runner, "gpu_count", lambda: 2)
+    # Workers are pinned by UUID: CUDA's ordinals skip a GPU it cannot use.
+    monkeypatch.setattr(harness.runner, "gpu_uuids", lambda: ["GPU-a", "GPU-b"])
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
-    assert runner._resolve_lanes("all") == [("GPU 0", "3"), ("GPU 1", "5")]
-    assert runner._resolve_lanes("1") == [("GPU 0", "3")]
+    assert runner._resolve_lanes("all") == [("GPU 0", "GPU-a"), ("GPU 1", "GPU-b")]
+    assert runner._resolve_lanes("1") == [("GPU 0", "GPU-a")]
     assert runner._resolve_lanes(None) == [("GPU 0", None)]
+    # Without UUIDs, the parent's own entry for each GPU.
+    monkeypatch.setattr(harness.runner, "gpu_uuids", lambda: [None, None])
+    assert runner._resolve_lanes("all") == [("GPU 0", "3"), ("GPU 1", "5")]
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     assert runner._resolve_lanes("1,0") == [("GPU 1", "1"), ("GPU 0", "0")]
     try:
@@ -187,6 +194,86 @@ def test_gpus_name_the_gpus_this_process_sees(monkeypatch, tmp_path: Path) -> No
         assert "sees 2 GPU(s)" in str(exc)
     else:
         raise AssertionError("GPU 2 of 2 was accepted")
+
+
+class _Health:
+    """A run's GPU watch, as far as retiring GPUs asks it: health by UUID."""
+
+    def __init__(self, broken: dict[str, str]) -> None:
+        self.broken = broken
+        self.asked: list[str | None] = []
+
+    def health(self, gpu: str | None = None) -> dict:
+        self.asked.append(gpu)
+        return {"available": True, "index": "abc".index(gpu[-1]) if gpu else 0,
+                "needs_reset": self.broken.get(gpu or "", "")}
+
+    def fatal_since(self, t0: float) -> list:
+        return []
+
+
+def test_a_gpu_that_needs_a_reset_runs_nothing(monkeypatch, tmp_path: Path) -> None:
+    """Before any trial, a GPU the driver wants reset is retired (the run exits 1); with
+    --gpus all, one that CUDA no longer shows is named too, not silently left out."""
+    import harness.runner
+
+    monkeypatch.setattr(harness.runner, "gpu_uuids", lambda: ["GPU-a", "GPU-b"])
+    monkeypatch.setattr(harness.runner, "cuda_state", lambda: (
+        True, "2 CUDA device(s)", ["GPU-a", "GPU-b"], ["GPU-a", "GPU-b", "GPU-c"]))
+    runner = Runner(RunOptions(backend="sim", gpus="all", out_dir=tmp_path))
+    runner.backend = "cuda"
+    runner.lanes = runner._resolve_lanes("all")
+    runner.watch = _Health({"GPU-b": "GSP stopped", "GPU-c": "requires a reset"})  # type: ignore
+    runner._retire_unusable_gpus()
+    assert list(runner.retired) == ["GPU 1", "NVML GPU 2"] and not runner.stopped
+    assert runner.retired["GPU 1"].startswith("GPU 1 (GPU-b) cannot run: GSP stopped")
+    assert "(GPU-c) cannot run: requires a reset" in runner.retired["NVML GPU 2"]
+    # The default lane is CUDA's first GPU, by UUID: its health is that GPU's.
+    assert runner._gpu_of(None) == "GPU-a"
+    runner.retired.clear()
+    runner.watch = _Health({"GPU-a": "x", "GPU-b": "y"})  # type: ignore
+    runner._retire_unusable_gpus()
+    assert runner.stopped.endswith("the run stopped here")
+    assert "cannot run: CUDA does not show it" in runner.retired["NVML GPU 2"]
+
+
+def test_a_worker_that_cannot_start_on_a_gpu_that_needs_a_reset_retires_its_lane(
+        tmp_path: Path) -> None:
+    from collections import deque
+
+    from harness.errors import HarnessError
+    from harness.runner import _Lane
+    from harness.workers import WorkerFailed
+
+    class Dead:
+        proc = None
+        job = SimpleNamespace(scenario=SimpleNamespace(path="smoke.yaml"), variant="buggy",
+                              log_path="worker.log")
+
+        def stop(self, timeout: float = 0.0) -> None:
+            pass
+
+    class Supply:
+        def take(self) -> None:
+            raise WorkerFailed(Dead(), ("error", "cudaErrorDevicesUnavailable"))  # type: ignore
+
+        def close(self) -> None:
+            pass
+
+    runner = Runner(RunOptions(backend="sim", out_dir=tmp_path))
+    runner.backend = "cuda"
+    runner.watch = _Health({"GPU-b": "the driver says the GPU requires a reset"})  # type: ignore
+    lane = _Lane("GPU 1", Supply(), pin="GPU-b")  # type: ignore[arg-type]
+    queue: deque = deque([(7, 77)])
+    runner._hand(lane, [(5, 55), (6, 66)], None, queue)  # type: ignore[arg-type]
+    assert lane.retired.startswith("GPU 1 (GPU-b) cannot start a worker: the driver says")
+    assert list(queue) == [(5, 55), (6, 66), (7, 77)] and runner.retired
+    runner._stop_if_all_retired([lane])
+    assert runner.stopped.startswith("GPU 1 (GPU-b) cannot start a worker")
+    # On a GPU that is well, a worker that cannot start is the error it always was.
+    healthy = _Lane("GPU 0", Supply(), pin="GPU-a")  # type: ignore[arg-type]
+    with pytest.raises(HarnessError, match="cudaErrorDevicesUnavailable"):
+        runner._hand(healthy, [(8, 88)], None, queue)  # type: ignore[arg-type]
 
 
 def test_a_bad_gpus_value_is_a_usage_error(tmp_path: Path) -> None:

@@ -422,11 +422,19 @@ class NvmlWatcher:
                 self._add_note(f"on_event raised {type(exc).__name__}: {exc}")
 
 
-class _Fields:
-    """Reads one field at a time: a failure leaves None and a note under the field's name."""
+_RESET_REQUIRED = 16
+"""NVML_ERROR_RESET_REQUIRED: the driver answers a GPU that must be reset with this code
+("GPU requires restart")."""
 
-    def __init__(self, notes: dict[str, str]) -> None:
+
+class _Fields:
+    """Reads one field at a time: a failure leaves None and a note under the field's name;
+    ``reset_required`` tells whether any read was refused because the GPU must be reset."""
+
+    def __init__(self, notes: dict[str, str], nvml: Any = None) -> None:
         self.notes = notes
+        self.nvml = nvml
+        self.reset_required = ""
 
     def read(self, key: str, query: Callable[[], Any]) -> Any:
         # Any exception, not only NVMLError: an older binding may lack the function entirely.
@@ -434,7 +442,31 @@ class _Fields:
             return query()
         except Exception as exc:
             self.notes[key] = _reason(exc)
+            if _is_error(self.nvml, exc, "NVMLError_ResetRequired", _RESET_REQUIRED):
+                self.reset_required = self.reset_required or f"{key}: {self.notes[key]}"
             return None
+
+
+def _needs_reset(mod: Any, handle: Any, fields: _Fields) -> str:
+    """Why GPU ``handle`` must be reset before it runs anything, or "": the driver refused a
+    query for that reason, or NVML's recovery action for it is not "none" (drivers from 550)."""
+    if fields.reset_required:
+        return f"the driver says the GPU requires a reset ({fields.reset_required})"
+    field_id = getattr(mod, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None)
+    if field_id is None:
+        return ""
+    try:
+        [value] = mod.nvmlDeviceGetFieldValues(handle, [field_id])
+        if int(value.nvmlReturn) != 0:
+            return ""  # a driver that does not know the field: nothing to say
+        action = int(value.value.uiVal)
+    except Exception:
+        return ""
+    if action == int(getattr(mod, "NVML_GPU_RECOVERY_ACTION_NONE", 0)):
+        return ""
+    names = {int(getattr(mod, k)): k.removeprefix("NVML_GPU_RECOVERY_ACTION_").lower()
+             .replace("_", " ") for k in dir(mod) if k.startswith("NVML_GPU_RECOVERY_ACTION_")}
+    return f"NVML's recovery action for the GPU is {names.get(action, str(action))!r}"
 
 
 def _cuda_version(value: int) -> str:
@@ -450,18 +482,20 @@ def _mib(nbytes: Any) -> int | None:
     return None if nbytes is None else int(nbytes) // (1 << 20)
 
 
-def health_snapshot(nvml: Any | None = None, index: int | None = None
+def health_snapshot(nvml: Any | None = None, index: int | str | None = None
                     ) -> dict[str, Any]:
-    """What NVML says about GPU ``index`` (NVML's number; by default the GPU the run's workers
-    use, CUDA's device 0) now, for a report: identity, clocks, temperature, power, memory, ECC,
-    remapped rows and processes.
+    """What NVML says about GPU ``index`` (NVML's number, or the GPU's UUID; by default the GPU
+    the run's workers use, CUDA's device 0) now, for a report: identity, clocks, temperature,
+    power, memory, ECC, remapped rows, processes, and ``needs_reset``: why the GPU must be reset
+    before it runs anything (the driver refuses its queries until then, or NVML names a recovery
+    action), empty when it need not.
 
     Never raises. Each field is read on its own; one that fails is None, with the reason in
     ``notes[field]``. When NVML or the GPU is missing, ``available`` is False and ``note`` says
     why.
     """
     snap: dict[str, Any] = {
-        "available": False, "note": "", "notes": {}, "index": index,
+        "available": False, "note": "", "notes": {}, "needs_reset": "", "index": index,
         "name": None, "uuid": None, "driver_version": None, "cuda_driver_version": None,
         "compute_capability": None, "clocks_mhz": None, "max_clocks_mhz": None,
         "temperature_c": None, "power_w": None, "power_limit_w": None, "memory": None,
@@ -486,12 +520,18 @@ def health_snapshot(nvml: Any | None = None, index: int | None = None
                 snap["note"] = why
                 return snap
         try:
-            handle = mod.nvmlDeviceGetHandleByIndex(index)
+            if isinstance(index, str):
+                handle = mod.nvmlDeviceGetHandleByUUID(index)
+                snap["index"] = int(mod.nvmlDeviceGetIndex(handle))
+            else:
+                handle = mod.nvmlDeviceGetHandleByIndex(index)
         except Exception as exc:
             snap["note"] = f"NVML has no GPU {index}: {_reason(exc)}"
             return snap
         snap["available"] = True
-        _fill_snapshot(snap, mod, handle, _Fields(snap["notes"]))
+        fields = _Fields(snap["notes"], mod)
+        _fill_snapshot(snap, mod, handle, fields)
+        snap["needs_reset"] = _needs_reset(mod, handle, fields)
     except Exception as exc:  # a bug above must not cost the caller its report
         snap["note"] = f"the NVML snapshot failed: {_reason(exc)}"
     finally:
@@ -650,6 +690,24 @@ def visible_gpus(nvml: Any | None = None) -> list[int]:
     try:
         visible, _ = cuda_visible(mod)
         return list(range(int(mod.nvmlDeviceGetCount()))) if visible is None else visible
+    except Exception:
+        return []
+    finally:
+        _shutdown(mod)
+
+
+def visible_uuids(nvml: Any | None = None) -> list[str]:
+    """The UUIDs of the GPUs CUDA_VISIBLE_DEVICES leaves this process (every GPU when it
+    cannot tell), whether CUDA can use them or not: a GPU that must be reset is one CUDA no
+    longer shows. Empty without NVML. Never raises."""
+    mod, _ = _load(nvml)
+    if mod is None or _init(mod):
+        return []
+    try:
+        visible, _ = cuda_visible(mod)
+        indices = range(int(mod.nvmlDeviceGetCount())) if visible is None else visible
+        return [_text(mod.nvmlDeviceGetUUID(mod.nvmlDeviceGetHandleByIndex(i)))
+                for i in indices]
     except Exception:
         return []
     finally:

@@ -13,7 +13,6 @@ import functools
 import importlib.util
 import multiprocessing
 import os
-import re
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
@@ -63,24 +62,50 @@ def ask(question: Callable[..., Any], *args: Any, what: str) -> tuple[Any, str]:
 
 
 @functools.cache
-def cuda_usable() -> tuple[bool, str]:
-    """``(True, "N CUDA device(s)")`` when the cuda backend can run here, else ``(False, why)``.
-    Never raises. Asked once per process: the pytest plugin makes a runner per scenario
-    variant, and a child that imports CuPy takes a second or two."""
-    from kvcore.device import cuda_available
-
+def cuda_state() -> tuple[bool, str, list[str | None], list[str]]:
+    """What the one probe says: whether the cuda backend can run here and why not, the UUIDs of
+    the GPUs CUDA shows this process (in CUDA's order), and those of the GPUs NVML sees that
+    CUDA_VISIBLE_DEVICES leaves it, usable or not (a GPU that needs a reset is missing from the
+    first list only). Never raises. Asked once per process: the pytest plugin makes a runner
+    per scenario variant, and a child that imports CuPy takes a second or two."""
     if importlib.util.find_spec("cupy") is None:
         # Nothing to load: asking here costs nothing and says what to install.
-        return cuda_available()
-    answer, why = ask(cuda_available, what="the CUDA probe")
-    return (bool(answer[0]), str(answer[1])) if answer is not None else (False, why)
+        from kvcore.device import cuda_available
+
+        return (*cuda_available(), [], [])
+    answer, why = ask(_cuda_state, what="the CUDA probe")
+    return tuple(answer) if answer is not None else (False, why, [], [])  # type: ignore[return-value]
+
+
+def _cuda_state() -> tuple[bool, str, list[str | None], list[str]]:
+    """In the probe child: see :func:`cuda_state`."""
+    from harness.gpu.nvml import visible_uuids
+    from kvcore.device import cuda_available
+
+    ok, why = cuda_available()
+    if not ok:
+        return ok, why, [], []
+    from kvcore.device.cuda import device_uuids
+
+    return ok, why, device_uuids(), visible_uuids()
+
+
+def cuda_usable() -> tuple[bool, str]:
+    """``(True, "N CUDA device(s)")`` when the cuda backend can run here, else ``(False, why)``.
+    Never raises."""
+    ok, why, _, _ = cuda_state()
+    return ok, why
+
+
+def gpu_uuids() -> list[str | None]:
+    """The UUIDs of the GPUs CUDA shows this process, in CUDA's order (empty when none is
+    usable; None for one whose UUID CUDA does not give)."""
+    return cuda_state()[2]
 
 
 def gpu_count() -> int:
     """How many GPUs CUDA shows this process (0 when none is usable), from the one probe."""
-    ok, why = cuda_usable()
-    match = re.match(r"(\d+) CUDA device", why) if ok else None
-    return int(match.group(1)) if match else 0
+    return len(gpu_uuids())
 
 
 def other_gpu_users(visible: str | None = None) -> tuple[list[int], str]:

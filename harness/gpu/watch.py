@@ -55,12 +55,14 @@ class GpuWatch:
         if not self.klog.start():
             self.notes.append(f"kernel log unavailable: {self.klog.note}")
 
-    def health(self) -> dict[str, Any]:
+    def health(self, gpu: int | str | None = None) -> dict[str, Any]:
+        """NVML's snapshot of GPU ``gpu`` (NVML's number or the GPU's UUID; by default the
+        workers' GPU)."""
         if self.backend != "cuda":
             return {"available": False, "note": "the simulated device has no GPU health"}
         assert self.nvml is not None  # on cuda the helper is always made (it may not run)
         # The helper takes the snapshot; one that did not start or died takes it here.
-        return self.nvml.health()
+        return self.nvml.health(gpu)
 
     def for_trial(self, pid: int | None, t0: float, crashed: bool,
                   gpu: str | None = None) -> TrialXids:

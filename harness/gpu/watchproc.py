@@ -148,9 +148,9 @@ class WatcherProcess:
         """Events whose wall time lies in ``[t0, t1]`` (``time.time()`` values)."""
         return [e for e in self.events if t0 <= e.wall_time <= t1]
 
-    def health(self, index: int | None = None) -> dict[str, Any]:
-        """NVML's health snapshot of GPU ``index`` (by default the workers' GPU), taken by the
-        helper; taken here when the helper is not running."""
+    def health(self, index: int | str | None = None) -> dict[str, Any]:
+        """NVML's health snapshot of GPU ``index`` (NVML's number or the GPU's UUID; by default
+        the workers' GPU), taken by the helper; taken here when the helper is not running."""
         conn = self._conn
         if conn is not None:
             try:

@@ -64,6 +64,8 @@ _TABLE: dict[int, tuple[str, XidClass]] = {
     109: ("Context switch timeout", "application"),
     119: ("GSP RPC timeout (the GPU System Processor stopped answering the driver)", "gpu-fatal"),
     120: ("GSP error (the GPU System Processor reported a fault)", "gpu-fatal"),
+    154: ("GPU recovery action changed (the driver says the GPU needs a reset or a reboot "
+          "before it runs anything)", "gpu-fatal"),
 }
 
 APPLICATION_XIDS: frozenset[int] = frozenset(

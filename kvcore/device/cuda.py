@@ -77,6 +77,15 @@ def available() -> tuple[bool, str]:
     return True, f"{count} CUDA device(s)"
 
 
+def device_uuids() -> list[str | None]:
+    """The UUID of each GPU CUDA shows this process, in CUDA's order (None where CUDA gives
+    none), as NVML writes it: what pins a worker to one GPU however CUDA orders them. Makes no
+    context. Raises DeviceUnavailableError without CuPy."""
+    runtime = _cupy().cuda.runtime
+    return [_uuid(runtime.getDeviceProperties(i).get("uuid"))
+            for i in range(runtime.getDeviceCount())]
+
+
 class CudaDevice(Device):
     """A real GPU through CuPy. Kernels compile once per process (NVRTC caches on disk)."""
 
