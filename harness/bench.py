@@ -128,7 +128,7 @@ def measure_detector(backend: str, trials: int, variant: str, delay_us: float,
 
 
 def measure_lanes(backend: str, target: str, variant: str, trials: int, gpus: str,
-                  rounds: int = 2) -> dict[str, dict[str, float]]:
+                  rounds: int = 2, spares: int | None = None) -> dict[str, dict[str, float]]:
     """The same runs (``trials`` of one variant, dangerous ones too) on one lane and on
     ``gpus`` lanes, alternating, ``rounds`` times each: trials a second (median of the rounds)
     and, where workers died, the restart times (worker death to the next hand-over)."""
@@ -146,7 +146,7 @@ def measure_lanes(backend: str, target: str, variant: str, trials: int, gpus: st
             for key, lanes in (("one", None), ("many", gpus)):
                 options = RunOptions(backend=backend, trials=trials, variants=(variant,),
                                      dangerous=True, gpus=lanes, max_incidents=1,
-                                     out_dir=Path(tmp) / key)
+                                     spares=spares, out_dir=Path(tmp) / key)
                 start = time.perf_counter()
                 [result] = Runner(options).run(scenarios).results
                 walls[key].append(time.perf_counter() - start)
@@ -162,7 +162,8 @@ def measure_lanes(backend: str, target: str, variant: str, trials: int, gpus: st
 
 def _lanes_main(args: argparse.Namespace) -> int:
     try:
-        got = measure_lanes(args.backend, args.scenario, args.variant, args.trials, args.gpus)
+        got = measure_lanes(args.backend, args.scenario, args.variant, args.trials, args.gpus,
+                            args.rounds, args.spares)
     except (kvcore.KVCoreError, Exception) as exc:  # noqa: BLE001 - a benchmark reports any
         print(f"harness.bench: {exc}", file=sys.stderr)
         return 77 if "cuda" in str(exc).lower() else 1
@@ -194,6 +195,10 @@ def main(argv: list[str] | None = None) -> int:
                              "workers")
     parser.add_argument("--scenario", default="catalog-reactivation",
                         help="the scenario for --gpus (default: a crash soak)")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="for --gpus: runs of each kind, alternating (the median counts)")
+    parser.add_argument("--spares", type=int,
+                        help="for --gpus: spare workers (default: the run's, 0 on a GPU)")
     args = parser.parse_args(argv)
     if args.detector:
         return _detector_main(args)

@@ -208,11 +208,14 @@ _SHARED_RUN_OPTIONS = [
                       "incidents kept; `gpurace check` reads them."),
     click.option("--max-incidents", type=click.IntRange(min=0), default=3, show_default=True,
                  help="Incident folders written per variant; further bad trials are counted."),
-    click.option("--spares", type=click.IntRange(min=0, max=SPARES_MAX), default=4,
-                 show_default=True,
+    click.option("--spares", type=click.IntRange(min=0, max=SPARES_MAX),
                  help="Once a variant's workers start dying (a CUDA fault kills its worker), "
                       "keep this many spare workers made and waiting, so a crash costs a "
-                      "hand-over rather than a worker start; 0 starts each worker when needed."),
+                      "hand-over rather than a worker start; 0 starts each worker when needed. "
+                      "Default: 4 on the simulated device, 0 on a GPU, where each spare is a "
+                      "CUDA context alive while a crashed one is torn down: fast crash soaks "
+                      "with spares twice left an H200 needing a reset (Xid 119). Use them on "
+                      "GPUs you can reset."),
     click.option("--gpus", type=_GpusType(),
                  help="Run on several GPUs at once: all, the first N, or those numbered (0,2). "
                       "Each gets its own workers (pinned with CUDA_VISIBLE_DEVICES) and takes "

@@ -35,7 +35,7 @@ from harness.outputs import RunFolder
 from harness.outcome import Outcome, Status, TrialResult, VariantResult
 from harness.gpu.probe import cuda_state, cuda_usable, gpu_uuids
 from harness.limits import GPUS_MAX
-from harness.gpu.watch import GpuWatch, TrialXids
+from harness.gpu.watch import FatalXid, GpuWatch, TrialXids, same_pci
 from harness.worker import WorkerJob, context_died
 from harness.workers import (
     GONE,
@@ -97,7 +97,8 @@ class RunOptions:
     record: bool = False  # keep every trial's op trace under out_dir/workers
     poison: bool = False  # the pool poisons released pages (kvcore's DeviceKVPagePool)
     shard: tuple[int, int] | None = None  # (K, N): run the K-th of N parts of the trials
-    spares: int = 4  # workers kept ready once a variant's workers die (harness.workers)
+    spares: int | None = None  # workers kept ready once a variant's workers die (None: the
+    # backend's default, SPARES_DEFAULT; see harness.workers)
     gpus: str | None = None  # "all", "N" or "0,2": a lane of workers per GPU (sim: N devices)
     executor: str = "local"  # "ray": workers are Ray actors (harness.rayexec)
     address: str | None = None  # the Ray cluster's address; None: a local instance
@@ -405,7 +406,8 @@ class Runner:
                                  opts.poison, gpu)
             return job
 
-        lanes = [_Lane(name, WorkerSupply(make_job(gpu), WORKER_START_TIMEOUT_S, opts.spares,
+        spares = SPARES_DEFAULT[self.backend] if opts.spares is None else opts.spares
+        lanes = [_Lane(name, WorkerSupply(make_job(gpu), WORKER_START_TIMEOUT_S, spares,
                                           self._start_worker), pin=gpu)
                  for name, gpu in self.lanes if name not in self.retired]
         try:
@@ -611,15 +613,15 @@ class Runner:
 
     def _retire_lanes(self, lanes: list[_Lane], queue: deque[tuple[int, int]]) -> None:
         """A GPU that reported a fatal Xid runs nothing more: its lane is retired (its trials
-        go to the others); with none left, the run stops. A fatal Xid that names no GPU of
-        ours, or any on a run of one GPU, stops it all."""
+        go to the others); with none left, the run stops. An NVML Xid that names no GPU of
+        ours, or any on a run of one GPU, stops it all; a kernel-log line counts for the lane
+        whose GPU has its PCI address (the log is the host's: other GPUs print there too)."""
         assert self.watch is not None
         fatal = self.watch.fatal_since(self.started_wall)
         for lane in lanes:
-            mine = [ev for ev in fatal if len(lanes) == 1 or ev.gpu_uuid is None
-                    or lane.uuid is None or ev.gpu_uuid == lane.uuid]
+            mine = [ev for ev in fatal if lane.hit_by(ev, len(lanes))]
             if mine and not lane.retired:
-                xids = ", ".join(f"Xid {ev.xid} ({ev.info.meaning})" for ev in mine)
+                xids = ", ".join(f"Xid {ev.xid} ({ev.meaning})" for ev in mine)
                 self._retire_lane(lane, f"{lane.name} reported {xids}", queue)
         self._stop_if_all_retired(lanes)
 
@@ -691,6 +693,14 @@ class _VariantRun:
     argv: Callable[[TrialResult], list[str]]
 
 
+SPARES_DEFAULT = {"sim": 4, "cuda": 0}
+"""Spare workers a run keeps once its workers start dying, by backend, unless --spares says.
+None on a GPU: there each spare is a CUDA context that lives while a crashed one is torn down,
+and two fast crash soaks with spares (about three crashes a second, five or more contexts on
+the GPU) each ended with an H200's firmware not answering the driver (Xid 119, a GSP timeout)
+and the GPU needing a reset; one worker at a time had survived thousands of crashes."""
+
+
 _BATCH_MAX = 64
 """Trials handed to one lane at a time when there are several: small enough that a slow lane
 holds few back, large enough that a hand-over is rare."""
@@ -722,6 +732,12 @@ class _Lane:
         said = self.device.get("uuid")
         return str(said) if said else (self.pin if self.pin and self.pin.startswith("GPU-")
                                        else None)
+
+    def hit_by(self, ev: FatalXid, lanes: int) -> bool:
+        """Whether fatal report ``ev`` is about this lane's GPU, on a run of ``lanes`` lanes."""
+        if ev.pci is not None:
+            return same_pci(ev.pci, self.device.get("pci_bus_id"))  # type: ignore[arg-type]
+        return lanes == 1 or ev.gpu_uuid is None or self.uuid is None or ev.gpu_uuid == self.uuid
 
     def close(self) -> None:
         """Stop the lane's workers: the one running (it is idle or its GPU is retired) and the

@@ -20,7 +20,7 @@ import harness.runner
 from harness.cli import main
 from harness.gpu.nvml import XidEvent
 from harness.targets import SCENARIO_ROOT
-from harness.gpu.watch import GpuWatch, TrialXids
+from harness.gpu.watch import FatalXid, GpuWatch, TrialXids
 from harness.outputs import sweep_dead_runs
 from reports import list_incidents, load_report
 
@@ -176,8 +176,8 @@ class _FatalWatch(GpuWatch):
         self.ended = True  # the first (buggy, amplified) trial went wrong: its Xids are asked
         return TrialXids()
 
-    def fatal_since(self, t0: float) -> list[XidEvent]:
-        return [XidEvent(79, 0, "GPU-fake", "xid", time.time(), time.monotonic())
+    def fatal_since(self, t0: float) -> list[FatalXid]:
+        return [FatalXid(79, "GPU has fallen off the bus", "GPU-fake", None, "nvml")
                 ] if self.ended else []
 
 

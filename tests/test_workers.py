@@ -138,37 +138,67 @@ def test_lanes_survive_hangs_and_hand_each_death_to_a_spare(tmp_path: Path) -> N
 
 
 def test_a_fatal_xid_retires_its_gpu_and_the_others_go_on(tmp_path: Path) -> None:
-    import time
     from collections import deque
 
-    from harness.gpu.nvml import XidEvent
+    from harness.gpu.watch import FatalXid
     from harness.runner import _Lane
 
     runner = Runner(RunOptions(backend="sim", out_dir=tmp_path))
 
     class Watch:
-        events: list[XidEvent] = []
+        events: list[FatalXid] = []
 
-        def fatal_since(self, t0: float) -> list[XidEvent]:
+        def fatal_since(self, t0: float) -> list[FatalXid]:
             return self.events
 
     runner.watch, runner.started_wall = Watch(), 0.0  # type: ignore[assignment]
     supply = WorkerSupply(lambda: None, 1.0)  # type: ignore[arg-type,return-value]
-    lanes = [_Lane("GPU 0", supply, device={"uuid": "GPU-a"}),
-             _Lane("GPU 1", supply, device={"uuid": "GPU-b"})]
+    lanes = [_Lane("GPU 0", supply, device={"uuid": "GPU-a", "pci_bus_id": "0000:00:06"}),
+             _Lane("GPU 1", supply, device={"uuid": "GPU-b", "pci_bus_id": "0000:00:07"}),
+             _Lane("GPU 2", supply, device={"uuid": "GPU-c", "pci_bus_id": "0000:00:08"})]
     lanes[1].inflight = deque([(4, 44), (5, 55)])
     queue: deque = deque([(6, 66)])
     runner._retire_lanes(lanes, queue)
     assert runner.retired == {} and not runner.stopped
-    Watch.events = [XidEvent(79, 1, "GPU-b", "xid", time.time(), time.monotonic())]
+    Watch.events = [FatalXid(79, "fallen off the bus", "GPU-b", None, "nvml")]
     runner._retire_lanes(lanes, queue)
     assert list(runner.retired) == ["GPU 1"] and "Xid 79" in runner.retired["GPU 1"]
     assert list(queue) == [(4, 44), (5, 55), (6, 66)] and not lanes[1].inflight
     assert not lanes[0].retired and not runner.stopped  # GPU 0 goes on
-    # A fatal Xid that names no GPU cannot be placed: every GPU stops.
-    Watch.events = [XidEvent(48, None, None, "xid", time.time(), time.monotonic())]
+    # The kernel log names a GPU by its PCI address (seen: Xid 119, a GSP timeout, on an H200
+    # whose NVML events had stopped); another GPU of the host printing there is not ours.
+    Watch.events = [FatalXid(119, "GSP RPC timeout", None, "0000:00:09", "kernel-log"),
+                    FatalXid(119, "GSP RPC timeout", None, "00000000:00:08.0", "kernel-log")]
+    runner._retire_lanes(lanes, queue)
+    assert list(runner.retired) == ["GPU 1", "GPU 2"] and "Xid 119" in runner.retired["GPU 2"]
+    assert not lanes[0].retired and not runner.stopped
+    # A fatal NVML Xid that names no GPU cannot be placed: every GPU stops.
+    Watch.events = [FatalXid(48, "double-bit ECC error", None, None, "nvml")]
     runner._retire_lanes(lanes, queue)
     assert lanes[0].retired and "the run stopped here" in runner.stopped
+
+
+def test_the_kernel_log_says_a_gpu_is_gone_even_when_nvml_does_not(monkeypatch) -> None:
+    from harness.gpu import watch as watchmod
+    from harness.gpu.kernlog import parse_xid_line
+
+    lines = [parse_xid_line("NVRM: Xid (PCI:0000:00:06): 43, pid=7, name=python3, Ch 8"),
+             parse_xid_line("NVRM: Xid (PCI:0000:00:06): 119, pid=15854, name=python3, "
+                            "Timeout after 45s of waiting for RPC response from GPU1 GSP!")]
+
+    class Log:
+        def poll(self) -> list:
+            out, lines[:] = list(lines), []
+            return out
+
+    gpu = watchmod.GpuWatch("sim")
+    gpu.backend, gpu.klog = "cuda", Log()  # type: ignore[assignment]  # no NVML: it is silent
+    # The trial of pid 15854 takes its line for its report; the run still sees the GPU is gone.
+    assert [x["xid"] for x in gpu.for_trial(15854, 0.0, crashed=False).xids] == [119]
+    [fatal] = gpu.fatal_since(0.0)
+    assert (fatal.xid, fatal.pci, fatal.source) == (119, "0000:00:06", "kernel-log")
+    assert watchmod.same_pci("0000:00:06", "00000000:00:06.0")
+    assert not watchmod.same_pci("0000:00:06", "0000:00:07") and not watchmod.same_pci(None, None)
 
 
 def test_gpus_name_the_gpus_this_process_sees(monkeypatch, tmp_path: Path) -> None:

@@ -23,6 +23,32 @@ XID_GRACE_S = 2.0
 down, which can come a little after the worker saw the error."""
 
 
+@dataclass(frozen=True)
+class FatalXid:
+    """A GPU-fatal report: the GPU needs attention. NVML names the GPU by UUID (``gpu_uuid``),
+    the kernel log by PCI address (``pci``, as the driver wrote it); None where the source
+    did not say."""
+
+    xid: int
+    meaning: str
+    gpu_uuid: str | None
+    pci: str | None
+    source: str
+
+
+def same_pci(a: str | None, b: str | None) -> bool:
+    """Whether two PCI addresses name one device, however many digits the domain was written
+    with (``0000:3b:00`` and ``00000000:3b:00.0`` are one)."""
+    def key(text: str) -> tuple[int, str, str] | None:
+        parts = text.lower().removeprefix("pci:").split(":")
+        try:
+            return (int(parts[0], 16), parts[1], parts[2].split(".")[0]) if len(parts) == 3 \
+                else None
+        except ValueError:
+            return None
+    return a is not None and b is not None and key(a) is not None and key(a) == key(b)
+
+
 @dataclass
 class TrialXids:
     """The Xids of one trial, for its report."""
@@ -44,6 +70,7 @@ class GpuWatch:
         self.nvml: WatcherProcess | None = None
         self.klog: KernelLog | None = None
         self._lines: list[KernelXid] = []
+        self._fatal_lines: list[KernelXid] = []  # kept whole: a trial takes its own lines
         self.notes: list[str] = []
         if backend != "cuda":
             self.notes.append("the simulated device has no GPU: no Xids to watch")
@@ -102,15 +129,23 @@ class GpuWatch:
             out.note = "; ".join([*self.notes, "no Xid was reported for this trial"])
         return out
 
-    def fatal_since(self, t0: float) -> list[XidEvent]:
-        """GPU-fatal events since ``t0``: the run must stop, the GPU needs attention."""
-        if self.nvml is None:
-            return []
-        return [ev for ev in self.nvml.events_between(t0, time.time()) if ev.fatal]
+    def fatal_since(self, t0: float) -> list[FatalXid]:
+        """GPU-fatal reports since ``t0`` (NVML's; and every one the kernel log printed since
+        the run started, which is how a GPU whose NVML events stopped still says so): the GPU
+        needs attention."""
+        out = [FatalXid(ev.xid, ev.info.meaning if ev.event_type == "xid" else ev.event_type,
+                        ev.gpu_uuid, None, "nvml")
+               for ev in (self.nvml.events_between(t0, time.time()) if self.nvml else [])
+               if ev.fatal]
+        self._poll_klog()
+        return out + [FatalXid(x.xid, x.info.meaning, None, x.pci, "kernel-log")
+                      for x in self._fatal_lines]
 
     def _poll_klog(self) -> None:
         if self.klog is not None:
-            self._lines.extend(self.klog.poll())
+            new = self.klog.poll()
+            self._lines.extend(new)
+            self._fatal_lines.extend(x for x in new if x.info.fatal)
 
     def stop(self) -> None:
         if self.nvml is not None:
