@@ -194,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
                              "instead: the trial rate ratio, and the restart times of dying "
                              "workers")
     parser.add_argument("--scenario", default="catalog-reactivation",
-                        help="the scenario for --gpus (default: a crash soak)")
+                        help="the scenario for --gpus (with --variant buggy, "
+                             "catalog-reactivation is a crash soak)")
     parser.add_argument("--rounds", type=int, default=2,
                         help="for --gpus: runs of each kind, alternating (the median counts)")
     parser.add_argument("--spares", type=int,

@@ -489,13 +489,14 @@ def test_cuda_visible_says_when_it_cannot_map() -> None:
 
 
 def test_visible_gpus_for_doctor(monkeypatch: pytest.MonkeyPatch) -> None:
-    from harness.gpu.nvml import visible_gpus
+    from harness.gpu.nvml import visible_gpus, visible_uuids
 
     assert visible_gpus(FakeNvml(gpus=3)) == [0, 1, 2]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,0")
     assert visible_gpus(FakeNvml(gpus=3)) == [2, 0]
+    assert visible_uuids(FakeNvml(gpus=3)) == ["GPU-2", "GPU-0"]
     broken = FakeNvml(fail={"nvmlInit": NVMLError_LibraryNotFound("no library")})
-    assert visible_gpus(broken) == []
+    assert visible_gpus(broken) == [] and visible_uuids(broken) == []
 
 
 def test_a_run_on_one_gpu_watches_and_checks_that_gpu(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -684,29 +684,24 @@ def _xid_support(mod: Any, handles: list[tuple[int, Any]]) -> str:
 def visible_gpus(nvml: Any | None = None) -> list[int]:
     """NVML's indices of the GPUs CUDA shows this process (every GPU when it cannot tell);
     empty without NVML. Never raises."""
-    mod, _ = _load(nvml)
-    if mod is None or _init(mod):
-        return []
-    try:
-        visible, _ = cuda_visible(mod)
-        return list(range(int(mod.nvmlDeviceGetCount()))) if visible is None else visible
-    except Exception:
-        return []
-    finally:
-        _shutdown(mod)
+    return [index for index, _ in _visible(nvml)]
 
 
 def visible_uuids(nvml: Any | None = None) -> list[str]:
-    """The UUIDs of the GPUs CUDA_VISIBLE_DEVICES leaves this process (every GPU when it
-    cannot tell), whether CUDA can use them or not: a GPU that must be reset is one CUDA no
-    longer shows. Empty without NVML. Never raises."""
+    """The UUIDs of the same GPUs, whether CUDA can use them or not: a GPU that must be reset
+    is one CUDA no longer shows. Never raises."""
+    return [uuid for _, uuid in _visible(nvml)]
+
+
+def _visible(nvml: Any | None) -> list[tuple[int, str]]:
+    """NVML's index and UUID of each GPU CUDA_VISIBLE_DEVICES leaves this process."""
     mod, _ = _load(nvml)
     if mod is None or _init(mod):
         return []
     try:
         visible, _ = cuda_visible(mod)
         indices = range(int(mod.nvmlDeviceGetCount())) if visible is None else visible
-        return [_text(mod.nvmlDeviceGetUUID(mod.nvmlDeviceGetHandleByIndex(i)))
+        return [(i, _text(mod.nvmlDeviceGetUUID(mod.nvmlDeviceGetHandleByIndex(i))))
                 for i in indices]
     except Exception:
         return []
