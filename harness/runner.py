@@ -698,7 +698,7 @@ SPARES_DEFAULT = {"sim": 4, "cuda": 0}
 None on a GPU: there each spare is a CUDA context that lives while a crashed one is torn down,
 and two fast crash soaks with spares (about three crashes a second, five or more contexts on
 the GPU) each ended with an H200's firmware not answering the driver (Xid 119, a GSP timeout)
-and the GPU needing a reset; one worker at a time had survived thousands of crashes."""
+and the GPU needing a reset; one worker at a time had survived over a thousand."""
 
 
 _BATCH_MAX = 64
