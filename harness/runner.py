@@ -438,7 +438,9 @@ class Runner:
             return
         for name, pin in self.lanes:
             gpu = self._gpu_of(pin)
-            why = str(self.watch.health(gpu).get("needs_reset") or "") if gpu else ""
+            # The lane that is not pinned runs on the GPU whose health the run just took.
+            why = str(self.health["before"].get("needs_reset") or "") if pin is None and gpu \
+                else self._needs_reset(gpu)  # type: ignore[union-attr]
             if why:
                 self._retire(name, f"{name} ({gpu}) cannot run: {why}")
         if self.options.gpus == "all":
@@ -451,6 +453,13 @@ class Runner:
                                  f"NVML GPU {health.get('index')} ({gpu}) cannot run: {why}")
         if self.lanes and all(name in self.retired for name, _ in self.lanes):
             self.stopped = "; ".join(self.retired.values()) + "; the run stopped here"
+
+    def _needs_reset(self, gpu: str | None) -> str:
+        """Why GPU ``gpu`` (a UUID) must be reset before it runs anything, as NVML says now;
+        "" when it need not, or when there is no GPU to ask about."""
+        if gpu is None or self.watch is None or self.backend != "cuda":
+            return ""
+        return str(self.watch.health(gpu).get("needs_reset") or "")
 
     def _retire(self, name: str, why: str) -> str:
         """Take a GPU out of the run for good: said now, listed in the run document, exit 1."""
@@ -505,8 +514,7 @@ class Runner:
                 failed.worker.stop(1.0)
                 # A GPU that went bad under the run: its lane is retired, the others go on.
                 gpu = lane.uuid or self._gpu_of(lane.pin)
-                why = str(self.watch.health(gpu).get("needs_reset") or "") \
-                    if self.watch is not None and self.backend == "cuda" and gpu else ""
+                why = self._needs_reset(gpu)
                 if not why:
                     raise HarnessError(_worker_failed(failed.worker, failed.message)) from None
                 queue.extendleft(reversed(batch))

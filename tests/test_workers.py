@@ -265,6 +265,15 @@ def test_a_gpu_that_needs_a_reset_runs_nothing(monkeypatch, tmp_path: Path) -> N
     runner._retire_unusable_gpus()
     assert runner.stopped.endswith("the run stopped here")
     assert "cannot run: CUDA does not show it" in runner.retired["NVML GPU 2"]
+    # Without --gpus, the one lane's GPU is the one whose health the run took before it began:
+    # that snapshot says, and NVML is not asked again.
+    single = Runner(RunOptions(backend="sim", out_dir=tmp_path))
+    single.backend, single.lanes = "cuda", [("GPU 0", None)]
+    single.watch = _Health({})  # type: ignore[assignment]
+    single.health = {"before": {"needs_reset": "the driver says the GPU requires a reset"}}
+    single._retire_unusable_gpus()
+    assert single.retired["GPU 0"].startswith("GPU 0 (GPU-a) cannot run: the driver says")
+    assert single.watch.asked == [] and single.stopped  # type: ignore[attr-defined]
 
 
 def test_a_worker_that_cannot_start_on_a_gpu_that_needs_a_reset_retires_its_lane(
