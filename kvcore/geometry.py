@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from functools import cached_property
 
 from kvcore.errors import GeometryError
 
@@ -70,7 +71,9 @@ class KVPageGeometry:
         if self.page_tokens <= 0:
             raise GeometryError(f"page_tokens must be positive, not {self.page_tokens}")
 
-    @property
+    # Cached (a frozen dataclass's fields never change): every transfer checks the host
+    # layout against them.
+    @cached_property
     def plane_offsets(self) -> tuple[int, ...]:
         offsets, at = [], 0
         for plane in self.planes:
@@ -79,7 +82,7 @@ class KVPageGeometry:
             at += plane.payload_bytes(self.page_tokens)
         return tuple(offsets)
 
-    @property
+    @cached_property
     def page_stride(self) -> int:
         end = self.plane_offsets[-1] + self.planes[-1].payload_bytes(self.page_tokens)
         return align_up(end, max(p.align for p in self.planes))
@@ -99,6 +102,10 @@ class HostKVPageLayout:
     plane_bytes: tuple[int, ...]
 
     def payload_slices(self) -> tuple[slice, ...]:
+        return self._slices
+
+    @cached_property
+    def _slices(self) -> tuple[slice, ...]:
         return tuple(slice(o, o + n) for o, n in zip(self.plane_offsets, self.plane_bytes))
 
 

@@ -174,6 +174,7 @@ class DeviceKVPagePool:
         self._streams: list[Stream] = []
         self._stream_bits: dict[int, np.uint64] = {}
         self._staging: dict[int, Buffer] = {}
+        self._layout_seen: object = None  # the last host layout found to match the geometry
         self._events = 0
         if poison is not None and not 0 <= poison <= 255:
             raise GeometryError(f"the poison is one byte, 0-255, not {poison}")
@@ -220,7 +221,12 @@ class DeviceKVPagePool:
             n = pages
             self._check_room(n)
         taken = self._free.take(n)
-        self._leased[taken] = True
+        if n <= SMALL_BATCH:
+            leased = self._leased
+            for i in taken:
+                leased[i] = True
+        else:
+            self._leased[taken] = True
         if self.device.oplog.active and taken:
             self.device.label(self.buffer, self._byte_runs(taken), name or "lease")
         generation = self._generation
@@ -238,11 +244,13 @@ class DeviceKVPagePool:
     def release(self, leases: DeviceKVPageLease | Iterable[DeviceKVPageLease]) -> None:
         """Release one lease or many; many at once share one fence event per stream."""
         batch = [leases] if isinstance(leases, DeviceKVPageLease) else list(leases)
+        handles = []
         for lease in batch:
-            if lease.released:
+            if lease._released:
                 raise StaleHandleError(f"page {lease.handle.index} lease was already released")
             self.check(lease.handle)
-        self._release([lease.handle for lease in batch])
+            handles.append(lease.handle)
+        self._release(handles)
         for lease in batch:
             lease._released = True
 
@@ -254,14 +262,16 @@ class DeviceKVPagePool:
             self._fence(indices, masks)
         if self.poison is not None:
             self._poison(indices, masks)
+        users, leased, generation, give = self._users, self._leased, self._generation, \
+            self._free.give
         for i in indices:
-            self._users[i] = 0
-            self._leased[i] = False
-            self._generation[i] += 1
-            self._free.give(i)
+            users[i] = 0
+            leased[i] = False
+            generation[i] += 1
+            give(i)
         lo, hi = min(indices), max(indices) + 1
         self.device.host_write(self.generations, lo * GENERATION_BYTES,
-                               self._generation[lo:hi].astype(np.int32))
+                               generation[lo:hi].astype(np.int32))
         if self.device.oplog.active:
             self.device.unlabel(self.buffer, self._byte_runs(sorted(indices)))
 
@@ -441,14 +451,29 @@ class DeviceKVPagePool:
 
     def _transfer(self, host: HostKVAllocationView, handles: Sequence[DeviceKVPageHandle],
                   stream: Stream, host_page: int, *, to_device: bool) -> None:
-        if host.layout.page_stride != self.page_stride or \
-                host.layout.plane_offsets != self.geometry.plane_offsets:
-            raise GeometryError("the host layout does not match the pool's page geometry; "
-                                "plan it with plan_host_kv_page_layout(pool.geometry)")
-        if host_page < 0 or host_page + len(handles) > host.pages:
+        allocation = host.allocation
+        layout = allocation.layout
+        if layout is not self._layout_seen:
+            if layout.page_stride != self.page_stride or \
+                    layout.plane_offsets != self.geometry.plane_offsets:
+                raise GeometryError("the host layout does not match the pool's page geometry; "
+                                    "plan it with plan_host_kv_page_layout(pool.geometry)")
+            self._layout_seen = layout
+        if host_page < 0 or host_page + len(handles) > allocation.pages:
             raise GeometryError(f"{len(handles)} pages from host page {host_page} overrun the "
-                                f"host allocation of {host.pages} pages")
+                                f"host allocation of {allocation.pages} pages")
         indices = self._use(handles, stream)
+        if len(indices) == 1:
+            # One page, one copy: the usual case inside a race window, without the planning.
+            h_off = allocation.offset + host_page * self.page_stride
+            d_off = indices[0] * self.page_stride
+            if to_device:
+                self.device.copy(self.buffer, d_off, host.buffer, h_off, self.page_stride,
+                                 stream)
+            else:
+                self.device.copy(host.buffer, h_off, self.buffer, d_off, self.page_stride,
+                                 stream)
+            return
         runs = plan_runs(indices, limit=DIRECT_RUN_LIMIT)
         if runs is None:
             self._staged(host, host_page, np.asarray(indices, np.int64), stream, to_device)

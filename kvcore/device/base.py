@@ -42,7 +42,8 @@ PINNED = "host"
 class Buffer:
     """A device allocation or a pinned host allocation, as the op log and backends know it."""
 
-    __slots__ = ("id", "name", "space", "nbytes", "role", "handle", "address", "__weakref__")
+    __slots__ = ("id", "name", "space", "nbytes", "role", "handle", "address", "owner",
+                 "__weakref__")
 
     def __init__(self, id: int, name: str, space: str, nbytes: int, role: str, handle: object):
         self.id = id
@@ -54,6 +55,9 @@ class Buffer:
         # The CUDA address (device pointer, or the pinned host pointer, which kernels can use
         # through unified addressing); 0 on the simulated device.
         self.address = int(getattr(handle, "ptr", 0) or 0)
+        # The device that allocated it (set by the device): checked on every op, so a plain
+        # identity test rather than a lookup.
+        self.owner: object = None
 
     def info(self) -> BufferInfo:
         return BufferInfo(self.id, self.name, self.space, self.nbytes, self.role)
@@ -67,7 +71,7 @@ class Stream:
     non-blocking ones (what engines use) do not. ``priority`` follows CUDA (lower numbers run
     first when both have work ready); it changes no ordering guarantee."""
 
-    __slots__ = ("id", "name", "blocking", "legacy", "handle", "priority")
+    __slots__ = ("id", "name", "blocking", "legacy", "handle", "priority", "owner")
 
     def __init__(self, id: int, name: str, blocking: bool, legacy: bool, handle: object,
                  priority: int = 0):
@@ -77,6 +81,7 @@ class Stream:
         self.legacy = legacy
         self.handle = handle
         self.priority = priority
+        self.owner: object = None  # the device it was registered with
 
     def __repr__(self) -> str:
         flavour = "legacy" if self.legacy else ("blocking" if self.blocking else "non-blocking")
@@ -112,6 +117,9 @@ class DeviceInfo:
 _KVCORE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+_new = tuple.__new__
+
+
 def _call_site() -> str:
     """The innermost frame outside kvcore: where the user's code issued the op. A frame walk,
     not traceback.extract_stack: this runs for every op while a detector listens."""
@@ -139,7 +147,6 @@ class Device(ABC):
         self.calls = 0
         self._ids = itertools.count(1)
         self._streams: list[Stream] = []
-        self._stream_ids: dict[int, Stream] = {}
         # Weak, so a buffer's memory is freed as soon as its owner drops it (at the end of a
         # trial), not whenever a garbage collection runs: cudaFree synchronizes the device, and
         # one in the middle of a trial would close the race window it is trying to widen.
@@ -271,12 +278,16 @@ class Device(ABC):
     ) -> None:
         """cudaMemcpyAsync between any two buffers, device or pinned host."""
         self._check_stream(stream)
-        self._check_range(dst, dst_off, nbytes)
-        self._check_range(src, src_off, nbytes)
+        # One test for the common case, the named checks only to say what is wrong: a copy
+        # sits inside race windows, and each check's call was a measurable part of a trial.
+        if dst.owner is not self or src.owner is not self or nbytes < 0 or dst_off < 0 \
+                or src_off < 0 or dst_off + nbytes > dst.nbytes or src_off + nbytes > src.nbytes:
+            self._check_range(dst, dst_off, nbytes)
+            self._check_range(src, src_off, nbytes)
         times = self._do_copy(dst, dst_off, src, src_off, nbytes, stream)
         if self.oplog.active:
             self._emit(
-                stream.name, "copy_" + _direction(src, dst),
+                stream.name, _COPY_KIND[src.space, dst.space],
                 reads=(Access(src.id, src_off, nbytes),),
                 writes=(Access(dst.id, dst_off, nbytes),), times=times,
             )
@@ -298,7 +309,7 @@ class Device(ABC):
                                  height, stream)
         if self.oplog.active:
             self._emit(
-                stream.name, "copy2d_" + _direction(src, dst),
+                stream.name, "copy2d" + _COPY_KIND[src.space, dst.space][4:],
                 reads=tuple(Access(src.id, src_off + r * src_pitch, width) for r in range(height)),
                 writes=tuple(Access(dst.id, dst_off + r * dst_pitch, width)
                              for r in range(height)),
@@ -479,7 +490,7 @@ class Device(ABC):
     # ---- shared checks -------------------------------------------------------------------------
     def _register_stream(self, stream: Stream) -> Stream:
         self._streams.append(stream)
-        self._stream_ids[stream.id] = stream
+        stream.owner = self
         self.oplog.announce_stream(StreamInfo(stream.name, stream.blocking, stream.legacy,
                                               stream.priority))
         return stream
@@ -489,6 +500,7 @@ class Device(ABC):
         if nbytes <= 0:
             raise DeviceUsageError(f"cannot allocate {nbytes} bytes for {name}")
         buf = Buffer(next(self._ids), name, space, nbytes, role, self._do_alloc(nbytes, space))
+        buf.owner = self
         self._buffers[buf.id] = buf
         self.oplog.announce_buffer(buf.info())
         return buf
@@ -499,16 +511,19 @@ class Device(ABC):
             raise self.fault
 
     def _check_stream(self, stream: Stream) -> None:
-        self._alive()
-        if self._stream_ids.get(stream.id) is not stream:
+        self.calls += 1
+        if self.fault is not None:
+            raise self.fault
+        if stream.owner is not self:
             raise DeviceUsageError(f"{stream!r} does not belong to this {self.kind} device")
 
     def _check_owner(self, buf: Buffer) -> None:
-        if self._buffers.get(buf.id) is not buf:
+        if buf.owner is not self:
             raise DeviceUsageError(f"{buf!r} was not allocated on this device")
 
     def _check_range(self, buf: Buffer, off: int, nbytes: int) -> None:
-        self._check_owner(buf)
+        if buf.owner is not self:
+            raise DeviceUsageError(f"{buf!r} was not allocated on this device")
         if off < 0 or nbytes < 0 or off + nbytes > buf.nbytes:
             raise DeviceUsageError(
                 f"bytes [{off}, {off + nbytes}) are outside {buf.name} ({buf.nbytes} bytes)"
@@ -530,20 +545,23 @@ class Device(ABC):
         detail: dict[str, object] | None = None,
     ) -> None:
         log = self.oplog
-        info: dict[str, object] = dict(detail or {})
-        if self.record_call_sites:
-            info["site"] = _call_site()
+        info: dict[str, object] = {} if detail is None else detail  # callers build it fresh
+        # Where the op came from: the scenario's line when a scenario step issued it (what
+        # findings print), else the Python line, found by a frame walk only then.
         if log.origin is not None:
             info["origin"] = log.origin
-        log.emit(OpRecord(
-            seq=log.next_seq(), stream=stream, kind=kind, reads=reads, writes=writes,
-            records=records, waits=waits, syncs=syncs, step=log.step,
-            t_issue_ns=self._clock_ns(),
-            t_start_ns=times[0] if times else None, t_end_ns=times[1] if times else None,
-            detail=info,
-        ))
+        elif self.record_call_sites:
+            info["site"] = _call_site()
+        log.seq += 1
+        start, end = times if times else (None, None)
+        # tuple.__new__ rather than OpRecord(...): the named tuple's own __new__ is a Python
+        # function, and this runs for every op while anyone listens.
+        record = _new(OpRecord, (log.seq, stream, kind, reads, writes, records, waits, syncs,
+                                 log.step, self._clock_ns(), start, end, info))
+        for observer in log.observers:
+            observer(record)
 
 
-def _direction(src: Buffer, dst: Buffer) -> str:
-    letter = {DEVICE: "d", PINNED: "h"}
-    return f"{letter[src.space]}to{letter[dst.space]}"
+_COPY_KIND = {(a, b): f"copy_{x}to{y}" for a, x in ((DEVICE, "d"), (PINNED, "h"))
+              for b, y in ((DEVICE, "d"), (PINNED, "h"))}
+"""A copy's op-log kind by (source space, destination space): ``copy_htod`` and so on."""

@@ -180,12 +180,13 @@ class OpLog:
     """
 
     def __init__(self) -> None:
-        self._observers: list[Observer] = []
+        # Read by devices directly (one call per observer per op, no fan-out call between).
+        self.observers: list[Observer] = []
         self.buffers: dict[int, BufferInfo] = {}
         self.streams: dict[str, StreamInfo] = {}
         self.page_bytes: dict[int, int] = {}  # buffer id -> page stride, for paged buffers
         self.labels = Labels()
-        self._seq = 0
+        self.seq = 0  # the last record's number
         self.active = False
         self.step: str | None = None
         # Where the current step was written (``file:line:col`` of a scenario), for findings.
@@ -194,13 +195,13 @@ class OpLog:
 
     def subscribe(self, observer: Observer) -> Callable[[], None]:
         """Send every later record to ``observer``; returns a function that unsubscribes it."""
-        self._observers.append(observer)
+        self.observers.append(observer)
         self.active = True
 
         def unsubscribe() -> None:
-            if observer in self._observers:
-                self._observers.remove(observer)
-            self.active = bool(self._observers)
+            if observer in self.observers:
+                self.observers.remove(observer)
+            self.active = bool(self.observers)
 
         return unsubscribe
 
@@ -223,11 +224,11 @@ class OpLog:
         self.buffers[info.id] = info
 
     def next_seq(self) -> int:
-        self._seq += 1
-        return self._seq
+        self.seq += 1
+        return self.seq
 
     def emit(self, record: OpRecord) -> None:
-        for observer in self._observers:
+        for observer in self.observers:
             observer(record)
 
     @contextlib.contextmanager
