@@ -27,6 +27,8 @@ trace (``gpurace check``); both feed it the same JSON-shaped op records.
 from __future__ import annotations
 
 import bisect
+import dataclasses
+import operator
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -158,6 +160,25 @@ class _Owners:
             if owner.lo <= offset < owner.hi and owner.since <= seq < owner.until:  # type: ignore
                 return owner
         return None
+
+    def apply(self, kind: str, detail: dict[str, Any], seq: int, step: str | None) -> None:
+        """An ``alloc`` or ``free`` record: bytes handed to an owner, or given back."""
+        buf, off, length = detail["range"]
+        if kind == "alloc":
+            self.alloc(buf, off, off + length, detail["name"], seq)
+        else:
+            self.free(buf, off, off + length, seq, step)
+
+    def replay(self, records: list[OpRecord]) -> None:
+        """The ownership changes among ``records``, and nothing else of them."""
+        for r in records:
+            if r.kind in _OWNER_KINDS and r.stream == HOST:
+                self.apply(r.kind, r.detail or {}, r.seq, r.step)
+
+    def snapshot(self) -> tuple[tuple[int, int, int, str, int], ...]:
+        """Who owns what now: the start of a trial, which its findings' names depend on."""
+        return tuple((buf, o.lo, o.hi, o.name, o.since) for buf, live in self._live.items()
+                     for o in live)
 
     def forget_past(self) -> None:
         """Drop the owners that gave their bytes back: no access of a past trial is left to
@@ -291,36 +312,53 @@ class RaceDetector:
         self._device: Device | None = None
         self.prune = prune
         self._owners = _Owners()
+        self._buffers: dict[int, _Buffer] = {}
+        self._streams: dict[str, _Stream] = {}
+        self._pending: list[OpRecord] = []
+        self._unapplied: list[OpRecord] = []
+        self._memo = _Memo()
         self.reset()
 
     def reset(self) -> None:
         """Forget the trial: it ends with the device idle, so no ordering carries over. Who
         owns which bytes does (a world's buffers outlive its trials)."""
+        # Records of the last trial whose ownership changes were not applied (its findings
+        # came from a remembered trial, or nobody asked for them): the owners carry over.
+        self._owners.replay(self._unapplied)
+        self._owners.replay(self._pending)
+        self._unapplied: list[OpRecord] = []
+        self._pending.clear()  # the list the op log appends to
+        self._fresh = True  # nothing analysed since the reset: a remembered trial may apply
         self._clock: dict[str, dict[str, int]] = defaultdict(dict)
         self._events: dict[str, dict[str, int]] = {}
         # (buffer, block) -> accesses: (thread, epoch, lo, hi, write, source) tuples
         self._history: dict[tuple[int, int], list[tuple[Any, ...]]] = {}
-        self._buffers: dict[int, _Buffer] = {}
-        self._streams: dict[str, _Stream] = {}
         self._folded: dict[tuple[Any, ...], Finding] = {}
         self._reported: set[tuple[int, int]] = set()
         self._waits: dict[str, list[_Wait]] = defaultdict(list)
         self._records: dict[str, list[_Record]] = defaultdict(list)
         self._owners.forget_past()
-        self.racing: set[int] = set()  # ops that raced some earlier op
+        self._racing: set[int] = set()  # ops that raced some earlier op
 
     # ---- what the detector knows of buffers, streams and owners --------------------------------
     def attach(self, device: Device) -> None:
-        """Watch ``device``'s op log, from now on."""
+        """Watch ``device``'s op log, from now on. The records are kept as they come and
+        analysed when the findings are asked for: after the trial, off its race windows."""
         self._device = device
         device.record_call_sites = True
         self._owners = _Owners()  # a new device numbers its ops from 1 again
+        self._pending.clear()
+        self._unapplied = []
+        self._memo = _Memo()  # its buffers and streams are another device's
+        self._buffers, self._streams = {}, {}
+        self.learn(device)
         for label in device.oplog.labels.live():
             self.owner(label.buffer, label.offset, label.length, label.name)
-        device.oplog.subscribe(self.observe)
+        device.oplog.subscribe(self._pending.append)  # no call of ours per op
 
     def learn(self, device: Device) -> None:
         log = device.oplog
+        self._streams = {}  # by name, as the log has them now (a stream may have been renamed)
         for info in log.buffers.values():
             self.buffer(info.id, info.name, info.space, info.role, log.page_bytes.get(info.id, 0),
                         info.nbytes)
@@ -341,6 +379,40 @@ class RaceDetector:
 
     # ---- the edges -----------------------------------------------------------------------------
     def observe(self, record: OpRecord) -> None:
+        """Take one record of the watched device (analysed when the findings are read)."""
+        self._pending.append(record)
+
+    def _analyse(self) -> None:
+        """Run the happens-before analysis over the records taken since it last ran. A trial
+        whose records match a remembered one's in everything the analysis reads (not their
+        numbers or times) gets that trial's findings, renumbered, without the analysis: on a
+        GPU the same ops repeat trial after trial."""
+        records = self._pending[:]
+        self._pending.clear()
+        if not records:
+            return
+        if self._fresh:
+            self._fresh = False
+            shape = _shape(records)
+            hit = self._memo.find(shape, records, self._owners)
+            if hit is not None:
+                self._folded = {f.key: f for f in hit[0]}
+                self._racing = hit[1]
+                self._unapplied = records  # their ownership changes: at the next reset
+                return
+            start = self._owners.snapshot()
+            for record in records:
+                self._one(record)
+            self._memo.keep(shape, records, self.findings_now, self._racing, start)
+            return
+        if self._unapplied:
+            # More records after a remembered trial's findings: analyse the whole trial.
+            records = self._unapplied + records
+            self._unapplied, self._folded, self._racing = [], {}, set()
+        for record in records:
+            self._one(record)
+
+    def _one(self, record: OpRecord) -> None:
         if record.stream != HOST and record.stream not in self._streams:
             self.learn(self._device)  # a stream made since the last look
         self._op(record.seq, record.stream, record.kind, record.step, record.detail or {},
@@ -361,12 +433,8 @@ class RaceDetector:
             reads: Iterable[tuple[int, int, int]], writes: Iterable[tuple[int, int, int]],
             records: str | None, waits: str | None, syncs: str | None) -> None:
         if stream == HOST:
-            if kind in ("alloc", "free"):
-                buf, off, length = detail["range"]
-                if kind == "alloc":
-                    self._owners.alloc(buf, off, off + length, detail["name"], seq)
-                else:
-                    self._owners.free(buf, off, off + length, seq, step)
+            if kind in _OWNER_KINDS:
+                self._owners.apply(kind, detail, seq, step)
                 return
             vc = self._tick(HOST)
             if kind == "sync_stream" and syncs is not None:
@@ -458,7 +526,7 @@ class RaceDetector:
                 now: tuple[Any, ...]) -> None:
         first, second = _ref(past), _ref(now)
         pair = (first.seq, second.seq)
-        self.racing.add(second.seq)
+        self._racing.add(second.seq)
         if pair in self._reported:
             return  # the same two ops met again in another block
         self._reported.add(pair)
@@ -529,7 +597,97 @@ class RaceDetector:
 
     @property
     def findings(self) -> list[Finding]:
+        self._analyse()
         return list(self._folded.values())
+
+    @property
+    def findings_now(self) -> list[Finding]:
+        """The findings of the records analysed so far."""
+        return list(self._folded.values())
+
+    @property
+    def racing(self) -> set[int]:
+        """The sequence numbers of the ops that raced some earlier op."""
+        self._analyse()
+        return self._racing
+
+
+_OWNER_KINDS = frozenset({"alloc", "free"})
+_EVENT_KINDS = frozenset({"event_record", "event_wait", "sync_event", "event_query"})
+
+_shape_of = operator.itemgetter(1, 2, 3, 4, 5, 6, 7, 8)
+"""What the analysis reads of every record: stream, kind, reads, writes, records, waits, syncs
+and step (not its number, its times, or its detail, read only of the kinds below)."""
+_DETAIL_KINDS = _OWNER_KINDS | {"event_query"}
+
+
+def _shape(records: list[OpRecord]) -> tuple[list[Any], list[Any]]:
+    """What the analysis of ``records`` depends on, for comparison with a remembered trial's
+    (built in C but for one pass over the kinds: this runs every trial)."""
+    return (list(map(_shape_of, records)),
+            [r.detail for r in records if r.kind in _DETAIL_KINDS])
+
+
+def _numbered(records: list[OpRecord]) -> bool:
+    """Whether the records are numbered one after another (so op n is records[n - first])."""
+    return records[-1].seq - records[0].seq == len(records) - 1
+
+
+@dataclass
+class _Remembered:
+    shape: tuple[list[Any], list[Any]]
+    first_seq: int
+    findings: list[Finding]
+    racing: set[int]
+    owners: tuple[Any, ...]  # who owned what when the trial began
+
+
+class _Memo:
+    """The last few trials' analyses, by the shape of their records. A trial of the same shape
+    gets the same findings with its own op numbers: the analysis reads nothing else, but for
+    the owners' names (compared when there are findings) and op numbers written into a note
+    (such a trial is not remembered)."""
+
+    SIZE = 8
+
+    def __init__(self) -> None:
+        self._kept: list[_Remembered] = []
+
+    def find(self, shape: tuple[list[Any], list[Any]], records: list[OpRecord],
+             owners: _Owners) -> tuple[list[Finding], set[int]] | None:
+        for i, kept in enumerate(self._kept):
+            if kept.shape == shape and (not kept.findings or kept.owners == owners.snapshot()):
+                if not _numbered(records):
+                    return None
+                if i:
+                    self._kept.insert(0, self._kept.pop(i))
+                first = records[0].seq
+                return ([_renumbered(f, kept.first_seq, records) for f in kept.findings],
+                        {seq - kept.first_seq + first for seq in kept.racing})
+        return None
+
+    def keep(self, shape: tuple[list[Any], list[Any]], records: list[OpRecord],
+             findings: list[Finding], racing: set[int], owners: tuple[Any, ...]) -> None:
+        if not _numbered(records) or any(f.event_note for f in findings) and any(
+                r.step is None for r in records if r.kind in _EVENT_KINDS):
+            return  # a note may name an op by its number
+        self._kept.insert(0, _Remembered(shape, records[0].seq,
+                                         [_renumbered(f, records[0].seq, records)
+                                          for f in findings], set(racing), owners))
+        del self._kept[self.SIZE:]
+
+
+def _renumbered(finding: Finding, first_seq: int, records: list[OpRecord]) -> Finding:
+    """A copy of ``finding`` (of a trial whose first op was ``first_seq``) for the trial of
+    ``records``: the ops at the same places, with their numbers and the Python lines and
+    scenario lines that issued them."""
+    def moved(ref: OpRef) -> OpRef:
+        record = records[ref.seq - first_seq]
+        detail = record.detail or {}
+        return ref._replace(seq=record.seq, site=detail.get("site"),
+                            origin=detail.get("origin"))
+
+    return dataclasses.replace(finding, first=moved(finding.first), second=moved(finding.second))
 
 
 def _ref(access: tuple[Any, ...]) -> OpRef:
