@@ -1,23 +1,35 @@
 """Benchmark: the harness's in-process trial rate against a bare CuPy loop doing the same work.
 
-    python -m harness.bench [--trials 2000] [--variant fixed] [--delays 0,1000]
+    python -m harness.bench [--trials 2000] [--variant buggy|fixed|both] [--delays 0,1000]
+    python -m harness.bench --detector [--backend cuda|sim]
     python -m harness.bench --gpus 2 --trials 300 [--scenario catalog-reactivation]
 
 One trial of cross_stream_race, run by the harness's TrialExecutor (the pool, its bookkeeping,
-the op-log hooks, the checks) and by a bare loop of CuPy calls issuing the same operations: fill
-the old host page, the delay on the transfer stream, the old page's copy there, the fresh host
-page and its copy on the compute stream, a device sync, the read-back on the compute stream, a
-stream sync and the compare. Both run side by side in this one process, alternating in blocks,
-and the figure is the ratio of their times (absolute times on a shared machine drift).
+the checks) and by a bare loop of CuPy calls issuing the same operations as that variant: fill
+the old host page, the delay on the transfer stream, the old page's copy there, (fixed: the
+release fence's event recorded on the transfer stream), the fresh host page, (fixed: the compute
+stream's wait on that event) and the fresh page's copy on the compute stream, a device sync, the
+read-back, a stream sync and the compare. Both run side by side in this one process, alternating
+in blocks, and the figure is the ratio of their times (absolute times on a shared machine
+drift). A third column is a run's worker (TrialRunner: the executor, the flight recorder writing
+the trial's trace, the race detector) against the same bare loop.
+
+``--detector`` measures the race detector's cost: trials with it on against trials with it off,
+in the executor alone (on: the op log is built for it) and in a run's worker (the flight
+recorder builds the op log either way; off is ``--no-detect``).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -37,14 +49,15 @@ extern "C" __global__ void spin(long long ns) {
 """
 
 
-def _bare_trial(page_bytes: int, delay_us: float) -> Callable[[], bool]:
+def _bare_trial(page_bytes: int, delay_us: float, fence: bool) -> Callable[[], bool]:
     """The same trial as bare CuPy calls; returns a function running one trial (True when the
-    read-back holds the fresh bytes)."""
+    read-back holds the fresh bytes). ``fence``: the fixed variant's event record and wait."""
     import cupy as cp
 
     rt = cp.cuda.runtime
     spin = cp.RawKernel(_SPIN, "spin")
     compute, transfer = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+    released = cp.cuda.Event(disable_timing=True)
     page = cp.cuda.Memory(page_bytes)
     pinned = cp.cuda.alloc_pinned_memory(3 * page_bytes)
     host = np.frombuffer(pinned, np.uint8, 3 * page_bytes)
@@ -57,7 +70,11 @@ def _bare_trial(page_bytes: int, delay_us: float) -> Callable[[], bool]:
         if delay_us:
             spin((1,), (1,), (ns,), stream=transfer)
         rt.memcpyAsync(page.ptr, base, page_bytes, 4, transfer.ptr)
+        if fence:
+            rt.eventRecord(released.ptr, transfer.ptr)
         fresh[:] = 0xCD
+        if fence:
+            rt.streamWaitEvent(compute.ptr, released.ptr, 0)
         rt.memcpyAsync(page.ptr, base + page_bytes, page_bytes, 4, compute.ptr)
         rt.deviceSynchronize()
         rt.memcpyAsync(base + 2 * page_bytes, page.ptr, page_bytes, 4, compute.ptr)
@@ -67,64 +84,108 @@ def _bare_trial(page_bytes: int, delay_us: float) -> Callable[[], bool]:
     return trial
 
 
+def _worker(scenario: Any, variant: str, backend: str, delay_us: float, detect: bool,
+            folder: Path) -> Any:
+    """A run's worker, in this process: what it does per trial (TrialRunner.run)."""
+    from harness.runner import RunOptions
+    from harness.worker import TrialRunner, WorkerJob
+
+    job = WorkerJob(scenario=scenario, variant=variant, backend=backend, parent_pid=os.getpid(),
+                    amplify=delay_us > 0, delay_us=delay_us or None,
+                    log_path=str(folder / "worker.log"), trace_dir=str(folder / "traces"),
+                    header={"scenario": scenario.name, "variant": variant}, detect=detect,
+                    traces_kept=RunOptions.max_incidents)  # as a run's workers keep them
+    return TrialRunner(job)
+
+
 def measure(trials: int, variant: str, delay_us: float, block: int = 100) -> dict[str, float]:
     backend = choose_backend("cuda")
     scenario = load_scenario(SCENARIO_ROOT / "cross_stream_race.yaml")
-    executor = TrialExecutor(scenario, scenario.variant(variant), backend, amplify=delay_us > 0,
+    chosen = scenario.variant(variant)
+    executor = TrialExecutor(scenario, chosen, backend, amplify=delay_us > 0,
                              delay_us=delay_us or None)
-    bare = _bare_trial(scenario.pool.geometry().page_stride, delay_us)
-    harness_s: list[float] = []
-    bare_s: list[float] = []
-    manifested = {"harness": 0, "bare": 0}
+    bare = _bare_trial(scenario.pool.geometry().page_stride, delay_us,
+                       fence=chosen.defects.release_fence)
+    times: dict[str, list[float]] = {"harness": [], "worker": [], "bare": []}
+    manifested = dict.fromkeys(times, 0)
     index = 0
-    for _ in range(max(1, trials // block)):
-        t0 = time.perf_counter()
-        for _ in range(block):
-            manifested["harness"] += executor.run(index, index).outcome.manifested
-            index += 1
-        t1 = time.perf_counter()
-        for _ in range(block):
-            manifested["bare"] += not bare()
-        t2 = time.perf_counter()
-        harness_s.append((t1 - t0) / block)
-        bare_s.append((t2 - t1) / block)
-    h, b = statistics.median(harness_s), statistics.median(bare_s)
-    return {"delay_us": delay_us, "harness_us": h * 1e6, "bare_us": b * 1e6, "ratio": h / b,
-            "harness_manifested": manifested["harness"], "bare_manifested": manifested["bare"],
-            "trials": index}
+    with tempfile.TemporaryDirectory(prefix="gpurace-bench-") as tmp:
+        worker = _worker(scenario, variant, backend, delay_us, True, Path(tmp))
+        for _ in range(max(1, trials // block)):
+            t0 = time.perf_counter()
+            for _ in range(block):
+                manifested["harness"] += executor.run(index, index).outcome.manifested
+                index += 1
+            t1 = time.perf_counter()
+            for _ in range(block):
+                manifested["worker"] += worker.run(index, index)["outcome"] != "clean"
+            t2 = time.perf_counter()
+            for _ in range(block):
+                manifested["bare"] += not bare()
+            t3 = time.perf_counter()
+            times["harness"].append((t1 - t0) / block)
+            times["worker"].append((t2 - t1) / block)
+            times["bare"].append((t3 - t2) / block)
+    h, w, b = (statistics.median(times[k]) for k in ("harness", "worker", "bare"))
+    return {"variant": variant, "delay_us": delay_us, "harness_us": h * 1e6,
+            "worker_us": w * 1e6, "bare_us": b * 1e6, "ratio": h / b, "worker_ratio": w / b,
+            **{f"{k}_manifested": v for k, v in manifested.items()}, "trials": index}
 
 
 def measure_detector(backend: str, trials: int, variant: str, delay_us: float,
-                     block: int = 100) -> dict[str, float]:
-    """The race detector's cost: trials with it listening against trials without, the same
-    executor code, alternating in blocks in one process."""
+                     block: int = 100) -> dict[str, Any]:
+    """The race detector's cost: trials with it on against trials with it off, alternating in
+    blocks in one process, in the executor alone and in a run's worker."""
     scenario = load_scenario(SCENARIO_ROOT / "cross_stream_race.yaml")
     detector = RaceDetector()
-    plain = TrialExecutor(scenario, scenario.variant(variant), backend, amplify=delay_us > 0,
+    chosen = scenario.variant(variant)
+    plain = TrialExecutor(scenario, chosen, backend, amplify=delay_us > 0,
                           delay_us=delay_us or None)
-    watched = TrialExecutor(scenario, scenario.variant(variant), backend,
-                            amplify=delay_us > 0, delay_us=delay_us or None,
-                            on_device=detector.attach)
+    watched = TrialExecutor(scenario, chosen, backend, amplify=delay_us > 0,
+                            delay_us=delay_us or None, on_device=detector.attach)
+
+    def executor_on(index: int) -> bool:
+        detector.reset()
+        watched.run(index, index)
+        return bool(detector.findings)
+
+    out: dict[str, Any] = {"variant": variant, "delay_us": delay_us}
+    with tempfile.TemporaryDirectory(prefix="gpurace-bench-") as tmp:
+        on_worker = _worker(scenario, variant, backend, delay_us, True, Path(tmp) / "on")
+        off_worker = _worker(scenario, variant, backend, delay_us, False, Path(tmp) / "off")
+        pairs = {
+            "executor": (executor_on, lambda i: bool(plain.run(i, i).outcome.manifested)),
+            "worker": (lambda i: bool(on_worker.run(i, i).get("findings")),
+                       lambda i: bool(off_worker.run(i, i).get("findings"))),
+        }
+        for name, (on, off) in pairs.items():
+            on_s, off_s, found = _alternate(on, off, trials, block)
+            out[name] = {"on_us": on_s * 1e6, "off_us": off_s * 1e6, "ratio": on_s / off_s,
+                         "found": found}
+    out["trials"] = max(1, trials // block) * block
+    return out
+
+
+def _alternate(on: Callable[[int], bool], off: Callable[[int], bool], trials: int,
+               block: int) -> tuple[float, float, int]:
+    """Blocks of ``on`` and of ``off`` trials in turn: the median seconds a trial of each, and
+    how many ``on`` trials returned true."""
     on_s: list[float] = []
     off_s: list[float] = []
-    found = 0
-    index = 0
+    found = index = 0
     for _ in range(max(1, trials // block)):
         t0 = time.perf_counter()
         for _ in range(block):
-            detector.reset()
-            watched.run(index, index)
-            found += bool(detector.findings)
+            found += on(index)
             index += 1
         t1 = time.perf_counter()
         for _ in range(block):
-            plain.run(index, index)
+            off(index)
+            index += 1
         t2 = time.perf_counter()
         on_s.append((t1 - t0) / block)
         off_s.append((t2 - t1) / block)
-    on, off = statistics.median(on_s), statistics.median(off_s)
-    return {"delay_us": delay_us, "on_us": on * 1e6, "off_us": off * 1e6, "ratio": on / off,
-            "found": found, "trials": index}
+    return statistics.median(on_s), statistics.median(off_s), found
 
 
 def measure_lanes(backend: str, target: str, variant: str, trials: int, gpus: str,
@@ -132,9 +193,6 @@ def measure_lanes(backend: str, target: str, variant: str, trials: int, gpus: st
     """The same runs (``trials`` of one variant, dangerous ones too) on one lane and on
     ``gpus`` lanes, alternating, ``rounds`` times each: trials a second (median of the rounds)
     and, where workers died, the restart times (worker death to the next hand-over)."""
-    import tempfile
-    from pathlib import Path
-
     from harness.runner import RunOptions, Runner
     from harness.targets import resolve_targets
 
@@ -161,13 +219,14 @@ def measure_lanes(backend: str, target: str, variant: str, trials: int, gpus: st
 
 
 def _lanes_main(args: argparse.Namespace) -> int:
+    variant = "fixed" if args.variant == "both" else args.variant
     try:
-        got = measure_lanes(args.backend, args.scenario, args.variant, args.trials, args.gpus,
+        got = measure_lanes(args.backend, args.scenario, variant, args.trials, args.gpus,
                             args.rounds, args.spares)
     except (kvcore.KVCoreError, Exception) as exc:  # noqa: BLE001 - a benchmark reports any
         print(f"harness.bench: {exc}", file=sys.stderr)
         return 77 if "cuda" in str(exc).lower() else 1
-    print(f"{args.scenario} [{args.variant}] on {args.backend}, {args.trials} trials a run, "
+    print(f"{args.scenario} [{variant}] on {args.backend}, {args.trials} trials a run, "
           f"one GPU against --gpus {args.gpus}, alternating in one process:")
     for key, label in (("one", "1 lane"), ("many", f"--gpus {args.gpus}")):
         r = got[key]
@@ -181,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m harness.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trials", type=int, default=2000)
-    parser.add_argument("--variant", default="fixed", choices=["fixed", "buggy"])
+    parser.add_argument("--variant", default="both", choices=["buggy", "fixed", "both"],
+                        help="the variant(s) of cross_stream_race (for --gpus: buggy or fixed)")
     parser.add_argument("--delays", default="0,1000",
                         help="comma-separated amplifying delays in us (0: none)")
     parser.add_argument("--detector", action="store_true",
@@ -206,33 +266,44 @@ def main(argv: list[str] | None = None) -> int:
     if args.gpus:
         return _lanes_main(args)
     try:
-        rows = [measure(args.trials, args.variant, float(d)) for d in args.delays.split(",")]
+        rows = [measure(args.trials, v, float(d)) for v in _variants(args.variant)
+                for d in args.delays.split(",")]
     except (kvcore.KVCoreError, Exception) as exc:  # noqa: BLE001 - a benchmark reports any
         print(f"harness.bench: {exc}", file=sys.stderr)
         return 77 if "cuda" in str(exc).lower() else 1
-    print(f"cross_stream_race [{args.variant}] per trial, median of blocks of 100, "
-          f"harness (TrialExecutor) vs bare CuPy loop, same process:")
+    print("cross_stream_race per trial, median of blocks of 100, same process: the executor "
+          "(TrialExecutor), a run's worker (executor, flight recorder, detector), and a bare "
+          "CuPy loop doing that variant's work:")
     for r in rows:
-        print(f"  delay {r['delay_us']:6.0f} us: harness {r['harness_us']:8.1f} us, bare "
-              f"{r['bare_us']:8.1f} us, ratio {r['ratio']:.3f}  (manifested: harness "
-              f"{r['harness_manifested']}/{r['trials']}, bare {r['bare_manifested']}/"
-              f"{r['trials']})")
+        n = r["trials"]
+        print(f"  {r['variant']:>5}, delay {r['delay_us']:6.0f} us: executor "
+              f"{r['harness_us']:7.1f} us, worker {r['worker_us']:7.1f} us, bare "
+              f"{r['bare_us']:7.1f} us; ratio {r['ratio']:.3f}, worker {r['worker_ratio']:.3f}"
+              f"  (manifested: executor {r['harness_manifested']}/{n}, worker "
+              f"{r['worker_manifested']}/{n}, bare {r['bare_manifested']}/{n})")
     return 0
+
+
+def _variants(choice: str) -> list[str]:
+    return ["buggy", "fixed"] if choice == "both" else [choice]
 
 
 def _detector_main(args: argparse.Namespace) -> int:
     try:
-        rows = [measure_detector(args.backend, args.trials, args.variant, float(d))
-                for d in args.delays.split(",")]
+        rows = [measure_detector(args.backend, args.trials, v, float(d))
+                for v in _variants(args.variant) for d in args.delays.split(",")]
     except kvcore.KVCoreError as exc:
         print(f"harness.bench: {exc}", file=sys.stderr)
         return 77 if isinstance(exc, kvcore.DeviceUnavailableError) else 1
-    print(f"cross_stream_race [{args.variant}] on {args.backend}, per trial, median of blocks "
-          "of 100, race detector on vs off, same process:")
+    print(f"cross_stream_race on {args.backend}, per trial, median of blocks of 100, race "
+          "detector on vs off, same process; in the executor alone (off: no op log at all) and "
+          "in a run's worker (its flight recorder builds the op log either way):")
     for r in rows:
-        print(f"  delay {r['delay_us']:6.0f} us: detector on {r['on_us']:8.1f} us, off "
-              f"{r['off_us']:8.1f} us, ratio {r['ratio']:.3f}  (trials with findings: "
-              f"{r['found']}/{r['trials']})")
+        for where in ("executor", "worker"):
+            m = r[where]
+            print(f"  {r['variant']:>5}, delay {r['delay_us']:6.0f} us, {where:>8}: on "
+                  f"{m['on_us']:7.1f} us, off {m['off_us']:7.1f} us, ratio {m['ratio']:.3f}  "
+                  f"(trials with findings: {m['found']}/{r['trials']})")
     return 0
 
 

@@ -27,7 +27,6 @@ trace (``gpurace check``); both feed it the same JSON-shaped op records.
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import operator
 from collections import defaultdict
 from collections.abc import Iterable
@@ -175,9 +174,10 @@ class _Owners:
             if r.kind in _OWNER_KINDS and r.stream == HOST:
                 self.apply(r.kind, r.detail or {}, r.seq, r.step)
 
-    def snapshot(self) -> tuple[tuple[int, int, int, str, int], ...]:
-        """Who owns what now: the start of a trial, which its findings' names depend on."""
-        return tuple((buf, o.lo, o.hi, o.name, o.since) for buf, live in self._live.items()
+    def snapshot(self) -> tuple[tuple[int, int, int, str], ...]:
+        """Who owns what now: the start of a trial, which its findings' names depend on (not
+        since when: every owner at a trial's start came before all of its ops)."""
+        return tuple((buf, o.lo, o.hi, o.name) for buf, live in self._live.items()
                      for o in live)
 
     def forget_past(self) -> None:
@@ -308,9 +308,10 @@ class RaceDetector:
     """Feed it op records (``observe`` for OpRecords, ``observe_json`` for trace records);
     ``findings`` lists the races, folded by the pair of ops that raced."""
 
-    def __init__(self, *, prune: bool = True) -> None:
+    def __init__(self, *, prune: bool = True, remember: bool = True) -> None:
         self._device: Device | None = None
         self.prune = prune
+        self.remember = remember  # reuse a remembered trial's analysis (see _analyse)
         self._owners = _Owners()
         self._buffers: dict[int, _Buffer] = {}
         self._streams: dict[str, _Stream] = {}
@@ -391,7 +392,7 @@ class RaceDetector:
         self._pending.clear()
         if not records:
             return
-        if self._fresh:
+        if self._fresh and self.remember:
             self._fresh = False
             shape = _shape(records)
             hit = self._memo.find(shape, records, self._owners)
@@ -652,6 +653,7 @@ class _Memo:
 
     def __init__(self) -> None:
         self._kept: list[_Remembered] = []
+        self.hits = 0
 
     def find(self, shape: tuple[list[Any], list[Any]], records: list[OpRecord],
              owners: _Owners) -> tuple[list[Finding], set[int]] | None:
@@ -662,6 +664,7 @@ class _Memo:
                 if i:
                     self._kept.insert(0, self._kept.pop(i))
                 first = records[0].seq
+                self.hits += 1
                 return ([_renumbered(f, kept.first_seq, records) for f in kept.findings],
                         {seq - kept.first_seq + first for seq in kept.racing})
         return None
@@ -687,7 +690,13 @@ def _renumbered(finding: Finding, first_seq: int, records: list[OpRecord]) -> Fi
         return ref._replace(seq=record.seq, site=detail.get("site"),
                             origin=detail.get("origin"))
 
-    return dataclasses.replace(finding, first=moved(finding.first), second=moved(finding.second))
+    copy = _new_finding(Finding)
+    copy.__dict__.update(finding.__dict__)  # dataclasses.replace cost more than the rest
+    copy.first, copy.second = moved(finding.first), moved(finding.second)
+    return copy
+
+
+_new_finding = object.__new__
 
 
 def _ref(access: tuple[Any, ...]) -> OpRef:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from harness.rates import wilson
@@ -60,8 +60,11 @@ class TrialResult:
     findings: list[dict[str, object]] = field(default_factory=list)  # the race detector's
 
     def to_json(self) -> dict[str, object]:
-        out = asdict(self)
+        # By hand, not dataclasses.asdict: its deep copy cost as much as a trial's ops.
+        out = {name: getattr(self, name) for name in _TRIAL_FIELDS}
         out["outcome"] = self.outcome.value
+        out["xids"] = [dict(x) for x in self.xids]
+        out["findings"] = [dict(f) for f in self.findings]
         return out
 
     @classmethod
@@ -70,6 +73,8 @@ class TrialResult:
         fields["outcome"] = Outcome(fields["outcome"])
         return cls(**fields)  # type: ignore[arg-type]
 
+
+_TRIAL_FIELDS = tuple(f.name for f in fields(TrialResult))
 
 _DIGEST_MOD = 2 ** 256
 """Trial hashes add up modulo the size of one sha256: the sum keeps a digest's width."""

@@ -403,7 +403,8 @@ class Runner:
                 return WorkerJob(scenario, variant.name, self.backend, os.getpid(), amplified,
                                  delay if amplified else None, str(folder / "worker.log"),
                                  str(folder), header, opts.detect, opts.schedule, opts.record,
-                                 opts.poison, gpu)
+                                 opts.poison, gpu,
+                                 traces_kept=None if opts.record else opts.max_incidents)
             return job
 
         spares = SPARES_DEFAULT[self.backend] if opts.spares is None else opts.spares

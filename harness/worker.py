@@ -41,6 +41,10 @@ class WorkerJob:
     record: bool = False  # keep every trial's op trace, not only the ones that went wrong
     poison: bool = False  # the pool poisons released pages
     gpu: str | None = None  # CUDA_VISIBLE_DEVICES for the worker: the one GPU of its lane
+    # Traces of bad trials a worker keeps (None: all). The parent writes incidents for the
+    # first few bad trials only and deletes the other traces; each of those trials is among
+    # its own worker's first few, so keeping more only costs file operations per trial.
+    traces_kept: int | None = None
 
 
 def worker_main(conn: Connection, job: WorkerJob) -> None:
@@ -113,6 +117,7 @@ class TrialRunner:
             delay_us=job.delay_us, on_device=on_device,
             schedule=Schedule.parse(job.schedule) if job.schedule else None, poison=job.poison)
         self.info: dict[str, Any] = {**self.executor.device_info, "pid": os.getpid()}
+        self.kept = 0  # traces of bad trials kept so far
 
     def run(self, index: int, seed: int) -> dict[str, Any]:
         """One trial, as the JSON the parent records."""
@@ -126,8 +131,10 @@ class TrialRunner:
                 result, race=True, findings=[f.to_json() for f in detector.findings])
         payload = result.to_json()
         payload["worker_pid"] = os.getpid()
-        payload["trace"] = recorder.end_trial(
-            index, keep=job.record or result.outcome.manifested or result.race)
+        bad = result.outcome.manifested or result.race
+        keep = job.record or bad and (job.traces_kept is None or self.kept < job.traces_kept)
+        self.kept += bool(keep and bad)
+        payload["trace"] = recorder.end_trial(index, keep=keep)
         payload["ops_total"] = recorder.total
         return payload
 

@@ -244,6 +244,8 @@ class DeviceKVPagePool:
     def release(self, leases: DeviceKVPageLease | Iterable[DeviceKVPageLease]) -> None:
         """Release one lease or many; many at once share one fence event per stream."""
         batch = [leases] if isinstance(leases, DeviceKVPageLease) else list(leases)
+        if not batch:
+            return  # nothing to give back (no fence to record either)
         handles = []
         for lease in batch:
             if lease._released:
@@ -295,21 +297,26 @@ class DeviceKVPagePool:
         if not union:
             return
         events: dict[int, Event] = {}
-        for bit, stream in enumerate(self._streams):
-            if union >> bit & 1:
-                event = self._take_event()
-                self.device.record_event(event, stream)
-                events[bit] = event
+        streams, record = self._streams, self.device.record_event
+        rest = union
+        while rest:  # the set bits only: a page's users are a few of the pool's streams
+            low = rest & -rest
+            rest ^= low
+            event = self._take_event()
+            record(event, streams[low.bit_length() - 1])
+            events[low] = event
         by_mask: dict[int, tuple[Event, ...]] = {}
+        refs, fences, fenced = self._event_refs, self._fences, self._fenced
         for index, mask in zip(indices, masks):
             if not mask:
                 continue
-            if mask not in by_mask:
-                by_mask[mask] = tuple(e for bit, e in events.items() if mask >> bit & 1)
-            for event in by_mask[mask]:
-                self._event_refs[event.id] = self._event_refs.get(event.id, 0) + 1
-            self._fences[index] = by_mask[mask] + self._fences.get(index, ())
-            self._fenced[index] = True
+            carried = by_mask.get(mask)
+            if carried is None:
+                carried = by_mask[mask] = tuple(e for low, e in events.items() if mask & low)
+            for event in carried:
+                refs[event.id] = refs.get(event.id, 0) + 1
+            fences[index] = carried + fences.get(index, ())
+            fenced[index] = True
 
     def _poison(self, indices: list[int], masks: list[int]) -> None:
         """Fill released pages with the poison byte as soon as the pool's own ordering allows,

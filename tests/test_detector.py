@@ -396,3 +396,115 @@ def test_pageable_copy_lands_on_the_device() -> None:
     device.synchronize()
     device.copy_sync(host, 0, dev, 0, N)
     assert (device.host_read(host, 0, N) == np.arange(N, dtype=np.uint8)).all()
+
+
+def _repeated_program(device: kvcore.Device, rng: object, trials: int,
+                      detectors: list[RaceDetector]) -> list[list[list[dict]]]:
+    """One random program (pool pages leased, written from several streams, released and
+    leased again; plain copies, kernels, host writes, events, syncs) run ``trials`` times on
+    one device, the detectors reset before each run: each detector's findings per run."""
+    import random
+
+    assert isinstance(rng, random.Random)
+    streams = [device.create_stream(f"s{i}", blocking=i == 2) for i in range(3)]
+    streams.append(device.legacy_stream)
+    context = kvcore.DeviceContext(device, stream=streams[0], transfer_stream=streams[1])
+    pool = kvcore.DeviceKVPagePool(context, kvcore.KVPageGeometry(
+        (kvcore.KVPlaneGeometry(kvcore.DType.I8, 1, 1, 16),), page_tokens=256), 2)
+    host = device.alloc_host(256, name="pinned")
+    events = [device.create_event(f"e{i}") for i in range(2)]
+    program = [(rng.randrange(9), rng.choice([16, 32, 64]), rng.randrange(0, 192, 16),
+                rng.randrange(4), rng.randrange(2)) for _ in range(30)]
+    seen: list[list[list[dict]]] = [[] for _ in detectors]
+    for _ in range(trials):
+        for detector in detectors:
+            detector.reset()
+        leases: list[kvcore.DeviceKVPageLease] = []
+        for action, n, lo, s, e in program:
+            stream = streams[s]
+            if action == 0 and pool.free_pages:
+                leases += pool.materialize(1, name=f"lease {len(leases)}")
+            elif action == 1 and leases:
+                pool.release(leases.pop(0))
+            elif action == 2 and leases:
+                page = leases[0].handle.index * pool.page_stride
+                device.copy(pool.buffer, page, host, lo, 64, stream)
+            elif action == 3:
+                device.launch(Fill(pool.buffer, lo, n, 1), stream)
+            elif action == 4:
+                device.copy(host, lo, pool.buffer, lo, n, stream)
+            elif action == 5:
+                device.host_fill(host, lo, n, 2)
+            elif action == 6:
+                device.record_event(events[e], stream)
+            elif action == 7:
+                device.wait_event(stream, events[e])
+            else:
+                device.synchronize_stream(stream)
+        device.synchronize()
+        pool.release(leases)
+        for k, detector in enumerate(detectors):
+            seen[k].append([f.to_json() for f in detector.findings])
+    return seen
+
+
+def test_a_remembered_trial_gives_exactly_the_findings_of_a_fresh_analysis() -> None:
+    """Trials whose records repeat get a remembered analysis, renumbered: on random programs
+    run again and again on one device (pages released and reused, so owners and their names
+    matter), every run's findings equal those of a detector that analyses every run afresh,
+    op numbers included."""
+    import random
+
+    hits = compared = 0
+    for seed in range(40):
+        device = kvcore.open_device("sim", defects=kvcore.Defects(release_fence=seed % 2 == 0))
+        remembering, fresh = RaceDetector(), RaceDetector(remember=False)
+        remembering.attach(device)
+        fresh.attach(device)
+        got, want = _repeated_program(device, random.Random(seed), 4, [remembering, fresh])
+        assert got == want, seed
+        hits += remembering._memo.hits
+        compared += sum(map(len, want))
+    assert hits > 40 and compared > 0  # runs were remembered, and they had findings to match
+
+
+def test_records_after_a_remembered_trial_are_analysed_with_all_before_them() -> None:
+    """Findings read in the middle of a trial that matched a remembered one, then more ops:
+    the later findings are those of the whole trial."""
+    device = kvcore.open_device("sim")
+    dev, host = _bufs(device)
+    a, b = device.create_stream("a"), device.create_stream("b")
+    remembering, fresh = RaceDetector(), RaceDetector(remember=False)
+    remembering.attach(device)
+    fresh.attach(device)
+    for _ in range(3):
+        for d in (remembering, fresh):
+            d.reset()
+        device.copy(dev, 0, host, 0, 64, a)
+        assert [f.to_json() for f in remembering.findings] == \
+            [f.to_json() for f in fresh.findings] == []
+        device.copy(dev, 0, host, 0, 64, b)  # races the copy on a
+        got = [f.to_json() for f in remembering.findings]
+        assert got == [f.to_json() for f in fresh.findings] and len(got) == 1
+        device.synchronize()
+    assert remembering._memo.hits >= 2
+
+
+def test_a_remembered_trial_is_not_reused_when_its_bytes_had_other_owners() -> None:
+    """The same ops, but the pinned buffer they race on was handed to another owner between
+    the trials: the findings name the owner of now, not the remembered one."""
+    device = kvcore.open_device("sim")
+    dev, host = _bufs(device)
+    a = device.create_stream("a")
+    detector = RaceDetector()
+    detector.attach(device)
+    owners = []
+    for name in ("buffer first", "buffer first", "buffer second"):
+        device.label(host, [(0, N)], name)
+        detector.reset()
+        device.copy(dev, 0, host, 0, 64, a)
+        device.host_fill(host, 0, 64, 7)  # rewrites the bytes the copy may still read
+        owners.append([f.owner for f in detector.findings])
+        device.synchronize()
+    assert owners == [["buffer first"], ["buffer first"], ["buffer second"]]
+    assert detector._memo.hits == 1

@@ -151,3 +151,57 @@ def test_minimize_from_a_recorded_op_trace(tmp_path: Path) -> None:
     doc = json.loads(ran.stdout)
     assert {r["variant"]: r["detected"] for r in doc["results"]} == {"buggy": 3, "fixed": 0}
     assert ran.exit_code == 0
+
+
+def test_the_recorders_op_lines_are_what_the_json_encoder_writes() -> None:
+    """The flight recorder builds op lines from pieces (and remembers the recurring ones):
+    each must be byte for byte what json.dumps writes for the record, whatever its fields
+    hold (quotes, non-ASCII, nested detail, values json cannot take as they are)."""
+    import random
+
+    from harness.traces.flight import op_line
+    from kvcore.device.oplog import Access, OpRecord
+
+    rng = random.Random(5)
+    names = ["s1", 'tr"ans', "legacy_stream", "é\\n", "host", None]
+    details: list[Any] = [None, {}, {"origin": "a.yaml:3:7"}, {"origin": 'q"uote'},
+                          {"done": True, "polls": 3}, {"name": "lease a", "range": [1, 0, 64]},
+                          {"value": 171, "site": "x.py:1"}, {"us": 1000.0}, {"path": Path("p")}]
+    for seq in range(1, 400):
+        accesses = tuple(Access(rng.randrange(9), rng.randrange(4096), rng.randrange(1, 99))
+                         for _ in range(rng.randrange(3)))
+        record = OpRecord(
+            seq, rng.choice(names[:-1]), rng.choice(["copy_htod", "kernel:kv_fill", "memset"]),
+            accesses, accesses[::-1], rng.choice(names), rng.choice(names), rng.choice(names),
+            rng.choice(names), rng.choice([None, seq * 1000]), rng.choice([None, 5]),
+            rng.choice([None, 9]), rng.choice(details))
+        data = record.to_json()
+        data["type"] = "op"
+        assert op_line(record) == json.dumps(data, separators=(",", ":"), default=str)
+
+
+def test_the_recorder_starts_each_trial_on_an_empty_trace(tmp_path: Path) -> None:
+    """A trial's trace file is emptied, not reopened, when the last one was not kept: it holds
+    that trial's lines only, and a kept trace is the kept trial's own."""
+    import kvcore
+    from harness.traces.flight import CURRENT, FlightRecorder
+
+    device = kvcore.open_device("sim")
+    buf = device.alloc_host(64, name="pinned")
+    recorder = FlightRecorder(tmp_path)
+    recorder.attach(device)
+    kept = None
+    for trial, value in enumerate((1, 2, 3, 4)):
+        recorder.start_trial({"trial": trial})
+        for _ in range(value):
+            device.host_fill(buf, 0, 8, value)
+        kept = recorder.end_trial(trial, keep=trial == 1) or kept
+        lines = [json.loads(line) for line in (tmp_path / CURRENT).read_text().splitlines()] \
+            if trial != 1 else []
+        if trial != 1:
+            assert lines[0] == {"type": "header", "schema": TRACE_SCHEMA, "level": "ops",
+                                "trial": trial}
+            assert [r["detail"]["value"] for r in lines if r["type"] == "op"] == [value] * value
+    records = [json.loads(line) for line in Path(str(kept)).read_text().splitlines()]
+    assert records[0]["trial"] == 1
+    assert [r["detail"]["value"] for r in records if r["type"] == "op"] == [2, 2]

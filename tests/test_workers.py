@@ -333,3 +333,24 @@ def test_the_lanes_benchmark_runs_on_the_simulated_device(capsys) -> None:
                        "--scenario", "release-fence", "--variant", "buggy"]) == 0
     out = capsys.readouterr().out
     assert "1 lane:" in out and "--gpus 2:" in out and "trial rate ratio:" in out
+
+
+@pytest.mark.parametrize("record", [False, True])
+def test_a_worker_keeps_only_the_traces_the_parent_can_use(tmp_path: Path,
+                                                           record: bool) -> None:
+    """Every unamplified trial of cross_stream_race's buggy variant races: the worker keeps
+    the traces of its first ``traces_kept`` (the parent's incidents need no more), and with
+    --record every trace."""
+    from harness.targets import SCENARIO_ROOT
+    from harness.worker import TrialRunner
+
+    scenario = load_scenario(SCENARIO_ROOT / "cross_stream_race.yaml")
+    job = WorkerJob(scenario, "buggy", "sim", os.getpid(), False, None,
+                    str(tmp_path / "worker.log"), str(tmp_path), {}, record=record,
+                    traces_kept=2)
+    runner = TrialRunner(job)
+    payloads = [runner.run(i, i) for i in range(5)]
+    assert all(p["findings"] for p in payloads)
+    kept = [p["trace"] is not None for p in payloads]
+    assert kept == ([True] * 5 if record else [True, True, False, False, False])
+    assert len(list(tmp_path.glob("trial-0*.jsonl"))) == sum(kept)

@@ -13,13 +13,14 @@ the parent takes such a file in, so every reader after it can be strict.
 from __future__ import annotations
 
 import json
+import operator
 import os
 from pathlib import Path
 from typing import IO, Any
 
 from harness.traces.optrace import TRACE_SCHEMA
 from kvcore.device import Device, OpRecord
-from kvcore.device.oplog import Label
+from kvcore.device.oplog import Access, Label
 
 CURRENT = "trial-current.jsonl"
 
@@ -42,6 +43,7 @@ class FlightRecorder:
         self._announced: set[int] = set()
         self._streams: set[str] = set()
         self._labels: list[Label] = []
+        self._lines: dict[tuple[Any, ...], str] = {}
         self.total = 0
 
     def attach(self, device: Device) -> None:
@@ -56,14 +58,20 @@ class FlightRecorder:
         device.oplog.before_blocking(self.flush)
 
     def start_trial(self, header: dict[str, Any]) -> None:
-        """Begin a trial's trace: a fresh file with its header line."""
-        self.close()
+        """Begin a trial's trace: the file emptied (or made, when the last one was kept) and
+        its header line written."""
         self._pending.clear()
         self.total = 0
         self._announced = set()
         self._streams = set()
         self._labels = self._device.oplog.labels.live() if self._device is not None else []
-        self._file = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 - kept open per trial
+        if self._file is None:
+            self._file = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 - kept open
+        else:
+            # The last trial's file, not kept: emptied rather than opened again, which cost
+            # more than the rest of a trial's recording.
+            self._file.seek(0)
+            self._file.truncate()
         self._file.write(json.dumps({"type": "header", "schema": TRACE_SCHEMA, "level": "ops",
                                      **header}, separators=(",", ":")) + "\n")
         self._file.flush()
@@ -78,42 +86,48 @@ class FlightRecorder:
             for info in log.buffers.values():
                 if info.id not in self._announced:
                     self._announced.add(info.id)
-                    lines.append(json.dumps({"type": "buffer", "id": info.id, "name": info.name,
-                                             "space": info.space, "nbytes": info.nbytes,
-                                             "role": info.role,
-                                             "page_bytes": log.page_bytes.get(info.id, 0)},
-                                            separators=(",", ":")))
+                    lines.append(self._line(("buffer", info, log.page_bytes.get(info.id, 0))))
             for stream in log.streams.values():
                 if stream.name not in self._streams:
                     self._streams.add(stream.name)
-                    lines.append(json.dumps({"type": "stream", "name": stream.name,
-                                             "blocking": stream.blocking,
-                                             "legacy": stream.legacy,
-                                             "priority": stream.priority},
-                                            separators=(",", ":")))
+                    lines.append(self._line(("stream", stream)))
             # Who owned which bytes when the trial began (a world's buffers outlive trials);
             # later changes are the trace's alloc and free ops.
-            for label in self._labels:
-                lines.append(json.dumps({"type": "label", "buffer": label.buffer,
-                                         "offset": label.offset, "length": label.length,
-                                         "name": label.name}, separators=(",", ":")))
+            lines.extend(self._line(("label", label)) for label in self._labels)
             self._labels = []
-        for record in self._pending:
-            data = record.to_json()
-            data["type"] = "op"
-            lines.append(json.dumps(data, separators=(",", ":"), default=str))
+        lines.extend(map(op_line, self._pending))
         self.total += len(self._pending)
         self._pending.clear()
         self._file.write("\n".join(lines) + "\n")
         # Into the kernel's page cache: enough to outlive this process (not a machine crash).
         self._file.flush()
 
+    def _line(self, what: tuple[Any, ...]) -> str:
+        """A buffer, stream or label line: the same ones begin every trial's trace, so each is
+        encoded once (their records never change)."""
+        line = self._lines.get(what)
+        if line is None:
+            kind, item = what[0], what[1]
+            if kind == "buffer":
+                data = {"type": "buffer", "id": item.id, "name": item.name, "space": item.space,
+                        "nbytes": item.nbytes, "role": item.role, "page_bytes": what[2]}
+            elif kind == "stream":
+                data = {"type": "stream", "name": item.name, "blocking": item.blocking,
+                        "legacy": item.legacy, "priority": item.priority}
+            else:
+                data = {"type": "label", "buffer": item.buffer, "offset": item.offset,
+                        "length": item.length, "name": item.name}
+            line = json.dumps(data, separators=(",", ":"))
+            if len(self._lines) < _QUOTED_MAX:
+                self._lines[what] = line
+        return line
+
     def end_trial(self, index: int, keep: bool) -> str | None:
-        """Close the trial's trace; keep it (renamed for the parent) when ``keep``."""
+        """End the trial's trace; keep it (closed, renamed for the parent) when ``keep``."""
         self.flush()
-        self.close()
         if not keep:
             return None
+        self.close()
         kept = trace_path(self.folder, index)
         os.replace(self.path, kept)
         return str(kept)
@@ -122,6 +136,71 @@ class FlightRecorder:
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+_JSON = json.JSONEncoder(separators=(",", ":"), default=str).encode
+_QUOTED: dict[str, str] = {}
+_QUOTED_MAX = 65536
+
+
+def _quoted(text: str) -> str:
+    """A string as JSON: the same few names (streams, kinds, steps, events) recur in every
+    trial, so each is encoded once."""
+    out = _QUOTED.get(text)
+    if out is None:
+        out = _JSON(text)
+        if len(_QUOTED) < _QUOTED_MAX:  # a bound: step names may number in the thousands
+            _QUOTED[text] = out
+    return out
+
+
+def _ranges(accesses: tuple[Access, ...]) -> str:
+    return "[" + ",".join(f"[{a[0]},{a[1]},{a[2]}]" for a in accesses) + "]"
+
+
+def op_line(record: OpRecord) -> str:
+    """An op record as its trace line: what ``json.dumps(record.to_json() | {"type": "op"})``
+    writes (keys in that order), from pieces: the recorder writes every op of every trial,
+    and the general encoder was most of a trial's cost. The part from the stream to the step
+    recurs trial after trial, so it is encoded once."""
+    middle = _middle_of(record)
+    text = _MIDDLES.get(middle)
+    if text is None:
+        text = _middle(*middle)
+        if len(_MIDDLES) < _QUOTED_MAX:
+            _MIDDLES[middle] = text
+    parts = ['{"seq":', str(record.seq), text]
+    for key, number in (("t_issue_ns", record.t_issue_ns), ("t_start_ns", record.t_start_ns),
+                        ("t_end_ns", record.t_end_ns)):
+        if number is not None:
+            parts += [',"', key, '":', str(number)]
+    detail = record.detail
+    if detail:
+        # Most ops' detail is only the scenario line that issued them.
+        origin = detail.get("origin") if len(detail) == 1 else None
+        parts += [',"detail":', _JSON(detail) if origin is None else
+                  '{"origin":' + _quoted(origin) + "}"]
+    parts.append(',"type":"op"}')
+    return "".join(parts)
+
+
+_middle_of = operator.itemgetter(1, 2, 3, 4, 5, 6, 7, 8)
+_MIDDLES: dict[tuple[Any, ...], str] = {}
+
+
+def _middle(stream: str, kind: str, reads: tuple[Access, ...], writes: tuple[Access, ...],
+            records: str | None, waits: str | None, syncs: str | None,
+            step: str | None) -> str:
+    parts = [',"stream":', _quoted(stream), ',"kind":', _quoted(kind)]
+    if reads:
+        parts += [',"reads":', _ranges(reads)]
+    if writes:
+        parts += [',"writes":', _ranges(writes)]
+    for key, value in (("records", records), ("waits", waits), ("syncs", syncs),
+                       ("step", step)):
+        if value is not None:
+            parts += [',"', key, '":', _quoted(value)]
+    return "".join(parts)
 
 
 def cut_torn_tail(path: Path) -> bool:
