@@ -508,3 +508,17 @@ def test_a_remembered_trial_is_not_reused_when_its_bytes_had_other_owners() -> N
         device.synchronize()
     assert owners == [["buffer first"], ["buffer first"], ["buffer second"]]
     assert detector._memo.hits == 1
+
+
+def test_the_detector_benchmark_runs_on_the_simulated_device(capsys) -> None:
+    """`python -m harness.bench --detector --backend sim`: on and off, in the executor and in
+    a worker, for both variants; the buggy variant's trials all race, the fixed one's none."""
+    import re
+
+    from harness import bench
+
+    assert bench.main(["--detector", "--backend", "sim", "--trials", "100", "--delays", "0"]) == 0
+    rows = re.findall(r"(buggy|fixed), delay +0 us, +(executor|worker): on .* ratio [0-9.]+ "
+                      r"+\(trials with findings: (\d+)/100\)", capsys.readouterr().out)
+    assert sorted(rows) == [("buggy", "executor", "100"), ("buggy", "worker", "100"),
+                            ("fixed", "executor", "0"), ("fixed", "worker", "0")]
