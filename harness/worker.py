@@ -68,6 +68,7 @@ def worker_main(conn: Connection, job: WorkerJob) -> None:
                 # free its memory and print CUDA errors. The parent starts a new worker.
                 conn.close()
                 exit_now()
+        runner.close()
     except BaseException:
         conn.send(("error", traceback.format_exc()))
     finally:
@@ -137,6 +138,10 @@ class TrialRunner:
         payload["trace"] = recorder.end_trial(index, keep=keep)
         payload["ops_total"] = recorder.total
         return payload
+
+    def close(self) -> None:
+        """The worker is done: its scratch trace (the last trial's, not kept) goes."""
+        self.recorder.close(discard=True)
 
     def context_died(self, payload: dict[str, Any]) -> bool:
         """Whether the trial crashed a CUDA context: the process must go."""

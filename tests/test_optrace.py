@@ -181,8 +181,9 @@ def test_the_recorders_op_lines_are_what_the_json_encoder_writes() -> None:
 
 
 def test_the_recorder_starts_each_trial_on_an_empty_trace(tmp_path: Path) -> None:
-    """A trial's trace file is emptied, not reopened, when the last one was not kept: it holds
-    that trial's lines only, and a kept trace is the kept trial's own."""
+    """A trial's trace file is emptied, not made again, when the last one was not kept: its
+    whole lines (what the parent takes of a dead worker's file) are that trial's only, and a
+    kept trace is the kept trial's own, ending at its last line."""
     import kvcore
     from harness.traces.flight import CURRENT, FlightRecorder
 
@@ -196,12 +197,33 @@ def test_the_recorder_starts_each_trial_on_an_empty_trace(tmp_path: Path) -> Non
         for _ in range(value):
             device.host_fill(buf, 0, 8, value)
         kept = recorder.end_trial(trial, keep=trial == 1) or kept
-        lines = [json.loads(line) for line in (tmp_path / CURRENT).read_text().splitlines()] \
-            if trial != 1 else []
+        data = (tmp_path / CURRENT).read_bytes() if trial != 1 else b""
+        lines = [json.loads(line) for line in data[:data.rfind(b"\n") + 1].splitlines()]
         if trial != 1:
             assert lines[0] == {"type": "header", "schema": TRACE_SCHEMA, "level": "ops",
                                 "trial": trial}
             assert [r["detail"]["value"] for r in lines if r["type"] == "op"] == [value] * value
-    records = [json.loads(line) for line in Path(str(kept)).read_text().splitlines()]
+    text = Path(str(kept)).read_text()
+    assert text.endswith("\n") and "\0" not in text
+    records = [json.loads(line) for line in text.splitlines()]
     assert records[0]["trial"] == 1
     assert [r["detail"]["value"] for r in records if r["type"] == "op"] == [2, 2]
+
+
+def test_a_killed_workers_trace_is_its_whole_lines(tmp_path: Path) -> None:
+    """A worker killed in its trial (a hang, by the watchdog) leaves its trace file mapped and
+    longer than its lines: the incident's trace is those lines, no zeros, and loads strictly,
+    its last op the kernel that never ends (flushed before the wait on it)."""
+    from harness.runner import RunOptions, Runner
+    from harness.targets import resolve_targets
+    from programs import hang_file
+
+    runner = Runner(RunOptions(backend="sim", timeout_s=1.5, out_dir=tmp_path))
+    [r] = runner.run(resolve_targets([str(hang_file(tmp_path, 1))])).results
+    assert r.counts["hang"] == 1
+    [report] = r.reports
+    text = (Path(report) / "trace.jsonl").read_text()
+    assert "\0" not in text and text.endswith("\n")
+    ops = [rec for rec in load_trace(Path(report) / "trace.jsonl").records
+           if rec.get("type") == "op"]
+    assert ops and ops[-1]["kind"] == "kernel:delay"

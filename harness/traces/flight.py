@@ -5,6 +5,11 @@ one until the watchdog kills it). So the recorder keeps records in memory while 
 work, and writes them to the trial's trace file just before every blocking call. Whatever the
 worker's fate, the parent then finds every op issued before the fatal wait.
 
+The file is written through a shared memory map: a write is a copy into the kernel's page cache,
+with no system call, and what was copied outlives the process as a write() would (not a crash of
+the machine). The file is kept longer than its lines, the rest zeros, until the trial's trace is
+kept or the recorder closes; the parent cuts a dead worker's file at its last whole line.
+
 The trace file is versioned JSON Lines (:mod:`harness.traces.optrace` describes and reads it).
 A worker killed in the middle of a write leaves a torn last line; :func:`cut_torn_tail` is how
 the parent takes such a file in, so every reader after it can be strict.
@@ -13,16 +18,20 @@ the parent takes such a file in, so every reader after it can be strict.
 from __future__ import annotations
 
 import json
+import mmap
 import operator
 import os
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from harness.traces.optrace import TRACE_SCHEMA
 from kvcore.device import Device, OpRecord
 from kvcore.device.oplog import Access, Label
 
 CURRENT = "trial-current.jsonl"
+TRACE_MAP_BYTES = 1 << 20
+"""The trace file's first size (it doubles as a trial needs): a trial of a step-list scenario
+writes a few KiB."""
 
 
 def trace_path(folder: Path, index: int) -> Path:
@@ -37,7 +46,9 @@ class FlightRecorder:
         self.folder = folder
         folder.mkdir(parents=True, exist_ok=True)
         self.path = folder / CURRENT
-        self._file: IO[str] | None = None
+        self._map: mmap.mmap | None = None
+        self._fd = -1
+        self._used = 0  # bytes of the file the trial has written
         self._pending: list[OpRecord] = []
         self._device: Device | None = None
         self._announced: set[int] = set()
@@ -65,20 +76,37 @@ class FlightRecorder:
         self._announced = set()
         self._streams = set()
         self._labels = self._device.oplog.labels.live() if self._device is not None else []
-        if self._file is None:
-            self._file = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 - kept open
+        if self._map is None:
+            self._open()
         else:
-            # The last trial's file, not kept: emptied rather than opened again, which cost
-            # more than the rest of a trial's recording.
-            self._file.seek(0)
-            self._file.truncate()
-        self._file.write(json.dumps({"type": "header", "schema": TRACE_SCHEMA, "level": "ops",
-                                     **header}, separators=(",", ":")) + "\n")
-        self._file.flush()
+            # The last trial's file, not kept: zeroed rather than made again, which cost more
+            # than the rest of a trial's recording.
+            self._map[:self._used] = bytes(self._used)
+            self._used = 0
+        self._write(json.dumps({"type": "header", "schema": TRACE_SCHEMA, "level": "ops",
+                                **header}, separators=(",", ":")) + "\n")
+
+    def _open(self) -> None:
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.ftruncate(self._fd, TRACE_MAP_BYTES)
+        self._map = mmap.mmap(self._fd, TRACE_MAP_BYTES)
+        self._used = 0
+
+    def _write(self, text: str) -> None:
+        data = text.encode()
+        end = self._used + len(data)
+        assert self._map is not None
+        if end > len(self._map):  # a long trial: a map twice as large (or more)
+            size = max(end, 2 * len(self._map))
+            self._map.close()
+            os.ftruncate(self._fd, size)
+            self._map = mmap.mmap(self._fd, size)
+        self._map[self._used:end] = data
+        self._used = end
 
     def flush(self) -> None:
         """Write what was issued since the last flush; called before every blocking call."""
-        if self._file is None or not self._pending:
+        if self._map is None or not self._pending:
             return
         lines = []
         if self._device is not None:
@@ -98,9 +126,8 @@ class FlightRecorder:
         lines.extend(map(op_line, self._pending))
         self.total += len(self._pending)
         self._pending.clear()
-        self._file.write("\n".join(lines) + "\n")
         # Into the kernel's page cache: enough to outlive this process (not a machine crash).
-        self._file.flush()
+        self._write("\n".join(lines) + "\n")
 
     def _line(self, what: tuple[Any, ...]) -> str:
         """A buffer, stream or label line: the same ones begin every trial's trace, so each is
@@ -132,10 +159,16 @@ class FlightRecorder:
         os.replace(self.path, kept)
         return str(kept)
 
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+    def close(self, *, discard: bool = False) -> None:
+        """End the file at its last line (the zeros beyond cut off), or with ``discard``
+        remove it: the last trial's trace, not kept."""
+        if self._map is not None:
+            self._map.close()
+            self._map = None
+            os.ftruncate(self._fd, self._used)
+            os.close(self._fd)
+            if discard:
+                self.path.unlink(missing_ok=True)
 
 
 _JSON = json.JSONEncoder(separators=(",", ":"), default=str).encode
