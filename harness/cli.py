@@ -56,6 +56,7 @@ from reports import (
     write_atomic,
 )
 from harness.outputs import check_file, check_folder, sweep_dead_runs
+from reports.timeline import chrome_trace
 from harness.runner import (
     ExitCode,
     Interrupted,
@@ -638,6 +639,33 @@ def check_cmd(trace: Path, fmt: str) -> None:
         for f in findings:
             _print_finding(f.to_json())
     sys.exit(1 if findings else 0)
+
+
+@main.group("trace")
+def trace_group() -> None:
+    """Recorded op traces as pictures."""
+
+
+@trace_group.command("export")
+@click.argument("trace", type=click.Path(exists=True, dir_okay=True, path_type=Path))
+@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="Where to write the Chrome trace (JSON).")
+def trace_export_cmd(trace: Path, output: Path) -> None:
+    """Write an op trace (a trace.jsonl, or an incident folder) as a Chrome trace, the Trace
+    Event Format that https://ui.perfetto.dev and chrome://tracing open: a track for the host
+    and one per stream, every op a slice (its step and byte ranges in its args), arrows from
+    an event's record to the waits on it, and each racing pair that `gpurace check` finds
+    marked red and joined. An incident folder has one already: timeline.json."""
+    check_file(output, "--output")
+    path = trace / "trace.jsonl" if trace.is_dir() else trace
+    trace_file = load_trace(path)
+    findings = [f.to_json() for f in check_trace(trace_file.records).findings]
+    document = chrome_trace(trace_file.records, findings)
+    write_atomic(output, json.dumps(document, separators=(",", ":"), default=str) + "\n")
+    timed = "device times" if document["otherData"]["device_times"] else \
+        "stream ops placed where the host issued them (no device times in the trace)"
+    out.print(f"{output}: {len(trace_file.ops)} ops, {len(findings)} race(s) marked; "
+              f"{timed}. Open it in https://ui.perfetto.dev", highlight=False)
 
 
 def _print_finding(f: dict) -> None:

@@ -95,11 +95,12 @@ def atomic_writer(path: Path, mode: str = "w", encoding: str = "utf-8") -> Itera
 
     ``mode`` is ``"w"`` (text, ``encoding``) or ``"wb"``. The file appears under ``path`` only
     when the block ends normally; if it raises, the temp file is removed and ``path`` keeps
-    whatever it held before.
+    whatever it held before. Missing folders above ``path`` are made.
     """
     if mode not in ("w", "wt", "wb"):
         raise ValueError(f"atomic_writer mode must be 'w' or 'wb', not {mode!r}")
     path = _target(Path(path))
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = _temp_in(path.parent, path.name)
     try:
         binary = "b" in mode

@@ -1,8 +1,10 @@
 """Incident folders: one per trial that went wrong, holding everything a ticket needs.
 
 A folder ``<YYYYmmdd-HHMMSS>-<scenario>-<variant>-t<trial>`` holds ``report.json`` (the
-canonical ``gpurace.report/1`` document), ``report.md`` (for humans), ``trace.jsonl`` (the
-trial's trace) and whatever else was captured (kernel log, worker log). The folder is built
+canonical ``gpurace.report/1`` document), ``report.md`` and ``report.html`` (for humans; the
+page draws the last ops), ``trace.jsonl`` (the trial's trace) with ``timeline.json`` (the same
+ops as a Chrome trace, for ui.perfetto.dev) and whatever else was captured (kernel log, worker
+log). The folder is built
 under a hidden temp name and renamed into place last, so a folder under its final name is
 always complete, even if the writer was SIGKILLed half way.
 """
@@ -23,7 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from reports.atomic import TEMP_SUFFIX, atomic_writer, current_umask, fsync_dir, write_atomic
-from reports.markdown import render_markdown
+from reports.html import render_html
+from reports.markdown import HTML, TIMELINE, render_markdown
+from reports.timeline import chrome_trace
 from reports.model import ReportError, check_report, name_of, trial_index, xid_numbers
 
 REPORT_JSON = "report.json"
@@ -32,7 +36,7 @@ REPORT_MAX_BYTES = 8 << 20
 of KiB); a larger file is not one of its reports."""
 REPORT_MD = "report.md"
 TRACE = "trace.jsonl"
-RESERVED = (REPORT_JSON, REPORT_MD, TRACE)
+RESERVED = (REPORT_JSON, REPORT_MD, HTML, TRACE, TIMELINE)
 _TEMP_PREFIX = ".incident-"
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -51,8 +55,8 @@ def write_incident(root: Path, report: dict[str, Any],
     extra = dict(extra or {})
     _check_extra_names(extra)
     report.setdefault("created", _now_iso())
-    report["files"] = [REPORT_JSON, REPORT_MD] + ([TRACE] if trace is not None else []) + list(
-        extra)
+    report["files"] = [REPORT_JSON, REPORT_MD, HTML] + (
+        [TRACE, TIMELINE] if trace is not None else []) + list(extra)
     if trace is not None:
         report["trace"] = TRACE
     root = Path(root)
@@ -79,8 +83,12 @@ def _fill(folder: Path, report: Mapping[str, Any], trace: Path | Iterable[str] |
     os.chmod(folder, 0o777 & ~current_umask())  # mkdtemp's 0700 would hide it from the team
     if trace is not None:
         _write_trace(folder / TRACE, trace)
+        write_atomic(folder / TIMELINE, json.dumps(chrome_trace(
+            _trace_records(folder / TRACE), report.get("findings") or []),
+            separators=(",", ":"), default=str) + "\n")
     for name, text in extra.items():
         write_atomic(folder / name, text)
+    write_atomic(folder / HTML, render_html(report))
     write_atomic(folder / REPORT_MD, render_markdown(report))
     write_atomic(folder / REPORT_JSON, json.dumps(report, indent=2, default=str) + "\n")
 
@@ -95,6 +103,19 @@ def _write_trace(path: Path, trace: Path | Iterable[str]) -> None:
     with atomic_writer(path, "w") as dst:
         for line in trace:
             dst.write(line if line.endswith("\n") else line + "\n")
+
+
+def _trace_records(path: Path) -> list[dict[str, Any]]:
+    """The trace's records as written (a line that is not a JSON object is left out: the
+    timeline draws what it can)."""
+    records = []
+    with open(path, encoding="utf-8", errors="replace") as lines:
+        for line in lines:
+            with contextlib.suppress(ValueError):
+                record = json.loads(line)
+                if isinstance(record, dict):
+                    records.append(record)
+    return records
 
 
 def _folder_name(report: Mapping[str, Any]) -> str:

@@ -15,6 +15,8 @@ from typing import Any
 from reports.model import name_of, section, trial_index
 
 LAST_OPS = 20
+HTML = "report.html"
+TIMELINE = "timeline.json"
 DEVICE_LOG_LINES = 40
 MAX_RANGES = 3
 
@@ -143,11 +145,12 @@ def _expectation(expect: Any, outcome: Any) -> str:
 
 
 def _facts(report: Mapping[str, Any]) -> str:
-    rows = [(label, value) for label, value in _fact_rows(report) if value not in (None, "")]
+    rows = [(label, value) for label, value in fact_rows(report) if value not in (None, "")]
     return "## Facts\n\n" + _table(["fact", "value"], rows)
 
 
-def _fact_rows(report: Mapping[str, Any]) -> list[tuple[str, Any]]:
+def fact_rows(report: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """The facts table's rows, (label, text with `code` spans); None where unknown."""
     scenario, variant = section(report, "scenario"), section(report, "variant")
     trial, device = section(report, "trial"), section(report, "device")
     rows: list[tuple[str, Any]] = [
@@ -348,11 +351,17 @@ def _range(item: Any) -> str:
         return str(item)
 
 
-def _reproduce(report: Mapping[str, Any]) -> str:
+def reproduce_command(report: Mapping[str, Any]) -> str | None:
+    """The shell command that replays the trial, if the report has one."""
     reproduce = section(report, "reproduce")
     command = reproduce.get("command")
     if not command and reproduce.get("argv"):
         command = shlex.join(str(arg) for arg in reproduce["argv"])
+    return str(command) if command else None
+
+
+def _reproduce(report: Mapping[str, Any]) -> str:
+    command = reproduce_command(report)
     if not command:
         return "## Reproduce\n\nNo command was recorded for this trial."
     return "## Reproduce\n\n" + _code_block(str(command), "sh")
@@ -362,4 +371,9 @@ def _files(report: Mapping[str, Any]) -> str:
     files = report.get("files") or []
     if not files:
         return ""
-    return "## Files\n\n" + "\n".join(f"- {_code(name)}" for name in files)
+    what = {HTML: "this report as a page, with a timeline of the last ops",
+            TIMELINE: "the whole trial as a timeline: open it in https://ui.perfetto.dev or "
+                      "chrome://tracing"}
+    return "## Files\n\n" + "\n".join(
+        f"- [{name}]({name}): {what[name]}" if name in what else f"- {_code(name)}"
+        for name in files)

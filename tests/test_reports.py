@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from reports.html import render_html
 from reports import (
     REPORT_SCHEMA,
     ReportError,
@@ -215,8 +216,8 @@ def test_write_incident_layout(tmp_path: Path) -> None:
                             {"kernel-log.txt": "NVRM: Xid 43\n", "worker.log": "started\n"})
     assert folder.parent == root
     assert folder.name == "20261130-120000-catalog-reactivation-buggy-t3"
-    assert report["files"] == ["report.json", "report.md", "trace.jsonl", "kernel-log.txt",
-                               "worker.log"]
+    assert report["files"] == ["report.json", "report.md", "report.html", "trace.jsonl",
+                               "timeline.json", "kernel-log.txt", "worker.log"]
     assert sorted(p.name for p in folder.iterdir()) == sorted(report["files"])
     assert [p.name for p in root.iterdir()] == [folder.name], "no temp folder may remain"
     assert (folder / "trace.jsonl").read_text() == trace.read_text()
@@ -225,6 +226,7 @@ def test_write_incident_layout(tmp_path: Path) -> None:
     assert written == report and written["trace"] == "trace.jsonl"
     assert (folder / "report.json").read_text().startswith('{\n  "schema"')  # indent 2
     assert (folder / "report.md").read_text() == render_markdown(report)
+    assert (folder / "report.html").read_text() == render_html(report)
 
 
 def test_write_incident_names_are_unique_and_traces_can_be_lines(tmp_path: Path) -> None:
@@ -236,7 +238,7 @@ def test_write_incident_names_are_unique_and_traces_can_be_lines(tmp_path: Path)
     assert (folders[0] / "trace.jsonl").read_text() == '{"seq": 0}\n{"seq": 1}\n'
     # Without a trace there is no trace file, and no claim of one.
     folder = write_incident(tmp_path, minimal_report(scenario={"name": "a/b"}), None)
-    assert load_report(folder)["files"] == ["report.json", "report.md"]
+    assert load_report(folder)["files"] == ["report.json", "report.md", "report.html"]
     assert "/" not in folder.name[16:] and folder.name.endswith("-a-b-fixed-t0")
     assert "created" in load_report(folder)
 

@@ -1,0 +1,94 @@
+"""Pictures of incidents: every incident's timeline.json (a Chrome trace) and report.html (an
+inline SVG of the last ops), and `gpurace trace export`, on the simulated device."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from harness.cli import main
+from reports.timeline import UNTIMED, chrome_trace
+from timeline_checks import check_chrome_trace, check_report_html
+
+SEEDS = ["cross-stream-race", "release-fence", "catalog-reactivation", "stale-row-write",
+         "store-before-write"]
+
+
+@pytest.fixture(scope="module")
+def incidents(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """One incident of each seed scenario's buggy variant on sim."""
+    out = tmp_path_factory.mktemp("seeds")
+    result = CliRunner().invoke(main, ["run", *SEEDS, "--backend", "sim", "--variant", "buggy",
+                                       "--trials", "1", "--dangerous", "--format", "json",
+                                       "--out", str(out)])
+    doc = json.loads(result.stdout)
+    return {r["scenario"]: Path(r["reports"][0]) for r in doc["results"]}
+
+
+@pytest.mark.parametrize("scenario", SEEDS)
+def test_each_seed_incident_has_a_timeline_with_its_races_marked(
+        incidents: dict[str, Path], scenario: str) -> None:
+    folder = incidents[scenario]
+    report = json.loads((folder / "report.json").read_text())
+    assert {"report.html", "timeline.json"} <= set(report["files"])
+    doc = json.loads((folder / "timeline.json").read_text())
+    seen = check_chrome_trace(doc, report["findings"])
+    streams = {json.loads(line)["name"] for line in (folder / "trace.jsonl").open()
+               if '"type":"stream"' in line}
+    names = sorted(seen["tracks"].values())
+    assert len(names) == 1 + len(streams) and "host" in names
+    assert all(any(n.startswith(f"stream {s} (") for n in names) for s in streams), names
+    assert doc["otherData"]["device_times"] is True  # sim: stream ops where they ran
+    check_report_html(folder)
+    md = (folder / "report.md").read_text()
+    assert "[report.html](report.html)" in md and "[timeline.json](timeline.json)" in md
+
+
+def test_the_release_races_are_the_ones_marked(incidents: dict[str, Path]) -> None:
+    """cross-stream-race's incident: its one finding's two copies are the red slices, on the
+    transfer and compute tracks, joined by a race arrow; the page marks the same two ops."""
+    folder = incidents["cross-stream-race"]
+    [finding] = json.loads((folder / "report.json").read_text())["findings"]
+    seen = check_chrome_trace(json.loads((folder / "timeline.json").read_text()), [finding])
+    first, second = (seen["slices"][finding[s]["seq"]] for s in ("first", "second"))
+    assert seen["tracks"][first["tid"]].startswith("stream transfer")
+    assert seen["tracks"][second["tid"]].startswith("stream compute")
+    assert "write-old" in first["name"] and "write-new" in second["name"]
+    assert check_report_html(folder)["marked"] == {finding["first"]["seq"],
+                                                   finding["second"]["seq"]}
+
+
+def test_trace_export_of_an_incident_is_its_timeline(incidents: dict[str, Path],
+                                                     tmp_path: Path) -> None:
+    folder = incidents["release-fence"]
+    out = tmp_path / "new" / "t.json"
+    result = CliRunner().invoke(main, ["trace", "export", str(folder), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "race(s) marked" in result.stdout and "ui.perfetto.dev" in result.stdout
+    assert json.loads(out.read_text()) == json.loads((folder / "timeline.json").read_text())
+
+
+def test_ops_without_device_times_are_placed_by_issue_and_the_tracks_say_so(
+        incidents: dict[str, Path]) -> None:
+    """A GPU trace without --timeline has no device times: stream ops sit where the host
+    issued them, in issue order on each track, and each stream's name says so."""
+    records = [json.loads(line) for line in
+               (incidents["cross-stream-race"] / "trace.jsonl").open()]
+    for r in records:
+        r.pop("t_start_ns", None)
+        r.pop("t_end_ns", None)
+    findings = json.loads((incidents["cross-stream-race"] / "report.json").read_text())[
+        "findings"]
+    doc = chrome_trace(records, findings)
+    seen = check_chrome_trace(doc, findings)
+    assert doc["otherData"]["device_times"] is False
+    used = {x["tid"] for x in seen["slices"].values()}
+    for tid, name in seen["tracks"].items():
+        assert (UNTIMED in name) == (name != "host" and tid in used), name
+    for track in {x["tid"] for x in seen["slices"].values()}:
+        xs = sorted((x for x in seen["slices"].values() if x["tid"] == track),
+                    key=lambda x: x["args"]["seq"])
+        assert [x["ts"] for x in xs] == sorted(x["ts"] for x in xs)
