@@ -2,6 +2,7 @@
 
     python -m harness.bench [--trials 2000] [--variant buggy|fixed|both] [--delays 0,1000]
     python -m harness.bench --detector [--backend cuda|sim]
+    python -m harness.bench --timeline
     python -m harness.bench --gpus 2 --trials 300 [--scenario catalog-reactivation]
 
 One trial of cross_stream_race, run by the harness's TrialExecutor (the pool, its bookkeeping,
@@ -13,6 +14,9 @@ read-back, a stream sync and the compare. Both run side by side in this one proc
 in blocks, and the figure is the ratio of their times (absolute times on a shared machine
 drift). A third column is a run's worker (TrialRunner: the executor, the flight recorder writing
 the trial's trace, the race detector) against the same bare loop.
+
+``--timeline`` measures what timing every stream op with CUDA events costs a run's worker:
+trials with ``--timeline`` against trials without, alternating.
 
 ``--detector`` measures the race detector's cost: trials with it on against trials with it off,
 in the executor alone (on: the op log is built for it) and in a run's worker (the flight
@@ -85,7 +89,7 @@ def _bare_trial(page_bytes: int, delay_us: float, fence: bool) -> Callable[[], b
 
 
 def _worker(scenario: Any, variant: str, backend: str, delay_us: float, detect: bool,
-            folder: Path) -> Any:
+            folder: Path, timeline: bool = False) -> Any:
     """A run's worker, in this process: what it does per trial (TrialRunner.run)."""
     from harness.runner import RunOptions
     from harness.worker import TrialRunner, WorkerJob
@@ -94,7 +98,8 @@ def _worker(scenario: Any, variant: str, backend: str, delay_us: float, detect: 
                     amplify=delay_us > 0, delay_us=delay_us or None,
                     log_path=str(folder / "worker.log"), trace_dir=str(folder / "traces"),
                     header={"scenario": scenario.name, "variant": variant}, detect=detect,
-                    traces_kept=RunOptions.max_incidents)  # as a run's workers keep them
+                    traces_kept=RunOptions.max_incidents,  # as a run's workers keep them
+                    timeline=timeline)
     return TrialRunner(job)
 
 
@@ -164,6 +169,22 @@ def measure_detector(backend: str, trials: int, variant: str, delay_us: float,
                          "found": found}
     out["trials"] = max(1, trials // block) * block
     return out
+
+
+def measure_timeline(trials: int, variant: str, delay_us: float,
+                     block: int = 100) -> dict[str, Any]:
+    """A run's worker with ``--timeline`` against one without, alternating in blocks."""
+    scenario = load_scenario(SCENARIO_ROOT / "cross_stream_race.yaml")
+    with tempfile.TemporaryDirectory(prefix="gpurace-bench-") as tmp:
+        timed = _worker(scenario, variant, "cuda", delay_us, True, Path(tmp) / "on",
+                        timeline=True)
+        plain = _worker(scenario, variant, "cuda", delay_us, True, Path(tmp) / "off")
+        on_s, off_s, found = _alternate(lambda i: timed.run(i, i)["outcome"] != "clean",
+                                        lambda i: plain.run(i, i)["outcome"] != "clean",
+                                        trials, block)
+    return {"variant": variant, "delay_us": delay_us, "on_us": on_s * 1e6,
+            "off_us": off_s * 1e6, "ratio": on_s / off_s, "manifested": found,
+            "trials": max(1, trials // block) * block}
 
 
 def _alternate(on: Callable[[int], bool], off: Callable[[int], bool], trials: int,
@@ -247,6 +268,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--detector", action="store_true",
                         help="measure the race detector's cost instead: trials with it on "
                              "against trials with it off")
+    parser.add_argument("--timeline", action="store_true",
+                        help="measure --timeline's cost instead: a run's worker timing every "
+                             "stream op with CUDA events against one that does not")
     parser.add_argument("--backend", default="cuda", choices=["cuda", "sim"],
                         help="backend for --detector and --gpus (the bare loop needs cuda)")
     parser.add_argument("--gpus",
@@ -263,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.detector:
         return _detector_main(args)
+    if args.timeline:
+        return _timeline_main(args)
     if args.gpus:
         return _lanes_main(args)
     try:
@@ -286,6 +312,22 @@ def main(argv: list[str] | None = None) -> int:
 
 def _variants(choice: str) -> list[str]:
     return ["buggy", "fixed"] if choice == "both" else [choice]
+
+
+def _timeline_main(args: argparse.Namespace) -> int:
+    try:
+        rows = [measure_timeline(args.trials, v, float(d)) for v in _variants(args.variant)
+                for d in args.delays.split(",")]
+    except (kvcore.KVCoreError, Exception) as exc:  # noqa: BLE001 - a benchmark reports any
+        print(f"harness.bench: {exc}", file=sys.stderr)
+        return 77 if "cuda" in str(exc).lower() else 1
+    print("cross_stream_race on cuda, per trial, median of blocks of 100, a run's worker with "
+          "--timeline (CUDA events around every stream op) vs without, same process:")
+    for r in rows:
+        print(f"  {r['variant']:>5}, delay {r['delay_us']:6.0f} us: timeline {r['on_us']:8.1f} "
+              f"us, without {r['off_us']:8.1f} us, ratio {r['ratio']:.3f}  (manifested with "
+              f"timeline: {r['manifested']}/{r['trials']})")
+    return 0
 
 
 def _detector_main(args: argparse.Namespace) -> int:

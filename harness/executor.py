@@ -246,7 +246,7 @@ class TrialExecutor:
                  amplify: bool = True, delay_us: float | None = None,
                  on_device: Callable[[kvcore.Device], None] | None = None,
                  schedule: Schedule | None = None, poison: bool = False,
-                 real_threads: bool | None = None) -> None:
+                 real_threads: bool | None = None, timeline: bool = False) -> None:
         self.ticket: Ticket | None = None
         workload = scenario.workload
         if workload is not None and workload.kind == "ticket" and workload.ticket is not None:
@@ -256,6 +256,7 @@ class TrialExecutor:
         self.scenario = scenario
         self.schedule = schedule
         self.poison = poison  # the pool poisons released pages (see DeviceKVPagePool)
+        self.timeline = timeline  # the GPU times its stream ops (see Device.settle_times)
         # Host threads: real ones on the GPU; interleaved step by step (by the seed or a
         # schedule) on the simulated device, which only a schedule can make reproducible.
         self.real_threads = backend == "cuda" if real_threads is None else real_threads
@@ -283,7 +284,7 @@ class TrialExecutor:
 
     def _open(self, seed: int) -> kvcore.Device:
         device = kvcore.open_device(self.backend, defects=self.variant.defects, seed=seed,
-                                    schedule=self.schedule)
+                                    schedule=self.schedule, timeline=self.timeline)
         if not self.device_info:  # the same for every device of the run; not worth a rebuild
             self.device_info = device.info().to_json()
         if self.on_device is not None:
@@ -318,6 +319,8 @@ class TrialExecutor:
                 exc, "gpurace_request", None)
         finally:
             gc.enable()
+        if world.device.timeline and world.device.fault is None:
+            world.device.settle_times()  # the trial ended with the device idle
         return TrialResult(index=index, seed=seed, outcome=outcome, detail=detail,
                            cuda_error=error, step=step, requests=requests,
                            duration_s=time.perf_counter() - start)

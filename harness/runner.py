@@ -96,6 +96,7 @@ class RunOptions:
     schedule: str | None = None  # replay this schedule token in every trial (sim only)
     record: bool = False  # keep every trial's op trace under out_dir/workers
     poison: bool = False  # the pool poisons released pages (kvcore's DeviceKVPagePool)
+    timeline: bool = False  # time every stream op with CUDA events (the incidents' timelines)
     shard: tuple[int, int] | None = None  # (K, N): run the K-th of N parts of the trials
     spares: int | None = None  # workers kept ready once a variant's workers die (None: the
     # backend's default, SPARES_DEFAULT; see harness.workers)
@@ -209,7 +210,7 @@ def run_plan(scenarios: Sequence[Scenario], options: RunOptions, backend: str
     same = {"version": VERSION, "backend": backend, "sources": sources,
             **{k: v for k, v in dataclasses.asdict(options).items()
                if k not in ("out_dir", "record", "max_incidents", "shard", "spares", "gpus",
-                            "executor", "address")}}
+                            "executor", "address", "timeline")}}
     digest = hashlib.sha256(json.dumps(same, sort_keys=True, default=str).encode()).hexdigest()
     return {"digest": digest, "version": VERSION, "backend": backend, "seed": options.seed,
             "sources": sources}
@@ -404,7 +405,8 @@ class Runner:
                                  delay if amplified else None, str(folder / "worker.log"),
                                  str(folder), header, opts.detect, opts.schedule, opts.record,
                                  opts.poison, gpu,
-                                 traces_kept=None if opts.record else opts.max_incidents)
+                                 traces_kept=None if opts.record else opts.max_incidents,
+                                 timeline=opts.timeline)
             return job
 
         spares = SPARES_DEFAULT[self.backend] if opts.spares is None else opts.spares

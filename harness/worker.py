@@ -45,6 +45,7 @@ class WorkerJob:
     # first few bad trials only and deletes the other traces; each of those trials is among
     # its own worker's first few, so keeping more only costs file operations per trial.
     traces_kept: int | None = None
+    timeline: bool = False  # time the stream ops with CUDA events (cuda)
 
 
 def worker_main(conn: Connection, job: WorkerJob) -> None:
@@ -116,7 +117,8 @@ class TrialRunner:
         self.executor = TrialExecutor(
             scenario, scenario.variant(job.variant), job.backend, amplify=job.amplify,
             delay_us=job.delay_us, on_device=on_device,
-            schedule=Schedule.parse(job.schedule) if job.schedule else None, poison=job.poison)
+            schedule=Schedule.parse(job.schedule) if job.schedule else None, poison=job.poison,
+            timeline=job.timeline)
         self.info: dict[str, Any] = {**self.executor.device_info, "pid": os.getpid()}
         self.kept = 0  # traces of bad trials kept so far
 

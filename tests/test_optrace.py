@@ -85,6 +85,12 @@ BAD: dict[str, tuple[Callable[[], str], int, str, str]] = {
     "duplicate key": (lambda: lines(GOOD[:4]) + '{"seq":1,"seq":2,"stream":"host",'
                       '"kind":"sync_device","type":"op"}\n', 5, "seq", "appears twice"),
     "empty": (lambda: "", 1, "(file)", "empty file"),
+    "times of an op not above": (lambda: lines(GOOD[:5] + [{"type": "times", "ops": [
+        [2, 5, 9]]}] + GOOD[5:]), 6, "ops[0]", "op 2 is not above"),
+    "times ending first": (lambda: lines(GOOD + [{"type": "times", "ops": [[2, 9, 5]]}]), 8,
+                           "ops[0]", "op 2 ends (5) before it starts (9)"),
+    "times not a triple": (lambda: lines(GOOD + [{"type": "times", "ops": [[2, 9]]}]), 8,
+                           "ops[0]", "must be [seq, t_start_ns, t_end_ns]"),
 }
 
 
@@ -227,3 +233,37 @@ def test_a_killed_workers_trace_is_its_whole_lines(tmp_path: Path) -> None:
     ops = [rec for rec in load_trace(Path(report) / "trace.jsonl").records
            if rec.get("type") == "op"]
     assert ops and ops[-1]["kind"] == "kernel:delay"
+
+
+def test_a_times_record_gives_the_ops_above_it_their_device_times(tmp_path: Path) -> None:
+    """What a backend times after the fact (the GPU with --timeline) reaches the trace: the
+    recorder writes a times record once the device settles them, and the reader gives each
+    op named its device times; ops not named keep none."""
+    import kvcore
+    from harness.traces.flight import FlightRecorder
+    from kvcore.device.sim import SimDevice
+
+    class Later(SimDevice):  # a device that knows its copies' times only once settled
+        def _do_copy(self, *args: Any) -> object:
+            super()._do_copy(*args)
+            return object()
+
+        def _do_times(self, pending: list[tuple[int, object]]) -> list[tuple[int, int, int]]:
+            return [(seq, 1000 * seq, 1000 * seq + 7) for seq, _ in pending]
+
+    device = Later(defects=kvcore.Defects(), seed=0)
+    stream = device.create_stream("s")
+    dev, host = device.alloc(64, name="dev"), device.alloc_host(64, name="pinned")
+    recorder = FlightRecorder(tmp_path)
+    recorder.attach(device)
+    recorder.start_trial({"scenario": "t"})
+    device.host_fill(host, 0, 64, 1)
+    device.copy(dev, 0, host, 0, 64, stream)
+    device.synchronize()
+    assert device.settle_times() == [(device.oplog.seq - 1, 1000 * (device.oplog.seq - 1),
+                                      1000 * (device.oplog.seq - 1) + 7)]
+    trace = load_trace(recorder.end_trial(0, keep=True))
+    timed = {op["kind"]: (op.get("t_start_ns"), op.get("t_end_ns")) for op in trace.ops}
+    copy_seq = next(op["seq"] for op in trace.ops if op["kind"] == "copy_htod")
+    assert timed["copy_htod"] == (1000 * copy_seq, 1000 * copy_seq + 7)
+    assert timed["host_write"] == (None, None)

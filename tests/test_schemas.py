@@ -291,6 +291,9 @@ def test_bad_trace_and_ticket_records_are_refused() -> None:
                                     "legacy": False})
     assert refused("trace-record", {"type": "header", "schema": "gpurace.trace/2"})
     assert refused("trace-record", {"type": "footer"})
+    assert_valid("trace-record", {"type": "times", "ops": [[3, 10, 20], [4, 15, 15]]})
+    assert refused("trace-record", {"type": "times", "ops": [[3, 10]]})
+    assert refused("trace-record", {"type": "times", "ops": [[3, -1, 20]]})
     header, request = (record for _, record in list(jsonl(TICKET))[:2])
     for record, path, value in ((header, ("kv", "dtype"), "i4"), (header, ("lanes",), 0),
                                 (header, ("name",), "Ninfer"), (request, ("prompt_tokens",), -1),

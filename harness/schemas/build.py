@@ -378,12 +378,22 @@ def trace_record_schema() -> Schema:
         "type": const("label"), "buffer": integer(0, L.COUNT_MAX),
         "offset": integer(0, L.COUNT_MAX), "length": integer(0, L.COUNT_MAX), "name": TEXT,
     }, description="bytes that had an owner (a lease, a pinned buffer) when the trial began")
+    times = closed({
+        "type": const("times"),
+        "ops": described(array({"type": "array", "prefixItems": [integer(1, L.COUNT_MAX),
+                                                                   integer(0, L.COUNT_MAX),
+                                                                   integer(0, L.COUNT_MAX)],
+                                 "minItems": 3, "maxItems": 3}),
+                         "[seq, t_start_ns, t_end_ns] of ops above: device times measured "
+                         "once the trial ended (--timeline)"),
+    }, ["type", "ops"])
     records = {"header": header, "buffer": buffer, "stream": stream, "label": label,
-               "op": _op_record(with_type=True)}
+               "op": _op_record(with_type=True), "times": times}
     return document(
         "gpurace op trace record", f"One line of an op trace ({TRACE_SCHEMA}, JSON Lines): "
         "the header first, then buffer and stream records before their first use, label "
-        "records, and an op record per device-visible action in issue order. What a schema "
+        "records, an op record per device-visible action in issue order, and with --timeline "
+        "a times record giving ops their device times. What a schema "
         "cannot see of a line (declared before use, seq increasing, a range inside its "
         "buffer) `gpurace check` checks.",
         {"type": "object", "required": ["type"],

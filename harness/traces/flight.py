@@ -50,6 +50,7 @@ class FlightRecorder:
         self._fd = -1
         self._used = 0  # bytes of the file the trial has written
         self._pending: list[OpRecord] = []
+        self._times: list[tuple[int, int, int]] = []  # device times measured after the ops
         self._device: Device | None = None
         self._announced: set[int] = set()
         self._streams: set[str] = set()
@@ -67,11 +68,13 @@ class FlightRecorder:
         self._labels = device.oplog.labels.live()
         device.oplog.subscribe(self._pending.append)
         device.oplog.before_blocking(self.flush)
+        device.oplog.on_times(self._times.extend)
 
     def start_trial(self, header: dict[str, Any]) -> None:
         """Begin a trial's trace: the file emptied (or made, when the last one was kept) and
         its header line written."""
         self._pending.clear()
+        self._times.clear()
         self.total = 0
         self._announced = set()
         self._streams = set()
@@ -106,7 +109,7 @@ class FlightRecorder:
 
     def flush(self) -> None:
         """Write what was issued since the last flush; called before every blocking call."""
-        if self._map is None or not self._pending:
+        if self._map is None or not (self._pending or self._times):
             return
         lines = []
         if self._device is not None:
@@ -124,6 +127,10 @@ class FlightRecorder:
             lines.extend(self._line(("label", label)) for label in self._labels)
             self._labels = []
         lines.extend(map(op_line, self._pending))
+        if self._times:  # after the ops they time (--timeline, read once the trial ended)
+            lines.append(json.dumps({"type": "times", "ops": self._times},
+                                    separators=(",", ":")))
+            self._times.clear()
         self.total += len(self._pending)
         self._pending.clear()
         # Into the kernel's page cache: enough to outlive this process (not a machine crash).

@@ -92,6 +92,7 @@ class _Parser(LineParser):
         self.streams: dict[str, int] = {}  # name -> line declared
         self.seq = 0
         self.seq_line = 0
+        self.by_seq: dict[int, dict[str, Any]] = {}  # the ops above, for a times record
 
     def finish(self, text: str) -> OpTrace:
         for record in self.records(text):
@@ -114,15 +115,17 @@ class _Parser(LineParser):
             self.stream(record)
         elif kind == "label":
             self.label(record)
+        elif kind == "times":
+            self.times(record)
         elif kind == "header":
             raise self.fail("type", "a second header (the first is on line 1); an op trace "
                                     "holds one trial: split concatenated traces into files")
         elif "type" not in record:
             raise self.fail("type", 'missing; every record needs "type": "header", "buffer", '
-                                    '"stream", "label" or "op"')
+                                    '"stream", "label", "op" or "times"')
         else:
             raise self.fail("type", f"unknown record type {show(kind)}; an op trace has "
-                                    "header, buffer, stream, label and op records")
+                                    "header, buffer, stream, label, op and times records")
         self.kept.append(record)
 
     def header(self, record: dict[str, Any]) -> None:
@@ -218,6 +221,27 @@ class _Parser(LineParser):
         self.string(record, "name")
         self.span("offset", [record["buffer"], record["offset"], record["length"]])
 
+    def times(self, record: dict[str, Any]) -> None:
+        """Device times of ops above, measured once the trial ended (``--timeline``): each op
+        named gets them as its ``t_start_ns`` and ``t_end_ns``."""
+        self.check_keys(record, ("type", "ops"), ("type", "ops"), "times record")
+        ops = record["ops"]
+        if not isinstance(ops, list) or len(ops) > len(self.by_seq):
+            raise self.fail("ops", f"must be an array of [seq, t_start_ns, t_end_ns], one per "
+                                   f"op above at most, not {show(ops)}")
+        for i, item in enumerate(ops):
+            if not (isinstance(item, list) and len(item) == 3 and all(
+                    isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in item)):
+                raise self.fail(f"ops[{i}]", f"must be [seq, t_start_ns, t_end_ns], integers "
+                                             f"of at least 0, not {show(item)}")
+            seq, start, end = item
+            if seq not in self.by_seq:
+                raise self.fail(f"ops[{i}]", f"op {seq} is not above; a times record follows "
+                                             "the ops it times")
+            if end < start:
+                raise self.fail(f"ops[{i}]", f"op {seq} ends ({end}) before it starts ({start})")
+            self.by_seq[seq]["t_start_ns"], self.by_seq[seq]["t_end_ns"] = start, end
+
     def op(self, record: dict[str, Any]) -> None:
         self.check_keys(record, _OP_KEYS, ("type", "seq", "stream", "kind"), "op record")
         seq = self.integer(record, "seq", minimum=1)
@@ -225,6 +249,7 @@ class _Parser(LineParser):
             raise self.fail("seq", f"{seq} does not follow seq {self.seq} on line "
                                    f"{self.seq_line}; ops are in issue order")
         self.seq, self.seq_line = seq, self.line
+        self.by_seq[seq] = record
         stream = self.string(record, "stream")
         kind = self.string(record, "kind")
         if stream == HOST:

@@ -19,10 +19,13 @@ def cuda_available() -> tuple[bool, str]:
 
 
 def open_device(kind: str = "auto", *, defects: Defects = Defects(), seed: int = 0,
-                index: int = 0, schedule: Schedule | None = None) -> Device:
+                index: int = 0, schedule: Schedule | None = None,
+                timeline: bool = False) -> Device:
     """Open a device: ``cuda`` (raises DeviceUnavailableError without a GPU), ``sim``, or
     ``auto`` (cuda when a GPU is usable, else sim). A ``schedule`` (sim only) holds back the
-    device ops it names, to force one ordering of the unordered ones."""
+    device ops it names, to force one ordering of the unordered ones. ``timeline`` (cuda)
+    times every stream op with CUDA events (``Device.settle_times``); the simulated device
+    knows its ops' times anyway."""
     if kind not in BACKENDS:
         raise DeviceUnavailableError(f"unknown backend {kind!r}; use one of {', '.join(BACKENDS)}")
     if kind == "auto":
@@ -38,7 +41,7 @@ def open_device(kind: str = "auto", *, defects: Defects = Defects(), seed: int =
         raise DeviceUnavailableError(f"the cuda backend cannot run here: {why}")
     from kvcore.device.cuda import CudaDevice
 
-    return CudaDevice(defects=defects, seed=seed, index=index)
+    return CudaDevice(defects=defects, seed=seed, index=index, timeline=timeline)
 
 
 __all__ = [

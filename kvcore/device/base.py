@@ -141,6 +141,10 @@ class Device(ABC):
         self.seed = seed
         self.oplog = OpLog()
         self.record_call_sites = False
+        # Ops whose device times a backend measures later (a GPU timing them with events):
+        # (seq, what the backend returned for it), read by settle_times.
+        self.timeline = False
+        self._timed: list[tuple[int, object]] = []
         self.fault: DeviceFaultError | None = None
         # Device API calls so far. On the GPU each one lets go of Python's interpreter lock,
         # where another host thread may take over.
@@ -469,6 +473,21 @@ class Device(ABC):
                           t_issue_ns=self._clock_ns(),
                           detail={"name": name, "range": [buf.id, off, nbytes]}))
 
+    def settle_times(self) -> list[tuple[int, int, int]]:
+        """The device times of the ops timed since the last call, as ``(seq, t_start_ns,
+        t_end_ns)`` on the host's clock, handed to the op log's times observers too. Call it
+        with the device idle (after a synchronize); an op whose times cannot be read (its
+        context died) is left out."""
+        pending, self._timed = self._timed, []
+        times = self._do_times(pending) if pending else []
+        for observer in self.oplog.times_observers:
+            observer(times)
+        return times
+
+    def _do_times(self, pending: list[tuple[int, object]]) -> list[tuple[int, int, int]]:
+        """The times of ``pending`` ops (a backend that times ops after the fact)."""
+        return []
+
     def host_step(self) -> None:
         """The harness goes on to a scenario's next step. Real time passes on the GPU; the
         simulated device moves its clock on by what a step costs the harness there, so a small
@@ -553,7 +572,13 @@ class Device(ABC):
         elif self.record_call_sites:
             info["site"] = _call_site()
         log.seq += 1
-        start, end = times if times else (None, None)
+        if times is None:
+            start = end = None
+        elif type(times) is tuple:
+            start, end = times
+        else:  # the backend will know them once the device has run it (settle_times)
+            self._timed.append((log.seq, times))
+            start = end = None
         # tuple.__new__ rather than OpRecord(...): the named tuple's own __new__ is a Python
         # function, and this runs for every op while anyone listens.
         record = _new(OpRecord, (log.seq, stream, kind, reads, writes, records, waits, syncs,

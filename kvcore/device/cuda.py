@@ -91,7 +91,8 @@ class CudaDevice(Device):
 
     kind = "cuda"
 
-    def __init__(self, *, defects: Defects = Defects(), seed: int = 0, index: int = 0) -> None:
+    def __init__(self, *, defects: Defects = Defects(), seed: int = 0, index: int = 0,
+                 timeline: bool = False) -> None:
         # CUDA maps streams onto CUDA_DEVICE_MAX_CONNECTIONS hardware queues (8 by default);
         # two streams sharing a queue are serialized, which hides exactly the cross-stream races
         # gpurace exists to show. 32 is the most CUDA allows; it must be set before the context
@@ -124,6 +125,15 @@ class CudaDevice(Device):
         self.memset(self._never, 0, 4, 0, self.legacy_stream)
         self._warm_up()
         self.delay_200us_measured_us = self._check_delay()
+        self._timing_events: list[Any] = []  # timing events, recycled across trials
+        self._base: tuple[Any, int] | None = None  # the trial's first stamp, its host time
+        if timeline:
+            self.timeline = True
+            # Each stream op between two timing events, read after the trial (settle_times):
+            # wrapped here so that a run without --timeline pays nothing for it.
+            for name, at in (("_do_record", 1), ("_do_wait", 0), ("_do_copy", 5),
+                             ("_do_copy_2d", 8), ("_do_memset", 4), ("_do_launch", 1)):
+                setattr(self, name, self._timing(getattr(self, name), at))
 
     def _compile_data_kernels(self) -> str:
         """The row-following kernels (kernels_data.cu), in a module of their own: if they do
@@ -185,6 +195,55 @@ class CudaDevice(Device):
         ns = -1 if us is None else int(us * 1000)
         self._fns["kv_delay"]((1,), (1,), (np.int64(ns), np.uint64(self._never.address)),
                               stream=stream)
+
+    # ---- --timeline ------------------------------------------------------------------------------
+    def _timing(self, do: Any, at: int) -> Any:
+        """``do`` (a stream op, its stream the argument at ``at``) between two timing events
+        on that stream."""
+        def timed(*args: Any) -> _Span:
+            stream = args[at].handle.ptr
+            start = self._stamp(stream)
+            do(*args)
+            return _Span(start, self._stamp(stream))
+        return timed
+
+    def _stamp(self, stream: int) -> Any:
+        """A timing event recorded on ``stream`` now; the trial's first also records the base
+        that times are measured from, and when the host recorded it."""
+        events = self._timing_events
+        try:
+            if self._base is None:
+                base = events.pop() if events else self._cp.cuda.Event()
+                self._rt.eventRecord(base.ptr, stream)
+                self._base = (base, time.perf_counter_ns())
+            event = events.pop() if events else self._cp.cuda.Event()
+            self._rt.eventRecord(event.ptr, stream)
+        except Exception as exc:
+            raise _translate(self, exc)  # noqa: B904 - its cause is set
+        return event
+
+    def _do_times(self, pending: list[tuple[int, object]]) -> list[tuple[int, int, int]]:
+        """Each op's events against the base: device times on the host's clock, aligned where
+        the base was recorded (the device ran it at once, its stream being idle at a trial's
+        start, to within a launch's latency)."""
+        if self._base is None:
+            return []
+        base, host_ns = self._base
+        elapsed = self._cp.cuda.get_elapsed_time
+        out = []
+        for seq, span in pending:
+            assert isinstance(span, _Span)
+            try:
+                start, end = elapsed(base, span.start), elapsed(base, span.end)
+            except Exception:  # not run (the context died) or not done: left out, untimed
+                continue
+            finally:
+                self._timing_events += (span.start, span.end)
+            out.append((seq, max(0, host_ns + round(start * 1e6)),
+                        max(0, host_ns + round(end * 1e6))))
+        self._timing_events.append(base)
+        self._base = None
+        return out
 
     # ---- backend hooks -------------------------------------------------------------------------
     def _clock_ns(self) -> int:
@@ -395,6 +454,16 @@ class _Pinned:
         raw = (ctypes.c_uint8 * nbytes).from_address(self.ptr)
         self.array = np.frombuffer(raw, dtype=np.uint8)
         self.array[:] = 0
+
+
+class _Span:
+    """The timing events around one op (see CudaDevice._timing)."""
+
+    __slots__ = ("start", "end")
+
+    def __init__(self, start: Any, end: Any) -> None:
+        self.start = start
+        self.end = end
 
 
 class _StreamHandle:

@@ -192,6 +192,7 @@ class OpLog:
         # Where the current step was written (``file:line:col`` of a scenario), for findings.
         self.origin: str | None = None
         self.blocking_hooks: list[Callable[[], None]] = []
+        self.times_observers: list[Callable[[list[tuple[int, int, int]]], None]] = []
 
     def subscribe(self, observer: Observer) -> Callable[[], None]:
         """Send every later record to ``observer``; returns a function that unsubscribes it."""
@@ -210,6 +211,11 @@ class OpLog:
         moment a flight recorder must have its records on disk, since a hung kernel or a fault
         is found there and the process may never come back."""
         self.blocking_hooks.append(hook)
+
+    def on_times(self, observer: Callable[[list[tuple[int, int, int]]], None]) -> None:
+        """Call ``observer`` with the device times of ops measured after they were logged
+        (``(seq, t_start_ns, t_end_ns)``, see ``Device.settle_times``)."""
+        self.times_observers.append(observer)
 
     def announce_stream(self, info: StreamInfo) -> None:
         self.streams[info.name] = info
