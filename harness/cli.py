@@ -56,7 +56,8 @@ from reports import (
     write_atomic,
 )
 from harness.outputs import check_file, check_folder, sweep_dead_runs
-from reports.timeline import chrome_trace
+from reports.timeline import chrome_trace, svg_timeline
+from reports.window import Window, plot_png, render_terminal, sweep_window, trace_gaps
 from harness.runner import (
     ExitCode,
     Interrupted,
@@ -408,6 +409,12 @@ def _execute(scenarios: Sequence[Scenario], options: RunOptions, *, insist: bool
 def _write_and_show(result: RunResult, junit: Path | None, fmt: str) -> None:
     """Write the run's run.json (and JUnit) in its folder, and print it: run, replay, merge."""
     document = result.to_json()
+    window = sweep_window(document["results"], trace_gaps(document["results"]))
+    picture = None
+    if window.points:
+        document["window"] = window.to_json()
+        write_atomic(Path(result.folder) / "window.csv", window.csv())
+        picture = _plot_window(window, Path(result.folder) / "window.png")
     write_atomic(Path(result.folder) / "run.json", json.dumps(document, indent=2) + "\n")
     if junit is not None:
         junit.parent.mkdir(parents=True, exist_ok=True)
@@ -416,6 +423,21 @@ def _write_and_show(result: RunResult, junit: Path | None, fmt: str) -> None:
         click.echo(json.dumps(document, indent=2))
     else:
         _print_summary(result, Path(result.folder))
+        if window.points:
+            out.print("\nThe race window (manifested against the injected delay):\n"
+                      + escape(render_terminal(window)), highlight=False)
+            out.print(escape(f"  {Path(result.folder) / 'window.csv'}" + (
+                f", {picture}" if picture else " (pip install gpurace[plot] for window.png)")),
+                highlight=False)
+
+
+def _plot_window(window: Window, path: Path) -> Path | None:
+    """window.png, where matplotlib is installed."""
+    try:
+        plot_png(window, path)
+    except ImportError:
+        return None
+    return path
 
 
 def _stop_on_sigterm(signum: int, frame: object) -> None:
@@ -493,7 +515,36 @@ def _refuse_busy_gpu(insist: bool, lanes: Sequence[str | None]) -> None:
 
 @main.group("report")
 def report_group() -> None:
-    """Incident reports: list them, show one."""
+    """Incident reports: list them, show one; a sweep's race window as a picture."""
+
+
+@report_group.command("window")
+@click.argument("run", type=click.Path(exists=True, path_type=Path))
+@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="Where to write the PNG.")
+def report_window(run: Path, output: Path) -> None:
+    """Draw the race window of a `--sweep` run (its run.json, or its folder) as a PNG: the
+    rate against the injected delay per variant, with Wilson 95% intervals and the measured
+    interpreter gap, as `run --sweep` draws it where matplotlib is installed. For a sweep made
+    on a machine without it (pip install gpurace[plot] here)."""
+    check_file(output, "--output")
+    path = run / "run.json" if run.is_dir() else run
+    try:
+        document = json.loads(path.read_text())
+        saved = document.get("window") or {}
+        gaps = {k: [float(v)] for k, v in (saved.get("interpreter_gap_us") or {}).items()}
+        window = sweep_window(document["results"], gaps or trace_gaps(document["results"]))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ReportError(f"{path}: not a gpurace run document ({exc}); pass a run's "
+                          "run.json or folder") from None
+    if not window.points:
+        raise ReportError(f"{path}: no sweep in this run; run it with `gpurace run --sweep`")
+    try:
+        plot_png(window, output)
+    except ImportError:
+        raise ReportError("matplotlib is not installed: pip install gpurace[plot]") from None
+    out.print(f"{output}: {len(window.curves())} curve(s), {len(window.points)} points",
+              highlight=False)
 
 
 @report_group.command("list")
@@ -655,17 +706,27 @@ def trace_group() -> None:
 @trace_group.command("export")
 @click.argument("trace", type=click.Path(exists=True, dir_okay=True, path_type=Path))
 @click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), required=True,
-              help="Where to write the Chrome trace (JSON).")
+              help="Where to write it: FILE.json for a Chrome trace, FILE.svg for a picture.")
 def trace_export_cmd(trace: Path, output: Path) -> None:
-    """Write an op trace (a trace.jsonl, or an incident folder) as a Chrome trace, the Trace
-    Event Format that https://ui.perfetto.dev and chrome://tracing open: a track for the host
-    and one per stream, every op a slice (its step and byte ranges in its args), arrows from
-    an event's record to the waits on it, and each racing pair that `gpurace check` finds
-    marked red and joined. An incident folder has one already: timeline.json."""
+    """Write an op trace (a trace.jsonl, or an incident folder) as a timeline. FILE.json: a
+    Chrome trace, the Trace Event Format that https://ui.perfetto.dev and chrome://tracing
+    open: a track for the host and one per stream, every op a slice (its step and byte ranges
+    in its args), arrows from an event's record to the waits on it, and each racing pair that
+    `gpurace check` finds marked red and joined (an incident folder has one already:
+    timeline.json). FILE.svg: the same ops as boxes in issue order, a lane per stream, the
+    racing pairs red (what report.html shows of the last ops)."""
     check_file(output, "--output")
+    if output.suffix not in (".json", ".svg"):
+        raise click.BadParameter("name a .json (Chrome trace) or .svg (picture) file",
+                                 param_hint="--output")
     path = trace / "trace.jsonl" if trace.is_dir() else trace
     trace_file = load_trace(path)
     findings = [f.to_json() for f in check_trace(trace_file.records).findings]
+    if output.suffix == ".svg":
+        write_atomic(output, svg_timeline(trace_file.ops, findings) + "\n")
+        out.print(f"{output}: {len(trace_file.ops)} ops, {len(findings)} race(s) marked",
+                  highlight=False)
+        return
     document = chrome_trace(trace_file.records, findings)
     write_atomic(output, json.dumps(document, separators=(",", ":"), default=str) + "\n")
     timed = "device times" if document["otherData"]["device_times"] else \

@@ -27,16 +27,6 @@ table { border-collapse: collapse; } td, th { border: 1px solid #ccc; padding: 2
 code, pre { background: #f4f4f4; } pre { padding: 8px; overflow-x: auto; }
 .bad { color: #b00; font-weight: bold; }
 .scroll { overflow-x: auto; border: 1px solid #ddd; }
-svg.timeline text { font: 11px monospace; }
-svg.timeline .band { fill: #fafafa; stroke: #e4e4e4; }
-svg.timeline .name { fill: #333; }
-svg.timeline .axis { fill: #777; }
-svg.timeline .op rect { fill: #cfe0f5; stroke: #6d8fb8; }
-svg.timeline .op .seq { text-anchor: middle; fill: #234; font-size: 9px; }
-svg.timeline .race rect { fill: #f6b3b3; stroke: #c00; stroke-width: 2.5; }
-svg.timeline line.wait { stroke: #888; stroke-dasharray: 3 2; }
-svg.timeline line.pair { stroke: #c00; stroke-width: 2; }
-svg.timeline marker path { fill: #666; }
 """
 
 

@@ -213,6 +213,20 @@ def _span(item: Any, buffers: Mapping[int, str]) -> str:
 
 # ---- the SVG ---------------------------------------------------------------------------------
 
+_SVG_STYLE = """
+text { font: 11px monospace; }
+.band { fill: #fafafa; stroke: #e4e4e4; }
+.name { fill: #333; }
+.axis { fill: #777; }
+.op rect { fill: #cfe0f5; stroke: #6d8fb8; }
+.op .seq { text-anchor: middle; fill: #234; font-size: 9px; }
+.race rect { fill: #f6b3b3; stroke: #c00; stroke-width: 2.5; }
+line.wait { stroke: #888; stroke-dasharray: 3 2; fill: none; }
+line.pair { stroke: #c00; stroke-width: 2; fill: none; }
+marker path { fill: #666; }
+"""
+"""The SVG's own styles: it reads the same inline in a page and as a file of its own."""
+
 LANE_H = 34
 COLUMN_W = 30
 LEFT = 150
@@ -234,6 +248,7 @@ def svg_timeline(ops: Sequence[Mapping[str, Any]],
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="timeline" width="{width}" '
            f'height="{height}" viewBox="0 0 {width} {height}" role="img" '
            f'aria-label="the last ops, one lane per stream">',
+           f'<style>{_SVG_STYLE}</style><rect width="100%" height="100%" fill="white"/>',
            '<defs><marker id="arrow" viewBox="0 0 8 8" refX="7" refY="4" markerWidth="6" '
            'markerHeight="6" orient="auto"><path d="M0,0 L8,4 L0,8 z"/></marker></defs>',
            f'<text x="{LEFT}" y="14" class="axis">ops in the order the host issued them '
@@ -263,6 +278,10 @@ def svg_timeline(ops: Sequence[Mapping[str, Any]],
         for first, second, name in arrows:
             if first in where and second in where:
                 (x1, y1), (x2, y2) = where[first], where[second]
+                # From edge to edge, not middle to middle: the line must not hide the seqs.
+                length = max(((x2 - x1) ** 2 + (y2 - y1) ** 2) ** 0.5, 1.0)
+                dx, dy = (x2 - x1) / length * COLUMN_W / 2, (y2 - y1) / length * COLUMN_W / 2
+                x1, y1, x2, y2 = x1 + dx, y1 + dy, x2 - dx, y2 - dy
                 out.append(f'<line class="{cls}" x1="{x1}" y1="{y1}" x2="{x2}" y2="{y2}" '
                            f'marker-end="url(#arrow)"><title>{html.escape(name)}</title>'
                            '</line>')

@@ -92,3 +92,26 @@ def test_ops_without_device_times_are_placed_by_issue_and_the_tracks_say_so(
         xs = sorted((x for x in seen["slices"].values() if x["tid"] == track),
                     key=lambda x: x["args"]["seq"])
         assert [x["ts"] for x in xs] == sorted(x["ts"] for x in xs)
+
+
+def test_trace_export_draws_an_svg(incidents: dict[str, Path], tmp_path: Path) -> None:
+    """FILE.svg: the trial's ops in issue order, a lane per track, the racing pair marked;
+    a file of its own (its styles inside it); another suffix is refused."""
+    import xml.etree.ElementTree as ET
+
+    folder = incidents["cross-stream-race"]
+    [finding] = json.loads((folder / "report.json").read_text())["findings"]
+    out = tmp_path / "t.svg"
+    result = CliRunner().invoke(main, ["trace", "export", str(folder), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    svg = ET.fromstring(out.read_text())
+    ns = "{http://www.w3.org/2000/svg}"
+    assert svg.find(f"{ns}style") is not None
+    marked = {int(g.get("data-seq")) for g in svg.iter(f"{ns}g") if g.get("class") == "op race"}
+    assert marked == {finding["first"]["seq"], finding["second"]["seq"]}
+    ops = [json.loads(line) for line in (folder / "trace.jsonl").open()
+           if '"type":"op"' in line]
+    assert len([g for g in svg.iter(f"{ns}g") if "op" in (g.get("class") or "").split()]) \
+        == len(ops)
+    bad = CliRunner().invoke(main, ["trace", "export", str(folder), "-o", str(tmp_path / "t.x")])
+    assert bad.exit_code == 2 and ".svg" in bad.stderr

@@ -297,7 +297,17 @@ def run_schema() -> Schema:
         "retired": described(array(string()),
                              "GPUs a fatal Xid took out of the run, and why; the run exits 1"),
         "results": array(ref("variant")),
-    })
+        "window": described(closed({
+            "points": array(closed({
+                "scenario": NAME, "variant": NAME, "delay_us": number(0, L.DELAY_MAX_US),
+                "trials": integer(1), "manifested": integer(0), "rate": number(0, 1),
+                "interval": array(number(0, 1), minItems=2, maxItems=2)})),
+            "interpreter_gap_us": {"type": "object", "additionalProperties": number(0)},
+        }), "a sweep's race window: the rate at each delay, and each scenario's measured "
+            "host time from the delay's launch to the racing op (window.csv, window.png)"),
+    }, required=["schema", "run_id", "folder", "interrupted", "backend", "device", "seed",
+                 "poison", "wall_s", "exit_code", "stopped", "health", "watch_notes",
+                 "version", "shard", "plan", "shards", "lanes", "retired", "results"])
     return document(
         "gpurace run", f"run.json and `gpurace run --format json`: {RUN_SCHEMA}, a result per "
         "scenario variant (per delay in a sweep).", body,
