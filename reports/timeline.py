@@ -118,6 +118,7 @@ def chrome_trace(records: Iterable[Mapping[str, Any]],
     buffers: dict[int, str] = {}
     streams: dict[str, Mapping[str, Any]] = {}
     ops: list[Mapping[str, Any]] = []
+    times: dict[int, tuple[int, int]] = {}
     for record in records:
         kind = record.get("type")
         if kind == "header":
@@ -128,6 +129,11 @@ def chrome_trace(records: Iterable[Mapping[str, Any]],
             streams[str(record["name"])] = record
         elif kind == "op":
             ops.append(record)
+        elif kind == "times":  # device times measured after the ops (--timeline)
+            times.update((int(seq), (start, end)) for seq, start, end in record.get("ops", []))
+    if times:
+        ops = [{**op, "t_start_ns": times[op["seq"]][0], "t_end_ns": times[op["seq"]][1]}
+               if op.get("seq") in times else op for op in ops]
     placed = place(ops)
     names = tracks(ops, list(streams))
     tid = {name: i + 1 for i, name in enumerate(names)}

@@ -115,3 +115,24 @@ def test_trace_export_draws_an_svg(incidents: dict[str, Path], tmp_path: Path) -
         == len(ops)
     bad = CliRunner().invoke(main, ["trace", "export", str(folder), "-o", str(tmp_path / "t.x")])
     assert bad.exit_code == 2 and ".svg" in bad.stderr
+
+
+def test_a_times_record_in_the_trace_puts_the_ops_where_they_ran(
+        incidents: dict[str, Path]) -> None:
+    """A GPU trace made with --timeline: its ops carry no device times but a times record
+    after them does; the timeline takes them from it (as an incident's timeline.json is made
+    from the raw trace lines)."""
+    records = [json.loads(line) for line in
+               (incidents["cross-stream-race"] / "trace.jsonl").open()]
+    timed = []
+    for r in records:
+        if r.get("type") == "op" and "t_start_ns" in r:
+            timed.append([r["seq"], r.pop("t_start_ns"), r.pop("t_end_ns")])
+    assert timed
+    stripped = chrome_trace(records)
+    assert stripped["otherData"]["device_times"] is False
+    doc = chrome_trace([*records, {"type": "times", "ops": timed}])
+    assert doc["otherData"]["device_times"] is True
+    original = chrome_trace([json.loads(line) for line in
+                             (incidents["cross-stream-race"] / "trace.jsonl").open()])
+    assert doc["traceEvents"] == original["traceEvents"]
