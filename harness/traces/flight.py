@@ -51,6 +51,7 @@ class FlightRecorder:
         self._used = 0  # bytes of the file the trial has written
         self._pending: list[OpRecord] = []
         self._times: list[tuple[int, int, int]] = []  # device times measured after the ops
+        self._first_seq = 0  # the trial's first op
         self._device: Device | None = None
         self._announced: set[int] = set()
         self._streams: set[str] = set()
@@ -68,13 +69,14 @@ class FlightRecorder:
         self._labels = device.oplog.labels.live()
         device.oplog.subscribe(self._pending.append)
         device.oplog.before_blocking(self.flush)
-        device.oplog.on_times(self._times.extend)
+        device.oplog.on_times(self._timed)
 
     def start_trial(self, header: dict[str, Any]) -> None:
         """Begin a trial's trace: the file emptied (or made, when the last one was kept) and
         its header line written."""
         self._pending.clear()
         self._times.clear()
+        self._first_seq = self._device.oplog.seq + 1 if self._device is not None else 0
         self.total = 0
         self._announced = set()
         self._streams = set()
@@ -135,6 +137,12 @@ class FlightRecorder:
         self._pending.clear()
         # Into the kernel's page cache: enough to outlive this process (not a machine crash).
         self._write("\n".join(lines) + "\n")
+
+    def _timed(self, times: list[tuple[int, int, int]]) -> None:
+        """Device times measured once the trial ended: of this trial's ops only (the first
+        trial's also time what built the world before its trace began)."""
+        first = self._first_seq
+        self._times.extend(t for t in times if t[0] >= first)
 
     def _line(self, what: tuple[Any, ...]) -> str:
         """A buffer, stream or label line: the same ones begin every trial's trace, so each is
