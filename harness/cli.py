@@ -207,10 +207,9 @@ _SHARED_RUN_OPTIONS = [
                       "correct pool never shows it; without its release fence it lands at once."),
     click.option("--timeline", is_flag=True,
                  help="On the GPU, time every stream op with CUDA events, so an incident's "
-                      "timeline (timeline.json, report.html) shows when each op ran on the "
-                      "device, not only where the host issued it. It costs trial rate; a trial "
-                      "that crashed its context keeps issue times. The simulated device times "
-                      "its ops anyway."),
+                      "timeline.json shows when each op ran on the device, not only where the "
+                      "host issued it. It costs trial rate; a trial that crashed its context "
+                      "keeps issue times. The simulated device times its ops anyway."),
     click.option("--record", is_flag=True,
                  help="Keep every trial's op trace (JSON Lines), not only the traces of the "
                       "incidents kept; `gpurace check` reads them."),
