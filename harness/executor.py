@@ -390,7 +390,7 @@ class _Steps:
             exc.gpurace_step = step.label if step else None  # type: ignore[attr-defined]
             raise
         finally:
-            oplog.step = oplog.origin = None
+            oplog.step = oplog.origin = oplog.thread = None
             self._cleanup()
 
     def _in_order(self, steps: tuple[Step, ...]) -> None:
@@ -398,6 +398,7 @@ class _Steps:
         host time inside the race windows."""
         device = self.w.device
         oplog = device.oplog
+        oplog.thread = None  # the scenario's own thread
         host_step = device.host_step
         before = self.ex.amplified_step
         handlers = _HANDLERS
@@ -414,7 +415,7 @@ class _Steps:
         # Set directly, not through oplog.in_step: a context manager per step is a measurable
         # share of a trial's host time, which sits inside race windows.
         oplog = self.w.device.oplog
-        oplog.step, oplog.origin = step.label, step.origin
+        oplog.step, oplog.origin, oplog.thread = step.label, step.origin, step.thread
         self.w.device.host_step()
         self.ex.amplifier(self.w, step.id or "")
         getattr(self, "_" + step.op)(step)

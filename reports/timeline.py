@@ -3,10 +3,11 @@ an SVG of the last ops that a browser shows with no script and no network.
 
 Both read op records as the trace file and the incident report hold them (plain dicts: ``seq``,
 ``stream``, ``kind``, ``reads``/``writes`` as ``[buffer, offset, length]``, ``records``,
-``waits``, ``syncs``, ``step``, the times) and the race detector's findings (``first`` and
-``second``, each with the ``seq`` of its op). Every op is a slice on its track (the host, and
-each stream); an event's record and the waits on that record are joined by an arrow, and so is
-each racing pair, its two slices marked.
+``waits``, ``syncs``, ``step``, the times; ``detail.thread``, the scenario's host thread that
+issued it) and the race detector's findings (``first`` and ``second``, each with the ``seq`` of
+its op). Every op is a slice on its track (the host, or each of its threads, and each stream);
+an event's record and the waits on that record are joined by an arrow, and so is each racing
+pair, its two slices marked.
 
 Where the ops carry device times (the simulated device always; the GPU with ``--timeline``) a
 stream op's slice is when it ran; otherwise it is placed where the host issued it, and the
@@ -40,11 +41,25 @@ class Placed:
     timed: bool
 
 
+THREAD = " · "
+"""Between "host" and a host thread's name in its track's key (no stream name has it)."""
+
+
+def track_of(op: Mapping[str, Any]) -> str:
+    """An op's track: its stream, or the host (``host · T`` for the scenario's thread T)."""
+    stream = str(op.get("stream"))
+    detail = op.get("detail")
+    if stream == HOST and isinstance(detail, Mapping) and detail.get("thread"):
+        return f"{HOST}{THREAD}{detail['thread']}"
+    return stream
+
+
 def tracks(ops: Sequence[Mapping[str, Any]], streams: Sequence[str] = ()) -> list[str]:
-    """The host's track, then the streams: in ``streams``' order, then as the ops first use
-    them."""
-    out = [HOST]
-    for name in [*streams, *(str(op.get("stream")) for op in ops)]:
+    """The host's track and its threads' as the ops first use them, then the streams: in
+    ``streams``' order, then as the ops first use them."""
+    used = [track_of(op) for op in ops]
+    out = [HOST, *dict.fromkeys(t for t in used if t.startswith(HOST + THREAD))]
+    for name in [*streams, *used]:
         if name not in out:
             out.append(name)
     return out
@@ -54,11 +69,11 @@ def place(ops: Sequence[Mapping[str, Any]]) -> list[Placed]:
     """Each op as a slice on its track (see the module docstring)."""
     issued: dict[str, list[float]] = {}
     for op in ops:
-        issued.setdefault(str(op.get("stream")), []).append(_ns(op.get("t_issue_ns")))
+        issued.setdefault(track_of(op), []).append(_ns(op.get("t_issue_ns")))
     nth: dict[str, int] = {}
     out = []
     for op in ops:
-        track = str(op.get("stream"))
+        track = track_of(op)
         k = nth[track] = nth.get(track, -1) + 1
         start, end = op.get("t_start_ns"), op.get("t_end_ns")
         if isinstance(start, (int, float)) and isinstance(end, (int, float)):
@@ -67,7 +82,7 @@ def place(ops: Sequence[Mapping[str, Any]]) -> list[Placed]:
         at = issued[track][k]
         later = issued[track][k + 1] if k + 1 < len(issued[track]) else at + ISSUE_SLICE_NS
         out.append(Placed(op, track, at, at + max(1.0, min(later - at, ISSUE_SLICE_NS)),
-                          track == HOST))
+                          track.startswith(HOST)))
     return out
 
 
@@ -137,13 +152,14 @@ def chrome_trace(records: Iterable[Mapping[str, Any]],
     placed = place(ops)
     names = tracks(ops, list(streams))
     tid = {name: i + 1 for i, name in enumerate(names)}
-    untimed = {p.track for p in placed if not p.timed}
+    untimed = {p.track for p in placed if not p.timed}  # streams only: host ops are timed
     title = f"gpurace {header.get('scenario', '?')} [{header.get('variant', '?')}] trial " \
             f"{header.get('trial', '?')} ({header.get('backend', '?')})"
     events: list[dict[str, Any]] = [
         {"ph": "M", "pid": 1, "tid": 0, "name": "process_name", "args": {"name": title}}]
     for name in names:
-        label = "host" if name == HOST else f"stream {name}{_flavour(streams.get(name))}"
+        label = _host_label(name) if name.startswith(HOST) and name not in streams else \
+            f"stream {name}{_flavour(streams.get(name))}"
         if name in untimed:
             label += f" ({UNTIMED})"
         events += [{"ph": "M", "pid": 1, "tid": tid[name], "name": "thread_name",
@@ -179,7 +195,11 @@ def chrome_trace(records: Iterable[Mapping[str, Any]],
             events.append({**common, "ph": "f", "bp": "e", "tid": tid_b, "ts": ts_b})
     return {"traceEvents": events, "displayTimeUnit": "ns",
             "otherData": {"source": "gpurace", "schema": header.get("schema"),
-                          "device_times": not untimed - {HOST}}}
+                          "device_times": not untimed}}
+
+
+def _host_label(track: str) -> str:
+    return "host" if track == HOST else f"host thread {track[len(HOST + THREAD):]}"
 
 
 def _flavour(stream: Mapping[str, Any] | None) -> str:
@@ -261,7 +281,7 @@ def svg_timeline(ops: Sequence[Mapping[str, Any]],
            '&#8594;</text>']
     for name in names:
         y = TOP + lane[name] * LANE_H
-        label = "host" if name == HOST else name
+        label = name.replace(THREAD, " ")
         out.append(f'<g class="lane" data-lane="{html.escape(name)}">'
                    f'<rect x="0" y="{y}" width="{width}" height="{LANE_H}" class="band"/>'
                    f'<text x="8" y="{y + LANE_H / 2 + 4}" class="name">'
@@ -269,7 +289,7 @@ def svg_timeline(ops: Sequence[Mapping[str, Any]],
     for i, op in enumerate(ops):
         seq = op["seq"]
         x = LEFT + i * COLUMN_W
-        y = TOP + lane[str(op.get("stream"))] * LANE_H + 5
+        y = TOP + lane[track_of(op)] * LANE_H + 5
         where[seq] = (x + (COLUMN_W - 4) / 2, y + (LANE_H - 10) / 2)
         cls = "op race" if seq in racing else "op"
         tip = f"seq {seq} · {op.get('stream')} · {_label(op)}"

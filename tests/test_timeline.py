@@ -136,3 +136,26 @@ def test_a_times_record_in_the_trace_puts_the_ops_where_they_ran(
     original = chrome_trace([json.loads(line) for line in
                              (incidents["cross-stream-race"] / "trace.jsonl").open()])
     assert doc["traceEvents"] == original["traceEvents"]
+
+
+def test_each_host_thread_has_its_own_track(tmp_path: Path) -> None:
+    """cudf-22284's two task threads: their host ops sit on a track each (the op records
+    carry the thread), the scenario's own thread on the host's; the page draws a lane each."""
+    result = CliRunner().invoke(main, ["run", "cudf-22284", "--backend", "sim", "--variant",
+                                       "buggy", "--trials", "1", "--dangerous", "--format",
+                                       "json", "--out", str(tmp_path)])
+    [folder] = [Path(p) for p in json.loads(result.stdout)["results"][0]["reports"]]
+    report = json.loads((folder / "report.json").read_text())
+    seen = check_chrome_trace(json.loads((folder / "timeline.json").read_text()),
+                              report["findings"])
+    names = {tid: name for tid, name in seen["tracks"].items()}
+    assert {"host thread task-1", "host thread task-2"} <= set(names.values())
+    ops = [json.loads(line) for line in (folder / "trace.jsonl").open() if '"type":"op"' in line]
+    for op in ops:
+        if op["stream"] == "host":
+            thread = (op.get("detail") or {}).get("thread")
+            track = names[seen["slices"][op["seq"]]["tid"]]
+            assert track == (f"host thread {thread}" if thread else "host"), (op, track)
+    assert any((op.get("detail") or {}).get("thread") == "task-2" for op in ops)
+    lanes = check_report_html(folder)["lanes"]
+    assert "host · task-1" in lanes or "host · task-2" in lanes

@@ -82,8 +82,11 @@ def check_report_html(folder: Path) -> dict[str, Any]:
     svg = ET.fromstring(svg_text)
     ns = "{http://www.w3.org/2000/svg}"
     lanes = [g.get("data-lane") for g in svg.iter(f"{ns}g") if g.get("class") == "lane"]
-    streams = {op["stream"] for op in report["last_ops"][-60:]}
-    assert lanes[0] == "host" and set(lanes) == {"host"} | streams, (lanes, streams)
+    shown_ops = report["last_ops"][-60:]
+    streams = {op["stream"] for op in shown_ops if op["stream"] != "host"}
+    threads = {f"host · {op['detail']['thread']}" for op in shown_ops
+               if op["stream"] == "host" and (op.get("detail") or {}).get("thread")}
+    assert lanes[0] == "host" and set(lanes) == {"host"} | threads | streams, (lanes, streams)
     marked = {int(g.get("data-seq")) for g in svg.iter(f"{ns}g") if g.get("class") == "op race"}
     shown = {op["seq"] for op in report["last_ops"][-60:]}
     want = {f[side]["seq"] for f in report.get("findings") or [] for side in ("first", "second")}

@@ -215,7 +215,8 @@ def _op_record(with_type: bool) -> Schema:
         "t_end_ns": integer(0, L.COUNT_MAX),
         "detail": {"type": "object", "properties": {
             "site": nullable(TEXT), "origin": nullable(TEXT), "range": SPAN, "name": TEXT,
-            "done": BOOLEAN}},
+            "done": BOOLEAN,
+            "thread": described(TEXT, "the scenario's host thread that issued it")}},
     })
     owner = {"properties": {"detail": {"required": ["range"]}}, "required": ["detail"]}
     return closed(props, ["type", "seq", "stream", "kind"] if with_type else

@@ -571,6 +571,8 @@ class Device(ABC):
             info["origin"] = log.origin
         elif self.record_call_sites:
             info["site"] = _call_site()
+        if log.thread is not None:  # a scenario's host thread: its own track in a timeline
+            info["thread"] = log.thread
         log.seq += 1
         if times is None:
             start = end = None

@@ -191,6 +191,7 @@ class OpLog:
         self.step: str | None = None
         # Where the current step was written (``file:line:col`` of a scenario), for findings.
         self.origin: str | None = None
+        self.thread: str | None = None  # the scenario's host thread running the step, if any
         self.blocking_hooks: list[Callable[[], None]] = []
         self.times_observers: list[Callable[[list[tuple[int, int, int]]], None]] = []
 
