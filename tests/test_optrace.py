@@ -172,7 +172,9 @@ def test_the_recorders_op_lines_are_what_the_json_encoder_writes() -> None:
     names = ["s1", 'tr"ans', "legacy_stream", "é\\n", "host", None]
     details: list[Any] = [None, {}, {"origin": "a.yaml:3:7"}, {"origin": 'q"uote'},
                           {"done": True, "polls": 3}, {"name": "lease a", "range": [1, 0, 64]},
-                          {"value": 171, "site": "x.py:1"}, {"us": 1000.0}, {"path": Path("p")}]
+                          {"value": 171, "site": "x.py:1"}, {"us": 1000.0}, {"path": Path("p")},
+                          {"entries": 3, "assert": False, "origin": None, "thread": "t\u00e9"},
+                          {"us": float("inf")}, {"range": [1, True, 3]}, {"pieces": [[1]]}]
     for seq in range(1, 400):
         accesses = tuple(Access(rng.randrange(9), rng.randrange(4096), rng.randrange(1, 99))
                          for _ in range(rng.randrange(3)))
