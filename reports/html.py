@@ -14,10 +14,7 @@ from typing import Any
 
 from reports.markdown import LAST_OPS, fact_rows, reproduce_command
 from reports.model import name_of, trial_index
-from reports.timeline import svg_timeline
-
-TIMELINE_OPS = 60
-"""Ops the page's timeline shows: the last ones (report.md's table shows fewer)."""
+from reports.timeline import SVG_OPS, svg_timeline
 
 _STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 72em; color: #222; }
@@ -73,7 +70,7 @@ def _timeline(report: Mapping[str, Any]) -> str:
     ops = [op for op in report.get("last_ops") or [] if isinstance(op, Mapping)]
     if not ops:
         return ""
-    shown = ops[-TIMELINE_OPS:]
+    shown = ops[-SVG_OPS:]
     note = (f"The last {len(shown)} ops" + (f" of {report['ops_total']}" if report.get(
         "ops_total") is not None else "") + ", one lane per stream and one for the host, in "
             "the order the host issued them; the racing ops are red and joined, an event's "

@@ -1,10 +1,10 @@
 """Incident folders: one per trial that went wrong, holding everything a ticket needs.
 
 A folder ``<YYYYmmdd-HHMMSS>-<scenario>-<variant>-t<trial>`` holds ``report.json`` (the
-canonical ``gpurace.report/1`` document), ``report.md`` and ``report.html`` (for humans; the
-page draws the last ops), ``trace.jsonl`` (the trial's trace) with ``timeline.json`` (the same
-ops as a Chrome trace, for ui.perfetto.dev) and whatever else was captured (kernel log, worker
-log). The folder is built
+canonical ``gpurace.report/1`` document), ``report.md`` and ``report.html`` (for humans; both
+show ``timeline.svg``, the last ops drawn), ``trace.jsonl`` (the trial's trace) with
+``timeline.json`` (the same ops as a Chrome trace, for ui.perfetto.dev) and whatever else was
+captured (kernel log, worker log). The folder is built
 under a hidden temp name and renamed into place last, so a folder under its final name is
 always complete, even if the writer was SIGKILLed half way.
 """
@@ -26,8 +26,8 @@ from typing import Any
 
 from reports.atomic import TEMP_SUFFIX, atomic_writer, current_umask, fsync_dir, write_atomic
 from reports.html import render_html
-from reports.markdown import HTML, TIMELINE, render_markdown
-from reports.timeline import chrome_trace
+from reports.markdown import HTML, SVG, TIMELINE, render_markdown
+from reports.timeline import SVG_OPS, chrome_trace, svg_timeline
 from reports.model import ReportError, check_report, name_of, trial_index, xid_numbers
 
 REPORT_JSON = "report.json"
@@ -36,7 +36,7 @@ REPORT_MAX_BYTES = 8 << 20
 of KiB); a larger file is not one of its reports."""
 REPORT_MD = "report.md"
 TRACE = "trace.jsonl"
-RESERVED = (REPORT_JSON, REPORT_MD, HTML, TRACE, TIMELINE)
+RESERVED = (REPORT_JSON, REPORT_MD, HTML, TRACE, TIMELINE, SVG)
 _TEMP_PREFIX = ".incident-"
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -56,7 +56,8 @@ def write_incident(root: Path, report: dict[str, Any],
     _check_extra_names(extra)
     report.setdefault("created", _now_iso())
     report["files"] = [REPORT_JSON, REPORT_MD, HTML] + (
-        [TRACE, TIMELINE] if trace is not None else []) + list(extra)
+        [TRACE, TIMELINE] if trace is not None else []) + (
+        [SVG] if _last_ops(report) else []) + list(extra)
     if trace is not None:
         report["trace"] = TRACE
     root = Path(root)
@@ -88,6 +89,9 @@ def _fill(folder: Path, report: Mapping[str, Any], trace: Path | Iterable[str] |
             separators=(",", ":"), default=str) + "\n")
     for name, text in extra.items():
         write_atomic(folder / name, text)
+    if SVG in report["files"]:
+        write_atomic(folder / SVG, svg_timeline(_last_ops(report)[-SVG_OPS:],
+                                                report.get("findings") or []) + "\n")
     write_atomic(folder / HTML, render_html(report))
     write_atomic(folder / REPORT_MD, render_markdown(report))
     write_atomic(folder / REPORT_JSON, json.dumps(report, indent=2, default=str) + "\n")
@@ -103,6 +107,10 @@ def _write_trace(path: Path, trace: Path | Iterable[str]) -> None:
     with atomic_writer(path, "w") as dst:
         for line in trace:
             dst.write(line if line.endswith("\n") else line + "\n")
+
+
+def _last_ops(report: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    return [op for op in report.get("last_ops") or [] if isinstance(op, Mapping)]
 
 
 def _trace_records(path: Path) -> list[dict[str, Any]]:

@@ -17,6 +17,7 @@ from reports.model import name_of, section, trial_index
 LAST_OPS = 20
 HTML = "report.html"
 TIMELINE = "timeline.json"
+SVG = "timeline.svg"
 DEVICE_LOG_LINES = 40
 MAX_RANGES = 3
 
@@ -329,7 +330,9 @@ def _last_ops(report: Mapping[str, Any]) -> str:
     rows = [(op.get("seq", ""), op.get("stream", ""), op.get("kind", ""), op.get("step") or "",
              _ranges(op.get("reads")), _ranges(op.get("writes"))) for op in shown]
     table = _table(["seq", "stream", "kind", "step", "reads", "writes"], rows)
-    return f"## Last ops before the end\n\n{intro}\n\n{table}"
+    picture = f"\n\n![The last ops, one lane per stream; the racing ops red]({SVG})" \
+        if SVG in (report.get("files") or []) else ""
+    return f"## Last ops before the end\n\n{intro}{picture}\n\n{table}"
 
 
 def _ranges(ranges: Any) -> str:
@@ -372,6 +375,7 @@ def _files(report: Mapping[str, Any]) -> str:
     if not files:
         return ""
     what = {HTML: "this report as a page, with a timeline of the last ops",
+            SVG: "the last ops, one lane per stream, the racing ops red",
             TIMELINE: "the whole trial as a timeline: open it in https://ui.perfetto.dev or "
                       "chrome://tracing"}
     return "## Files\n\n" + "\n".join(

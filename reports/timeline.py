@@ -253,6 +253,8 @@ marker path { fill: #666; }
 """
 """The SVG's own styles: it reads the same inline in a page and as a file of its own."""
 
+SVG_OPS = 60
+"""Ops an incident's SVG shows: the last ones (report.md's table shows fewer)."""
 LANE_H = 34
 COLUMN_W = 30
 LEFT = 150

@@ -217,7 +217,9 @@ def test_write_incident_layout(tmp_path: Path) -> None:
     assert folder.parent == root
     assert folder.name == "20261130-120000-catalog-reactivation-buggy-t3"
     assert report["files"] == ["report.json", "report.md", "report.html", "trace.jsonl",
-                               "timeline.json", "kernel-log.txt", "worker.log"]
+                               "timeline.json", "timeline.svg", "kernel-log.txt", "worker.log"]
+    assert "](timeline.svg)" in (folder / "report.md").read_text()
+    assert (folder / "timeline.svg").read_text().startswith("<svg")
     assert sorted(p.name for p in folder.iterdir()) == sorted(report["files"])
     assert [p.name for p in root.iterdir()] == [folder.name], "no temp folder may remain"
     assert (folder / "trace.jsonl").read_text() == trace.read_text()

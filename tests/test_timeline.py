@@ -42,9 +42,17 @@ def test_each_seed_incident_has_a_timeline_with_its_races_marked(
     assert len(names) == 1 + len(streams) and "host" in names
     assert all(any(n.startswith(f"stream {s} (") for n in names) for s in streams), names
     assert doc["otherData"]["device_times"] is True  # sim: stream ops where they ran
-    check_report_html(folder)
+    page = check_report_html(folder)
     md = (folder / "report.md").read_text()
     assert "[report.html](report.html)" in md and "[timeline.json](timeline.json)" in md
+    # report.md shows the same picture as a file of its own
+    assert "](timeline.svg)" in md
+    import xml.etree.ElementTree as ET
+
+    svg = ET.parse(folder / "timeline.svg").getroot()
+    ns = "{http://www.w3.org/2000/svg}"
+    assert {int(g.get("data-seq")) for g in svg.iter(f"{ns}g")
+            if g.get("class") == "op race"} == page["marked"]
 
 
 def test_the_release_races_are_the_ones_marked(incidents: dict[str, Path]) -> None:

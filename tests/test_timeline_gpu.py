@@ -55,3 +55,24 @@ def test_a_crash_page_renders_and_its_timeline_says_it_is_untimed(tmp_path: Path
     assert doc["otherData"]["device_times"] is False
     tracks = check_chrome_trace(doc, report["findings"])["tracks"]
     assert any(UNTIMED in name for name in tracks.values())
+
+
+def test_the_seed_incidents_on_the_gpu_mark_their_races(tmp_path: Path) -> None:
+    """Each seed scenario's buggy variant on the GPU: its incident's timeline.json obeys the
+    format and marks every finding's pair, and its page does too."""
+    from test_timeline import SEEDS
+
+    result = CliRunner().invoke(main, ["run", *SEEDS, "--variant", "buggy", "--trials", "1",
+                                       "--backend", "cuda", "--dangerous", "--insist",
+                                       "--format", "json", "--out", str(tmp_path)])
+    doc = json.loads(result.stdout)
+    seen = {}
+    for r in doc["results"]:
+        [folder] = [Path(p) for p in r["reports"]]
+        report = json.loads((folder / "report.json").read_text())
+        check_chrome_trace(json.loads((folder / "timeline.json").read_text()),
+                           report["findings"])
+        seen[r["scenario"]] = (report["outcome"], sorted(check_report_html(folder)["marked"]))
+    print(f"\nseed incidents on the GPU (outcome, marked ops): {seen}")
+    assert set(seen) == set(SEEDS)
+    assert any(marked for _, marked in seen.values())
