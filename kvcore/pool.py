@@ -241,8 +241,12 @@ class DeviceKVPagePool:
                 f"({self._reserved} reserved)"
             )
 
-    def release(self, leases: DeviceKVPageLease | Iterable[DeviceKVPageLease]) -> None:
-        """Release one lease or many; many at once share one fence event per stream."""
+    def release(self, leases: DeviceKVPageLease | Iterable[DeviceKVPageLease], *,
+                idle: bool = False) -> None:
+        """Release one lease or many; many at once share one fence event per stream. ``idle``:
+        the caller has synchronized the device since the pages' last use, so every use has
+        completed and no fence is recorded (a poisoning pool fences anyway: its poison is
+        ordered by the fence)."""
         batch = [leases] if isinstance(leases, DeviceKVPageLease) else list(leases)
         if not batch:
             return  # nothing to give back (no fence to record either)
@@ -252,15 +256,15 @@ class DeviceKVPagePool:
                 raise StaleHandleError(f"page {lease.handle.index} lease was already released")
             self.check(lease.handle)
             handles.append(lease.handle)
-        self._release(handles)
+        self._release(handles, fence=not idle or self.poison is not None)
         for lease in batch:
             lease._released = True
 
-    def _release(self, handles: Sequence[DeviceKVPageHandle]) -> None:
+    def _release(self, handles: Sequence[DeviceKVPageHandle], fence: bool = True) -> None:
         indices = [h.index for h in handles]
         masks = [int(self._users[i]) for i in indices] if len(indices) <= SMALL_BATCH \
             else self._users[np.asarray(indices, np.int64)].tolist()
-        if self.defects.release_fence:
+        if self.defects.release_fence and fence:
             self._fence(indices, masks)
         if self.poison is not None:
             self._poison(indices, masks)

@@ -82,7 +82,7 @@ def place(ops: Sequence[Mapping[str, Any]]) -> list[Placed]:
         at = issued[track][k]
         later = issued[track][k + 1] if k + 1 < len(issued[track]) else at + ISSUE_SLICE_NS
         out.append(Placed(op, track, at, at + max(1.0, min(later - at, ISSUE_SLICE_NS)),
-                          track.startswith(HOST)))
+                          track == HOST or track.startswith(HOST + THREAD)))
     return out
 
 

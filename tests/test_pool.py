@@ -189,6 +189,32 @@ def test_release_without_fence_records_no_event(backend: str, request) -> None:
     assert not [r for r in recorder.records if r.kind.startswith("event")]
 
 
+def test_release_after_a_synchronize_needs_no_fence(backend: str, request) -> None:
+    """``release(idle=True)`` (the caller synchronized since the pages' last use) records no
+    fence, and the next user waits for none; a poisoning pool still fences its poison."""
+    for poison in (None, 0xEE):
+        device = make_device(backend, request)
+        context = DeviceContext(device)
+        pool = DeviceKVPagePool(context, GEOMETRY, 4, poison=poison)
+        layout = plan_host_kv_page_layout(GEOMETRY)
+        host = HostKVArena(context, layout.page_stride * 4, [layout])
+        view = host.writable_view(host.allocate(layout, 1))
+        lease = pool.materialize(1)[0]
+        pool.copy_from_host(view, [lease.handle], context.transfer_stream)
+        context.synchronize()
+        recorder = OpRecorder(device.oplog)
+        pool.release(lease, idle=True)
+        again = pool.materialize(1)[0]
+        assert again.handle.index == lease.handle.index
+        pool.copy_from_host(view, [again.handle], context.stream)
+        recorder.close()
+        events = [r.kind for r in recorder.records if r.kind.startswith("event")]
+        # With poison: the fence, the poison stream's wait on it, the poison's own fence,
+        # and the next user's wait on that.
+        assert events == ([] if poison is None else
+                          ["event_record", "event_wait", "event_record", "event_wait"]), events
+
+
 def test_batch_release_shares_one_fence_per_stream(backend: str, request) -> None:
     device = make_device(backend, request)
     context, pool, layout, host = _pool(device)
