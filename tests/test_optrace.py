@@ -272,3 +272,39 @@ def test_a_times_record_gives_the_ops_above_it_their_device_times(tmp_path: Path
     copy_seq = next(op["seq"] for op in trace.ops if op["kind"] == "copy_htod")
     assert timed["copy_htod"] == (1000 * copy_seq, 1000 * copy_seq + 7)
     assert timed["host_write"] == (None, None)
+
+
+def test_a_trace_longer_than_its_map_grows_it(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A trial that writes more than the map holds gets a larger one, losing nothing; the next
+    trial starts on an empty trace in it; a kept trace ends at its last line."""
+    import kvcore
+    from harness.traces import flight
+    from harness.traces.flight import CURRENT, FlightRecorder
+
+    monkeypatch.setattr(flight, "TRACE_MAP_BYTES", 4096)
+    device = kvcore.open_device("sim")
+    host = device.alloc_host(64, name="pinned")
+    recorder = FlightRecorder(tmp_path)
+    recorder.attach(device)
+
+    def values(records: list[dict]) -> list[int]:
+        return [r["detail"]["value"] for r in records if r.get("kind") == "host_write"]
+
+    for trial, count in enumerate((200, 3, 150)):
+        recorder.start_trial({"trial": trial})
+        for i in range(count):
+            device.host_fill(host, 0, 8, i % 256)
+            if i % 50 == 49:
+                device.synchronize()  # a flush, mid-trial
+        kept = recorder.end_trial(trial, keep=trial == 2)
+        if kept is None:  # what the parent would take of this file, had the worker died
+            data = (tmp_path / CURRENT).read_bytes()
+            assert len(data) > 4096  # grown by the first trial, and kept that size
+            lines = [json.loads(line) for line in data[:data.rfind(b"\n") + 1].splitlines()]
+            assert lines[0]["trial"] == trial and values(lines) == [i % 256 for i in
+                                                                      range(count)]
+        else:
+            text = Path(kept).read_text()
+            assert "\0" not in text
+            assert values(list(load_trace(kept).records)) == [i % 256 for i in range(count)]

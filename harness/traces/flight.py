@@ -29,9 +29,9 @@ from kvcore.device import Device, OpRecord
 from kvcore.device.oplog import Access, Label
 
 CURRENT = "trial-current.jsonl"
-TRACE_MAP_BYTES = 1 << 20
+TRACE_MAP_BYTES = 1 << 16
 """The trace file's first size (it doubles as a trial needs): a trial of a step-list scenario
-writes a few KiB."""
+writes a few KiB, a replay of ninfer-210 about 250 KiB."""
 
 
 def trace_path(folder: Path, index: int) -> Path:
