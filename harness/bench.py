@@ -111,30 +111,17 @@ def measure(trials: int, variant: str, delay_us: float, block: int = 100) -> dic
                              delay_us=delay_us or None)
     bare = _bare_trial(scenario.pool.geometry().page_stride, delay_us,
                        fence=chosen.defects.release_fence)
-    times: dict[str, list[float]] = {"harness": [], "worker": [], "bare": []}
-    manifested = dict.fromkeys(times, 0)
-    index = 0
     with tempfile.TemporaryDirectory(prefix="gpurace-bench-") as tmp:
         worker = _worker(scenario, variant, backend, delay_us, True, Path(tmp))
-        for _ in range(max(1, trials // block)):
-            t0 = time.perf_counter()
-            for _ in range(block):
-                manifested["harness"] += executor.run(index, index).outcome.manifested
-                index += 1
-            t1 = time.perf_counter()
-            for _ in range(block):
-                manifested["worker"] += worker.run(index, index)["outcome"] != "clean"
-            t2 = time.perf_counter()
-            for _ in range(block):
-                manifested["bare"] += not bare()
-            t3 = time.perf_counter()
-            times["harness"].append((t1 - t0) / block)
-            times["worker"].append((t2 - t1) / block)
-            times["bare"].append((t3 - t2) / block)
-    h, w, b = (statistics.median(times[k]) for k in ("harness", "worker", "bare"))
+        (h, w, b), manifested = _alternate([
+            lambda i: executor.run(i, i).outcome.manifested,
+            lambda i: worker.run(i, i)["outcome"] != "clean",
+            lambda i: not bare()], trials, block)
     return {"variant": variant, "delay_us": delay_us, "harness_us": h * 1e6,
             "worker_us": w * 1e6, "bare_us": b * 1e6, "ratio": h / b, "worker_ratio": w / b,
-            **{f"{k}_manifested": v for k, v in manifested.items()}, "trials": index}
+            **{f"{k}_manifested": v for k, v in zip(("harness", "worker", "bare"),
+                                                     manifested)},
+            "trials": max(1, trials // block) * block}
 
 
 def measure_detector(backend: str, trials: int, variant: str, delay_us: float,
@@ -164,7 +151,7 @@ def measure_detector(backend: str, trials: int, variant: str, delay_us: float,
                        lambda i: bool(off_worker.run(i, i).get("findings"))),
         }
         for name, (on, off) in pairs.items():
-            on_s, off_s, found = _alternate(on, off, trials, block)
+            (on_s, off_s), (found, _) = _alternate([on, off], trials, block)
             out[name] = {"on_us": on_s * 1e6, "off_us": off_s * 1e6, "ratio": on_s / off_s,
                          "found": found}
     out["trials"] = max(1, trials // block) * block
@@ -179,34 +166,29 @@ def measure_timeline(trials: int, variant: str, delay_us: float,
         timed = _worker(scenario, variant, "cuda", delay_us, True, Path(tmp) / "on",
                         timeline=True)
         plain = _worker(scenario, variant, "cuda", delay_us, True, Path(tmp) / "off")
-        on_s, off_s, found = _alternate(lambda i: timed.run(i, i)["outcome"] != "clean",
-                                        lambda i: plain.run(i, i)["outcome"] != "clean",
-                                        trials, block)
+        (on_s, off_s), (found, _) = _alternate(
+            [lambda i: timed.run(i, i)["outcome"] != "clean",
+             lambda i: plain.run(i, i)["outcome"] != "clean"], trials, block)
     return {"variant": variant, "delay_us": delay_us, "on_us": on_s * 1e6,
             "off_us": off_s * 1e6, "ratio": on_s / off_s, "manifested": found,
             "trials": max(1, trials // block) * block}
 
 
-def _alternate(on: Callable[[int], bool], off: Callable[[int], bool], trials: int,
-               block: int) -> tuple[float, float, int]:
-    """Blocks of ``on`` and of ``off`` trials in turn: the median seconds a trial of each, and
-    how many ``on`` trials returned true."""
-    on_s: list[float] = []
-    off_s: list[float] = []
-    found = index = 0
+def _alternate(kinds: list[Callable[[int], bool]], trials: int,
+               block: int) -> tuple[list[float], list[int]]:
+    """Blocks of trials of each kind (given a trial's index, whether it counts) in turn: the
+    median seconds a trial of each kind, and how many of each counted."""
+    seconds: list[list[float]] = [[] for _ in kinds]
+    counts = [0] * len(kinds)
+    index = 0
     for _ in range(max(1, trials // block)):
-        t0 = time.perf_counter()
-        for _ in range(block):
-            found += on(index)
-            index += 1
-        t1 = time.perf_counter()
-        for _ in range(block):
-            off(index)
-            index += 1
-        t2 = time.perf_counter()
-        on_s.append((t1 - t0) / block)
-        off_s.append((t2 - t1) / block)
-    return statistics.median(on_s), statistics.median(off_s), found
+        for k, run in enumerate(kinds):
+            start = time.perf_counter()
+            for _ in range(block):
+                counts[k] += run(index)
+                index += 1
+            seconds[k].append((time.perf_counter() - start) / block)
+    return [statistics.median(times) for times in seconds], counts
 
 
 def measure_lanes(backend: str, target: str, variant: str, trials: int, gpus: str,

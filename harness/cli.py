@@ -678,7 +678,7 @@ def minimize_cmd(source: Path, output: Path, defects: Sequence[str],
 def check_cmd(trace: Path, fmt: str) -> None:
     """Run the race detector over a recorded op trace (a trace.jsonl, or an incident folder):
     exit 1 when it finds races, 0 when none."""
-    path = trace / "trace.jsonl" if trace.is_dir() else trace
+    path = _trace_file(trace)
     trace_file = load_trace(path)
     findings = check_trace(trace_file.records).findings
     header = trace_file.header
@@ -695,6 +695,11 @@ def check_cmd(trace: Path, fmt: str) -> None:
         for f in findings:
             _print_finding(f.to_json())
     sys.exit(1 if findings else 0)
+
+
+def _trace_file(trace: Path) -> Path:
+    """TRACE as `check` and `trace export` take it: a trace.jsonl, or an incident folder."""
+    return trace / "trace.jsonl" if trace.is_dir() else trace
 
 
 @main.group("trace")
@@ -718,8 +723,7 @@ def trace_export_cmd(trace: Path, output: Path) -> None:
     if output.suffix not in (".json", ".svg"):
         raise click.BadParameter("name a .json (Chrome trace) or .svg (picture) file",
                                  param_hint="--output")
-    path = trace / "trace.jsonl" if trace.is_dir() else trace
-    trace_file = load_trace(path)
+    trace_file = load_trace(_trace_file(trace))
     findings = [f.to_json() for f in check_trace(trace_file.records).findings]
     if output.suffix == ".svg":
         write_atomic(output, svg_timeline(trace_file.ops, findings) + "\n")

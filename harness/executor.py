@@ -418,7 +418,7 @@ class _Steps:
         oplog.step, oplog.origin, oplog.thread = step.label, step.origin, step.thread
         self.w.device.host_step()
         self.ex.amplifier(self.w, step.id or "")
-        getattr(self, "_" + step.op)(step)
+        _HANDLERS[step.op](self, step)
 
     # ---- host threads ----------------------------------------------------------------------------
     def _interleave(self, section: Section) -> None:

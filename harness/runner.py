@@ -216,6 +216,13 @@ def run_plan(scenarios: Sequence[Scenario], options: RunOptions, backend: str
             "sources": sources}
 
 
+def _lane_count(spec: str, everything: int) -> int:
+    """How many lanes ``--gpus`` asks for where it names no GPU of its own: ``all`` is
+    ``everything``, ``N`` is N, ``0,2`` is two."""
+    return everything if spec == "all" else int(spec) if spec.isdigit() else len(
+        spec.split(","))
+
+
 def trial_seed(seed: int, scenario: str, variant: str, index: int) -> int:
     """The seed of one trial, from the run's seed: stable whatever else the run contains, so
     ``--seed S`` replays a scenario's trials exactly even when run alone."""
@@ -256,14 +263,12 @@ class Runner:
         the simulated device N devices side by side (``all``: one a CPU core)."""
         if self.options.executor == "ray":
             # Ray gives each actor its GPU: lanes are only how many run side by side.
-            n = 1 if spec is None else (GPUS_MAX if spec == "all" else int(spec)
-                                        if spec.isdigit() else len(spec.split(",")))
+            n = 1 if spec is None else _lane_count(spec, GPUS_MAX)
             return [(f"ray {i}", None) for i in range(n)]
         if spec is None:
             return [("GPU 0" if self.backend == "cuda" else "sim", None)]
         if self.backend == "sim":
-            n = min(os.cpu_count() or 1, GPUS_MAX) if spec == "all" else (
-                int(spec) if spec.isdigit() else len(spec.split(",")))
+            n = _lane_count(spec, min(os.cpu_count() or 1, GPUS_MAX))
             return [(f"sim {i}", None) for i in range(n)]
         uuids = gpu_uuids()
         count = len(uuids)

@@ -474,18 +474,9 @@ class DeviceKVPagePool:
             raise GeometryError(f"{len(handles)} pages from host page {host_page} overrun the "
                                 f"host allocation of {allocation.pages} pages")
         indices = self._use(handles, stream)
-        if len(indices) == 1:
-            # One page, one copy: the usual case inside a race window, without the planning.
-            h_off = allocation.offset + host_page * self.page_stride
-            d_off = indices[0] * self.page_stride
-            if to_device:
-                self.device.copy(self.buffer, d_off, host.buffer, h_off, self.page_stride,
-                                 stream)
-            else:
-                self.device.copy(host.buffer, h_off, self.buffer, d_off, self.page_stride,
-                                 stream)
-            return
-        runs = plan_runs(indices, limit=DIRECT_RUN_LIMIT)
+        # One page is one run (the usual case inside a race window): no planning for it.
+        runs = [PageRun(0, int(indices[0]), 1, 1)] if len(indices) == 1 else \
+            plan_runs(indices, limit=DIRECT_RUN_LIMIT)
         if runs is None:
             self._staged(host, host_page, np.asarray(indices, np.int64), stream, to_device)
         else:

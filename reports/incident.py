@@ -85,7 +85,7 @@ def _fill(folder: Path, report: Mapping[str, Any], trace: Path | Iterable[str] |
     if trace is not None:
         _write_trace(folder / TRACE, trace)
         write_atomic(folder / TIMELINE, json.dumps(chrome_trace(
-            _trace_records(folder / TRACE), report.get("findings") or []),
+            trace_records(folder / TRACE), report.get("findings") or []),
             separators=(",", ":"), default=str) + "\n")
     for name, text in extra.items():
         write_atomic(folder / name, text)
@@ -113,9 +113,9 @@ def _last_ops(report: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return [op for op in report.get("last_ops") or [] if isinstance(op, Mapping)]
 
 
-def _trace_records(path: Path) -> list[dict[str, Any]]:
-    """The trace's records as written (a line that is not a JSON object is left out: the
-    timeline draws what it can)."""
+def trace_records(path: Path) -> list[dict[str, Any]]:
+    """An incident trace's records as written (a line that is not a JSON object is left out:
+    a picture draws what it can). Raises OSError when it cannot be read."""
     records = []
     with open(path, encoding="utf-8", errors="replace") as lines:
         for line in lines:

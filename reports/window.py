@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -19,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from reports.atomic import atomic_writer
+from reports.incident import TRACE, load_report, trace_records
+from reports.model import ReportError
 from reports.timeline import racing_pairs
 
 CSV_COLUMNS = ("scenario", "variant", "delay_us", "trials", "manifested", "rate", "low", "high")
@@ -126,10 +127,9 @@ def trace_gaps(results: Iterable[Mapping[str, Any]]) -> dict[str, list[float]]:
             continue
         for folder in r.get("reports") or []:
             try:
-                report = json.loads((Path(folder) / "report.json").read_text())
-                records = [json.loads(line) for line in
-                           (Path(folder) / "trace.jsonl").read_text().splitlines()]
-            except (OSError, ValueError):
+                report = load_report(Path(folder))
+                records = trace_records(Path(folder) / TRACE)
+            except (OSError, ReportError):
                 continue  # an incident without a readable trace gives no gap
             gap = interpreter_gap_us(records, report.get("findings") or [])
             if gap is not None:

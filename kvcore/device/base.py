@@ -466,12 +466,10 @@ class Device(ABC):
 
     def _owner_record(self, kind: str, name: str | None, buf: Buffer, off: int,
                       nbytes: int) -> None:
-        # Built here rather than by _emit: an owner change touches no bytes and is issued by
-        # kvcore itself, so it needs no call-site walk (it runs for every materialize).
-        log = self.oplog
-        log.emit(OpRecord(seq=log.next_seq(), stream=HOST, kind=kind, step=log.step,
-                          t_issue_ns=self._clock_ns(),
-                          detail={"name": name, "range": [buf.id, off, nbytes]}))
+        # Not through _emit: an owner change touches no bytes and is issued by kvcore itself,
+        # so it needs no scenario line or call-site walk (it runs for every materialize).
+        self._record(HOST, kind, (), (), None, None, None, None,
+                     {"name": name, "range": [buf.id, off, nbytes]})
 
     def settle_times(self) -> list[tuple[int, int, int]]:
         """The device times of the ops timed since the last call, as ``(seq, t_start_ns,
@@ -571,6 +569,14 @@ class Device(ABC):
             info["origin"] = log.origin
         elif self.record_call_sites:
             info["site"] = _call_site()
+        self._record(stream, kind, reads, writes, records, waits, syncs, times, info)
+
+    def _record(self, stream: str, kind: str, reads: tuple[Access, ...],
+                writes: tuple[Access, ...], records: str | None, waits: str | None,
+                syncs: str | None, times: object, info: dict[str, object]) -> None:
+        """Number an op, stamp it, and hand its record to the observers: every record of the
+        log is made here."""
+        log = self.oplog
         if log.thread is not None:  # a scenario's host thread: its own track in a timeline
             info["thread"] = log.thread
         log.seq += 1

@@ -230,14 +230,6 @@ class OpLog:
         """Register a buffer, so observers can name the buffers that records refer to."""
         self.buffers[info.id] = info
 
-    def next_seq(self) -> int:
-        self.seq += 1
-        return self.seq
-
-    def emit(self, record: OpRecord) -> None:
-        for observer in self.observers:
-            observer(record)
-
     @contextlib.contextmanager
     def in_step(self, step: str | None) -> Iterator[None]:
         """Attribute every record issued inside the block to scenario step ``step``."""
