@@ -59,8 +59,10 @@ def reproduce_argv(scenario: Scenario, variant: Variant, trial: TrialResult, *, 
 def build_report(scenario: Scenario, variant: Variant, trial: TrialResult, *, backend: str,
                  device: dict[str, Any], health: dict[str, Any], run_seed: int,
                  amplification: dict[str, Any] | None, xids: list[dict[str, Any]],
-                 xid_note: str, kernel_log: list[str], argv: list[str]) -> dict[str, Any]:
-    """The gpurace.report/1 dict of one incident."""
+                 xid_note: str, kernel_log: list[str], argv: list[str],
+                 env: dict[str, str] | None = None) -> dict[str, Any]:
+    """The gpurace.report/1 dict of one incident. ``env``: what the reproduce command must
+    run under (the GPU a lane pinned the trial's worker to)."""
     last_ops: list[dict[str, Any]] = []
     ops_total = trial.ops_total
     if trial.trace and Path(trial.trace).exists():
@@ -97,5 +99,7 @@ def build_report(scenario: Scenario, variant: Variant, trial: TrialResult, *, ba
         "last_ops": last_ops,
         "ops_total": ops_total,
         "trace": "trace.jsonl",
-        "reproduce": {"command": shlex.join(argv), "argv": argv},
+        "reproduce": {"command": shlex.join(argv), "argv": argv} if not env else {
+            "command": " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + " "
+            + shlex.join(argv), "argv": argv, "env": env},
     }

@@ -689,7 +689,10 @@ class Runner:
             health={"before": self.health.get("before"), "after": self.watch.health()
                     if self.watch else None, "note": ""},
             run_seed=self.options.seed, amplification=run.amplification, xids=said.xids,
-            xid_note=said.note, kernel_log=said.kernel_log, argv=run.argv(trial))
+            xid_note=said.note, kernel_log=said.kernel_log, argv=run.argv(trial),
+            # The lane's GPU: with several, another one would not be the GPU that failed.
+            env={"CUDA_VISIBLE_DEVICES": job.gpu} if job.gpu and self.backend == "cuda"
+            else None)
         log = _tail(job.log_path, 400)
         extra = {"worker.log": log + "\n"} if log.strip() else {}
         if said.kernel_log:

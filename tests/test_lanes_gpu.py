@@ -21,7 +21,8 @@ TRIALS = 24
 
 def test_crashes_on_every_gpu_are_each_put_down_to_their_own(tmp_path: Path) -> None:
     """Every crash's incident names the GPU its worker ran on, and its Xid agrees: NVML's by
-    the GPU's index, the kernel's line by the worker's pid and the GPU's PCI bus id."""
+    the GPU's index, the kernel's line by the worker's pid and the GPU's PCI bus id; its
+    reproduce command pins that GPU."""
     if gpu_count() < 2:
         pytest.skip("needs two GPUs (e.g. the nvidia-h200-x2 kind)")
     result = CliRunner().invoke(main, [
@@ -43,6 +44,8 @@ def test_crashes_on_every_gpu_are_each_put_down_to_their_own(tmp_path: Path) -> 
         gpu = report["device"]["uuid"]
         used[gpu] = used.get(gpu, 0) + 1
         assert gpu in uuid_of.values()
+        # Its reproduce command runs on that GPU.
+        assert report["reproduce"]["env"] == {"CUDA_VISIBLE_DEVICES": gpu}, folder
         assert report["xids"], f"{folder}: no Xid"
         for xid in report["xids"]:
             assert xid["xid"] == 43

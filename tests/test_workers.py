@@ -13,7 +13,7 @@ import pytest
 
 from harness.runner import RunOptions, Runner
 from harness.scenario import load_scenario
-from harness.targets import resolve_targets
+from harness.targets import SCENARIO_ROOT, resolve_targets
 from harness.worker import WorkerJob
 from harness.workers import WorkerSupply
 from programs import hang_file
@@ -240,6 +240,54 @@ class _Health:
 
     def fatal_since(self, t0: float) -> list:
         return []
+
+
+def test_an_incident_on_one_of_several_gpus_reproduces_on_that_gpu(tmp_path: Path) -> None:
+    """A pinned lane's incident: its reproduce command runs under the lane's
+    CUDA_VISIBLE_DEVICES (a fault of that GPU would not show on another), said in report.json,
+    report.md and report.html; an unpinned lane's command is the bare one."""
+    import functools
+    import shlex
+
+    from harness.gpu.watch import TrialXids
+    from harness.incidents import reproduce_argv
+    from harness.outcome import Outcome, TrialResult
+    from reports import load_report
+
+    runner = Runner(RunOptions(backend="sim", out_dir=tmp_path))
+    runner.backend = "cuda"
+    runner.folder = SimpleNamespace(path=tmp_path)  # type: ignore[assignment]
+    runner.watch = SimpleNamespace(health=lambda gpu=None: None)  # type: ignore[assignment]
+    scenario = load_scenario(SCENARIO_ROOT / "cross_stream_race.yaml")
+    variant = scenario.variant("buggy")
+    run = SimpleNamespace(scenario=scenario, variant=variant, amplification=None,
+                          argv=functools.partial(
+                              reproduce_argv, scenario, variant, backend="cuda", run_seed=7,
+                              amplified=False, delay_us=None, delay_overridden=False,
+                              timeout_s=None))
+    trial = TrialResult(3, 11, Outcome.CORRUPTION, detail="page 1 held 0xab")
+    reports = {}
+    for gpu in ("GPU-4f1c9a2e", None):
+        job = SimpleNamespace(log_path=str(tmp_path / "none.log"), gpu=gpu)
+        folder = runner._incident(run, trial, TrialXids(), job, {})  # type: ignore[arg-type]
+        reports[gpu] = (load_report(folder), folder)
+    pinned, folder = reports["GPU-4f1c9a2e"]
+    command = pinned["reproduce"]["command"]
+    assert pinned["reproduce"]["env"] == {"CUDA_VISIBLE_DEVICES": "GPU-4f1c9a2e"}
+    assert command.startswith("CUDA_VISIBLE_DEVICES=GPU-4f1c9a2e gpurace run ")
+    # The shell reads the assignment, then exactly the argv.
+    assert shlex.split(command) == ["CUDA_VISIBLE_DEVICES=GPU-4f1c9a2e", *pinned["reproduce"][
+        "argv"]]
+    assert command in (folder / "report.md").read_text()
+    assert "CUDA_VISIBLE_DEVICES=" in (folder / "report.html").read_text()
+    bare, _ = reports[None]
+    assert "env" not in bare["reproduce"]
+    assert bare["reproduce"]["command"] == shlex.join(bare["reproduce"]["argv"])
+    assert bare["reproduce"]["argv"] == pinned["reproduce"]["argv"]
+    jsonschema = pytest.importorskip("jsonschema")
+    from harness import schemas
+    for report, _ in reports.values():
+        jsonschema.validate(report, schemas.load("report"))
 
 
 def test_a_gpu_that_needs_a_reset_runs_nothing(monkeypatch, tmp_path: Path) -> None:

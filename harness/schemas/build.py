@@ -344,7 +344,11 @@ def report_schema() -> Schema:
         "last_ops": described(array(ref("op")), "the trial's last ops, as its trace has them"),
         "ops_total": integer(0),
         "trace": nullable(string()),
-        "reproduce": closed({"command": string(), "argv": array(string(), min_items=1)}),
+        "reproduce": closed({
+            "command": string(), "argv": array(string(), min_items=1),
+            "env": described({"type": "object", "additionalProperties": string()},
+                             "environment the command needs: CUDA_VISIBLE_DEVICES naming the "
+                             "GPU of a --gpus run's trial")}, required=["command", "argv"]),
         "files": described(array(string()), "what the incident folder holds"),
     })
     return document(
