@@ -23,6 +23,7 @@ import signal
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
+from multiprocessing.connection import Connection
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,6 +53,10 @@ from reports import write_incident
 
 WORKER_START_TIMEOUT_S = 120.0
 """How long a new worker may take to import, open its device and compile kernels."""
+
+DEAD_END_S = 10.0
+"""How long a worker whose CUDA context died may take to end (the driver tears the context
+down) before it is killed; its last trial is recorded once it ended."""
 
 RUN_SCHEMA = "gpurace.run/1"
 
@@ -491,46 +496,59 @@ class Runner:
                     timeout: float, run: _VariantRun) -> None:
         """Hand the trials out to the lanes until all ended. One lane gets them all at once;
         several get them in small batches, the next batch to whichever lane is free, so a
-        slow or crashing GPU holds up only its own. A worker that dies leaves the rest of its
-        batch to the front of the queue, and its lane's next worker (a spare, once one died)
-        is handed work before the dead worker's last trial is recorded: joining it and
-        waiting for its Xids do not hold up the next trial."""
+        slow or crashing GPU holds up only its own. Nothing here waits for one lane: a worker
+        starting, a trial running and a dead worker's end are all waited for together, so
+        one GPU's crash costs the others nothing. A worker that dies leaves the rest of its
+        batch to the front of the queue; its last trial is recorded once its process has
+        ended (the device's own words reach its log only then), and its lane's next worker
+        (a spare, once one died) is handed work as soon as it is ready."""
         queue = deque(pending)
         for lane in lanes[:len(queue)]:
             lane.supply.prestart()
         while True:
             self._retire_lanes(lanes, queue)
             for lane in lanes:
-                if not lane.inflight and queue and not lane.retired:
+                if not lane.inflight and queue and not lane.retired \
+                        and self._ready_worker(lane, queue):
                     size = len(queue) if len(lanes) == 1 else max(
                         1, min(_BATCH_MAX, len(queue) // (4 * len(lanes))))
-                    self._hand(lane, [queue.popleft() for _ in range(size)], run, queue)
-                if lane.dead is not None and not lane.inflight:
-                    self._finish_dead(lane, run)  # its lane got no work: record it now
+                    self._hand(lane, [queue.popleft() for _ in range(size)], run)
+                if lane.dead is not None and lane.dead_ended():
+                    self._finish_dead(lane, run)
             active = [lane for lane in lanes if lane.inflight]
-            if not active:
+            starting = [lane for lane in lanes if lane.worker is None and queue
+                        and not lane.retired and lane.supply.starting is not None]
+            dead = [lane for lane in lanes if lane.dead is not None]
+            if not active and not starting and not dead:
                 self._stop_if_all_retired(lanes)  # a lane retired as it was handed work
                 return
-            self._wait(lanes, active, timeout, run, queue)
+            self._wait(lanes, active, starting, dead, timeout, run, queue)
 
-    def _hand(self, lane: _Lane, batch: list[tuple[int, int]], run: _VariantRun,
-              queue: deque[tuple[int, int]]) -> None:
-        if lane.worker is None:
-            try:
-                lane.worker = lane.supply.take()
-            except WorkerFailed as failed:
-                failed.worker.stop(1.0)
-                # A GPU that went bad under the run: its lane is retired, the others go on.
-                gpu = lane.uuid or self._gpu_of(lane.pin)
-                why = self._needs_reset(gpu)
-                if not why:
-                    raise HarnessError(_worker_failed(failed.worker, failed.message)) from None
-                queue.extendleft(reversed(batch))
-                self._retire_lane(lane, f"{lane.name} ({gpu}) cannot start a worker: {why}",
-                                  queue)
-                return
-            lane.device = {k: v for k, v in lane.worker.info.items() if k != "pid"}
-            self.device.update(lane.device)
+    def _ready_worker(self, lane: _Lane, queue: deque[tuple[int, int]]) -> bool:
+        """Whether the lane has a worker ready for trials, taking its supply's once that one
+        said it is ready. One that could not start retires its lane where its GPU needs a
+        reset (the others go on); anywhere else it stops the run."""
+        if lane.worker is not None:
+            return True
+        try:
+            worker = lane.supply.poll()
+        except WorkerFailed as failed:
+            failed.worker.stop(1.0)
+            gpu = lane.uuid or self._gpu_of(lane.pin)
+            why = self._needs_reset(gpu)
+            if not why:
+                raise HarnessError(_worker_failed(failed.worker, failed.message)) from None
+            self._retire_lane(lane, f"{lane.name} ({gpu}) cannot start a worker: {why}", queue)
+            return False
+        if worker is None:
+            return False
+        lane.worker = worker
+        lane.device = {k: v for k, v in worker.info.items() if k != "pid"}
+        self.device.update(lane.device)
+        return True
+
+    def _hand(self, lane: _Lane, batch: list[tuple[int, int]], run: _VariantRun) -> None:
+        assert lane.worker is not None
         lane.worker.give(batch)
         lane.inflight = deque(batch)
         lane.started, lane.wall = time.monotonic(), time.time()
@@ -538,20 +556,28 @@ class Runner:
             run.result.add_restart(lane.started - lane.died_at)
             lane.died_at = None
         lane.supply.refill()
-        if lane.dead is not None:  # now that the next worker runs, the dead one's last trial
-            self._finish_dead(lane, run)
 
-    def _wait(self, lanes: list[_Lane], active: list[_Lane], timeout: float, run: _VariantRun,
+    def _wait(self, lanes: list[_Lane], active: list[_Lane], starting: list[_Lane],
+              dead: list[_Lane], timeout: float, run: _VariantRun,
               queue: deque[tuple[int, int]]) -> None:
         """Take every message that came, or once a lane's trial has run past the timeout,
         end it: a living, silent worker hangs and is killed; a dead one crashed. After each
-        trial recorded, a fatal Xid retires its GPU before another trial is taken."""
+        trial recorded, a fatal Xid retires its GPU before another trial is taken. Wakes up
+        too when a starting worker says it is ready (or is due) and when a dead one's process
+        ends (its pipe closes) or is due to be put down."""
         assert all(lane.worker is not None for lane in active)
         by_conn = {lane.worker.conn: lane for lane in active}  # type: ignore[union-attr]
-        due = min(lane.started for lane in active) + timeout
-        ready = wait_any(list(by_conn), max(0.0, due - time.monotonic()))
+        starts = [lane.supply.starting for lane in starting]
+        due = min([lane.started + timeout for lane in active]
+                  + [w.ready_by for w in starts if w is not None]
+                  + [lane.dead_by for lane in dead])
+        ready = wait_any([*by_conn, *(w.conn for w in starts if w is not None),
+                          *(lane.dead_signal() for lane in dead)],
+                         max(0.0, due - time.monotonic()))
         for conn in ready:
-            lane = by_conn[conn]  # type: ignore[index]
+            lane = by_conn.get(conn)  # type: ignore[call-overload]
+            if lane is None:
+                continue  # a worker ready, or a dead one gone: the loop takes it
             while lane.inflight and lane.worker is not None and conn.poll():
                 self._message(lane, receive(conn, 0), run, queue)
                 self._retire_lanes(lanes, queue)
@@ -610,6 +636,7 @@ class Runner:
 
     def _died(self, lane: _Lane, trial: TrialResult, queue: deque[tuple[int, int]]) -> None:
         lane.died_at = time.monotonic()
+        lane.dead_by = lane.died_at + DEAD_END_S
         queue.extendleft(reversed(lane.inflight))  # back in front, in order
         lane.inflight.clear()
         assert lane.worker is not None
@@ -617,12 +644,12 @@ class Runner:
         lane.supply.died()
 
     def _finish_dead(self, lane: _Lane, run: _VariantRun) -> None:
-        """Record the trial a worker died in, once it is gone: the device's own words (the
-        assert's file, line, block and thread) reach its log only when the process ends."""
+        """Record the trial a worker died in, once it is gone (or due to be put down): the
+        device's own words (the assert's file, line, block and thread) reach its log only
+        when the process ends."""
         assert lane.dead is not None
         worker, trial = lane.dead
         lane.dead = None
-        worker.proc.join(10)
         trial = dataclasses.replace(trial, device_log=_tail(worker.job.log_path))
         worker.stop()
         self._record(run, trial, lane.dead_wall, worker.job, lane)
@@ -741,6 +768,7 @@ class _Lane:
     died_at: float | None = None
     dead: tuple[Worker, TrialResult] | None = None
     dead_wall: float = 0.0
+    dead_by: float = 0.0  # monotonic: when a dead worker still not ended is put down
     retired: str = ""
     device: dict[str, object] = field(default_factory=dict)  # what its worker said it runs on
 
@@ -751,6 +779,18 @@ class _Lane:
         said = self.device.get("uuid")
         return str(said) if said else (self.pin if self.pin and self.pin.startswith("GPU-")
                                        else None)
+
+    def dead_ended(self) -> bool:
+        """Whether the dead worker's process has ended, or is due to be put down."""
+        assert self.dead is not None
+        return not self.dead[0].proc.is_alive() or time.monotonic() >= self.dead_by
+
+    def dead_signal(self) -> Connection | int:
+        """What becomes ready when the dead worker's process ends: its sentinel (a Ray actor
+        has none; its pipe closes once Ray has said it ended)."""
+        assert self.dead is not None
+        worker = self.dead[0]
+        return getattr(worker.proc, "sentinel", None) or worker.conn
 
     def hit_by(self, ev: FatalXid, lanes: int) -> bool:
         """Whether fatal report ``ev`` is about this lane's GPU, on a run of ``lanes`` lanes."""

@@ -14,7 +14,9 @@ variant.
 
 from __future__ import annotations
 
+import math
 import multiprocessing
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -41,8 +43,9 @@ def receive(conn: Connection, timeout: float) -> tuple:
         return GONE
 
 
-def wait_any(conns: list[Connection], timeout: float) -> list[Connection]:
-    """The workers' connections with a message (or closed) within ``timeout`` seconds."""
+def wait_any(conns: Sequence[Connection | int], timeout: float) -> list[Connection | int]:
+    """Of the workers' connections (and process sentinels), those with a message (or closed,
+    or ended) within ``timeout`` seconds."""
     return connection.wait(conns, timeout)  # type: ignore[return-value]
 
 
@@ -56,6 +59,8 @@ class Worker:
     job: WorkerJob
     trials: tuple[tuple[int, int], ...] = ()
     info: dict[str, Any] = field(default_factory=dict)  # its "ready" message: the device
+    ready_by: float = math.inf  # monotonic: a worker not ready by then failed to start
+    fresh: bool = False  # started because no spare waited (not a warm one)
 
     @property
     def pid(self) -> int | None:
@@ -120,18 +125,41 @@ class WorkerSupply:
         self.warm = 0  # workers taken that were already started (spares, prestarted ones)
 
     def take(self) -> Worker:
-        """A ready worker: the spare when there is a living one. Raises WorkerFailed when the
-        worker could not start."""
-        while self._spares:
-            worker = self._spares.popleft()
-            if worker.proc.is_alive():
-                self.warm += 1
-                break
-            worker.stop()  # a spare that died waiting: try the next, or start afresh
-        else:
-            worker = self._start()
-        self._wait_ready(worker)
+        """A ready worker, waiting for it to start when none is ready yet (see :meth:`poll`).
+        Raises WorkerFailed when the worker could not start."""
+        while (worker := self.poll()) is None:
+            starting = self._spares[0]
+            wait_any([starting.conn], max(0.0, starting.ready_by - time.monotonic()))
         return worker
+
+    def poll(self) -> Worker | None:
+        """A ready worker without waiting: the oldest spare, once it has said it is ready;
+        None while it still starts (one is started when none waits), and :attr:`starting` is
+        what to wait on meanwhile. A spare that died waiting is passed over for the next, or a
+        fresh start. Raises WorkerFailed when the worker could not start."""
+        while True:
+            if not self._spares:
+                self._spares.append(self._start())
+                self._spares[0].fresh = True
+            worker = self._spares[0]
+            alive = worker.proc.is_alive()  # before its message: "ready", then dead, is dead
+            message = receive(worker.conn, 0)
+            if message is SILENT and alive and time.monotonic() < worker.ready_by:
+                return None
+            self._spares.popleft()
+            if not alive and not worker.fresh:
+                worker.stop()  # a spare that died waiting
+                continue
+            if message in (SILENT, GONE) or message[0] != "ready":
+                raise WorkerFailed(worker, message)
+            worker.info = message[1]
+            self.warm += not worker.fresh
+            return worker
+
+    @property
+    def starting(self) -> Worker | None:
+        """The worker :meth:`poll` waits to be ready, if any."""
+        return self._spares[0] if self._spares else None
 
     def refill(self) -> None:
         """Start spares, when they are wanted, until ``spares`` wait: called once the worker
@@ -165,10 +193,6 @@ class WorkerSupply:
         job = self._make_job()
         Path(job.trace_dir).mkdir(parents=True, exist_ok=True)
         self.started += 1
-        return self._start_worker(job)
-
-    def _wait_ready(self, worker: Worker) -> None:
-        message = receive(worker.conn, self._start_timeout_s)
-        if message in (SILENT, GONE) or message[0] == "error":
-            raise WorkerFailed(worker, message)
-        worker.info = message[1]
+        worker = self._start_worker(job)
+        worker.ready_by = time.monotonic() + self._start_timeout_s
+        return worker

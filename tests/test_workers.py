@@ -137,6 +137,53 @@ def test_lanes_survive_hangs_and_hand_each_death_to_a_spare(tmp_path: Path) -> N
     assert not multiprocessing.active_children()
 
 
+def test_a_lane_whose_worker_is_slow_to_start_holds_up_no_other(tmp_path: Path,
+                                                               monkeypatch) -> None:
+    """Nothing in a run waits for one lane: while GPU 0's worker has not said it is ready,
+    the other lane runs every trial (a worker start used to hold the whole run, so a crash
+    soak ran no faster on two GPUs than on one). The worker that never got ready is stopped
+    with the run."""
+    import harness.runner
+    from harness.workers import Worker
+
+    real = Runner._start_worker
+    started: list[Worker] = []
+    silent = []  # the starting worker's end of its pipe: open (it lives), never written
+
+    class Starting:  # a process that has not said it is ready (and will not in this run)
+        pid = None
+        killed = False
+
+        def is_alive(self) -> bool:
+            return not self.killed
+
+        def kill(self) -> None:
+            self.killed = True
+
+        def join(self, timeout: float | None = None) -> None:
+            pass
+
+    def start(self: Runner, job: WorkerJob) -> Worker:
+        if started:
+            worker = real(self, job)
+        else:
+            ours, theirs = multiprocessing.Pipe()
+            worker = Worker(Starting(), ours, job)  # type: ignore[arg-type]
+            silent.append(theirs)
+        started.append(worker)
+        return worker
+
+    monkeypatch.setattr(Runner, "_start_worker", start)
+    # A run that waited for it would fail at its start timeout: soon, not in two minutes.
+    monkeypatch.setattr(harness.runner, "WORKER_START_TIMEOUT_S", 15.0)
+    runner = Runner(RunOptions(backend="sim", gpus="2", trials=40, variants=("fixed",),
+                               dangerous=True, out_dir=tmp_path))
+    [r] = runner.run(resolve_targets(["cross-stream-race"])).results
+    assert r.trials == 40 and r.counts["clean"] == 40
+    assert len(started) == 2 and started[0].proc.killed  # type: ignore[attr-defined]
+    assert not multiprocessing.active_children()
+
+
 def test_a_fatal_xid_retires_its_gpu_and_the_others_go_on(tmp_path: Path) -> None:
     from collections import deque
 
@@ -341,7 +388,7 @@ def test_a_worker_that_cannot_start_on_a_gpu_that_needs_a_reset_retires_its_lane
             pass
 
     class Supply:
-        def take(self) -> None:
+        def poll(self) -> None:
             raise WorkerFailed(Dead(), ("error", "cudaErrorDevicesUnavailable"))  # type: ignore
 
         def close(self) -> None:
@@ -351,8 +398,8 @@ def test_a_worker_that_cannot_start_on_a_gpu_that_needs_a_reset_retires_its_lane
     runner.backend = "cuda"
     runner.watch = _Health({"GPU-b": "the driver says the GPU requires a reset"})  # type: ignore
     lane = _Lane("GPU 1", Supply(), pin="GPU-b")  # type: ignore[arg-type]
-    queue: deque = deque([(7, 77)])
-    runner._hand(lane, [(5, 55), (6, 66)], None, queue)  # type: ignore[arg-type]
+    queue: deque = deque([(5, 55), (6, 66), (7, 77)])
+    assert not runner._ready_worker(lane, queue)
     assert lane.retired.startswith("GPU 1 (GPU-b) cannot start a worker: the driver says")
     assert list(queue) == [(5, 55), (6, 66), (7, 77)] and runner.retired
     runner._stop_if_all_retired([lane])
@@ -360,7 +407,7 @@ def test_a_worker_that_cannot_start_on_a_gpu_that_needs_a_reset_retires_its_lane
     # On a GPU that is well, a worker that cannot start is the error it always was.
     healthy = _Lane("GPU 0", Supply(), pin="GPU-a")  # type: ignore[arg-type]
     with pytest.raises(HarnessError, match="cudaErrorDevicesUnavailable"):
-        runner._hand(healthy, [(8, 88)], None, queue)  # type: ignore[arg-type]
+        runner._ready_worker(healthy, queue)
 
 
 def test_a_bad_gpus_value_is_a_usage_error(tmp_path: Path) -> None:
