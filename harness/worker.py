@@ -1,15 +1,17 @@
 """The worker process: makes its device, then runs the trials it is handed and reports each one
 to the parent as it ends.
 
-Workers are spawned, never forked (a forked child would share the parent's CUDA state). A worker
-says it is ready only once its device, kernels and pool are made, and waits for trials: so the
-parent can keep one ready as a spare (:mod:`harness.workers`). A CUDA fault kills the context, so
-a cuda worker exits after a crash and the parent hands the remaining trials to another; a hang is
-ended by the parent's watchdog killing the worker.
+A worker is never forked from the run's parent (it would share the parent's state): it forks from
+a fork server that imported the harness once and never touches CUDA, or is spawned where there is
+none (:mod:`harness.workers`). A worker says it is ready only once its device, kernels and pool
+are made, and waits for trials: so the parent can keep one ready as a spare. A CUDA fault kills
+the context, so a cuda worker exits after a crash and the parent hands the remaining trials to
+another; a hang is ended by the parent's watchdog killing the worker.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import os
@@ -46,6 +48,9 @@ class WorkerJob:
     # its own worker's first few, so keeping more only costs file operations per trial.
     traces_kept: int | None = None
     timeline: bool = False  # time the stream ops with CUDA events (cuda)
+    # The parent's environment when the job was made: a worker forked by the fork server would
+    # otherwise have the server's, as it was when the server started.
+    env: dict[str, str] = dataclasses.field(default_factory=lambda: dict(os.environ))
 
 
 def worker_main(conn: Connection, job: WorkerJob) -> None:
@@ -54,6 +59,9 @@ def worker_main(conn: Connection, job: WorkerJob) -> None:
     ("done",); ("error", text) when something failed. ("stop",), or the parent's end closing,
     ends it."""
     die_with_parent(job.parent_pid)
+    leave_fork_server()
+    os.environ.clear()
+    os.environ.update(job.env)
     if job.gpu is not None:
         # Before anything imports CuPy: the worker's device 0 is its lane's GPU.
         os.environ["CUDA_VISIBLE_DEVICES"] = job.gpu
@@ -171,15 +179,45 @@ def handed_trials(conn: Connection) -> Iterator[tuple[int, int]]:
 
 
 def die_with_parent(parent: int) -> None:
-    """Tie this process's life to its parent's: whatever kills the parent (SIGKILL included)
-    kills it, even a worker blocked in a hung kernel, which would otherwise hold the GPU.
-    Ctrl-C is the parent's to handle: it stops the run and writes what finished."""
+    """Tie this process's life to the run's parent, ``parent``: whatever kills it (SIGKILL
+    included) kills this one, even a worker blocked in a hung kernel, which would otherwise
+    hold the GPU. The signal comes when the process that made this one dies: the parent, or
+    the fork server, which ends with the parent (see :func:`leave_fork_server`). Ctrl-C is
+    the parent's to handle: it stops the run and writes what finished."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    maker = os.getppid()
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent:  # the parent died before the line above took effect
+    if os.getppid() != maker or not _alive(parent):  # gone before the line above took effect
         os._exit(1)
+
+
+def leave_fork_server() -> None:
+    """Let go of the fork server's life line. Every child of Python's fork server holds the
+    pipe end whose closing tells the server its clients are gone, so the server would live as
+    long as a worker does, and a worker (hung in a kernel) as long as the server does: neither
+    would end with the run's parent. A worker never asks the server for children, so it
+    closes its end; the server then ends with the parent, and the parent-death signal reaches
+    the worker."""
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver  # type: ignore[attr-defined]
+    fd = server._forkserver_alive_fd
+    if fd is not None:
+        server._forkserver_alive_fd = None
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # not ours to signal, but alive
+    return True
 
 
 _PR_SET_PDEATHSIG = 1

@@ -1,6 +1,6 @@
 """The parent's side of worker processes: starting one, handing it trials, and warm spares.
 
-A worker is spawned with its job (a scenario variant and how to run it) and makes its device,
+A worker is started with its job (a scenario variant and how to run it) and makes its device,
 kernels and pool before it says it is ready; only then is it handed trials. So a worker can be
 started before it is needed. Once a variant's workers have started to die (a CUDA fault kills
 its worker, the watchdog kills a hung one), the supply keeps a spare ready beside the worker
@@ -90,9 +90,31 @@ class Worker:
         self.conn.close()
 
 
+PRELOAD = ("harness.worker", "harness.executor", "harness.detector", "harness.traces.flight",
+           "kvcore", "numpy")
+"""What the fork server imports once, so that a worker forked from it starts without importing
+it (each crash costs a worker start). Not CuPy, nor anything that imports it: a process that
+initialized CUDA cannot fork a child that uses CUDA, and the server must stay clear of it."""
+
+
+def _context() -> multiprocessing.context.BaseContext:
+    """Where workers come from: forked by Python's fork server, which imported
+    :data:`PRELOAD` once (it starts with the first worker and ends with this process), or
+    spawned where there is none, or where its life line is not where
+    :func:`~harness.worker.leave_fork_server` lets go of it."""
+    from multiprocessing import forkserver
+
+    if "forkserver" not in multiprocessing.get_all_start_methods() or not hasattr(
+            getattr(forkserver, "_forkserver", None), "_forkserver_alive_fd"):
+        return multiprocessing.get_context("spawn")
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(list(PRELOAD))
+    return ctx
+
+
 def start_local(job: WorkerJob) -> Worker:
-    """A worker in a spawned process of this machine."""
-    ctx = multiprocessing.get_context("spawn")
+    """A worker in a process of this machine (see :func:`_context`)."""
+    ctx = _context()
     parent, child = ctx.Pipe(duplex=True)
     proc = ctx.Process(target=worker_main, args=(child, job), daemon=True)
     proc.start()

@@ -26,9 +26,12 @@ from programs import hang_file
 from reports import ReportError, write_atomic
 
 REPO = Path(__file__).resolve().parent.parent
+
+
 def _children(pid: int) -> set[int]:
-    """Live processes whose parent is ``pid`` (from /proc)."""
-    found = set()
+    """Live processes descended from ``pid`` (from /proc): its children, and theirs (a worker
+    is the child of the fork server, which is the run's)."""
+    parents: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -37,8 +40,13 @@ def _children(pid: int) -> set[int]:
         except OSError:
             continue
         fields = text[text.rindex(")") + 2:].split()
-        if int(fields[1]) == pid and fields[0] != "Z":
-            found.add(int(entry.name))
+        if fields[0] != "Z":
+            parents[int(entry.name)] = int(fields[1])
+    found: set[int] = set()
+    level = {pid}
+    while level:
+        level = {child for child, parent in parents.items() if parent in level} - found
+        found |= level
     return found
 
 
