@@ -13,6 +13,7 @@ every node sees, as a Slurm job's output is.
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import signal
 import threading
@@ -101,6 +102,8 @@ def start_actor(job: WorkerJob, address: str | None) -> Worker:
     """A worker as a Ray actor (see the module docstring), ready to be waited for as a local
     one is: its first message is ("ready", info) or ("error", text)."""
     ray = connect(address)
+    # Not the parent's environment: that is this machine's, and an actor runs in its node's.
+    job = dataclasses.replace(job, env={})
     gpus = 1 if job.backend == "cuda" else 0
     # No CPU reserved: spares wait idle, and a lane must not wait for a CPU slot to start one.
     actor = _actor_class(ray).options(num_gpus=gpus, num_cpus=0, max_restarts=0).remote(job)
