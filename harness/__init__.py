@@ -3,7 +3,7 @@
 gpurace's report renderers are the top-level package ``reports``. A plain folder of that name in
 the working directory (an output folder: ``--out reports``) would be taken for a namespace
 package and hide it, since the working directory comes first on ``sys.path`` (``python -m``,
-pytest, and the spawned workers, which inherit the path) and an editable install's finder is
+pytest, and the workers, which inherit the path) and an editable install's finder is
 asked only after it. When that is about to happen, the folder that holds this package goes first.
 """
 

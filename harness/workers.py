@@ -51,7 +51,7 @@ def wait_any(conns: Sequence[Connection | int], timeout: float) -> list[Connecti
 
 @dataclass
 class Worker:
-    """One spawned worker: its process, the parent's end of its pipe, its job, and the trials
+    """One worker: its process, the parent's end of its pipe, its job, and the trials
     it was handed (none while it waits as a spare)."""
 
     proc: multiprocessing.process.BaseProcess
