@@ -105,8 +105,8 @@ class TrialRunner:
     or Ray): the executor, the flight recorder and the race detector, made once."""
 
     def __init__(self, job: WorkerJob) -> None:
-        # Imported here: a worker's process (spawned, or the fork server) imports this
-        # module first, and the heavy parts only here.
+        # Imported here: a spawned worker imports this module to find its entry point, and
+        # the heavy parts only once it runs (the fork server has them preloaded).
         from harness.detector import RaceDetector
         from harness.executor import TrialExecutor
         from harness.traces.flight import FlightRecorder
