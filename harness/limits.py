@@ -41,7 +41,7 @@ SHARDS_MAX = 10_000
 
 SPARES_MAX = 16
 """Spare workers --spares may keep ready: each holds a CUDA context and its pool, and they
-start one per hand-over, so a few cover a worker start of about a second at a crash every
+start one per hand-over, so a few cover a worker start of a second or less at a crash every
 quarter second."""
 
 GPUS_MAX = 64
