@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.errors import OutputError
+from harness.worker import pid_alive
 from reports import remove_stale_temps
 from reports.atomic import is_temp_name
 
@@ -90,12 +91,8 @@ def _owner_alive(folder: Path) -> bool:
         return False  # no readable owner: nobody can be writing there
     if pid == os.getpid():
         return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    if not pid_alive(pid):
         return False
-    except PermissionError:
-        return True  # alive, and someone else's
     # The pid may have been reused since: compare start times where the system says them.
     now = _start_time(pid)
     return started is None or now is None or now == started

@@ -516,8 +516,8 @@ class Runner:
                 if lane.dead is not None and lane.dead_ended():
                     self._finish_dead(lane, run)
             active = [lane for lane in lanes if lane.inflight]
-            starting = [lane for lane in lanes if lane.worker is None and queue
-                        and not lane.retired and lane.supply.starting is not None]
+            starting = [w for lane in lanes if lane.worker is None and queue
+                        and not lane.retired and (w := lane.supply.starting) is not None]
             dead = [lane for lane in lanes if lane.dead is not None]
             if not active and not starting and not dead:
                 self._stop_if_all_retired(lanes)  # a lane retired as it was handed work
@@ -557,21 +557,19 @@ class Runner:
             lane.died_at = None
         lane.supply.refill()
 
-    def _wait(self, lanes: list[_Lane], active: list[_Lane], starting: list[_Lane],
+    def _wait(self, lanes: list[_Lane], active: list[_Lane], starting: list[Worker],
               dead: list[_Lane], timeout: float, run: _VariantRun,
               queue: deque[tuple[int, int]]) -> None:
         """Take every message that came, or once a lane's trial has run past the timeout,
         end it: a living, silent worker hangs and is killed; a dead one crashed. After each
         trial recorded, a fatal Xid retires its GPU before another trial is taken. Wakes up
         too when a starting worker says it is ready (or is due) and when a dead one's process
-        ends (its pipe closes) or is due to be put down."""
+        ends or is due to be put down."""
         assert all(lane.worker is not None for lane in active)
         by_conn = {lane.worker.conn: lane for lane in active}  # type: ignore[union-attr]
-        starts = [lane.supply.starting for lane in starting]
         due = min([lane.started + timeout for lane in active]
-                  + [w.ready_by for w in starts if w is not None]
-                  + [lane.dead_by for lane in dead])
-        ready = wait_any([*by_conn, *(w.conn for w in starts if w is not None),
+                  + [w.ready_by for w in starting] + [lane.dead_by for lane in dead])
+        ready = wait_any([*by_conn, *(w.conn for w in starting),
                           *(lane.dead_signal() for lane in dead)],
                          max(0.0, due - time.monotonic()))
         for conn in ready:

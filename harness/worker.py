@@ -189,7 +189,7 @@ def die_with_parent(parent: int) -> None:
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != maker or not _alive(parent):  # gone before the line above took effect
+    if os.getppid() != maker or not pid_alive(parent):  # gone before the line above took effect
         os._exit(1)
 
 
@@ -210,13 +210,15 @@ def leave_fork_server() -> None:
             os.close(fd)
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (someone else's counts: it is alive, not ours to
+    signal). A reused pid reads as alive; callers that care compare start times."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True  # not ours to signal, but alive
+        return True
     return True
 
 
