@@ -30,6 +30,7 @@ from harness import schemas, vocabulary
 from harness.limits import (
     DELAY_MAX_US,
     GPUS_MAX,
+    RUN_MAX_BYTES,
     SHARDS_MAX,
     SPARES_MAX,
     TIMEOUT_MAX_S,
@@ -37,6 +38,7 @@ from harness.limits import (
 )
 from harness.detector import check_trace
 from harness.doctor import diagnose
+from harness.inputs import Unreadable, read_input
 from harness.explore import Strategy, explore
 from harness.traces.optrace import load_trace
 from harness.merge import merge_runs
@@ -529,11 +531,13 @@ def report_window(run: Path, output: Path) -> None:
     check_file(output, "--output")
     path = run / "run.json" if run.is_dir() else run
     try:
-        document = json.loads(path.read_text())
+        # Through the one reader, as merge reads run documents: a pipe, a device or an
+        # oversized file is refused before it is read.
+        document = json.loads(read_input(path, RUN_MAX_BYTES, "a run document"))
         saved = document.get("window") or {}
         gaps = {k: [float(v)] for k, v in (saved.get("interpreter_gap_us") or {}).items()}
         window = sweep_window(document["results"], gaps or trace_gaps(document["results"]))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (Unreadable, OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ReportError(f"{path}: not a gpurace run document ({exc}); pass a run's "
                           "run.json or folder") from None
     if not window.points:

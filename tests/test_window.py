@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -71,3 +72,8 @@ def test_report_window_draws_a_saved_sweep(tmp_path: Path) -> None:
     plain = CliRunner().invoke(main, ["report", "window", str(tmp_path / "run"), "-o",
                                       str(out)])
     assert plain.exit_code == 2 and "pass a run's run.json" in plain.stderr
+    # A FIFO is refused before anything reads it (a plain read would wait for a writer).
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    piped = CliRunner().invoke(main, ["report", "window", str(fifo), "-o", str(out)])
+    assert piped.exit_code == 2 and "a pipe, not a file" in piped.stderr, piped.output
