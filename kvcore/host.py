@@ -102,6 +102,11 @@ class HostKVArena:
                 waiting.append((allocation, events))
         self._deferred = waiting
 
+    def state_key(self) -> tuple[object, ...]:
+        """What the arena hands out next depends on (see DeviceKVPagePool.state_key)."""
+        return (tuple(self._free.runs), tuple(sorted(self._live)),
+                tuple((a.offset, tuple(e.id for e in events)) for a, events in self._deferred))
+
     def view(self, allocation: HostKVAllocation) -> HostKVAllocationView:
         """A read-only view of the allocation."""
         return HostKVAllocationView(self, allocation, writable=False)

@@ -13,6 +13,7 @@ ordering allows (see ``_poison``), so a stale reader sees poison rather than pla
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -164,13 +165,16 @@ class DeviceKVPagePool:
         # Per-page state in arrays, so a transfer of thousands of pages checks and marks them
         # in a few numpy operations instead of a Python loop (that loop alone took as long as
         # the copy of 4096 64 KiB pages on the H200).
-        self._generation = np.zeros(pages, np.int64)
+        # int32, as the mirror has them: a release writes its pages' slice as it is.
+        self._generation = np.zeros(pages, np.int32)
         self._leased = np.zeros(pages, np.bool_)
         self._users = np.zeros(pages, np.uint64)  # bit k: stream self._streams[k] used it
         self._fenced = np.zeros(pages, np.bool_)
         self._fences: dict[int, tuple[Event, ...]] = {}
         self._event_refs: dict[int, int] = {}  # fence event id -> pages still to wait on it
-        self._idle_events: list[Event] = []
+        # Fence events free to record again, a heap by id: the lowest is taken first, so the
+        # same releases take the same events whatever order their waits were issued in.
+        self._idle_events: list[tuple[int, Event]] = []
         self._streams: list[Stream] = []
         self._stream_bits: dict[int, np.uint64] = {}
         self._staging: dict[int, Buffer] = {}
@@ -268,18 +272,37 @@ class DeviceKVPagePool:
             self._fence(indices, masks)
         if self.poison is not None:
             self._poison(indices, masks)
-        users, leased, generation, give = self._users, self._leased, self._generation, \
-            self._free.give
+        users, leased, give = self._users, self._leased, self._free.give
         for i in indices:
             users[i] = 0
             leased[i] = False
-            generation[i] += 1
             give(i)
-        lo, hi = min(indices), max(indices) + 1
-        self.device.host_write(self.generations, lo * GENERATION_BYTES,
-                               generation[lo:hi].astype(np.int32))
+        # The one thing a release does that differs every time: a device program issuing it
+        # again calls this again (see Device.reissued).
+        self.device.reissued(self._next_generation, indices)
         if self.device.oplog.active:
             self.device.unlabel(self.buffer, self._byte_runs(sorted(indices)))
+
+    def _next_generation(self, indices: list[int]) -> None:
+        """The released pages' next generation, in the pool and in the mirror the table
+        reader checks against."""
+        generation = self._generation
+        for i in indices:
+            generation[i] += 1
+        lo, hi = min(indices), max(indices) + 1
+        self.device.host_write(self.generations, lo * GENERATION_BYTES, generation[lo:hi])
+
+    def state_key(self) -> tuple[object, ...]:
+        """Everything the pool's decisions depend on but the generations: two moments with the
+        same key lease the same pages, fence them the same way and issue the same device
+        calls (so a device program captured at one is right at the other)."""
+        return (tuple(self._free.runs), self._reserved, self._leased.tobytes(),
+                self._users.tobytes(), self._fenced.tobytes(),
+                tuple(sorted((i, tuple(e.id for e in fence))
+                             for i, fence in self._fences.items())),
+                tuple(sorted(self._event_refs.items())),
+                tuple(sorted(i for i, _ in self._idle_events)),
+                tuple(s.id for s in self._streams), tuple(sorted(self._staging)))
 
     def _byte_runs(self, indices: Sequence[int]) -> list[tuple[int, int]]:
         """Sorted page indices as (offset, nbytes) runs of consecutive pages."""
@@ -360,7 +383,7 @@ class DeviceKVPagePool:
         once every wait on its last record has been issued: CUDA waits on the record current
         when cudaStreamWaitEvent is called, not on later ones."""
         if self._idle_events:
-            return self._idle_events.pop()
+            return heapq.heappop(self._idle_events)[1]
         self._events += 1
         return self.device.create_event(f"release-fence-{self._events}")
 
@@ -435,7 +458,7 @@ class DeviceKVPagePool:
                 refs[event.id] -= 1
                 if not refs[event.id]:
                     del refs[event.id]
-                    self._idle_events.append(event)
+                    heapq.heappush(self._idle_events, (event.id, event))
             self._fenced[index] = False
 
     def _stream_bit(self, stream: Stream) -> np.uint64:

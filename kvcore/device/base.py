@@ -12,13 +12,15 @@ call raises :class:`~kvcore.errors.DeviceFaultError`.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import sys
 import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -33,6 +35,7 @@ from kvcore.device.oplog import (
     OpRecord,
     StreamInfo,
 )
+from kvcore.device.program import ACTION, BLOCKING, CALL, CAPTURED, RECORD, REFUSED, Item, Program
 from kvcore.errors import DeviceFaultError, DeviceUsageError
 
 DEVICE = "device"
@@ -156,6 +159,8 @@ class Device(ABC):
         # one in the middle of a trial would close the race window it is trying to widen.
         self._buffers: weakref.WeakValueDictionary[int, Buffer] = weakref.WeakValueDictionary()
         self._pageable_staging: tuple[Buffer, Event] | None = None
+        self._program: Program | None = None  # the program being captured (see capture)
+        self._depth = 0  # > 0 inside a captured action or call: what it does is not captured
         self.legacy_stream = self._register_stream(
             Stream(0, "legacy_stream", True, True, self._legacy_handle())
         )
@@ -205,6 +210,16 @@ class Device(ABC):
     @abstractmethod
     def _do_host_written(self, buf: Buffer, off: int, nbytes: int) -> None:
         """The host wrote these bytes (lets the simulator account host time)."""
+
+    def _do_fill(self, buf: Buffer, off: int, nbytes: int, value: int) -> None:
+        """The host sets these bytes of pinned memory to ``value``."""
+        self._do_host_view(buf)[off:off + nbytes] = value
+        self._do_host_written(buf, off, nbytes)
+
+    def _do_write(self, buf: Buffer, off: int, raw: np.ndarray) -> None:
+        """The host stores ``raw`` (bytes) into pinned memory at ``off``."""
+        self._do_host_view(buf)[off:off + raw.size] = raw
+        self._do_host_written(buf, off, raw.size)
 
     @abstractmethod
     def _do_sync_device(self) -> None: ...
@@ -368,19 +383,22 @@ class Device(ABC):
 
     def host_write(self, buf: Buffer, off: int, data: bytes | np.ndarray) -> None:
         """The host writes ``data`` into pinned memory, now (a plain CPU store, logged)."""
-        raw = np.frombuffer(bytes(data), np.uint8) if isinstance(data, (bytes, bytearray)) \
-            else np.ascontiguousarray(data).view(np.uint8).reshape(-1)
+        if isinstance(data, (bytes, bytearray)):
+            raw = np.frombuffer(bytes(data), np.uint8)
+        elif isinstance(data, np.ndarray) and data.ndim == 1 and data.flags.c_contiguous:
+            # The usual case, in fewer calls.
+            raw = data.view(np.uint8)
+        else:
+            raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
         self._host_access(buf, off, raw.size)
-        self._do_host_view(buf)[off:off + raw.size] = raw
-        self._do_host_written(buf, off, raw.size)
+        self._do_write(buf, off, raw)
         if self.oplog.active:
             self._emit(HOST, "host_write", writes=(Access(buf.id, off, raw.size),))
 
     def host_fill(self, buf: Buffer, off: int, nbytes: int, value: int) -> None:
         """The host sets ``nbytes`` bytes of pinned memory to ``value`` (a memset on the CPU)."""
         self._host_access(buf, off, nbytes)
-        self._do_host_view(buf)[off:off + nbytes] = value & 0xFF
-        self._do_host_written(buf, off, nbytes)
+        self._do_fill(buf, off, nbytes, value & 0xFF)
         if self.oplog.active:
             self._emit(HOST, "host_write", writes=(Access(buf.id, off, nbytes),),
                        detail={"value": value & 0xFF})
@@ -389,6 +407,17 @@ class Device(ABC):
         """A copy of ``nbytes`` bytes of pinned memory as the host sees them now."""
         self._host_access(buf, off, nbytes)
         out = self._do_host_view(buf)[off:off + nbytes].copy()
+        if self.oplog.active:
+            self._emit(HOST, "host_read", reads=(Access(buf.id, off, nbytes),))
+        return out
+
+    def host_view(self, buf: Buffer, off: int, nbytes: int) -> np.ndarray:
+        """:meth:`host_read` without the copy: a read-only view of the bytes as the host sees
+        them now (logged as the same read). A later device op or host store may change what it
+        shows, so compare it at once and keep only what the comparison gives."""
+        self._host_access(buf, off, nbytes)
+        out = self._do_host_view(buf)[off:off + nbytes]  # a view of its own
+        out.flags.writeable = False
         if self.oplog.active:
             self._emit(HOST, "host_read", reads=(Access(buf.id, off, nbytes),))
         return out
@@ -470,6 +499,167 @@ class Device(ABC):
         # so it needs no scenario line or call-site walk (it runs for every materialize).
         self._record(HOST, kind, (), (), None, None, None, None,
                      {"name": name, "range": [buf.id, off, nbytes]})
+
+    # ---- programs (see kvcore.device.program) ---------------------------------------------------
+    @contextlib.contextmanager
+    def capture(self) -> Iterator[Program]:
+        """Record the device calls made inside the block as a :class:`Program` that
+        :meth:`reissue` can issue again. The calls happen as usual meanwhile. A program whose
+        block raised, or that saw a call it cannot stand for (``Program.refused`` says which),
+        must not be issued."""
+        if self._program is not None:
+            raise DeviceUsageError("a capture is running on this device already")
+        program = Program(observed=self.oplog.active)
+        if self.timeline:
+            program.refuse("timed ops (each op's times are its own)")
+        wrapped: dict[str, bool] = {}  # name -> whether the instance had its own attribute
+        for name in (*CAPTURED, *REFUSED, "_record"):
+            wrapped[name] = name in self.__dict__
+            original = getattr(self, name)
+            setattr(self, name, self._capture_record(program, original) if name == "_record"
+                    else self._capture_refusal(program, name, original) if name in REFUSED
+                    else self._capture_action(program, name, original))
+        self._program, self._depth = program, 0
+        try:
+            yield program
+        except BaseException:
+            program.refuse("a call that raised")
+            raise
+        finally:
+            self._program = None
+            for name, own in wrapped.items():
+                original = getattr(self, name).__wrapped__  # type: ignore[attr-defined]
+                if own:
+                    setattr(self, name, original)
+                else:
+                    delattr(self, name)
+        if program.refused is None:
+            program.calls = [(*self._lower(item), item.kind, item.name in BLOCKING,
+                              item.template) for item in program.items]
+
+    def _capture_action(self, program: Program, name: str,
+                        action: Callable[..., Any]) -> Callable[..., Any]:
+        def captured(*args: Any) -> Any:
+            if self._depth:
+                return action(*args)
+            log = self.oplog
+            # A store's bytes are copied: the caller may reuse its array.
+            kept = (args[0], args[1], args[2].copy()) if name == "_do_write" else args
+            program.items.append(Item(ACTION, name, action, kept, None,
+                                      (log.step, log.origin, log.thread)))
+            self._depth += 1
+            try:
+                return action(*args)
+            finally:
+                self._depth -= 1
+        captured.__wrapped__ = action  # type: ignore[attr-defined]
+        return captured
+
+    def _capture_refusal(self, program: Program, name: str,
+                         call: Callable[..., Any]) -> Callable[..., Any]:
+        def refusing(*args: Any) -> Any:
+            if not self._depth:
+                program.refuse(REFUSED[name])
+            return call(*args)
+        refusing.__wrapped__ = call  # type: ignore[attr-defined]
+        return refusing
+
+    def _capture_record(self, program: Program,
+                        record: Callable[..., None]) -> Callable[..., None]:
+        def recording(stream: str, kind: str, reads: tuple[Access, ...],
+                      writes: tuple[Access, ...], records: str | None, waits: str | None,
+                      syncs: str | None, times: object, info: dict[str, object]) -> None:
+            record(stream, kind, reads, writes, records, waits, syncs, times, info)
+            if self._depth:
+                return  # inside a call captured as itself: it writes its records again
+            log = self.oplog
+            # After _record: it has put the thread into ``info``.
+            template = (stream, kind, reads, writes, records, waits, syncs, log.step, info,
+                        times is not None)
+            items = program.items
+            last = items[-1] if items else None
+            if last is not None and last.kind == ACTION and last.template is None:
+                last.template = template  # the record of the action just taken
+            else:
+                items.append(Item(RECORD, "_record", None, (), template,
+                                  (log.step, log.origin, log.thread)))
+        recording.__wrapped__ = record  # type: ignore[attr-defined]
+        return recording
+
+    def reissued(self, call: Callable[..., Any], *args: Any) -> Any:
+        """``call(*args)``, captured as itself while a capture runs: issuing the program again
+        calls it again, in full, at this point, instead of repeating what it did. For work
+        that depends on state a program cannot see (a generation that grows, a comparison's
+        answer)."""
+        program = self._program
+        if program is None or self._depth:
+            return call(*args)
+        log = self.oplog
+        program.items.append(Item(CALL, getattr(call, "__name__", "call"), call, args, None,
+                                  (log.step, log.origin, log.thread)))
+        self._depth += 1
+        try:
+            return call(*args)
+        finally:
+            self._depth -= 1
+
+    def reissue(self, program: Program, start: int = 0, stop: int | None = None) -> None:
+        """Issue items ``start`` to ``stop`` of a captured ``program`` again: the same device
+        calls, the same records to the op log's observers (numbered and stamped now), the
+        calls captured as themselves called again. On an error, ``program.failed_at`` is the
+        item that raised; CUDA's errors arrive as kvcore's, as from any other call."""
+        if program.refused is not None:
+            raise DeviceUsageError(f"a program that captured {program.refused} cannot be "
+                                   "issued again; run the code instead")
+        if program.observed != self.oplog.active:
+            raise DeviceUsageError("the op log's observers changed since the program was "
+                                   "captured; capture it again")
+        if self.fault is not None:
+            raise self.fault
+        calls = program.calls
+        stop = len(calls) if stop is None else stop
+        i = start
+        try:
+            if not program.observed and not self.oplog.blocking_hooks:
+                # Nobody reads the op log: the calls alone.
+                for fn, args, i in program.bare(start, stop):  # noqa: B007 - i: see except
+                    fn(*args)
+                return
+            items, log, new, clock = program.items, self.oplog, _new, self._clock_ns
+            observers = log.observers
+            for i in range(start, stop):
+                fn, args, kind, blocking, t = calls[i]
+                if kind == CALL:
+                    log.step, log.origin, log.thread = items[i].where
+                    fn(*args)
+                    continue
+                if blocking:
+                    self._blocking()
+                times = fn(*args) if fn is not None else None
+                if t is None:
+                    continue
+                start_ns, end_ns = times if t[9] and times is not None else (None, None)
+                seq = log.seq = log.seq + 1
+                record = new(OpRecord, (seq, t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7],
+                                        clock(), start_ns, end_ns, t[8]))
+                for observer in observers:
+                    observer(record)
+        except BaseException as exc:
+            program.failed_at = i
+            err = self._translate_error(exc) if isinstance(exc, Exception) else exc
+            if err is not exc:
+                raise err  # noqa: B904 - its cause is set
+            raise
+
+    def _lower(self, item: Item) -> tuple[Callable[..., Any] | None, tuple[Any, ...]]:
+        """The call that issues ``item`` again (None: nothing to call, only its record). A
+        backend may put a cheaper call of its own for an action."""
+        return (None, ()) if item.kind == RECORD else (item.fn, item.args)
+
+    def _translate_error(self, exc: Exception) -> BaseException:
+        """The kvcore error for a backend's exception (``exc`` itself when it is not the
+        backend's): what a reissued call raises."""
+        return exc
 
     def settle_times(self) -> list[tuple[int, int, int]]:
         """The device times of the ops timed since the last call, as ``(seq, t_start_ns,

@@ -8,6 +8,7 @@ errors become kvcore errors (:func:`_translated`).
 from __future__ import annotations
 
 import ctypes
+import functools
 import importlib.resources
 import os
 import statistics
@@ -19,6 +20,7 @@ import numpy as np
 
 from kvcore.defects import Defects
 from kvcore.device.base import DEVICE, Buffer, Device, DeviceInfo, Event, Stream
+from kvcore.device.program import ACTION, Item
 from kvcore.device.kernels import (
     Attend,
     Delay,
@@ -192,9 +194,11 @@ class CudaDevice(Device):
         return statistics.median(samples)
 
     def _spin(self, us: float | None, stream: Any) -> None:
-        ns = -1 if us is None else int(us * 1000)
-        self._fns["kv_delay"]((1,), (1,), (np.int64(ns), np.uint64(self._never.address)),
-                              stream=stream)
+        self._fns["kv_delay"]((1,), (1,), self._spin_args(us), stream=stream)
+
+    def _spin_args(self, us: float | None) -> tuple[Any, ...]:
+        """The delay kernel's arguments: how long in ns (-1: for ever), and the flag it polls."""
+        return np.int64(-1 if us is None else int(us * 1000)), np.uint64(self._never.address)
 
     # ---- --timeline ------------------------------------------------------------------------------
     def _timing(self, do: Any, at: int) -> Any:
@@ -246,8 +250,8 @@ class CudaDevice(Device):
         return out
 
     # ---- backend hooks -------------------------------------------------------------------------
-    def _clock_ns(self) -> int:
-        return time.perf_counter_ns()
+    # The function itself, not a method calling it: it stamps every op record.
+    _clock_ns = staticmethod(time.perf_counter_ns)
 
     def _legacy_handle(self) -> object:
         return self._cp.cuda.Stream.null
@@ -405,6 +409,48 @@ class CudaDevice(Device):
     def _do_query(self, event: Event) -> bool:
         with _translated(self):
             return bool(event.handle.done)  # type: ignore[attr-defined]
+
+    # ---- programs ------------------------------------------------------------------------------
+    def _lower(self, item: Item) -> tuple[Any, tuple[Any, ...]]:
+        """The CUDA runtime call itself for the actions a trial makes most, its arguments
+        worked out now (addresses, handles): issuing a program again then costs the call."""
+        if item.kind != ACTION:
+            return super()._lower(item)
+        name, args, rt = item.name, item.args, self._rt
+        if name == "_do_copy":
+            dst, dst_off, src, src_off, nbytes, stream = args
+            return rt.memcpyAsync, (dst.address + dst_off, src.address + src_off, nbytes,
+                                    _MEMCPY_DEFAULT, stream.handle.ptr)
+        if name == "_do_memset":
+            dst, off, nbytes, value, stream = args
+            return rt.memsetAsync, (dst.address + off, value, nbytes, stream.handle.ptr)
+        if name == "_do_record":
+            event, stream = args
+            return rt.eventRecord, (event.handle.ptr, stream.handle.ptr)
+        if name == "_do_wait":
+            stream, event = args
+            return rt.streamWaitEvent, (stream.handle.ptr, event.handle.ptr, 0)
+        if name == "_do_sync_device":
+            return rt.deviceSynchronize, ()
+        if name == "_do_sync_stream":
+            return rt.streamSynchronize, (args[0].handle.ptr,)
+        if name == "_do_sync_event":
+            return rt.eventSynchronize, (args[0].handle.ptr,)
+        if name == "_do_fill":
+            buf, off, nbytes, value = args
+            return buf.handle.array[off:off + nbytes].fill, (value,)
+        if name == "_do_write":
+            buf, off, raw = args
+            return np.copyto, (buf.handle.array[off:off + raw.size], raw)
+        if name in ("_do_host_view", "host_step", "host_thread_switch"):
+            return None, ()  # the host's own steps and reads: nothing for the GPU to do
+        if name == "_do_launch" and isinstance(args[0], Delay):
+            return functools.partial(self._fns["kv_delay"], (1,), (1,),
+                                     self._spin_args(args[0].us), stream=args[1].handle), ()
+        return super()._lower(item)
+
+    def _translate_error(self, exc: Exception) -> BaseException:
+        return _translate(self, exc)
 
     def info(self) -> DeviceInfo:
         rt = self._cp.cuda.runtime

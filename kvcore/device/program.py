@@ -1,0 +1,101 @@
+"""Programs: the device calls of one piece of host work, captured once and issued again.
+
+An engine that runs the same step loop many times does not re-derive its launches every time:
+CUDA graphs capture a stream's work once and launch it again. A :class:`Program` does that for
+the host's side: :meth:`Device.capture` records, in order, every backend action (copy, memset,
+launch, event record and wait, synchronize, host store) that the code inside it made, with the
+op-log record each one wrote; :meth:`Device.reissue` makes the same calls again, and hands the
+observers the same records (numbered and stamped anew), without running the code that decided
+them. What depends on state the capture cannot see (a generation number that grows, a
+comparison's result) is captured as a call of its own with :meth:`Device.reissued`, and runs
+again in full.
+
+A program is only as good as the state it was captured in: issuing it again is right when the
+state its code read is the same. The caller checks that (kvcore's pool and arena have
+``state_key``); what the device sees that the capture cannot (an event query, whose answer
+depends on timing; an allocation, which changes the state) leaves the program with a reason in
+:attr:`Program.refused`, and it must not be issued.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+ACTION, RECORD, CALL = 0, 1, 2
+"""What an item of a program is: a backend action (with the record it wrote, if any), a record
+that no action wrote (an owner change), or a call captured as itself."""
+
+CAPTURED = ("_do_record", "_do_wait", "_do_copy", "_do_copy_2d", "_do_memset", "_do_launch",
+            "_do_fill", "_do_write", "_do_host_view", "_do_sync_device", "_do_sync_stream",
+            "_do_sync_event", "host_step", "host_thread_switch")
+"""The device methods whose calls a program captures: every action a backend takes on the
+device or in pinned memory, and the host's steps (which move a simulated device's clock)."""
+
+BLOCKING = frozenset({"_do_sync_device", "_do_sync_stream", "_do_sync_event"})
+"""The actions the host waits in: the op log's blocking hooks run before each, as they do when
+the code runs."""
+
+REFUSED = {
+    "_do_query": "an event query (what it sees depends on the device's timing)",
+    "_do_alloc": "an allocation",
+    "_do_event": "an event's creation",
+    "_do_stream": "a stream's creation",
+}
+"""Backend calls that make a captured program unfit to issue again, and why."""
+
+
+@dataclass(eq=False)
+class Item:
+    """One entry of a program. ``name`` is the device method an action called (what a backend
+    lowers it by); ``template`` the fields of its record (``_record``'s arguments but the
+    times); ``where`` the op log's (step, origin, thread) when it was captured."""
+
+    kind: int
+    name: str
+    fn: Callable[..., Any] | None
+    args: tuple[Any, ...]
+    template: tuple[Any, ...] | None = None
+    where: tuple[str | None, str | None, str | None] = (None, None, None)
+
+
+@dataclass(eq=False)
+class Program:
+    """What :meth:`Device.capture` recorded. ``observed``: the op log had observers while it
+    was captured, so its items carry their records (a program is issued again only with the
+    op log in the same state). ``marks``: positions the capturing code named (:meth:`mark`)."""
+
+    observed: bool
+    items: list[Item] = field(default_factory=list)
+    refused: str | None = None
+    marks: dict[str, int] = field(default_factory=dict)
+    # Per item, once lowered (see Device.capture): the call a backend makes for it (None:
+    # nothing to call) and its arguments, then its kind, whether the host blocks in it, and
+    # its record's template: what Device.reissue reads, in one tuple.
+    calls: list[tuple[Any, ...]] = field(default_factory=list)
+    failed_at: int | None = None  # the item that raised, in the last issue that raised
+    # Per (start, stop): only the items that call something, as (function, arguments, index):
+    # what Device.reissue runs when nobody reads the op log.
+    _bare: dict[tuple[int, int], list[tuple[Any, ...]]] = field(default_factory=dict)
+
+    def bare(self, start: int, stop: int) -> list[tuple[Any, ...]]:
+        """The calls of items ``start`` to ``stop`` (see ``_bare``)."""
+        got = self._bare.get((start, stop))
+        if got is None:
+            got = self._bare[start, stop] = [(fn, args, i) for i, (fn, args, *_) in
+                                             enumerate(self.calls[start:stop], start)
+                                             if fn is not None]
+        return got
+
+    def mark(self, name: str) -> None:
+        """Name the position of the next item (``issue(program, program.marks[name])``)."""
+        self.marks[name] = len(self.items)
+
+    def refuse(self, why: str) -> None:
+        if self.refused is None:
+            self.refused = why
+
+    def step_at(self, index: int) -> str | None:
+        """The op log's step when item ``index`` was captured."""
+        return self.items[index].where[0] if 0 <= index < len(self.items) else None
