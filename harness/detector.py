@@ -317,6 +317,7 @@ class RaceDetector:
         self._streams: dict[str, _Stream] = {}
         self._pending: list[OpRecord] = []
         self._unapplied: list[OpRecord] = []
+        self._settled = False
         self._memo = _Memo()
         self.reset()
 
@@ -325,21 +326,29 @@ class RaceDetector:
         owns which bytes does (a world's buffers outlive its trials)."""
         # Records of the last trial whose ownership changes were not applied (its findings
         # came from a remembered trial, or nobody asked for them): the owners carry over.
-        self._owners.replay(self._unapplied)
+        if not self._settled:
+            self._owners.replay(self._unapplied)
         self._owners.replay(self._pending)
         self._unapplied: list[OpRecord] = []
+        self._settled = False
         self._pending.clear()  # the list the op log appends to
         self._fresh = True  # nothing analysed since the reset: a remembered trial may apply
+        self._folded: dict[tuple[Any, ...], Finding] = {}
+        self._racing: set[int] = set()  # ops that raced some earlier op
+        self._owners.forget_past()
+        # The analysis's own state is made anew when an op is analysed (_clear): a trial
+        # whose findings are remembered never needs it.
+        self._stale = True
+
+    def _clear(self) -> None:
+        self._stale = False
         self._clock: dict[str, dict[str, int]] = defaultdict(dict)
         self._events: dict[str, dict[str, int]] = {}
         # (buffer, block) -> accesses: (thread, epoch, lo, hi, write, source) tuples
         self._history: dict[tuple[int, int], list[tuple[Any, ...]]] = {}
-        self._folded: dict[tuple[Any, ...], Finding] = {}
         self._reported: set[tuple[int, int]] = set()
         self._waits: dict[str, list[_Wait]] = defaultdict(list)
         self._records: dict[str, list[_Record]] = defaultdict(list)
-        self._owners.forget_past()
-        self._racing: set[int] = set()  # ops that raced some earlier op
 
     # ---- what the detector knows of buffers, streams and owners --------------------------------
     def attach(self, device: Device) -> None:
@@ -349,7 +358,7 @@ class RaceDetector:
         device.record_call_sites = True
         self._owners = _Owners()  # a new device numbers its ops from 1 again
         self._pending.clear()
-        self._unapplied = []
+        self._unapplied, self._settled = [], False
         self._memo = _Memo()  # its buffers and streams are another device's
         self._buffers, self._streams = {}, {}
         self.learn(device)
@@ -399,17 +408,22 @@ class RaceDetector:
             if hit is not None:
                 self._folded = {f.key: f for f in hit[0]}
                 self._racing = hit[1]
-                self._unapplied = records  # their ownership changes: at the next reset
+                self._unapplied = records  # their ownership changes: at the next reset,
+                # unless the remembered trial gave back every byte it handed out (a trial of a
+                # GPU's world does): then they change nothing.
+                self._settled = hit[2]
                 return
             start = self._owners.snapshot()
             for record in records:
                 self._one(record)
-            self._memo.keep(shape, records, self.findings_now, self._racing, start)
+            self._memo.keep(shape, records, self.findings_now, self._racing, start,
+                            self._owners.snapshot() == start)
             return
         if self._unapplied:
             # More records after a remembered trial's findings: analyse the whole trial.
             records = self._unapplied + records
             self._unapplied, self._folded, self._racing = [], {}, set()
+            self._settled = False
         for record in records:
             self._one(record)
 
@@ -433,6 +447,8 @@ class RaceDetector:
     def _op(self, seq: int, stream: str, kind: str, step: str | None, detail: dict[str, Any],
             reads: Iterable[tuple[int, int, int]], writes: Iterable[tuple[int, int, int]],
             records: str | None, waits: str | None, syncs: str | None) -> None:
+        if self._stale:
+            self._clear()
         if stream == HOST:
             if kind in _OWNER_KINDS:
                 self._owners.apply(kind, detail, seq, step)
@@ -641,6 +657,7 @@ class _Remembered:
     findings: list[Finding]
     racing: set[int]
     owners: tuple[Any, ...]  # who owned what when the trial began
+    neutral: bool  # and owned it again when it ended
 
 
 class _Memo:
@@ -656,27 +673,35 @@ class _Memo:
         self.hits = 0
 
     def find(self, shape: tuple[list[Any], list[Any]], records: list[OpRecord],
-             owners: _Owners) -> tuple[list[Finding], set[int]] | None:
+             owners: _Owners) -> tuple[list[Finding], set[int], bool] | None:
         for i, kept in enumerate(self._kept):
-            if kept.shape == shape and (not kept.findings or kept.owners == owners.snapshot()):
-                if not _numbered(records):
-                    return None
-                if i:
-                    self._kept.insert(0, self._kept.pop(i))
-                first = records[0].seq
-                self.hits += 1
-                return ([_renumbered(f, kept.first_seq, records) for f in kept.findings],
-                        {seq - kept.first_seq + first for seq in kept.racing})
+            if kept.shape != shape:
+                continue
+            same_owners = (kept.findings or kept.neutral) and kept.owners == owners.snapshot()
+            if kept.findings and not same_owners:
+                continue  # its findings would name other owners
+            if not _numbered(records):
+                return None
+            if i:
+                self._kept.insert(0, self._kept.pop(i))
+            first = records[0].seq
+            self.hits += 1
+            # The ownership changes leave the owners as they were only from the same start.
+            return ([_renumbered(f, kept.first_seq, records) for f in kept.findings],
+                    {seq - kept.first_seq + first for seq in kept.racing},
+                    bool(kept.neutral and same_owners))
         return None
 
     def keep(self, shape: tuple[list[Any], list[Any]], records: list[OpRecord],
-             findings: list[Finding], racing: set[int], owners: tuple[Any, ...]) -> None:
+             findings: list[Finding], racing: set[int], owners: tuple[Any, ...],
+             neutral: bool) -> None:
         if not _numbered(records) or any(f.event_note for f in findings) and any(
                 r.step is None for r in records if r.kind in _EVENT_KINDS):
             return  # a note may name an op by its number
         self._kept.insert(0, _Remembered(shape, records[0].seq,
                                          [_renumbered(f, records[0].seq, records)
-                                          for f in findings], set(racing), owners))
+                                          for f in findings], set(racing), owners,
+                                         neutral))
         del self._kept[self.SIZE:]
 
 
@@ -687,8 +712,10 @@ def _renumbered(finding: Finding, first_seq: int, records: list[OpRecord]) -> Fi
     def moved(ref: OpRef) -> OpRef:
         record = records[ref.seq - first_seq]
         detail = record.detail or {}
-        return ref._replace(seq=record.seq, site=detail.get("site"),
-                            origin=detail.get("origin"))
+        # Built whole rather than with _replace, which costs several times as much: this
+        # runs for both ops of every finding of every remembered trial.
+        return _new_ref(OpRef, (record.seq, ref.stream, ref.kind, ref.step, detail.get("site"),
+                                ref.write, ref.offset, ref.length, detail.get("origin")))
 
     copy = _new_finding(Finding)
     copy.__dict__.update(finding.__dict__)  # dataclasses.replace cost more than the rest
@@ -697,6 +724,7 @@ def _renumbered(finding: Finding, first_seq: int, records: list[OpRecord]) -> Fi
 
 
 _new_finding = object.__new__
+_new_ref = tuple.__new__
 
 
 def _ref(access: tuple[Any, ...]) -> OpRef:
