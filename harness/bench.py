@@ -107,19 +107,22 @@ def measure(trials: int, variant: str, delay_us: float, block: int = 100) -> dic
     backend = choose_backend("cuda")
     scenario = load_scenario(SCENARIO_ROOT / "cross_stream_race.yaml")
     chosen = scenario.variant(variant)
-    executor = TrialExecutor(scenario, chosen, backend, amplify=delay_us > 0,
-                             delay_us=delay_us or None)
+    executor, stepped = (TrialExecutor(scenario, chosen, backend, amplify=delay_us > 0,
+                                       delay_us=delay_us or None, reissue=reissue)
+                         for reissue in (True, False))
     bare = _bare_trial(scenario.pool.geometry().page_stride, delay_us,
                        fence=chosen.defects.release_fence)
     with tempfile.TemporaryDirectory(prefix="gpurace-bench-") as tmp:
         worker = _worker(scenario, variant, backend, delay_us, True, Path(tmp))
-        (h, w, b), manifested = _alternate([
+        (h, st, w, b), manifested = _alternate([
             lambda i: executor.run(i, i).outcome.manifested,
+            lambda i: stepped.run(i, i).outcome.manifested,
             lambda i: worker.run(i, i)["outcome"] != "clean",
             lambda i: not bare()], trials, block)
     return {"variant": variant, "delay_us": delay_us, "harness_us": h * 1e6,
-            "worker_us": w * 1e6, "bare_us": b * 1e6, "ratio": h / b, "worker_ratio": w / b,
-            **{f"{k}_manifested": v for k, v in zip(("harness", "worker", "bare"),
+            "stepped_us": st * 1e6, "worker_us": w * 1e6, "bare_us": b * 1e6, "ratio": h / b,
+            "stepped_ratio": st / b, "worker_ratio": w / b, "reissued": executor.reissued,
+            **{f"{k}_manifested": v for k, v in zip(("harness", "stepped", "worker", "bare"),
                                                      manifested)},
             "trials": max(1, trials // block) * block}
 
@@ -280,15 +283,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"harness.bench: {exc}", file=sys.stderr)
         return 77 if "cuda" in str(exc).lower() else 1
     print("cross_stream_race per trial, median of blocks of 100, same process: the executor "
-          "(TrialExecutor), a run's worker (executor, flight recorder, detector), and a bare "
-          "CuPy loop doing that variant's work:")
+          "(TrialExecutor, reissuing its captured program), the executor step by step (no "
+          "program), a run's worker (executor, flight recorder, detector), and a bare CuPy loop "
+          "doing that variant's work; ratios against the bare loop:")
     for r in rows:
         n = r["trials"]
         print(f"  {r['variant']:>5}, delay {r['delay_us']:6.0f} us: executor "
-              f"{r['harness_us']:7.1f} us, worker {r['worker_us']:7.1f} us, bare "
-              f"{r['bare_us']:7.1f} us; ratio {r['ratio']:.3f}, worker {r['worker_ratio']:.3f}"
-              f"  (manifested: executor {r['harness_manifested']}/{n}, worker "
-              f"{r['worker_manifested']}/{n}, bare {r['bare_manifested']}/{n})")
+              f"{r['harness_us']:7.1f} us ({r['ratio']:.3f}), stepped {r['stepped_us']:7.1f} "
+              f"us ({r['stepped_ratio']:.3f}), worker {r['worker_us']:7.1f} us "
+              f"({r['worker_ratio']:.3f}), bare {r['bare_us']:7.1f} us; reissued "
+              f"{r['reissued']} trials; manifested: executor {r['harness_manifested']}/{n}, "
+              f"stepped {r['stepped_manifested']}/{n}, worker {r['worker_manifested']}/{n}, "
+              f"bare {r['bare_manifested']}/{n}")
     return 0
 
 

@@ -212,6 +212,12 @@ _SHARED_RUN_OPTIONS = [
                       "timeline.json shows when each op ran on the device, not only where the "
                       "host issued it. It costs trial rate; a trial that crashed its context "
                       "keeps issue times. The simulated device times its ops anyway."),
+    click.option("--reissue/--no-reissue", default=True, show_default=True,
+                 help="On the GPU, once a trial of a step-list scenario ends clean, capture its "
+                      "device calls and issue them again in later trials, as an engine replays "
+                      "a captured graph: the same copies, launches, waits and checks, without "
+                      "the harness's bookkeeping between them (a trial costs less than half). "
+                      "--no-reissue runs every trial step by step."),
     click.option("--record", is_flag=True,
                  help="Keep every trial's op trace (JSON Lines), not only the traces of the "
                       "incidents kept; `gpurace check` reads them."),

@@ -30,6 +30,7 @@ from harness.model import Amplify, PlaneSpec, PoolSpec, Scenario, Step, Variant
 from harness.outcome import Outcome, TrialResult
 from harness.traces.ticket import Ticket, load_ticket
 from kvcore.device.kernels import FIRST_BYTES, Delay, Verify, first_mismatch
+from kvcore.device.program import Program
 from kvcore.device.schedule import Schedule
 from kvcore.device.sim import UNWRITTEN
 
@@ -170,29 +171,64 @@ class World:
         self.firsts_host = device.alloc_host(FIRST_BYTES * COUNTED_READS_MAX,
                                              name="attention-firsts-host")
         self.scrubs = scrubs
+        self.settling = False  # a scrub was issued and nobody has waited for it yet
+        self.events: dict[str, kvcore.device.Event] = {}
         # What a page holds before a trial writes it: the last scrub's byte on the GPU, the
-        # simulated device's initial byte on sim. A check that finds it says so.
+        # simulated device's initial byte on sim. A check that finds it says so. (A scrub at
+        # a trial's end sets it for the next trial: see begin.)
         self.unwritten: int | None = UNWRITTEN if device.kind == "sim" else None
+        self._unwritten_next = self.unwritten
         self.scrubbed = 0
         self._scrub_bytes = unused
         if scrubs:
             self.scrub()
+            self.begin()
 
-    def scrub(self) -> None:
+    def scrub(self, wait: str = "now") -> None:
         """Fill every page with a byte that no step of the scenario writes or expects (another
-        one each time), and wait for it: the next trial's reads of a page it did not write then
-        see bytes they cannot mistake for data. A world that serves many trials (on the GPU)
-        does this at its start and at the end of each trial, once the device is idle."""
+        one each time): the next trial's reads of a page it did not write then see bytes they
+        cannot mistake for data. A world that serves many trials (on the GPU) does this at its
+        start and at the end of each trial, once nothing reads the pages any more. ``wait``:
+        ``now``, the host waits for it; ``later``, the next trial's :meth:`begin` does (by then
+        it has landed, and the wait costs the call alone); ``check``, the caller's next wait
+        for the check stream does."""
         value = self._scrub_bytes[self.scrubbed % len(self._scrub_bytes)]
         self.scrubbed += 1
-        self.unwritten = value
+        self._unwritten_next = value
         if self.pool.poison is not None:
             # The poison of the trial's last releases runs on the pool's own stream, still
             # writing these pages: the scrub must not race it.
             self.context.synchronize()
         self.device.memset(self.pool.buffer, 0, self.pool.buffer.nbytes, value,
                            self.check_stream)
-        self.context.synchronize()
+        if wait == "now":
+            self.context.synchronize()
+        else:
+            self.settling = wait == "later"
+
+    def begin(self) -> None:
+        """A trial begins: with the device idle (the last scrub waited for, if nobody has yet),
+        and its pages holding the last scrub's byte."""
+        if self.settling:
+            self.settling = False
+            self.context.synchronize()
+        self.unwritten = self._unwritten_next
+
+    def event(self, name: str) -> kvcore.device.Event:
+        """The scenario's event ``name``: made once per world, as an engine makes its events
+        once (an event is recorded again by each trial that records it)."""
+        event = self.events.get(name)
+        if event is None:
+            event = self.events[name] = self.device.create_event(name)
+        return event
+
+    def state_key(self) -> tuple[object, ...]:
+        """What a trial's device calls depend on besides the scenario (see
+        DeviceKVPagePool.state_key): the pool, the arena, the events made so far, and the
+        owners the op log knows."""
+        log = self.device.oplog
+        return (self.pool.state_key(), self.arena.state_key(), tuple(self.events),
+                tuple(log.labels.live()) if log.active else ())
 
     def view(self, pages: int, name: str | None = None) -> kvcore.HostKVAllocationView:
         allocation = self.arena.allocate(self.layout, pages, name=name)
@@ -250,7 +286,8 @@ class TrialExecutor:
                  amplify: bool = True, delay_us: float | None = None,
                  on_device: Callable[[kvcore.Device], None] | None = None,
                  schedule: Schedule | None = None, poison: bool = False,
-                 real_threads: bool | None = None, timeline: bool = False) -> None:
+                 real_threads: bool | None = None, timeline: bool = False,
+                 reissue: bool = True, keep_world: bool | None = None) -> None:
         self.ticket: Ticket | None = None
         workload = scenario.workload
         if workload is not None and workload.kind == "ticket" and workload.ticket is not None:
@@ -275,16 +312,27 @@ class TrialExecutor:
         self.amplified_step = self.amplify.before if self.amplify and self.delay_us else None
         self.steps = scenario.steps_of(variant.name)
         self.sections = sections(self.steps)
+        # The last step to read the pool when only checks of buffers come after it (its wait
+        # can cover the trial's scrub), or None.
+        self.last_pool_read = _last_pool_read(self.steps)
         self.decisions = 0  # host-thread decisions of the last trial (what explore perturbs)
         self._world: World | None = None
         self.device_info: dict[str, object] = {}
         device = self._open(0)
-        if backend == "cuda":
+        if backend == "cuda" if keep_world is None else keep_world:
             # The GPU's world outlives its trials: its pages would still hold the last trial's
             # bytes, which a stale read would take for the right ones. (A simulated device is
             # new every trial, and starts as 0xA5.)
             self._world = World(scenario, device, variant, scrubs=bool(self.steps),
                                 poison=poison)
+        # A world that serves many trials issues the same device calls every trial once its
+        # state settles: a clean trial is captured as a device program and later trials
+        # reissue it (see _reissue), as an engine replays a captured graph.
+        self.reissues = reissue and self._world is not None and reissuable(
+            self.steps, schedule=schedule, timeline=timeline, workload=scenario.workload)
+        self.program: Program | None = None
+        self.reissued = 0  # trials reissued from the program
+        self._captures_left = CAPTURES
 
     def _open(self, seed: int) -> kvcore.Device:
         device = kvcore.open_device(self.backend, defects=self.variant.defects, seed=seed,
@@ -299,23 +347,25 @@ class TrialExecutor:
         return device
 
     def world(self, seed: int) -> World:
-        if self._world is None or self.backend == "sim":
+        if self._world is None:
             return World(self.scenario, self._open(seed), self.variant, poison=self.poison)
         return self._world
 
     def run(self, index: int, seed: int) -> TrialResult:
         """One trial; never raises for what the trial itself did (that is its outcome)."""
         world = self.world(seed)
+        reissued = self.reissued
         start = time.perf_counter()
         # A collection inside the race window would stretch the host's part of it.
         gc.disable()
         try:
+            world.begin()
             if self.ticket is not None:
                 outcome, detail, step, requests = _TicketReplay(self, world, self.ticket).run()
             elif self.scenario.workload is not None:
                 outcome, detail, step, requests = _Conversation(self, world).run()
             else:
-                outcome, detail, step, requests = _Steps(self, world, seed).run()
+                outcome, detail, step, requests = self._steps(world, seed)
             error = None
         except kvcore.DeviceFaultError as exc:
             outcome, detail, error = Outcome.CRASH, str(exc), exc.cuda_error
@@ -327,7 +377,65 @@ class TrialExecutor:
             world.device.settle_times()  # the trial ended with the device idle
         return TrialResult(index=index, seed=seed, outcome=outcome, detail=detail,
                            cuda_error=error, step=step, requests=requests,
-                           duration_s=time.perf_counter() - start)
+                           duration_s=time.perf_counter() - start,
+                           reissued=self.reissued != reissued)
+
+    def _steps(self, world: World, seed: int) -> tuple[Outcome, str, str | None, int | None]:
+        """A step-list trial: reissued when a program is kept, else step by step (captured
+        while the executor still looks for a program)."""
+        if self.program is not None:
+            self.reissued += 1
+            return self._reissue(world, self.program)
+        trial = _Steps(self, world, seed)
+        if not self.reissues or not self._captures_left:
+            return trial.run()
+        key = world.state_key()
+        with world.device.capture() as program:
+            trial.capturing = program
+            result = trial.run()
+        # Kept only when issuing it again is what the steps would do: nothing refused, the
+        # whole trial ran (a clean one), and it left the world as it found it.
+        if program.refused is None and result[0] is Outcome.CLEAN and \
+                world.state_key() == key:
+            self.program = program
+        else:
+            self._captures_left -= 1
+        return result
+
+    def _reissue(self, world: World,
+                 program: Program) -> tuple[Outcome, str, str | None, int | None]:
+        """A trial as the device program an earlier trial captured: its device calls,
+        comparisons and scrub, without the steps' lookups and the pool's bookkeeping. A failed
+        check ends it as the step path does: the checks after it are skipped, the device is
+        synchronized, and the cleanup runs."""
+        device = world.device
+        cleanup = program.marks["cleanup"]
+        result: tuple[Outcome, str, str | None, int | None] = (Outcome.CLEAN, "", None, None)
+        late_scrub = False
+        try:
+            try:
+                device.reissue(program, 0, cleanup)
+            except _Corruption as exc:
+                result = (Outcome.CORRUPTION, str(exc), exc.step, None)
+                oplog = device.oplog
+                oplog.step = oplog.origin = oplog.thread = None  # the cleanup is no step's
+                failed = program.failed_at if program.failed_at is not None else cleanup
+                if failed < program.marks["idle"]:
+                    world.context.synchronize()
+                # The scrub the program makes before its last synchronize was not reached:
+                # the cleanup scrubs, as the step path's does.
+                late_scrub = failed < program.marks.get("scrub", -1)
+            device.reissue(program, cleanup)
+            if late_scrub:
+                world.scrub("later")
+        except kvcore.DeviceFaultError as exc:
+            exc.gpurace_step = program.step_at(  # type: ignore[attr-defined]
+                program.failed_at if program.failed_at is not None else -1)
+            raise
+        finally:
+            oplog = device.oplog
+            oplog.step = oplog.origin = oplog.thread = None
+        return result
 
     def held_steps(self) -> tuple[str, ...]:
         """The steps of host threads that amplification holds back, in the order they go on."""
@@ -341,6 +449,36 @@ class TrialExecutor:
             stream = self.amplified_stream
             assert stream is not None  # the loader saw to it
             world.device.launch(Delay(self.delay_us), world.stream(stream))
+
+
+REISSUED_OPS = frozenset({
+    "materialize", "release", "host_fill", "copy_from_host", "copy_to_host", "copy_page",
+    "zero_pages", "page_list", "gather", "scatter", "read_pinned", "record_event", "wait_event",
+    "synchronize", "delay", "check"})
+"""The ops whose device calls depend only on the world's state when the trial starts (the
+pool's and the arena's), so a program captured in one trial is right in the next. Left out:
+catalogs and tables (their entries carry generations, which grow), event queries (their answer
+is the device's timing), host_alloc and host_free (a deferred free waits on a query), and
+mutexes (threads)."""
+
+CAPTURES = 5
+"""Trials an executor captures before it gives up looking for a program (each costs the
+capture's own bookkeeping): a variant that never ends clean is never reissued."""
+
+
+def reissuable(steps: tuple[Step, ...], *, schedule: Schedule | None, timeline: bool,
+               workload: object) -> bool:
+    """Whether a step list's trials can be reissued from a captured program: one host thread,
+    no schedule (it decides per trial), untimed, only :data:`REISSUED_OPS`, and the checks
+    last (a failed check ends the trial there, and what the steps after it would have held
+    is not known to a program)."""
+    if schedule is not None or timeline or workload is not None:
+        return False
+    if any(step.thread is not None or step.op not in REISSUED_OPS for step in steps):
+        return False
+    ops = [step.op for step in steps]
+    first = ops.index("check") if "check" in ops else len(ops)
+    return all(op == "check" for op in ops[first:])
 
 
 class _Steps:
@@ -365,6 +503,11 @@ class _Steps:
         # Kernels that count instead of asserting, a counter slot each: (step, what it says).
         self.counted: list[tuple[str, str, bool]] = []  # (step, says, keeps its first)
         self.idle = False  # every stream is known idle (the trial's last synchronize ran)
+        self.capturing: Program | None = None  # the device program this trial is captured in
+        # Nothing is in flight on the device since the last synchronize (checks wait for their
+        # own reads): the trial's end can scrub the pool at once.
+        self.quiet = False
+        self.scrubbed = False  # the pool was scrubbed before the cleanup
 
     def run(self) -> tuple[Outcome, str, str | None, int | None]:
         w = self.w
@@ -381,8 +524,17 @@ class _Steps:
                     self._threads(section)
                 else:
                     self._interleave(section)
-            w.context.synchronize()
+            if self.scrubbed and self.quiet:
+                pass  # the last check's wait was the scrub's: nothing runs on the device
+            elif self.quiet and w.scrubs and w.pool.poison is None:
+                # Nothing runs on the device: the scrub can go now, its wait the trial's last
+                # synchronize, and the next trial need not wait for it.
+                self._scrub("now")
+            else:
+                w.context.synchronize()
             self.idle = True
+            if self.capturing is not None:
+                self.capturing.mark("idle")
             self._check_counts()
             return Outcome.CLEAN, "", None, None
         except _Corruption as exc:
@@ -405,7 +557,7 @@ class _Steps:
         oplog.thread = None  # the scenario's own thread
         host_step = device.host_step
         before = self.ex.amplified_step
-        handlers = _HANDLERS
+        handlers, quiet_ops = _HANDLERS, _QUIET
         for step in steps:
             self.current = step
             oplog.step, oplog.origin = step.label, step.origin
@@ -413,6 +565,10 @@ class _Steps:
             if step.id is not None and step.id == before:
                 self.ex.amplifier(self.w, step.id)
             handlers[step.op](self, step)
+            if step.op not in quiet_ops:
+                self.quiet = False
+            elif step.op == "synchronize" and not step.args:
+                self.quiet = True
 
     def _one(self, step: Step) -> None:
         self.current = step
@@ -423,6 +579,7 @@ class _Steps:
         self.w.device.host_step()
         self.ex.amplifier(self.w, step.id or "")
         _HANDLERS[step.op](self, step)
+        self.quiet = False  # another host thread may have work in flight
 
     # ---- host threads ----------------------------------------------------------------------------
     def _interleave(self, section: Section) -> None:
@@ -611,6 +768,8 @@ class _Steps:
 
     def _cleanup(self) -> None:
         """Leave the world as the trial found it: idle, every page free, every row free."""
+        if self.capturing is not None:
+            self.capturing.mark("cleanup")
         w = self.w
         if w.device.fault is not None:
             return
@@ -627,8 +786,10 @@ class _Steps:
         for buf in self.allocs.values():
             w.arena.free(buf.view.allocation)
         w.arena.reclaim()  # the device is idle: every deferred free is due
-        if w.scrubs:
-            w.scrub()  # after the host's bookkeeping above: the memset is done by now
+        if w.scrubs and not self.scrubbed:
+            # Its byte changes every time, so a reissued trial scrubs anew; the next trial
+            # begins by waiting for it (World.begin).
+            w.device.reissued(w.scrub, "later")
 
     # ---- steps ---------------------------------------------------------------------------------
     def _materialize(self, s: Step) -> None:
@@ -800,8 +961,7 @@ class _Steps:
 
     def _record_event(self, s: Step) -> None:
         name = str(s.args["event"])
-        event = self.events.get(name) or self.w.device.create_event(name)
-        self.events[name] = event
+        event = self.events[name] = self.w.event(name)
         self.w.device.record_event(event, self.w.stream(str(s.args["stream"])))
 
     def _wait_event(self, s: Step) -> None:
@@ -829,29 +989,51 @@ class _Steps:
         self.w.device.launch(Delay(None if math.isinf(us) else us),
                              self.w.stream(str(s.args["stream"])))
 
+    def _scrub(self, wait: str) -> None:
+        """The world's scrub, before the cleanup (it waits as ``wait`` says; see World.scrub):
+        a program marks where, so a reissued trial that ends before it scrubs in its cleanup,
+        as a trial step by step does."""
+        if self.capturing is not None:
+            self.capturing.mark("scrub")
+        self.w.device.reissued(self.w.scrub, wait)
+        self.scrubbed = True
+
     def _check(self, s: Step) -> None:
         w = self.w
         if "lease" in s.args:
             handles = self._handles(s.args["lease"])
             view = w.scratch
             w.pool.copy_to_host(handles, view, w.check_stream)
+            if s is self.ex.last_pool_read and self.quiet and w.scrubs and w.pool.poison is None:
+                # Nothing else runs on the device and no later step reads the pool: the scrub
+                # goes behind this read, on its stream, and this wait is the scrub's too.
+                self._scrub("check")
             w.device.synchronize_stream(w.check_stream)
             pages = len(handles)
         else:
             buf = self._buffer(s.args["buffer"])
             view, pages = buf.view, buf.pages
+        equals = _Pages.of(self._buffer(s.args["equals"]).view, pages) \
+            if "equals" in s.args else None
+        # What the bytes are is this trial's answer: a reissued trial compares them anew.
+        w.device.reissued(self._compare, s, _Pages.of(view, pages), equals)
+
+    def _compare(self, s: Step, read: _Pages, equals: _Pages | None) -> None:
         # Every page in one read and one comparison; page by page only to say what is wrong.
-        if "equals" in s.args:
-            want = _payloads(self._buffer(s.args["equals"]).view, pages)
-            got = _payloads(view, pages)
-            if np.array_equal(got, want):
+        device, pages = self.w.device, read.pages
+        if equals is not None:
+            want = _payloads(device, equals)
+            got = _payloads(device, read)
+            if (got == want).all():  # the same shape: array_equal's checks are not needed
                 return
+            want = want.reshape(pages, -1)
         else:
             value = int(s.args["byte"])  # type: ignore[arg-type]
-            got = _payloads(view, pages)
+            got = _payloads(device, read)
             if not (got != value).any():
                 return
-            want = np.full(got.shape, value, np.uint8)
+            want = np.full((pages, got.size // pages), value, np.uint8)
+        got = got.reshape(pages, -1)
         for page in range(pages):
             bad = int(np.count_nonzero(got[page] != want[page]))
             if bad:
@@ -902,8 +1084,12 @@ class _Steps:
         w.device.copy(w.counters_host, 0, w.counters, 0, 4 * n, w.check_stream)
         w.device.copy(w.firsts_host, 0, w.firsts, 0, 8 * n, w.check_stream)
         w.device.synchronize_stream(w.check_stream)
-        counts = w.device.host_read(w.counters_host, 0, 4 * n).view(np.int32)
-        firsts = w.device.host_read(w.firsts_host, 0, 8 * n).view(np.uint64)
+        w.device.reissued(self._compare_counts, n)
+
+    def _compare_counts(self, n: int) -> None:
+        w = self.w
+        counts = w.device.host_view(w.counters_host, 0, 4 * n).view(np.int32)
+        firsts = w.device.host_view(w.firsts_host, 0, 8 * n).view(np.uint64)
         for (label, says, kept), count, first in zip(self.counted, counts.tolist(),
                                                      firsts.tolist()):
             if count:
@@ -922,17 +1108,52 @@ class _Steps:
 
 
 
-def _payloads(view: kvcore.HostKVAllocationView, pages: int) -> np.ndarray:
-    """The payloads (padding left out) of a host allocation's first ``pages`` pages, one row
-    each, from one logged read."""
-    layout = view.layout
-    raw = view.arena.device.host_read(view.buffer, view.page_offset(0),
-                                      pages * layout.page_stride).reshape(pages, -1)
-    slices = layout.payload_slices()
-    if len(slices) == 1:
-        return raw[:, slices[0]]
-    return np.concatenate([raw[:, part] for part in slices], axis=1)
+@dataclass(frozen=True)
+class _Pages:
+    """The first ``pages`` pages of a host allocation, as a check reads them: where they lie,
+    and where each page's payload lies in it (``None``: the whole page is payload)."""
 
+    buffer: kvcore.device.Buffer
+    offset: int
+    pages: int
+    stride: int
+    slices: tuple[slice, ...] | None
+
+    @classmethod
+    def of(cls, view: kvcore.HostKVAllocationView, pages: int) -> _Pages:
+        layout = view.layout
+        slices = layout.payload_slices()
+        whole = len(slices) == 1 and slices[0] == slice(0, layout.page_stride)
+        return cls(view.buffer, view.page_offset(0), pages, layout.page_stride,
+                   None if whole else slices)
+
+
+def _payloads(device: kvcore.Device, at: _Pages) -> np.ndarray:
+    """The payloads (padding left out) of the pages, from one logged read: a view of the
+    pinned bytes, to compare at once; one row per page, or all in one when a page holds no
+    padding."""
+    raw = device.host_view(at.buffer, at.offset, at.pages * at.stride)
+    if at.slices is None:
+        return raw
+    rows = raw.reshape(at.pages, -1)
+    if len(at.slices) == 1:
+        return rows[:, at.slices[0]]
+    return np.concatenate([rows[:, part] for part in at.slices], axis=1)
+
+
+def _last_pool_read(steps: tuple[Step, ...]) -> Step | None:
+    """The last step, when it is a check of a lease that only checks of buffers follow."""
+    for step in reversed(steps):
+        if step.op == "check" and "lease" in step.args and step.thread is None:
+            return step
+        if step.op != "check":
+            return None
+    return None
+
+
+_QUIET = frozenset({"synchronize", "check", "host_fill", "materialize"})
+"""Steps after which the device is as idle as before them (a check waits for its own reads);
+a synchronize of the device makes it idle."""
 
 _HANDLERS: dict[str, Callable[[_Steps, Step], None]] = {
     op: getattr(_Steps, "_" + op) for op in V.OPS if hasattr(_Steps, "_" + op)}

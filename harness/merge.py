@@ -28,8 +28,8 @@ _RUN_KEYS = ("run_id", "folder", "backend", "device", "seed", "poison", "wall_s"
              "stopped", "health", "watch_notes", "plan", "lanes", "retired", "results")
 _RESULT_KEYS = ("expect", "path", "dangerous", "amplified", "status", "reason", "trials",
                 "wall_s", "min_rate", "reports", "outcomes", "detected", "reproduced",
-                "not_clean", "first_manifested", "traces", "crash_requests", "restart_s",
-                "findings", "xids", "digest", *_VARIANT_KEYS)
+                "not_clean", "reissued", "first_manifested", "traces", "crash_requests",
+                "restart_s", "findings", "xids", "digest", *_VARIANT_KEYS)
 
 
 def read_run(path: Path) -> dict[str, Any]:

@@ -58,6 +58,9 @@ class TrialResult:
     ops_total: int = 0
     xids: list[dict[str, object]] = field(default_factory=list)
     findings: list[dict[str, object]] = field(default_factory=list)  # the race detector's
+    # Issued again from the device program an earlier clean trial captured, not step by step
+    # (see harness.executor): the same calls, with less of the harness between them.
+    reissued: bool = False
 
     def to_json(self) -> dict[str, object]:
         # By hand, not dataclasses.asdict: its deep copy cost as much as a trial's ops.
@@ -116,6 +119,7 @@ class VariantResult:
     detected: int = 0
     reproduced: int = 0
     not_clean: int = 0  # trials that manifested or had a race found (one count per trial)
+    reissued: int = 0  # trials issued again from a captured device program
     first_manifested: TrialResult | None = None
     traces: list[str] = field(default_factory=list)
     crash_requests: list[int] = field(default_factory=list)
@@ -130,6 +134,7 @@ class VariantResult:
         self.wall_s += trial.duration_s
         self.counts[trial.outcome.value] += 1
         self.detected += trial.race
+        self.reissued += trial.reissued
         self.not_clean += trial.outcome.manifested or trial.race
         self.reproduced += self.counts_as_reproduced(trial)
         # The lowest index, not the first to end: lanes end trials out of order.
@@ -248,6 +253,7 @@ class VariantResult:
             "detected": self.detected,
             "reproduced": self.reproduced,
             "not_clean": self.not_clean,
+            "reissued": self.reissued,
             "outcomes": self.outcomes(),
             "reports": list(self.reports),
             "reason": self.reason,
@@ -277,6 +283,7 @@ class VariantResult:
             trials=doc["trials"], wall_s=doc["wall_s"], min_rate=doc["min_rate"],
             reports=list(doc["reports"]), sweep=doc["sweep"], counts=dict(doc["outcomes"]),
             detected=doc["detected"], reproduced=doc["reproduced"], not_clean=doc["not_clean"],
+            reissued=doc.get("reissued", 0),
             first_manifested=None if first is None else TrialResult.from_json(first),
             traces=list(doc["traces"]), crash_requests=list(doc["crash_requests"]),
             restart_s=list(doc["restart_s"]), _digest=int(doc["digest"], 16))
@@ -297,6 +304,7 @@ class VariantResult:
         self.detected += other.detected
         self.reproduced += other.reproduced
         self.not_clean += other.not_clean
+        self.reissued += other.reissued
         firsts = [t for t in (self.first_manifested, other.first_manifested) if t is not None]
         self.first_manifested = min(firsts, key=lambda t: t.index, default=None)
         self.reports += other.reports

@@ -102,6 +102,7 @@ class RunOptions:
     record: bool = False  # keep every trial's op trace under out_dir/workers
     poison: bool = False  # the pool poisons released pages (kvcore's DeviceKVPagePool)
     timeline: bool = False  # time every stream op with CUDA events (the incidents' timelines)
+    reissue: bool = True  # issue a captured clean trial's device calls again (harness.executor)
     shard: tuple[int, int] | None = None  # (K, N): run the K-th of N parts of the trials
     spares: int | None = None  # workers kept ready once a variant's workers die (None: the
     # backend's default, SPARES_DEFAULT; see harness.workers)
@@ -215,7 +216,7 @@ def run_plan(scenarios: Sequence[Scenario], options: RunOptions, backend: str
     same = {"version": VERSION, "backend": backend, "sources": sources,
             **{k: v for k, v in dataclasses.asdict(options).items()
                if k not in ("out_dir", "record", "max_incidents", "shard", "spares", "gpus",
-                            "executor", "address", "timeline")}}
+                            "executor", "address", "timeline", "reissue")}}
     digest = hashlib.sha256(json.dumps(same, sort_keys=True, default=str).encode()).hexdigest()
     return {"digest": digest, "version": VERSION, "backend": backend, "seed": options.seed,
             "sources": sources}
@@ -416,7 +417,7 @@ class Runner:
                                  str(folder), header, opts.detect, opts.schedule, opts.record,
                                  opts.poison, gpu,
                                  traces_kept=None if opts.record else opts.max_incidents,
-                                 timeline=opts.timeline)
+                                 timeline=opts.timeline, reissue=opts.reissue)
             return job
 
         spares = SPARES_DEFAULT[self.backend] if opts.spares is None else opts.spares

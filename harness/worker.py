@@ -48,6 +48,7 @@ class WorkerJob:
     # its own worker's first few, so keeping more only costs file operations per trial.
     traces_kept: int | None = None
     timeline: bool = False  # time the stream ops with CUDA events (cuda)
+    reissue: bool = True  # issue a captured clean trial's device calls again (cuda)
     # The parent's environment when the job was made: a worker forked by the fork server would
     # otherwise have the server's, as it was when the server started.
     env: dict[str, str] = dataclasses.field(default_factory=lambda: dict(os.environ))
@@ -126,7 +127,7 @@ class TrialRunner:
             scenario, scenario.variant(job.variant), job.backend, amplify=job.amplify,
             delay_us=job.delay_us, on_device=on_device,
             schedule=Schedule.parse(job.schedule) if job.schedule else None, poison=job.poison,
-            timeline=job.timeline)
+            timeline=job.timeline, reissue=job.reissue)
         self.info: dict[str, Any] = {**self.executor.device_info, "pid": os.getpid()}
         self.kept = 0  # traces of bad trials kept so far
 

@@ -193,6 +193,8 @@ def _trial() -> Schema:
         "worker_pid": nullable(integer(0)), "device_log": string(),
         "trace": nullable(string()), "ops_total": integer(0),
         "xids": array(ref("xid")), "findings": array(ref("finding")),
+        "reissued": described(BOOLEAN, "issued again from the device program an earlier clean "
+                                       "trial captured, not step by step"),
     })
 
 
@@ -244,6 +246,8 @@ def run_schema() -> Schema:
         "detected": integer(0),
         "reproduced": described(integer(0), "trials that count as reproducing the race"),
         "not_clean": described(integer(0), "trials that manifested or had a race found"),
+        "reissued": described(integer(0), "trials issued again from the device program an "
+                                           "earlier clean trial captured"),
         "outcomes": closed({o.value: integer(0) for o in Outcome}),
         "reports": described(array(string()), "its incident folders"),
         "reason": string(), "path": string(), "dangerous": BOOLEAN, "amplified": BOOLEAN,
