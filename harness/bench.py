@@ -12,8 +12,10 @@ release fence's event recorded on the transfer stream), the fresh host page, (fi
 stream's wait on that event) and the fresh page's copy on the compute stream, a device sync, the
 read-back, a stream sync and the compare. Both run side by side in this one process, alternating
 in blocks, and the figure is the ratio of their times (absolute times on a shared machine
-drift). A third column is a run's worker (TrialRunner: the executor, the flight recorder writing
-the trial's trace, the race detector) against the same bare loop.
+drift). The executor reissues the device program its first clean trial captured, as a run's
+workers do; a second column runs the same executor step by step (``--no-reissue``), a third is
+a run's worker (TrialRunner: the executor, the flight recorder writing the trial's trace, the
+race detector), each against the same bare loop.
 
 ``--timeline`` measures what timing every stream op with CUDA events costs a run's worker:
 trials with ``--timeline`` against trials without, alternating.
