@@ -1142,12 +1142,13 @@ def _payloads(device: kvcore.Device, at: _Pages) -> np.ndarray:
 
 
 def _last_pool_read(steps: tuple[Step, ...]) -> Step | None:
-    """The last step, when it is a check of a lease that only checks of buffers follow."""
+    """The last step to read the pool, when it is a check of a lease on the scenario's own
+    thread that only checks of buffers follow."""
     for step in reversed(steps):
-        if step.op == "check" and "lease" in step.args and step.thread is None:
-            return step
         if step.op != "check":
             return None
+        if "lease" in step.args:
+            return step if step.thread is None else None
     return None
 
 

@@ -213,3 +213,19 @@ def test_a_reissued_trial_that_fails_a_check_ends_as_the_step_path_does(name: st
     _, reissued = _same_trials(str(SCENARIO_ROOT / f"{name}.yaml"), "buggy", 30, amplify=True,
                                delay_us=250.0)
     assert Outcome.CORRUPTION in reissued and Outcome.CLEAN in reissued
+
+
+def test_the_scrub_rides_only_on_the_last_read_of_the_pool() -> None:
+    """The check whose wait may cover the trial's scrub: the last to read the pool, on the
+    scenario's own thread, with only checks of buffers after it."""
+    from harness.executor import _last_pool_read
+    from harness.model import Step
+
+    def check(thread: str | None = None, **args: object) -> Step:
+        return Step("check", dict(args), thread=thread)
+
+    lease, buffer = check(lease="a"), check(buffer="b", byte=1)
+    assert _last_pool_read((Step("synchronize", {}), lease, buffer)) is lease
+    assert _last_pool_read((lease, check("t", lease="b"))) is None  # a thread reads after it
+    assert _last_pool_read((lease, Step("release", {"lease": "a"}))) is None
+    assert _last_pool_read((buffer,)) is None
