@@ -533,8 +533,7 @@ class _Steps:
             else:
                 w.context.synchronize()
             self.idle = True
-            if self.capturing is not None:
-                self.capturing.mark("idle")
+            self._mark("idle")
             self._check_counts()
             return Outcome.CLEAN, "", None, None
         except _Corruption as exc:
@@ -766,10 +765,14 @@ class _Steps:
         first = next(steps[0] for steps in queues.values() if steps)
         return _Deadlock(first.label, "the host threads deadlocked: " + "; ".join(waits))
 
+    def _mark(self, name: str) -> None:
+        """Name the position the trial has reached in the program it is captured in, if any."""
+        if self.capturing is not None:
+            self.capturing.mark(name)
+
     def _cleanup(self) -> None:
         """Leave the world as the trial found it: idle, every page free, every row free."""
-        if self.capturing is not None:
-            self.capturing.mark("cleanup")
+        self._mark("cleanup")
         w = self.w
         if w.device.fault is not None:
             return
@@ -993,8 +996,7 @@ class _Steps:
         """The world's scrub, before the cleanup (it waits as ``wait`` says; see World.scrub):
         a program marks where, so a reissued trial that ends before it scrubs in its cleanup,
         as a trial step by step does."""
-        if self.capturing is not None:
-            self.capturing.mark("scrub")
+        self._mark("scrub")
         self.w.device.reissued(self.w.scrub, wait)
         self.scrubbed = True
 

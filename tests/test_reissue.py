@@ -3,6 +3,8 @@ trials against trials run step by step: the same outcomes, details and op record
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 
@@ -10,16 +12,16 @@ import kvcore
 from conftest import make_device
 from harness.executor import TrialExecutor, reissuable
 from harness.model import PlaneSpec, PoolSpec
-from harness.outcome import Outcome
+from harness.outcome import Outcome, TrialResult
 from harness.scenario import load_scenario
 from harness.targets import SCENARIO_ROOT, resolve_targets
 from kvcore.device.kernels import Fill
-from kvcore.device.oplog import OpRecorder
+from kvcore.device.oplog import OpRecord, OpRecorder
 
 PAGE = 4096
 
 
-def _without_stamps(record: kvcore.device.OpRecord) -> tuple[object, ...]:
+def without_stamps(record: OpRecord) -> tuple[object, ...]:
     """What a record says but when and as which number."""
     return (record.stream, record.kind, record.reads, record.writes, record.records,
             record.waits, record.syncs, record.step, record.detail)
@@ -56,7 +58,7 @@ def test_a_reissued_program_makes_the_same_calls_and_writes_the_same_records(
         again = list(recorder.records)
     finally:
         recorder.close()
-    assert [_without_stamps(r) for r in again] == [_without_stamps(r) for r in captured]
+    assert [without_stamps(r) for r in again] == [without_stamps(r) for r in captured]
     assert [r.seq for r in again] == [before + 1 + k for k in range(len(captured))]
     back = device.host_read(host, PAGE, PAGE)
     assert (back[:16] == 0x22).all() and (back[16:] == 0x11).all()
@@ -152,21 +154,31 @@ def _cases() -> list[tuple[str, str]]:
     return out
 
 
-def _trials(path: str, variant: str, *, reissue: bool, amplify: bool, trials: int,
-            delay_us: float | None = None) -> tuple[TrialExecutor, list[tuple[object, ...]]]:
-    scenario = load_scenario(path)
+def recorded_trials(path: object, variant: str, backend: str, trials: int,
+                    shown: Callable[[OpRecord], object], **how: object
+                    ) -> tuple[TrialExecutor, list[tuple[TrialResult, list[object]]]]:
+    """``trials`` trials of a variant, each with its op records as ``shown`` gives them."""
+    scenario = load_scenario(path)  # type: ignore[arg-type]
     recorders: list[OpRecorder] = []
-    executor = TrialExecutor(scenario, scenario.variant(variant), "sim", amplify=amplify,
-                             delay_us=delay_us, reissue=reissue, keep_world=True,
-                             on_device=lambda d: recorders.append(OpRecorder(d.oplog)))
+    executor = TrialExecutor(scenario, scenario.variant(variant), backend,  # type: ignore
+                             on_device=lambda d: recorders.append(OpRecorder(d.oplog)), **how)
     [recorder] = recorders
     out = []
     for index in range(trials):
         del recorder.records[:]
         result = executor.run(index, index)
-        out.append((result.outcome, result.detail, result.step,
-                    [r.to_json() for r in recorder.records]))
+        out.append((result, [shown(r) for r in recorder.records]))
+    recorder.close()
     return executor, out
+
+
+def _trials(path: str, variant: str, *, reissue: bool, amplify: bool, trials: int,
+            delay_us: float | None = None) -> tuple[TrialExecutor, list[tuple[object, ...]]]:
+    """On sim, in a world kept across trials: each trial's outcome, words and records."""
+    executor, got = recorded_trials(path, variant, "sim", trials, OpRecord.to_json,
+                                    amplify=amplify, delay_us=delay_us, reissue=reissue,
+                                    keep_world=True)
+    return executor, [(r.outcome, r.detail, r.step, records) for r, records in got]
 
 
 CASES = _cases()

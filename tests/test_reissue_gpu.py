@@ -7,28 +7,18 @@ import pytest
 
 from harness.executor import TrialExecutor
 from harness.outcome import Outcome
-from harness.scenario import load_scenario
 from harness.targets import SCENARIO_ROOT
-from kvcore.device.oplog import OpRecorder
+from test_reissue import recorded_trials, without_stamps
 
 pytestmark = pytest.mark.gpu
 
 
 def _trials(variant: str, reissue: bool, trials: int) -> tuple[TrialExecutor, list]:
-    scenario = load_scenario(SCENARIO_ROOT / "cross_stream_race.yaml")
-    recorders: list[OpRecorder] = []
-    executor = TrialExecutor(scenario, scenario.variant(variant), "cuda", amplify=False,
-                             reissue=reissue,
-                             on_device=lambda d: recorders.append(OpRecorder(d.oplog)))
-    [recorder] = recorders
-    out = []
-    for index in range(trials):
-        del recorder.records[:]
-        result = executor.run(index, index)
-        out.append((result.outcome, [(r.stream, r.kind, r.reads, r.writes, r.records, r.waits,
-                                      r.syncs, r.step, r.detail) for r in recorder.records]))
-    recorder.close()
-    return executor, out
+    """cross-stream-race unamplified on the GPU: each trial's outcome and records (but their
+    numbers and times)."""
+    executor, got = recorded_trials(SCENARIO_ROOT / "cross_stream_race.yaml", variant, "cuda",
+                                    trials, without_stamps, amplify=False, reissue=reissue)
+    return executor, [(r.outcome, records) for r, records in got]
 
 
 def test_reissued_gpu_trials_make_the_calls_and_records_of_the_step_path() -> None:

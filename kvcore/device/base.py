@@ -542,16 +542,10 @@ class Device(ABC):
         def captured(*args: Any) -> Any:
             if self._depth:
                 return action(*args)
-            log = self.oplog
             # A store's bytes are copied: the caller may reuse its array.
             kept = (args[0], args[1], args[2].copy()) if name == "_do_write" else args
-            program.items.append(Item(ACTION, name, action, kept, None,
-                                      (log.step, log.origin, log.thread)))
-            self._depth += 1
-            try:
-                return action(*args)
-            finally:
-                self._depth -= 1
+            return self._capture_item(program, Item(ACTION, name, action, kept, None,
+                                                    self._where()), args)
         captured.__wrapped__ = action  # type: ignore[attr-defined]
         return captured
 
@@ -572,17 +566,15 @@ class Device(ABC):
             record(stream, kind, reads, writes, records, waits, syncs, times, info)
             if self._depth:
                 return  # inside a call captured as itself: it writes its records again
-            log = self.oplog
             # After _record: it has put the thread into ``info``.
-            template = (stream, kind, reads, writes, records, waits, syncs, log.step, info,
-                        times is not None)
+            template = (stream, kind, reads, writes, records, waits, syncs, self.oplog.step,
+                        info, times is not None)
             items = program.items
             last = items[-1] if items else None
             if last is not None and last.kind == ACTION and last.template is None:
                 last.template = template  # the record of the action just taken
             else:
-                items.append(Item(RECORD, "_record", None, (), template,
-                                  (log.step, log.origin, log.thread)))
+                items.append(Item(RECORD, "_record", None, (), template, self._where()))
         recording.__wrapped__ = record  # type: ignore[attr-defined]
         return recording
 
@@ -594,14 +586,23 @@ class Device(ABC):
         program = self._program
         if program is None or self._depth:
             return call(*args)
-        log = self.oplog
-        program.items.append(Item(CALL, getattr(call, "__name__", "call"), call, args, None,
-                                  (log.step, log.origin, log.thread)))
+        return self._capture_item(program, Item(CALL, getattr(call, "__name__", "call"), call,
+                                                args, None, self._where()), args)
+
+    def _capture_item(self, program: Program, item: Item, args: tuple[Any, ...]) -> Any:
+        """Add ``item`` to ``program`` and make its call (with ``args``, what the caller was
+        given), capturing none of the calls it makes in turn."""
+        program.items.append(item)
         self._depth += 1
         try:
-            return call(*args)
+            return item.fn(*args)  # type: ignore[misc]
         finally:
             self._depth -= 1
+
+    def _where(self) -> tuple[str | None, str | None, str | None]:
+        """The op log's step, origin and thread now: where a captured item came from."""
+        log = self.oplog
+        return log.step, log.origin, log.thread
 
     def reissue(self, program: Program, start: int = 0, stop: int | None = None) -> None:
         """Issue items ``start`` to ``stop`` of a captured ``program`` again: the same device
