@@ -27,6 +27,7 @@ trace (``gpurace check``); both feed it the same JSON-shaped op records.
 from __future__ import annotations
 
 import bisect
+import functools
 import operator
 from collections import defaultdict
 from collections.abc import Iterable
@@ -36,6 +37,7 @@ from typing import Any, NamedTuple
 from harness.limits import HISTORY_MAX_BLOCKS
 from harness.outcome import step_shape
 from kvcore.device import Device, OpRecord
+from kvcore.device.oplog import Segment, expanded
 
 HOST = "host"
 HISTORY = 4096
@@ -118,9 +120,11 @@ class _Owners:
     def __init__(self) -> None:
         self._live: dict[int, list[Owner]] = defaultdict(list)  # sorted by lo
         self._past: dict[int, list[Owner]] = defaultdict(list)
+        self._snapshot: tuple[tuple[int, int, int, str], ...] | None = None
 
     def alloc(self, buffer: int, lo: int, hi: int, name: str, seq: int) -> None:
         self.free(buffer, lo, hi, seq, None)
+        self._snapshot = None
         live = self._live[buffer]
         owner = Owner(lo, hi, name, seq)
         live.insert(bisect.bisect_right(live, lo, key=_lo), owner)
@@ -129,6 +133,7 @@ class _Owners:
         live = self._live.get(buffer)
         if not live or lo >= hi:
             return
+        self._snapshot = None
         # The first live owner that may overlap [lo, hi): the last starting at or before lo.
         first = max(0, bisect.bisect_right(live, lo, key=_lo) - 1)
         end = first
@@ -168,22 +173,25 @@ class _Owners:
         else:
             self.free(buf, off, off + length, seq, step)
 
-    def replay(self, records: list[OpRecord]) -> None:
+    def replay(self, records: list[OpRecord | Segment]) -> None:
         """The ownership changes among ``records``, and nothing else of them."""
-        for r in records:
+        for r in expanded(records):
             if r.kind in _OWNER_KINDS and r.stream == HOST:
                 self.apply(r.kind, r.detail or {}, r.seq, r.step)
 
     def snapshot(self) -> tuple[tuple[int, int, int, str], ...]:
         """Who owns what now: the start of a trial, which its findings' names depend on (not
         since when: every owner at a trial's start came before all of its ops)."""
-        return tuple((buf, o.lo, o.hi, o.name) for buf, live in self._live.items()
-                     for o in live)
+        if self._snapshot is None:  # kept until an owner changes: most trials change none
+            self._snapshot = tuple((buf, o.lo, o.hi, o.name) for buf, live in self._live.items()
+                                   for o in live)
+        return self._snapshot
 
     def forget_past(self) -> None:
         """Drop the owners that gave their bytes back: no access of a past trial is left to
         name (a GPU's world lives for thousands of trials)."""
-        self._past.clear()
+        if self._past:
+            self._past.clear()
 
 
 class _Record(NamedTuple):
@@ -248,9 +256,9 @@ class Finding:
                          f"given back{freed} and handed out again")
         return place + (f" ({'; '.join(notes)})" if notes else "")
 
-    @property
+    @functools.cached_property
     def missing(self) -> str:
-        """The missing edge, in words, with the fix that fits the race."""
+        """The missing edge, in words, with the fix that fits the race (worked out once)."""
         a, b = self.first, self.second
         head = f"nothing orders {a.who} before {b.who} on {self.where}"
         if self.event_note:
@@ -315,10 +323,12 @@ class RaceDetector:
         self._owners = _Owners()
         self._buffers: dict[int, _Buffer] = {}
         self._streams: dict[str, _Stream] = {}
-        self._pending: list[OpRecord] = []
-        self._unapplied: list[OpRecord] = []
+        self._pending: list[OpRecord | Segment] = []
+        self._unapplied: list[OpRecord | Segment] = []
         self._settled = False
         self._memo = _Memo()
+        self._folded: dict[tuple[Any, ...], Finding] = {}
+        self._racing: set[int] = set()
         self.reset()
 
     def reset(self) -> None:
@@ -326,15 +336,20 @@ class RaceDetector:
         owns which bytes does (a world's buffers outlive its trials)."""
         # Records of the last trial whose ownership changes were not applied (its findings
         # came from a remembered trial, or nobody asked for them): the owners carry over.
-        if not self._settled:
-            self._owners.replay(self._unapplied)
-        self._owners.replay(self._pending)
-        self._unapplied: list[OpRecord] = []
+        if self._unapplied:
+            if not self._settled:
+                self._owners.replay(self._unapplied)
+            self._unapplied = []
+        if self._pending:
+            self._owners.replay(self._pending)
+            self._pending.clear()  # the list the op log appends to
         self._settled = False
-        self._pending.clear()  # the list the op log appends to
         self._fresh = True  # nothing analysed since the reset: a remembered trial may apply
-        self._folded: dict[tuple[Any, ...], Finding] = {}
-        self._racing: set[int] = set()  # ops that raced some earlier op
+        if self._folded:
+            self._folded = {}
+        if self._racing:
+            self._racing = set()  # ops that raced some earlier op
+        self._racing_moved: tuple[set[int], int] | None = None  # a remembered trial's, moved
         self._owners.forget_past()
         # The analysis's own state is made anew when an op is analysed (_clear): a trial
         # whose findings are remembered never needs it.
@@ -364,7 +379,9 @@ class RaceDetector:
         self.learn(device)
         for label in device.oplog.labels.live():
             self.owner(label.buffer, label.offset, label.length, label.name)
-        device.oplog.subscribe(self._pending.append)  # no call of ours per op
+        # No call of ours per op, and a reissued program's records left unbuilt (segments)
+        # unless they are analysed: a remembered trial's findings need only a few of them.
+        device.oplog.subscribe(self._pending.append, segments=self._pending.append)
 
     def learn(self, device: Device) -> None:
         log = device.oplog
@@ -406,25 +423,26 @@ class RaceDetector:
             shape = _shape(records)
             hit = self._memo.find(shape, records, self._owners)
             if hit is not None:
-                self._folded = {f.key: f for f in hit[0]}
-                self._racing = hit[1]
+                self._folded, self._racing_moved = hit[0], hit[1]
                 self._unapplied = records  # their ownership changes: at the next reset,
                 # unless the remembered trial gave back every byte it handed out (a trial of a
                 # GPU's world does): then they change nothing.
                 self._settled = hit[2]
                 return
             start = self._owners.snapshot()
+            entries, records = records, expanded(records)
             for record in records:
                 self._one(record)
-            self._memo.keep(shape, records, self.findings_now, self._racing, start,
+            self._memo.keep(shape, entries, records, self.findings_now, self._racing, start,
                             self._owners.snapshot() == start)
             return
         if self._unapplied:
             # More records after a remembered trial's findings: analyse the whole trial.
             records = self._unapplied + records
             self._unapplied, self._folded, self._racing = [], {}, set()
+            self._racing_moved = None
             self._settled = False
-        for record in records:
+        for record in expanded(records):
             self._one(record)
 
     def _one(self, record: OpRecord) -> None:
@@ -614,7 +632,8 @@ class RaceDetector:
 
     @property
     def findings(self) -> list[Finding]:
-        self._analyse()
+        if self._pending:
+            self._analyse()
         return list(self._folded.values())
 
     @property
@@ -626,6 +645,9 @@ class RaceDetector:
     def racing(self) -> set[int]:
         """The sequence numbers of the ops that raced some earlier op."""
         self._analyse()
+        if self._racing_moved is not None:  # a remembered trial's, numbered for this one
+            racing, by = self._racing_moved
+            self._racing, self._racing_moved = {seq + by for seq in racing}, None
         return self._racing
 
 
@@ -638,23 +660,60 @@ and step (not its number, its times, or its detail, read only of the kinds below
 _DETAIL_KINDS = _OWNER_KINDS | {"event_query"}
 
 
-def _shape(records: list[OpRecord]) -> tuple[list[Any], list[Any]]:
-    """What the analysis of ``records`` depends on, for comparison with a remembered trial's
-    (built in C but for one pass over the kinds: this runs every trial)."""
-    return (list(map(_shape_of, records)),
-            [r.detail for r in records if r.kind in _DETAIL_KINDS])
+def _shape(entries: list[OpRecord | Segment]) -> tuple[list[Any], list[Any]]:
+    """What the analysis of ``entries`` depends on, for comparison with a remembered trial's
+    (this runs every trial). A record stands as what the analysis reads of it, and its detail
+    for the kinds whose detail it reads; a segment as its templates (the same run of the same
+    program gives the same tuple, compared by identity; the analysis reads no detail of the
+    records whose value was live, memsets)."""
+    if type(entries[0]) is not Segment and Segment not in map(type, entries):
+        return (list(map(_shape_of, entries)),
+                [r.detail for r in entries if r.kind in _DETAIL_KINDS])  # type: ignore
+    shape: list[Any] = []
+    details: list[Any] = []
+    for e in entries:
+        if type(e) is Segment:
+            shape.append(e[0])
+        else:
+            shape.append(_shape_of(e))
+            if e.kind in _DETAIL_KINDS:  # type: ignore[union-attr]
+                details.append(e.detail)  # type: ignore[union-attr]
+    return shape, details
 
 
-def _numbered(records: list[OpRecord]) -> bool:
-    """Whether the records are numbered one after another (so op n is records[n - first])."""
-    return records[-1].seq - records[0].seq == len(records) - 1
+def _span(entries: list[OpRecord | Segment]) -> tuple[int, int]:
+    """The numbers of the first op of ``entries`` and of the one after the last (ops are
+    numbered in order: they were numbered one after another when the span is their count)."""
+    first, last = entries[0], entries[-1]
+    lo = first[1] if type(first) is Segment else first[0]
+    hi = last[1] + len(last[0]) if type(last) is Segment else last[0] + 1
+    return lo, hi  # type: ignore[return-value]
 
 
-@dataclass
+def _count(entries: list[OpRecord | Segment]) -> int:
+    return sum(len(e[0]) if type(e) is Segment else 1 for e in entries)  # type: ignore[misc]
+
+
+def _places(entries: list[OpRecord | Segment]) -> list[int | None]:
+    """Per op of ``entries``, the index of its record among them, or None for an op of a
+    segment (whose detail is its template's, the same in every trial of the same shape)."""
+    out: list[int | None] = []
+    for k, e in enumerate(entries):
+        if type(e) is Segment:
+            out.extend([None] * len(e[0]))
+        else:
+            out.append(k)
+    return out
+
+
+@dataclass(slots=True)
 class _Remembered:
     shape: tuple[list[Any], list[Any]]
     first_seq: int
-    findings: list[Finding]
+    count: int  # ops
+    # Per finding: its key, its fields, and how to move each of its ops to another trial
+    # (_plan).
+    findings: list[tuple[tuple[Any, ...], dict[str, Any], tuple[Any, ...], tuple[Any, ...]]]
     racing: set[int]
     owners: tuple[Any, ...]  # who owned what when the trial began
     neutral: bool  # and owned it again when it ended
@@ -672,55 +731,83 @@ class _Memo:
         self._kept: list[_Remembered] = []
         self.hits = 0
 
-    def find(self, shape: tuple[list[Any], list[Any]], records: list[OpRecord],
-             owners: _Owners) -> tuple[list[Finding], set[int], bool] | None:
-        for i, kept in enumerate(self._kept):
+    def find(self, shape: tuple[list[Any], list[Any]], entries: list[OpRecord | Segment],
+             owners: _Owners) -> tuple[dict[tuple[Any, ...], Finding], tuple[set[int], int],
+                                       bool] | None:
+        """A remembered trial's findings for the trial of ``entries`` (by key, renumbered),
+        its racing ops (and what moves their numbers to this trial's), and whether the trial
+        leaves the owners as they were."""
+        for kept in self._kept:
             if kept.shape != shape:
                 continue
             same_owners = (kept.findings or kept.neutral) and kept.owners == owners.snapshot()
             if kept.findings and not same_owners:
                 continue  # its findings would name other owners
-            if not _numbered(records):
+            first, end = _span(entries)
+            if end - first != kept.count:
                 return None
-            if i:
-                self._kept.insert(0, self._kept.pop(i))
-            first = records[0].seq
+            if kept is not self._kept[0]:
+                self._kept.remove(kept)
+                self._kept.insert(0, kept)
             self.hits += 1
+            shift = first - kept.first_seq
+            folded = {}
+            for key, fields, a, b in kept.findings:  # a loop: a comprehension costs a call
+                # A copy with its ops moved: dataclasses.replace and OpRef._replace cost
+                # several times as much, and this runs for every finding of every trial.
+                copy = folded[key] = _new_finding(Finding)
+                copy.__dict__ = fields.copy()
+                copy.first = _new_ref(OpRef, (a[0] + shift,) + a[1]) if a[2] is None else \
+                    _moved_ref(a, entries)
+                copy.second = _new_ref(OpRef, (b[0] + shift,) + b[1]) if b[2] is None else \
+                    _moved_ref(b, entries)
             # The ownership changes leave the owners as they were only from the same start.
-            return ([_renumbered(f, kept.first_seq, records) for f in kept.findings],
-                    {seq - kept.first_seq + first for seq in kept.racing},
-                    bool(kept.neutral and same_owners))
+            return folded, (kept.racing, shift), bool(kept.neutral and same_owners)
         return None
 
-    def keep(self, shape: tuple[list[Any], list[Any]], records: list[OpRecord],
-             findings: list[Finding], racing: set[int], owners: tuple[Any, ...],
-             neutral: bool) -> None:
-        if not _numbered(records) or any(f.event_note for f in findings) and any(
+    def keep(self, shape: tuple[list[Any], list[Any]], entries: list[OpRecord | Segment],
+             records: list[OpRecord], findings: list[Finding], racing: set[int],
+             owners: tuple[Any, ...], neutral: bool) -> None:
+        """Remember the analysis of the trial of ``entries`` (``records`` expanded)."""
+        first, end = _span(entries)
+        count = _count(entries)
+        if end - first != count or any(f.event_note for f in findings) and any(
                 r.step is None for r in records if r.kind in _EVENT_KINDS):
             return  # a note may name an op by its number
-        self._kept.insert(0, _Remembered(shape, records[0].seq,
-                                         [_renumbered(f, records[0].seq, records)
-                                          for f in findings], set(racing), owners,
+        places = _places(entries)
+        plans = [(f.key, _fields(f), _plan(f.first, first, places),
+                  _plan(f.second, first, places)) for f in findings]
+        self._kept.insert(0, _Remembered(shape, first, count, plans, set(racing), owners,
                                          neutral))
         del self._kept[self.SIZE:]
 
 
-def _renumbered(finding: Finding, first_seq: int, records: list[OpRecord]) -> Finding:
-    """A copy of ``finding`` (of a trial whose first op was ``first_seq``) for the trial of
-    ``records``: the ops at the same places, with their numbers and the Python lines and
-    scenario lines that issued them."""
-    def moved(ref: OpRef) -> OpRef:
-        record = records[ref.seq - first_seq]
-        detail = record.detail or {}
-        # Built whole rather than with _replace, which costs several times as much: this
-        # runs for both ops of every finding of every remembered trial.
-        return _new_ref(OpRef, (record.seq, ref.stream, ref.kind, ref.step, detail.get("site"),
-                                ref.write, ref.offset, ref.length, detail.get("origin")))
+def _fields(finding: Finding) -> dict[str, Any]:
+    """A copy of a finding's fields, for the findings of later trials of the same shape (a
+    copy: analysing later records of the trial may count more of it). Its missing edge in
+    words goes with them when the words name both ops by their steps (not by number)."""
+    fields = dict(finding.__dict__)
+    if finding.first.step and finding.second.step:
+        fields["missing"] = finding.missing
+    else:
+        fields.pop("missing", None)
+    return fields
 
-    copy = _new_finding(Finding)
-    copy.__dict__.update(finding.__dict__)  # dataclasses.replace cost more than the rest
-    copy.first, copy.second = moved(finding.first), moved(finding.second)
-    return copy
+
+def _plan(ref: OpRef, first_seq: int, places: list[int | None]) -> tuple[Any, ...]:
+    """How to move ``ref`` (of a trial whose first op was ``first_seq``) to another trial of
+    the same shape: its number and the rest of it, and where its record lies among the
+    entries (None: in a segment, so the rest stands as it is)."""
+    return ref.seq, tuple(ref)[1:], places[ref.seq - first_seq]
+
+
+def _moved_ref(plan: tuple[Any, ...], entries: list[OpRecord | Segment]) -> OpRef:
+    """An op of a remembered finding, at the place of a record of ``entries``."""
+    _, rest, at = plan
+    record = entries[at]
+    detail = record.detail or {}  # type: ignore[union-attr]
+    return _new_ref(OpRef, (record[0], rest[0], rest[1], rest[2], detail.get("site"), rest[4],
+                            rest[5], rest[6], detail.get("origin")))
 
 
 _new_finding = object.__new__

@@ -30,7 +30,7 @@ from harness.model import Amplify, PlaneSpec, PoolSpec, Scenario, Step, Variant
 from harness.outcome import Outcome, TrialResult
 from harness.traces.ticket import Ticket, load_ticket
 from kvcore.device.kernels import FIRST_BYTES, Delay, Verify, first_mismatch
-from kvcore.device.program import Program
+from kvcore.device.program import Live, Program
 from kvcore.device.schedule import Schedule
 from kvcore.device.sim import UNWRITTEN
 
@@ -180,6 +180,7 @@ class World:
         self._unwritten_next = self.unwritten
         self.scrubbed = 0
         self._scrub_bytes = unused
+        self._scrub_byte = Live(0)
         if scrubs:
             self.scrub()
             self.begin()
@@ -192,19 +193,24 @@ class World:
         ``now``, the host waits for it; ``later``, the next trial's :meth:`begin` does (by then
         it has landed, and the wait costs the call alone); ``check``, the caller's next wait
         for the check stream does."""
-        value = self._scrub_bytes[self.scrubbed % len(self._scrub_bytes)]
-        self.scrubbed += 1
-        self._unwritten_next = value
+        # Its byte changes every time: a device program issuing this again picks the next
+        # one (a call of its own) and sets it (a Live byte).
+        self.device.reissued(self._next_scrub, wait)
         if self.pool.poison is not None:
             # The poison of the trial's last releases runs on the pool's own stream, still
             # writing these pages: the scrub must not race it.
             self.context.synchronize()
-        self.device.memset(self.pool.buffer, 0, self.pool.buffer.nbytes, value,
+        self.device.memset(self.pool.buffer, 0, self.pool.buffer.nbytes, self._scrub_byte,
                            self.check_stream)
         if wait == "now":
             self.context.synchronize()
-        else:
-            self.settling = wait == "later"
+
+    def _next_scrub(self, wait: str) -> None:
+        """The scrub's next byte, and who waits for it (see :meth:`scrub`)."""
+        value = self._scrub_bytes[self.scrubbed % len(self._scrub_bytes)]
+        self.scrubbed += 1
+        self._unwritten_next = self._scrub_byte.value = value
+        self.settling = wait == "later"
 
     def begin(self) -> None:
         """A trial begins: with the device idle (the last scrub waited for, if nobody has yet),
@@ -414,7 +420,8 @@ class TrialExecutor:
         late_scrub = False
         try:
             try:
-                device.reissue(program, 0, cleanup)
+                device.reissue(program)  # the whole trial, when no check fails
+                return result
             except _Corruption as exc:
                 result = (Outcome.CORRUPTION, str(exc), exc.step, None)
                 oplog = device.oplog
@@ -790,9 +797,7 @@ class _Steps:
             w.arena.free(buf.view.allocation)
         w.arena.reclaim()  # the device is idle: every deferred free is due
         if w.scrubs and not self.scrubbed:
-            # Its byte changes every time, so a reissued trial scrubs anew; the next trial
-            # begins by waiting for it (World.begin).
-            w.device.reissued(w.scrub, "later")
+            w.scrub("later")  # the next trial begins by waiting for it (World.begin)
 
     # ---- steps ---------------------------------------------------------------------------------
     def _materialize(self, s: Step) -> None:
@@ -997,7 +1002,7 @@ class _Steps:
         a program marks where, so a reissued trial that ends before it scrubs in its cleanup,
         as a trial step by step does."""
         self._mark("scrub")
-        self.w.device.reissued(self.w.scrub, wait)
+        self.w.scrub(wait)
         self.scrubbed = True
 
     def _check(self, s: Step) -> None:
@@ -1015,23 +1020,26 @@ class _Steps:
         else:
             buf = self._buffer(s.args["buffer"])
             view, pages = buf.view, buf.pages
+        read = _Pages.of(view, pages)
         equals = _Pages.of(self._buffer(s.args["equals"]).view, pages) \
             if "equals" in s.args else None
-        # What the bytes are is this trial's answer: a reissued trial compares them anew.
-        w.device.reissued(self._compare, s, _Pages.of(view, pages), equals)
+        # The logged reads, as views of the pinned bytes: a device program issues them again
+        # as they are, and what they show then is that trial's answer, compared anew.
+        want = _view(w.device, equals) if equals is not None else None
+        w.device.reissued(self._compare, s, read, _view(w.device, read), equals, want)
 
-    def _compare(self, s: Step, read: _Pages, equals: _Pages | None) -> None:
+    def _compare(self, s: Step, read: _Pages, got: np.ndarray, equals: _Pages | None,
+                 want: np.ndarray | None) -> None:
         # Every page in one read and one comparison; page by page only to say what is wrong.
-        device, pages = self.w.device, read.pages
+        pages = read.pages
+        got = _payloads(read, got)
         if equals is not None:
-            want = _payloads(device, equals)
-            got = _payloads(device, read)
+            want = _payloads(equals, want)  # type: ignore[arg-type]
             if (got == want).all():  # the same shape: array_equal's checks are not needed
                 return
             want = want.reshape(pages, -1)
         else:
             value = int(s.args["byte"])  # type: ignore[arg-type]
-            got = _payloads(device, read)
             if not (got != value).any():
                 return
             want = np.full((pages, got.size // pages), value, np.uint8)
@@ -1130,11 +1138,14 @@ class _Pages:
                    None if whole else slices)
 
 
-def _payloads(device: kvcore.Device, at: _Pages) -> np.ndarray:
-    """The payloads (padding left out) of the pages, from one logged read: a view of the
-    pinned bytes, to compare at once; one row per page, or all in one when a page holds no
-    padding."""
-    raw = device.host_view(at.buffer, at.offset, at.pages * at.stride)
+def _view(device: kvcore.Device, at: _Pages) -> np.ndarray:
+    """The pages' bytes, in one logged read: a view of the pinned memory, to compare at once."""
+    return device.host_view(at.buffer, at.offset, at.pages * at.stride)
+
+
+def _payloads(at: _Pages, raw: np.ndarray) -> np.ndarray:
+    """The payloads (padding left out) of the pages' bytes ``raw`` (:func:`_view`): one row
+    per page, or all in one when a page holds no padding."""
     if at.slices is None:
         return raw
     rows = raw.reshape(at.pages, -1)

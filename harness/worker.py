@@ -138,12 +138,13 @@ class TrialRunner:
         if detector is not None:
             detector.reset()
         result = self.executor.run(index, seed)
-        if detector is not None and detector.findings:
-            result = dataclasses.replace(
-                result, race=True, findings=[f.to_json() for f in detector.findings])
         payload = result.to_json()
+        findings = detector.findings if detector is not None else []
+        if findings:  # into the JSON directly: a replaced TrialResult cost more than this
+            payload["race"] = True
+            payload["findings"] = [f.to_json() for f in findings]
         payload["worker_pid"] = os.getpid()
-        bad = result.outcome.manifested or result.race
+        bad = result.outcome.manifested or bool(findings)
         keep = job.record or bad and (job.traces_kept is None or self.kept < job.traces_kept)
         self.kept += bool(keep and bad)
         payload["trace"] = recorder.end_trial(index, keep=keep)

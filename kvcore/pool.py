@@ -278,19 +278,20 @@ class DeviceKVPagePool:
             leased[i] = False
             give(i)
         # The one thing a release does that differs every time: a device program issuing it
-        # again calls this again (see Device.reissued).
+        # again counts the generations again (see Device.reissued), and stores them anew.
         self.device.reissued(self._next_generation, indices)
+        lo, hi = min(indices), max(indices) + 1
+        self.device.host_write(self.generations, lo * GENERATION_BYTES,
+                               self._generation[lo:hi], live=True)
         if self.device.oplog.active:
             self.device.unlabel(self.buffer, self._byte_runs(sorted(indices)))
 
     def _next_generation(self, indices: list[int]) -> None:
-        """The released pages' next generation, in the pool and in the mirror the table
-        reader checks against."""
+        """The released pages' next generation (the caller stores it in the mirror the table
+        reader checks against)."""
         generation = self._generation
         for i in indices:
             generation[i] += 1
-        lo, hi = min(indices), max(indices) + 1
-        self.device.host_write(self.generations, lo * GENERATION_BYTES, generation[lo:hi])
 
     def state_key(self) -> tuple[object, ...]:
         """Everything the pool's decisions depend on but the generations: two moments with the

@@ -143,6 +143,139 @@ def test_a_fault_in_a_reissued_program_names_the_item_that_raised() -> None:
     assert device.fault is not None
 
 
+def _segment_program(device: kvcore.Device) -> tuple[object, dict[str, object]]:
+    """A program with what a segment must carry: plain actions, a call that writes a record of
+    its own in the middle, a memset of a Live byte, a live store, and a synchronize."""
+    from kvcore.device.program import Live
+
+    s = device.create_stream("s")
+    dev = device.alloc(PAGE, name="dev")
+    host = device.alloc_host(2 * PAGE, name="host")
+    counts = np.zeros(4, np.int32)
+    byte = Live(0x21)
+    state: dict[str, object] = {"dev": dev, "host": host, "counts": counts, "byte": byte}
+
+    def bump() -> None:  # what differs every time: the next byte and counts, and a record
+        byte.value += 1
+        counts[:] += 1
+        device.host_fill(host, PAGE, 8, byte.value)
+
+    with device.capture() as program:
+        device.oplog.step = "fill"
+        device.host_fill(host, 0, 64, 0x11)
+        device.copy(dev, 0, host, 0, 64, s)
+        device.oplog.step = "bump"
+        device.reissued(bump)
+        device.oplog.step = "scrub"
+        device.memset(dev, 64, 64, byte, s)
+        device.host_write(host, 128, counts, live=True)
+        device.copy(host, 256, dev, 0, 128, s)
+        device.oplog.step = "wait"
+        device.synchronize_stream(s)
+    device.oplog.step = None
+    assert program.refused is None
+    return program, state
+
+
+def test_segments_are_the_records_a_reissued_program_writes(
+        backend: str, request: pytest.FixtureRequest) -> None:
+    """Issued to an observer that takes segments, a program hands over its records unbuilt
+    and in as few pieces as it can: built, they are the records an observer of records gets
+    (numbers and details, a Live byte's as it was set, included; the device's times left
+    out), a record written by a call in between goes out in its place, and a blocking hook
+    sees every record issued before its wait."""
+    from kvcore.device.oplog import expanded
+
+    device = make_device(backend, request)
+    entries: list[object] = []
+    unsubscribe = device.oplog.subscribe(entries.append, segments=entries.append)
+    hooked: list[int] = []
+
+    def hook() -> None:
+        hooked.append(len(expanded(entries)))
+
+    device.oplog.before_blocking(hook)
+    try:
+        program, state = _segment_program(device)
+        del entries[:], hooked[:]
+        device.reissue(program)
+        segmented = expanded(entries)
+        kinds = [type(e).__name__ for e in entries]
+        waited = list(hooked)
+        unsubscribe()
+        recorder = OpRecorder(device.oplog)
+        device.reissue(program)
+        built = list(recorder.records)
+        recorder.close()
+    finally:
+        device.oplog.blocking_hooks.remove(hook)
+        unsubscribe()
+    # The call's host_fill splits the run; the hook splits it again before the wait.
+    assert kinds == ["Segment", "OpRecord", "Segment", "Segment"]
+    assert waited == [len(segmented) - 1]
+    assert [r.seq for r in segmented] == list(range(segmented[0].seq,
+                                                    segmented[0].seq + len(segmented)))
+    shift = built[0].seq - segmented[0].seq
+    assert [r.seq + shift for r in segmented] == [r.seq for r in built]
+    byte = state["byte"].value  # type: ignore[attr-defined]
+    memsets = [(a.detail or {}).get("value") for a in segmented if a.kind == "memset"]
+    assert memsets == [byte - 1] and \
+        [(b.detail or {}).get("value") for b in built if b.kind == "memset"] == [byte]
+    for a, b in zip(segmented, built):  # the byte's records (a memset, bump's fill) aside
+        same = without_stamps(a)[:-1] == without_stamps(b)[:-1]
+        assert same and (a.detail == b.detail or a.kind == "memset" or a.step == "bump")
+        # A segment's records carry no times; the call's own record is built as it is made.
+        assert (a.t_issue_ns is None) == (a.step != "bump") and b.t_issue_ns is not None
+    back = device.host_read(state["host"], 256, 128)  # type: ignore[arg-type]
+    assert (back[:64] == 0x11).all() and (back[64:] == byte).all()
+    assert device.host_read(state["host"], 128, 16).view(np.int32).tolist() == [3] * 4
+
+
+def test_a_live_store_needs_an_array_of_its_own() -> None:
+    device = kvcore.open_device("sim")
+    host = device.alloc_host(64, name="h")
+    with pytest.raises(kvcore.DeviceUsageError, match="contiguous 1-D array"):
+        device.host_write(host, 0, np.zeros((2, 2), np.int32)[:, 0], live=True)
+
+
+def test_a_fault_in_a_segment_hands_over_the_records_before_it() -> None:
+    """The same fault as above, issued to an observer that takes segments: the records of the
+    items before the one that raised go out, numbered on from the last."""
+    device = kvcore.open_device("sim")
+    stream = device.create_stream("s")
+    host = device.alloc_host(64, name="h")
+    dev = device.alloc(64, name="d")
+    entries: list[object] = []
+    device.oplog.subscribe(entries.append, segments=entries.append)
+    with device.capture() as program:
+        device.host_fill(host, 0, 64, 1)
+        device.copy(dev, 0, host, 0, 64, stream)
+        device.synchronize_stream(stream)
+    before = device.oplog.seq
+    del entries[:]
+    device.fault = kvcore.DeviceFaultError("an earlier fault", cuda_error="cudaErrorAssert")
+    with pytest.raises(kvcore.DeviceFaultError):
+        device.reissue(program)  # refused at once: nothing issued
+    assert entries == [] and device.oplog.seq == before
+    device.fault = None
+
+    def failing(*args: object) -> None:
+        raise kvcore.DeviceFaultError("the copy failed", cuda_error="cudaErrorIllegalAddress")
+
+    run = program.run(0, len(program.calls), False)
+    copy = next(k for k, (_, _, i) in enumerate(run.chunks[0][0])
+                if program.items[i].name == "_do_copy")
+    fn, args, i = run.chunks[0][0][copy]
+    run.chunks[0][0][copy] = (failing, args, i)
+    with pytest.raises(kvcore.DeviceFaultError):
+        device.reissue(program)
+    assert program.failed_at == i
+    from kvcore.device.oplog import expanded
+
+    assert [r.kind for r in expanded(entries)] == ["host_write"]
+    assert device.oplog.seq == before + 1
+
+
 # ---- the executor --------------------------------------------------------------------------------
 def _cases() -> list[tuple[str, str]]:
     out = []
@@ -241,3 +374,36 @@ def test_the_scrub_rides_only_on_the_last_read_of_the_pool() -> None:
     assert _last_pool_read((lease, check("t", lease="b"))) is None  # a thread reads after it
     assert _last_pool_read((lease, Step("release", {"lease": "a"}))) is None
     assert _last_pool_read((buffer,)) is None
+
+
+def test_the_detector_on_segments_finds_what_it_finds_on_records() -> None:
+    """Every reissuable variant of the catalog and the zoo, trial by trial: a detector alone
+    (its reissued trials come as segments, and its analyses are remembered) gives the findings
+    of a detector that analyses every trial afresh from records, op numbers included."""
+    from harness.detector import RaceDetector
+
+    for path, variant in CASES:
+        scenario = load_scenario(path)
+        got = []
+        for records in (False, True):
+            detector = RaceDetector(remember=not records)
+
+            def attach(device: kvcore.Device, d: RaceDetector = detector,
+                       plain: bool = records) -> None:
+                d.attach(device)
+                if plain:
+                    device.oplog.subscribe(lambda r: None)  # wants records: no segments
+
+            executor = TrialExecutor(scenario, scenario.variant(variant), "sim", amplify=True,
+                                     on_device=attach, keep_world=True)
+            seen = []
+            for index in range(8):
+                detector.reset()
+                executor.run(index, index)
+                seen.append([f.to_json() for f in detector.findings])
+            got.append((seen, executor.reissued))
+        (segmented, reissued), (fresh, _) = got
+        assert segmented == fresh, (path, variant)
+        if scenario.variant(variant).expect == "clean":
+            assert reissued == 6, (path, variant)
+

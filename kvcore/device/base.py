@@ -33,9 +33,23 @@ from kvcore.device.oplog import (
     BufferInfo,
     OpLog,
     OpRecord,
+    Segment,
     StreamInfo,
+    live_detail,
 )
-from kvcore.device.program import ACTION, BLOCKING, CALL, CAPTURED, RECORD, REFUSED, Item, Program
+from kvcore.device.program import (
+    ACTION,
+    BLOCKING,
+    CALL,
+    CALLS,
+    CAPTURED,
+    RECORD,
+    REFUSED,
+    Item,
+    Live,
+    Program,
+    Run,
+)
 from kvcore.errors import DeviceFaultError, DeviceUsageError
 
 DEVICE = "device"
@@ -161,6 +175,14 @@ class Device(ABC):
         self._pageable_staging: tuple[Buffer, Event] | None = None
         self._program: Program | None = None  # the program being captured (see capture)
         self._depth = 0  # > 0 inside a captured action or call: what it does is not captured
+        self._live_store: np.ndarray | None = None  # the bytes of a live host_write, meanwhile
+        self._live_value: Live | None = None  # and a memset's Live byte
+        self._live_issued: list[int] = []  # the bytes reissued Live memsets set, in order
+        # A program's run being reissued to observers that take segments: the records sent
+        # so far, and the first of those not yet issued (see _reissue_segments).
+        self._run: Run | None = None
+        self._run_sent = self._run_upto = 0
+        self._run_call: tuple[Any, ...] | None = None  # the call of the run now running
         self.legacy_stream = self._register_stream(
             Stream(0, "legacy_stream", True, True, self._legacy_handle())
         )
@@ -360,16 +382,28 @@ class Device(ABC):
         self.copy(dst, dst_off, buf, 0, raw.size, self.legacy_stream)
         self.record_event(done, self.legacy_stream)
 
-    def memset(self, dst: Buffer, off: int, nbytes: int, value: int, stream: Stream) -> None:
-        """cudaMemsetAsync of device memory."""
+    def memset(self, dst: Buffer, off: int, nbytes: int, value: int | Live,
+               stream: Stream) -> None:
+        """cudaMemsetAsync of device memory. ``value``: a byte, or a :class:`Live` one (a
+        device program issuing this again sets what it holds then)."""
         self._check_stream(stream)
         self._check_range(dst, off, nbytes)
         if dst.space != DEVICE:
             raise DeviceUsageError(f"memset needs device memory; {dst.name} is pinned host memory")
-        times = self._do_memset(dst, off, nbytes, value & 0xFF, stream)
+        if type(value) is not Live:
+            self._memset(dst, off, nbytes, value & 0xFF, stream)  # type: ignore[operator]
+            return
+        self._live_value = value  # see _capture_action
+        try:
+            self._memset(dst, off, nbytes, value.value & 0xFF, stream)
+        finally:
+            self._live_value = None
+
+    def _memset(self, dst: Buffer, off: int, nbytes: int, byte: int, stream: Stream) -> None:
+        times = self._do_memset(dst, off, nbytes, byte, stream)
         if self.oplog.active:
             self._emit(stream.name, "memset", writes=(Access(dst.id, off, nbytes),), times=times,
-                       detail={"value": value & 0xFF})
+                       detail={"value": byte})
 
     def launch(self, kernel: Kernel, stream: Stream) -> None:
         """Launch one of the kernels in :mod:`kvcore.device.kernels` on ``stream``."""
@@ -381,8 +415,12 @@ class Device(ABC):
             self._emit(stream.name, KERNEL_PREFIX + kernel.name, reads=kernel.reads(),
                        writes=kernel.writes(), times=times, detail=kernel.detail())
 
-    def host_write(self, buf: Buffer, off: int, data: bytes | np.ndarray) -> None:
-        """The host writes ``data`` into pinned memory, now (a plain CPU store, logged)."""
+    def host_write(self, buf: Buffer, off: int, data: bytes | np.ndarray, *,
+                   live: bool = False) -> None:
+        """The host writes ``data`` into pinned memory, now (a plain CPU store, logged).
+        ``live``: ``data`` is a contiguous array the caller keeps current, and a device
+        program issuing this store again stores what it holds then (otherwise the program
+        keeps a copy of the bytes stored now)."""
         if isinstance(data, (bytes, bytearray)):
             raw = np.frombuffer(bytes(data), np.uint8)
         elif isinstance(data, np.ndarray) and data.ndim == 1 and data.flags.c_contiguous:
@@ -391,7 +429,18 @@ class Device(ABC):
         else:
             raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
         self._host_access(buf, off, raw.size)
-        self._do_write(buf, off, raw)
+        if live:
+            if not (isinstance(data, np.ndarray) and data.ndim == 1
+                    and data.flags.c_contiguous):
+                raise DeviceUsageError("a live host_write stores from a contiguous 1-D array "
+                                       "(its bytes are read again when a program reissues it)")
+            self._live_store = raw  # see _capture_action
+            try:
+                self._do_write(buf, off, raw)
+            finally:
+                self._live_store = None
+        else:
+            self._do_write(buf, off, raw)
         if self.oplog.active:
             self._emit(HOST, "host_write", writes=(Access(buf.id, off, raw.size),))
 
@@ -542,8 +591,12 @@ class Device(ABC):
         def captured(*args: Any) -> Any:
             if self._depth:
                 return action(*args)
-            # A store's bytes are copied: the caller may reuse its array.
-            kept = (args[0], args[1], args[2].copy()) if name == "_do_write" else args
+            # A store's bytes are copied (the caller may reuse its array), but a live one's.
+            kept = args
+            if name == "_do_write" and args[2] is not self._live_store:
+                kept = (args[0], args[1], args[2].copy())
+            elif name == "_do_memset" and self._live_value is not None:
+                kept = (*args[:3], self._live_value, args[4])
             return self._capture_item(program, Item(ACTION, name, action, kept, None,
                                                     self._where()), args)
         captured.__wrapped__ = action  # type: ignore[attr-defined]
@@ -568,7 +621,7 @@ class Device(ABC):
                 return  # inside a call captured as itself: it writes its records again
             # After _record: it has put the thread into ``info``.
             template = (stream, kind, reads, writes, records, waits, syncs, self.oplog.step,
-                        info, times is not None)
+                        info, times is not None, self._live_value)
             items = program.items
             last = items[-1] if items else None
             if last is not None and last.kind == ACTION and last.template is None:
@@ -606,9 +659,10 @@ class Device(ABC):
 
     def reissue(self, program: Program, start: int = 0, stop: int | None = None) -> None:
         """Issue items ``start`` to ``stop`` of a captured ``program`` again: the same device
-        calls, the same records to the op log's observers (numbered and stamped now), the
-        calls captured as themselves called again. On an error, ``program.failed_at`` is the
-        item that raised; CUDA's errors arrive as kvcore's, as from any other call."""
+        calls, the same records to the op log's observers (numbered and stamped now, or as
+        segments, unbuilt, when every observer takes them so), the calls captured as
+        themselves called again. On an error, ``program.failed_at`` is the item that raised;
+        CUDA's errors arrive as kvcore's, as from any other call."""
         if program.refused is not None:
             raise DeviceUsageError(f"a program that captured {program.refused} cannot be "
                                    "issued again; run the code instead")
@@ -619,12 +673,17 @@ class Device(ABC):
             raise self.fault
         calls = program.calls
         stop = len(calls) if stop is None else stop
+        self._live_issued.clear()
         i = start
         try:
             if not program.observed and not self.oplog.blocking_hooks:
                 # Nobody reads the op log: the calls alone.
                 for fn, args, i in program.bare(start, stop):  # noqa: B007 - i: see except
                     fn(*args)
+                return
+            if self.oplog.segmented:
+                i = -1  # the item that raised is set below
+                self._reissue_segments(program, start, stop)
                 return
             items, log, new, clock = program.items, self.oplog, _new, self._clock_ns
             observers = log.observers
@@ -642,20 +701,106 @@ class Device(ABC):
                 start_ns, end_ns = times if t[9] and times is not None else (None, None)
                 seq = log.seq = log.seq + 1
                 record = new(OpRecord, (seq, t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7],
-                                        clock(), start_ns, end_ns, t[8]))
+                                        clock(), start_ns, end_ns,
+                                        t[8] if t[10] is None else self._live_detail(t)))
                 for observer in observers:
                     observer(record)
         except BaseException as exc:
-            program.failed_at = i
+            if i >= 0:
+                program.failed_at = i
             err = self._translate_error(exc) if isinstance(exc, Exception) else exc
             if err is not exc:
                 raise err  # noqa: B904 - its cause is set
             raise
 
+    def _reissue_segments(self, program: Program, start: int, stop: int) -> None:
+        """:meth:`reissue` for observers that all take segments: the calls, and the records
+        as one segment, unbuilt (the device's times left out). What comes between splits it:
+        a record a call writes (see :meth:`_record`), a blocking hook, an error (the records
+        of the items before the one that raised go out)."""
+        run = program.run(start, stop, bool(self.oplog.blocking_hooks))
+        self._run, self._run_sent, self._run_call = run, 0, None
+        i = start
+        try:
+            for plain, apart in run.chunks:
+                for fn, args, i in plain:  # noqa: B007 - i: see except
+                    fn(*args)
+                if apart is not None:
+                    fn, args, i, how, before, _ = apart
+                    if how == CALLS:
+                        # Its records, if it writes any, say where it is (see _in_call).
+                        self._run_call = apart
+                    else:
+                        self._run_upto = before
+                        self._flush_run()
+                        self._blocking()
+                    fn(*args)
+            i = stop
+        except BaseException:
+            program.failed_at = i
+            raise
+        finally:
+            self._run_upto = run.before.get(i, len(run.templates))
+            self._flush_run()
+            self._run = self._run_call = None
+
+    def _in_call(self) -> None:
+        """A record of a call in a reissued run: the run's records before the call go out
+        first, and the op log says where the call is."""
+        call = self._run_call
+        if call is not None:
+            log = self.oplog
+            log.step, log.origin, log.thread = call[5]
+            self._run_upto = call[4]
+        self._flush_run()
+
+    def _flush_run(self) -> None:
+        """Hand the observers the records of the reissued run's items issued so far (as far
+        as ``_run_upto``), numbered now."""
+        run = self._run
+        sent, upto = self._run_sent, self._run_upto
+        if run is None or upto <= sent:
+            return
+        self._run_sent = upto
+        templates = run.templates
+        whole = not sent and upto == len(templates)
+        if not whole:
+            templates = templates[sent:upto]
+        values: tuple[int, ...] = ()
+        if run.live:  # the bytes the run's Live memsets set, for their records
+            issued = self._live_issued
+            if whole:
+                values = tuple(issued)
+                issued.clear()
+            else:
+                m = sum(sent <= k < upto for k in run.live)
+                values = tuple(issued[:m])
+                del issued[:m]
+        log = self.oplog
+        segment = _new(Segment, (templates, log.seq + 1, values))
+        log.seq += upto - sent
+        for observer in log.segment_observers:
+            observer(segment)
+
     def _lower(self, item: Item) -> tuple[Callable[..., Any] | None, tuple[Any, ...]]:
         """The call that issues ``item`` again (None: nothing to call, only its record). A
         backend may put a cheaper call of its own for an action."""
-        return (None, ()) if item.kind == RECORD else (item.fn, item.args)
+        if item.kind == RECORD:
+            return None, ()
+        if item.name == "_do_memset" and type(item.args[3]) is Live:
+            return self._memset_live, (item.fn, *item.args)
+        return item.fn, item.args
+
+    def _memset_live(self, do_memset: Callable[..., Any], dst: Buffer, off: int, nbytes: int,
+                     value: Live, stream: Stream) -> Any:
+        """A reissued memset of the byte a :class:`Live` holds now (kept for its record)."""
+        byte = value.value & 0xFF
+        self._live_issued.append(byte)
+        return do_memset(dst, off, nbytes, byte, stream)
+
+    def _live_detail(self, template: tuple[Any, ...]) -> dict[str, object]:
+        """The detail of the next reissued record whose value was Live: the byte it set."""
+        return live_detail(template, self._live_issued.pop(0))
 
     def _translate_error(self, exc: Exception) -> BaseException:
         """The kvcore error for a backend's exception (``exc`` itself when it is not the
@@ -752,6 +897,8 @@ class Device(ABC):
         syncs: str | None = None, times: tuple[int, int] | None = None,
         detail: dict[str, object] | None = None,
     ) -> None:
+        if self._run is not None:  # a call of a reissued run: where it is, before the below
+            self._in_call()
         log = self.oplog
         info: dict[str, object] = {} if detail is None else detail  # callers build it fresh
         # Where the op came from: the scenario's line when a scenario step issued it (what
@@ -767,6 +914,8 @@ class Device(ABC):
                 syncs: str | None, times: object, info: dict[str, object]) -> None:
         """Number an op, stamp it, and hand its record to the observers: every record of the
         log is made here."""
+        if self._run is not None:  # a call of a reissued run
+            self._in_call()
         log = self.oplog
         if log.thread is not None:  # a scenario's host thread: its own track in a timeline
             info["thread"] = log.thread
@@ -789,3 +938,4 @@ class Device(ABC):
 _COPY_KIND = {(a, b): f"copy_{x}to{y}" for a, x in ((DEVICE, "d"), (PINNED, "h"))
               for b, y in ((DEVICE, "d"), (PINNED, "h"))}
 """A copy's op-log kind by (source space, destination space): ``copy_htod`` and so on."""
+

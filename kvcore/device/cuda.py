@@ -20,7 +20,7 @@ import numpy as np
 
 from kvcore.defects import Defects
 from kvcore.device.base import DEVICE, Buffer, Device, DeviceInfo, Event, Stream
-from kvcore.device.program import ACTION, Item
+from kvcore.device.program import ACTION, Item, Live
 from kvcore.device.kernels import (
     Attend,
     Delay,
@@ -314,6 +314,12 @@ class CudaDevice(Device):
         except Exception as exc:
             raise _translate(self, exc)  # noqa: B904 - its cause is set
 
+    def _memset_live_raw(self, address: int, value: Live, nbytes: int, stream: int) -> None:
+        """The runtime's memset of a :class:`Live` byte, reissued (see _memset_live)."""
+        byte = value.value & 0xFF
+        self._live_issued.append(byte)
+        self._rt.memsetAsync(address, byte, nbytes, stream)
+
     def _do_launch(self, kernel: Kernel, stream: Stream) -> None:
         s = stream.handle
         fns = self._fns
@@ -423,6 +429,9 @@ class CudaDevice(Device):
                                     _MEMCPY_DEFAULT, stream.handle.ptr)
         if name == "_do_memset":
             dst, off, nbytes, value, stream = args
+            if type(value) is Live:
+                return self._memset_live_raw, (dst.address + off, value, nbytes,
+                                               stream.handle.ptr)
             return rt.memsetAsync, (dst.address + off, value, nbytes, stream.handle.ptr)
         if name == "_do_record":
             event, stream = args

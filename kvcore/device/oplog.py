@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 HOST = "host"
 """The pseudo-stream name of actions the host performs itself (pinned writes, reads, waits)."""
@@ -172,6 +172,48 @@ class OpRecord(NamedTuple):
 Observer = Callable[[OpRecord], None]
 
 
+class Segment(NamedTuple):
+    """Records of a reissued device program, not yet built: one per template, numbered from
+    ``first_seq`` (see ``Device.reissue``). An observer that subscribed for segments gets
+    these instead of the records, and builds them (:meth:`records`) only if it reads them.
+    They carry no times: a program is never issued with ``--timeline``, and an observer that
+    wants each op's issue time subscribes for records. ``values``: what the templates that
+    take a live value (``kvcore.device.program.Live``, a template's last field) set, in
+    order."""
+
+    templates: tuple[tuple[Any, ...], ...]  # (stream, kind, reads, ..., step, detail, ..., live)
+    first_seq: int
+    values: tuple[int, ...] = ()
+
+    def records(self) -> list[OpRecord]:
+        seq, values = self.first_seq, iter(self.values)
+        return [_new(OpRecord, (seq + i, t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], None,
+                                None, None, t[8] if t[10] is None else
+                                live_detail(t, next(values))))
+                for i, t in enumerate(self.templates)]
+
+
+def live_detail(template: tuple[Any, ...], value: int) -> dict[str, object]:
+    """The detail of a record whose template took a live value: ``value`` as it was set."""
+    return {**template[8], "value": value}
+
+
+_new = tuple.__new__
+
+
+def expanded(entries: list[OpRecord | Segment]) -> list[OpRecord]:
+    """Records and segments, as records in order."""
+    if not any(type(e) is Segment for e in entries):
+        return entries  # type: ignore[return-value]
+    out: list[OpRecord] = []
+    for entry in entries:
+        if type(entry) is Segment:
+            out.extend(entry.records())
+        else:
+            out.append(entry)  # type: ignore[arg-type]
+    return out
+
+
 class OpLog:
     """Fan-out of op records to observers.
 
@@ -182,6 +224,11 @@ class OpLog:
     def __init__(self) -> None:
         # Read by devices directly (one call per observer per op, no fan-out call between).
         self.observers: list[Observer] = []
+        # What each observer takes instead of a reissued program's records (None: it wants
+        # the records), and those of them all, when every observer takes segments.
+        self._segment_takers: list[Callable[[Segment], None] | None] = []
+        self.segment_observers: list[Callable[[Segment], None]] = []
+        self.segmented = False
         self.buffers: dict[int, BufferInfo] = {}
         self.streams: dict[str, StreamInfo] = {}
         self.page_bytes: dict[int, int] = {}  # buffer id -> page stride, for paged buffers
@@ -195,17 +242,28 @@ class OpLog:
         self.blocking_hooks: list[Callable[[], None]] = []
         self.times_observers: list[Callable[[list[tuple[int, int, int]]], None]] = []
 
-    def subscribe(self, observer: Observer) -> Callable[[], None]:
-        """Send every later record to ``observer``; returns a function that unsubscribes it."""
+    def subscribe(self, observer: Observer,
+                  segments: Callable[[Segment], None] | None = None) -> Callable[[], None]:
+        """Send every later record to ``observer``; returns a function that unsubscribes it.
+        ``segments``: where a reissued program's records go instead, unbuilt, as long as every
+        observer takes them so (then nobody needs them built)."""
         self.observers.append(observer)
-        self.active = True
+        self._segment_takers.append(segments)
+        self._observers_changed()
 
         def unsubscribe() -> None:
             if observer in self.observers:
+                del self._segment_takers[self.observers.index(observer)]
                 self.observers.remove(observer)
-            self.active = bool(self.observers)
+            self._observers_changed()
 
         return unsubscribe
+
+    def _observers_changed(self) -> None:
+        self.active = bool(self.observers)
+        takers = self._segment_takers
+        self.segmented = self.active and None not in takers
+        self.segment_observers = list(takers) if self.segmented else []  # type: ignore
 
     def before_blocking(self, hook: Callable[[], None]) -> None:
         """Call ``hook`` just before the host blocks on the device (every synchronize): the

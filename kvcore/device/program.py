@@ -8,7 +8,14 @@ op-log record each one wrote; :meth:`Device.reissue` makes the same calls again,
 observers the same records (numbered and stamped anew), without running the code that decided
 them. What depends on state the capture cannot see (a generation number that grows, a
 comparison's result) is captured as a call of its own with :meth:`Device.reissued`, and runs
-again in full.
+again in full; a value that changes every time but goes into the same action (the next
+generations a host store copies, a scrub's byte) is given live (``host_write(live=True)``,
+a :class:`Live` byte), so the action stays captured and takes the value of the moment.
+
+Observers that take segments (``OpLog.subscribe(..., segments=...)``) get a reissued run's
+records unbuilt, in one :class:`kvcore.device.oplog.Segment`: numbering them is all the
+reissue does for the op log. A race detector that has analysed the same run before needs no
+more.
 
 A program is only as good as the state it was captured in: issuing it again is right when the
 state its code read is the same. The caller checks that (kvcore's pool and arena have
@@ -46,6 +53,17 @@ REFUSED = {
 """Backend calls that make a captured program unfit to issue again, and why."""
 
 
+class Live:
+    """A value its owner keeps current, given to an action in place of the value itself: a
+    program issuing the action again takes what it holds then (a scrub's byte, another every
+    trial), and so does the action's record (its ``detail.value``)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+
 @dataclass(eq=False)
 class Item:
     """One entry of a program. ``name`` is the device method an action called (what a backend
@@ -58,6 +76,27 @@ class Item:
     args: tuple[Any, ...]
     template: tuple[Any, ...] | None = None
     where: tuple[str | None, str | None, str | None] = (None, None, None)
+
+
+BLOCKS, CALLS = 1, 2
+"""What sets a run's item apart (see :class:`Run`): the host blocks in it (when the op log has
+blocking hooks), or it is a call captured as itself."""
+
+
+@dataclass(eq=False)
+class Run:
+    """Items of a program as issued to observers that take segments (see
+    ``kvcore.device.oplog.Segment``): the templates of the records they write, which of them
+    take a :class:`Live` value (their positions), and what to call, in ``chunks``: actions
+    as ``(function, arguments, index)``, each chunk's followed by an item set apart (or None)
+    as ``(function, arguments, index, how, before, where)``: ``how`` BLOCKS or CALLS,
+    ``before`` how many templates come before it (a call's records, if it writes any, come
+    after those), ``where`` its item's. ``before`` also by index, for any item."""
+
+    templates: tuple[tuple[Any, ...], ...]
+    live: tuple[int, ...]
+    chunks: list[tuple[list[tuple[Any, ...]], tuple[Any, ...] | None]]
+    before: dict[int, int]
 
 
 @dataclass(eq=False)
@@ -78,6 +117,7 @@ class Program:
     # Per (start, stop): only the items that call something, as (function, arguments, index):
     # what Device.reissue runs when nobody reads the op log.
     _bare: dict[tuple[int, int], list[tuple[Any, ...]]] = field(default_factory=dict)
+    _runs: dict[tuple[int, int, bool], Run] = field(default_factory=dict)
 
     def bare(self, start: int, stop: int) -> list[tuple[Any, ...]]:
         """The calls of items ``start`` to ``stop`` (see ``_bare``)."""
@@ -86,6 +126,31 @@ class Program:
             got = self._bare[start, stop] = [(fn, args, i) for i, (fn, args, *_) in
                                              enumerate(self.calls[start:stop], start)
                                              if fn is not None]
+        return got
+
+    def run(self, start: int, stop: int, hooks: bool) -> Run:
+        """Items ``start`` to ``stop`` as one :class:`Run`; ``hooks``: the op log has blocking
+        hooks (the actions the host blocks in are set apart)."""
+        got = self._runs.get((start, stop, hooks))
+        if got is None:
+            templates: list[tuple[Any, ...]] = []
+            chunks: list[tuple[list[tuple[Any, ...]], tuple[Any, ...] | None]] = []
+            plain: list[tuple[Any, ...]] = []
+            before: dict[int, int] = {}
+            for i in range(start, stop):
+                fn, args, kind, blocking, template = self.calls[i]
+                before[i] = len(templates)
+                if kind == CALL or fn is not None and hooks and blocking:
+                    chunks.append((plain, (fn, args, i, CALLS if kind == CALL else BLOCKS,
+                                           before[i], self.items[i].where)))
+                    plain = []
+                elif fn is not None:
+                    plain.append((fn, args, i))
+                if template is not None:
+                    templates.append(template)
+            chunks.append((plain, None))
+            live = tuple(k for k, t in enumerate(templates) if t[10] is not None)
+            got = self._runs[start, stop, hooks] = Run(tuple(templates), live, chunks, before)
         return got
 
     def mark(self, name: str) -> None:
