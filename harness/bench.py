@@ -21,8 +21,9 @@ race detector), each against the same bare loop.
 trials with ``--timeline`` against trials without, alternating.
 
 ``--detector`` measures the race detector's cost: trials with it on against trials with it off,
-in the executor alone (on: the op log is built for it) and in a run's worker (the flight
-recorder builds the op log either way; off is ``--no-detect``).
+in the executor alone (on: the detector is the op log's only reader, so a reissued trial hands it
+its records as one segment, unbuilt; off: no op log at all) and in a run's worker (the flight
+recorder builds every record either way; off is ``--no-detect``).
 """
 
 from __future__ import annotations

@@ -21,7 +21,10 @@ grown in whole pages so that no buffer has more than ``HISTORY_MAX_BLOCKS``: the
 access is bounded whatever size a trace declares.
 
 The detector works online (an op-log observer, during every trial) and offline over a recorded
-trace (``gpurace check``); both feed it the same JSON-shaped op records.
+trace (``gpurace check``); both feed it the same JSON-shaped op records. Online it keeps the
+records and analyses them when the findings are read, after the trial: a reissued device
+program's come as segments, unbuilt, and a trial whose records have the shape of one it analysed
+before gets that trial's findings, renumbered, without building them.
 """
 
 from __future__ import annotations

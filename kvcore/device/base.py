@@ -716,7 +716,7 @@ class Device(ABC):
     def _reissue_segments(self, program: Program, start: int, stop: int) -> None:
         """:meth:`reissue` for observers that all take segments: the calls, and the records
         as one segment, unbuilt (the device's times left out). What comes between splits it:
-        a record a call writes (see :meth:`_record`), a blocking hook, an error (the records
+        a record a call writes (see :meth:`_in_call`), a blocking hook, an error (the records
         of the items before the one that raised go out)."""
         run = program.run(start, stop, bool(self.oplog.blocking_hooks))
         self._run, self._run_sent, self._run_call = run, 0, None
