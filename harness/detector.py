@@ -423,8 +423,7 @@ class RaceDetector:
             return
         if self._fresh and self.remember:
             self._fresh = False
-            shape = _shape(records)
-            hit = self._memo.find(shape, records, self._owners)
+            hit = self._memo.find(records, self._owners)
             if hit is not None:
                 self._folded, self._racing_moved = hit[0], hit[1]
                 self._unapplied = records  # their ownership changes: at the next reset,
@@ -436,7 +435,7 @@ class RaceDetector:
             entries, records = records, expanded(records)
             for record in records:
                 self._one(record)
-            self._memo.keep(shape, entries, records, self.findings_now, self._racing, start,
+            self._memo.keep(entries, records, self.findings_now, self._racing, start,
                             self._owners.snapshot() == start)
             return
         if self._unapplied:
@@ -731,46 +730,62 @@ class _Memo:
     SIZE = 8
 
     def __init__(self) -> None:
-        self._kept: list[_Remembered] = []
+        self._kept: list[_Remembered] = []  # the most recent first
+        # The kept trials that were one segment, by its templates' identity (they hold them).
+        self._by_run: dict[int, _Remembered] = {}
         self.hits = 0
 
-    def find(self, shape: tuple[list[Any], list[Any]], entries: list[OpRecord | Segment],
-             owners: _Owners) -> tuple[dict[tuple[Any, ...], Finding], tuple[set[int], int],
-                                       bool] | None:
+    def find(self, entries: list[OpRecord | Segment], owners: _Owners
+             ) -> tuple[dict[tuple[Any, ...], Finding], tuple[set[int], int], bool] | None:
         """A remembered trial's findings for the trial of ``entries`` (by key, renumbered),
         its racing ops (and what moves their numbers to this trial's), and whether the trial
         leaves the owners as they were."""
+        if len(entries) == 1 and type(entries[0]) is Segment:
+            # A reissued trial: one segment, whose templates are a kept trial's shape itself.
+            kept = self._by_run.get(id(entries[0][0]))
+            if kept is not None and kept.shape[0][0] is entries[0][0]:
+                hit = self._hit(kept, entries, owners)
+                if hit is not None:
+                    return hit
+        shape = _shape(entries)
         for kept in self._kept:
-            if kept.shape != shape:
-                continue
-            same_owners = (kept.findings or kept.neutral) and kept.owners == owners.snapshot()
-            if kept.findings and not same_owners:
-                continue  # its findings would name other owners
-            first, end = _span(entries)
-            if end - first != kept.count:
-                return None
-            if kept is not self._kept[0]:
-                self._kept.remove(kept)
-                self._kept.insert(0, kept)
-            self.hits += 1
-            shift = first - kept.first_seq
-            folded = {}
-            for key, fields, a, b in kept.findings:  # a loop: a comprehension costs a call
-                # A copy with its ops moved: dataclasses.replace and OpRef._replace cost
-                # several times as much, and this runs for every finding of every trial.
-                copy = folded[key] = _new_finding(Finding)
-                copy.__dict__ = fields.copy()
-                copy.first = _new_ref(OpRef, (a[0] + shift,) + a[1]) if a[2] is None else \
-                    _moved_ref(a, entries)
-                copy.second = _new_ref(OpRef, (b[0] + shift,) + b[1]) if b[2] is None else \
-                    _moved_ref(b, entries)
-            # The ownership changes leave the owners as they were only from the same start.
-            return folded, (kept.racing, shift), bool(kept.neutral and same_owners)
+            if kept.shape == shape:
+                hit = self._hit(kept, entries, owners)
+                if hit is not None:
+                    if kept is not self._kept[0]:  # the most recently used are kept longest
+                        self._kept.remove(kept)
+                        self._kept.insert(0, kept)
+                    return hit
         return None
 
-    def keep(self, shape: tuple[list[Any], list[Any]], entries: list[OpRecord | Segment],
-             records: list[OpRecord], findings: list[Finding], racing: set[int],
-             owners: tuple[Any, ...], neutral: bool) -> None:
+    def _hit(self, kept: _Remembered, entries: list[OpRecord | Segment], owners: _Owners
+             ) -> tuple[dict[tuple[Any, ...], Finding], tuple[set[int], int], bool] | None:
+        """``kept``'s findings for the trial of ``entries``, of the same shape, unless they
+        would name other owners or the trial's ops are not numbered one after another."""
+        same_owners = (kept.findings or kept.neutral) and kept.owners == owners.snapshot()
+        if kept.findings and not same_owners:
+            return None  # its findings would name other owners
+        first, end = _span(entries)
+        if end - first != kept.count:
+            return None
+        self.hits += 1
+        shift = first - kept.first_seq
+        folded = {}
+        for key, fields, a, b in kept.findings:  # a loop: a comprehension costs a call
+            # A copy with its ops moved: dataclasses.replace and OpRef._replace cost several
+            # times as much, and this runs for every finding of every trial.
+            copy = folded[key] = _new_finding(Finding)
+            copy.__dict__ = fields.copy()
+            copy.first = _new_ref(OpRef, (a[0] + shift,) + a[1]) if a[2] is None else \
+                _moved_ref(a, entries)
+            copy.second = _new_ref(OpRef, (b[0] + shift,) + b[1]) if b[2] is None else \
+                _moved_ref(b, entries)
+        # The ownership changes leave the owners as they were only from the same start.
+        return folded, (kept.racing, shift), bool(kept.neutral and same_owners)
+
+    def keep(self, entries: list[OpRecord | Segment], records: list[OpRecord],
+             findings: list[Finding], racing: set[int], owners: tuple[Any, ...],
+             neutral: bool) -> None:
         """Remember the analysis of the trial of ``entries`` (``records`` expanded)."""
         first, end = _span(entries)
         count = _count(entries)
@@ -780,9 +795,15 @@ class _Memo:
         places = _places(entries)
         plans = [(f.key, _fields(f), _plan(f.first, first, places),
                   _plan(f.second, first, places)) for f in findings]
-        self._kept.insert(0, _Remembered(shape, first, count, plans, set(racing), owners,
-                                         neutral))
+        kept = _Remembered(_shape(entries), first, count, plans, set(racing), owners, neutral)
+        self._kept.insert(0, kept)
+        for old in self._kept[self.SIZE:]:
+            run = id(old.shape[0][0]) if old.shape[0] else None
+            if self._by_run.get(run) is old:  # type: ignore[arg-type]
+                del self._by_run[run]  # type: ignore[arg-type]
         del self._kept[self.SIZE:]
+        if len(entries) == 1 and type(entries[0]) is Segment:
+            self._by_run[id(entries[0][0])] = kept
 
 
 def _fields(finding: Finding) -> dict[str, Any]:

@@ -381,10 +381,8 @@ class TrialExecutor:
             gc.enable()
         if world.device.timeline and world.device.fault is None:
             world.device.settle_times()  # the trial ended with the device idle
-        return TrialResult(index=index, seed=seed, outcome=outcome, detail=detail,
-                           cuda_error=error, step=step, requests=requests,
-                           duration_s=time.perf_counter() - start,
-                           reissued=self.reissued != reissued)
+        return TrialResult.made(index, seed, outcome, detail, error, step, requests,
+                                time.perf_counter() - start, self.reissued != reissued)
 
     def _steps(self, world: World, seed: int) -> tuple[Outcome, str, str | None, int | None]:
         """A step-list trial: reissued when a program is kept, else step by step (captured
@@ -1031,16 +1029,18 @@ class _Steps:
     def _compare(self, s: Step, read: _Pages, got: np.ndarray, equals: _Pages | None,
                  want: np.ndarray | None) -> None:
         # Every page in one read and one comparison; page by page only to say what is wrong.
+        # Compared as bytes: a page or two is a few KiB, where numpy's comparison and reduction
+        # cost ten times a memcmp of the copies.
         pages = read.pages
         got = _payloads(read, got)
         if equals is not None:
             want = _payloads(equals, want)  # type: ignore[arg-type]
-            if (got == want).all():  # the same shape: array_equal's checks are not needed
+            if got.tobytes() == want.tobytes():  # the same shape
                 return
             want = want.reshape(pages, -1)
         else:
             value = int(s.args["byte"])  # type: ignore[arg-type]
-            if not (got != value).any():
+            if got.tobytes() == _filled(value, got.size):
                 return
             want = np.full((pages, got.size // pages), value, np.uint8)
         got = got.reshape(pages, -1)
@@ -1136,6 +1136,12 @@ class _Pages:
         whole = len(slices) == 1 and slices[0] == slice(0, layout.page_stride)
         return cls(view.buffer, view.page_offset(0), pages, layout.page_stride,
                    None if whole else slices)
+
+
+@functools.lru_cache(maxsize=64)
+def _filled(value: int, nbytes: int) -> bytes:
+    """``nbytes`` bytes of ``value``: what a check of one byte compares against."""
+    return bytes((value,)) * nbytes
 
 
 def _view(device: kvcore.Device, at: _Pages) -> np.ndarray:
