@@ -67,8 +67,10 @@ class Live:
 @dataclass(eq=False)
 class Item:
     """One entry of a program. ``name`` is the device method an action called (what a backend
-    lowers it by); ``template`` the fields of its record (``_record``'s arguments but the
-    times); ``where`` the op log's (step, origin, thread) when it was captured."""
+    lowers it by); ``template`` the fields of its record (stream, kind, reads, writes,
+    records, waits, syncs, step, detail), then whether the backend times the action and the
+    :class:`Live` value it took (or None); ``where`` the op log's (step, origin, thread) when it
+    was captured."""
 
     kind: int
     name: str
