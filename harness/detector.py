@@ -692,10 +692,6 @@ def _span(entries: list[OpRecord | Segment]) -> tuple[int, int]:
     return lo, hi  # type: ignore[return-value]
 
 
-def _count(entries: list[OpRecord | Segment]) -> int:
-    return sum(len(e[0]) if type(e) is Segment else 1 for e in entries)  # type: ignore[misc]
-
-
 def _places(entries: list[OpRecord | Segment]) -> list[int | None]:
     """Per op of ``entries``, the index of its record among them, or None for an op of a
     segment (whose detail is its template's, the same in every trial of the same shape)."""
@@ -788,7 +784,7 @@ class _Memo:
              neutral: bool) -> None:
         """Remember the analysis of the trial of ``entries`` (``records`` expanded)."""
         first, end = _span(entries)
-        count = _count(entries)
+        count = len(records)
         if end - first != count or any(f.event_note for f in findings) and any(
                 r.step is None for r in records if r.kind in _EVENT_KINDS):
             return  # a note may name an op by its number

@@ -421,17 +421,16 @@ class Device(ABC):
         ``live``: ``data`` is a contiguous array the caller keeps current, and a device
         program issuing this store again stores what it holds then (otherwise the program
         keeps a copy of the bytes stored now)."""
+        flat = isinstance(data, np.ndarray) and data.ndim == 1 and data.flags.c_contiguous
         if isinstance(data, (bytes, bytearray)):
             raw = np.frombuffer(bytes(data), np.uint8)
-        elif isinstance(data, np.ndarray) and data.ndim == 1 and data.flags.c_contiguous:
-            # The usual case, in fewer calls.
-            raw = data.view(np.uint8)
+        elif flat:  # the usual case, in fewer calls
+            raw = data.view(np.uint8)  # type: ignore[union-attr]
         else:
             raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
         self._host_access(buf, off, raw.size)
         if live:
-            if not (isinstance(data, np.ndarray) and data.ndim == 1
-                    and data.flags.c_contiguous):
+            if not flat:
                 raise DeviceUsageError("a live host_write stores from a contiguous 1-D array "
                                        "(its bytes are read again when a program reissues it)")
             self._live_store = raw  # see _capture_action
@@ -454,11 +453,7 @@ class Device(ABC):
 
     def host_read(self, buf: Buffer, off: int, nbytes: int) -> np.ndarray:
         """A copy of ``nbytes`` bytes of pinned memory as the host sees them now."""
-        self._host_access(buf, off, nbytes)
-        out = self._do_host_view(buf)[off:off + nbytes].copy()
-        if self.oplog.active:
-            self._emit(HOST, "host_read", reads=(Access(buf.id, off, nbytes),))
-        return out
+        return self.host_view(buf, off, nbytes).copy()
 
     def host_view(self, buf: Buffer, off: int, nbytes: int) -> np.ndarray:
         """:meth:`host_read` without the copy: a read-only view of the bytes as the host sees
@@ -793,10 +788,14 @@ class Device(ABC):
 
     def _memset_live(self, do_memset: Callable[..., Any], dst: Buffer, off: int, nbytes: int,
                      value: Live, stream: Stream) -> Any:
-        """A reissued memset of the byte a :class:`Live` holds now (kept for its record)."""
+        """A reissued memset of the byte a :class:`Live` holds now."""
+        return do_memset(dst, off, nbytes, self._live_byte(value), stream)
+
+    def _live_byte(self, value: Live) -> int:
+        """The byte a reissued memset of ``value`` sets now, kept for its record."""
         byte = value.value & 0xFF
         self._live_issued.append(byte)
-        return do_memset(dst, off, nbytes, byte, stream)
+        return byte
 
     def _live_detail(self, template: tuple[Any, ...]) -> dict[str, object]:
         """The detail of the next reissued record whose value was Live: the byte it set."""

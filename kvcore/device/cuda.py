@@ -316,9 +316,7 @@ class CudaDevice(Device):
 
     def _memset_live_raw(self, address: int, value: Live, nbytes: int, stream: int) -> None:
         """The runtime's memset of a :class:`Live` byte, reissued (see _memset_live)."""
-        byte = value.value & 0xFF
-        self._live_issued.append(byte)
-        self._rt.memsetAsync(address, byte, nbytes, stream)
+        self._rt.memsetAsync(address, self._live_byte(value), nbytes, stream)
 
     def _do_launch(self, kernel: Kernel, stream: Stream) -> None:
         s = stream.handle
