@@ -766,6 +766,118 @@ def _print_finding(f: dict) -> None:
                   highlight=False, soft_wrap=True)
 
 
+@main.command("watch", context_settings={"ignore_unknown_options": True,
+                                         "allow_interspersed_args": False})
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
+@click.option("--runs", type=click.IntRange(min=1, max=TRIALS_MAX), default=1, show_default=True,
+              help="Run the program this many times, each in a fresh process (a fixed program "
+                   "must stay clean in every run).")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.1, max=TIMEOUT_MAX_S),
+              default=600.0, show_default=True,
+              help="Seconds a run of the program may take before it is killed (a hang).")
+@click.option("--sources", type=click.Choice(["auto", "torch", "cupy", "torch,cupy"]),
+              default="auto", show_default=True,
+              help="What to capture with: PyTorch's dispatcher and trace callbacks, CuPy's "
+                   "hooks, or each that the program's interpreter can import.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
+              default=Path("gpurace-reports"), show_default=True,
+              help="Folder for the run: run.json, the incidents, each run's events, op trace "
+                   "and output.")
+@click.option("--junit", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write the run as JUnit XML here.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
+              show_default=True, help="json: the run document on stdout (the program's own "
+                                      "output then goes to stderr).")
+def watch_cmd(command: Sequence[str], runs: int, timeout_s: float, sources: str,
+              out_dir: Path, junit: Path | None, fmt: str) -> None:
+    """Run your own PyTorch or CuPy program and find its stream races on the first run.
+
+    \b
+        gpurace watch -- python serve.py --requests 8
+        gpurace watch --runs 20 -- python -m mypkg.serve
+        gpurace watch --format json -- python tests/watch_programs/torch_record_stream.py
+
+    The program runs as it would alone (its output, its exit status), in a process of its
+    own, with capture on: every CUDA op's byte ranges on its stream, pinned host memory read
+    and written by copies and by the host, the caching allocator's blocks across free and
+    reuse (record_stream included), events, queries and synchronizes of each kind, and the
+    legacy default stream. The race detector reads that as the program runs; each race is told
+    in the program's words (both sides' file:line, the tensor, the streams) with the fix that
+    fits, and written as an incident with its op trace (`gpurace check` reads it again).
+
+    \b
+    Exit 0: every run ended well with no race; 1: a race was found, or the program raised,
+    exited non-zero, died or hung; 2: bad input; 77: the program's interpreter has neither
+    PyTorch nor CuPy.
+    """
+    from harness.capture.watch import WatchOptions, parse_command, watch
+
+    program = parse_command(command)
+    check_folder(out_dir, "--out")
+    if junit is not None:
+        check_file(junit, "--junit")
+    sweep_dead_runs(out_dir)
+    hooks = _WatchHooks(fmt == "text")
+    previous = signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    try:
+        result = watch(WatchOptions(program=program, runs=runs, timeout_s=timeout_s,
+                                    out_dir=out_dir, sources=sources,
+                                    quiet_program=fmt == "json"), hooks)
+    except KeyboardInterrupt:
+        err.print("interrupted: the program was stopped", highlight=False)
+        sys.exit(int(ExitCode.INTERRUPTED))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    document = result.to_json()
+    write_atomic(Path(result.folder) / "run.json", json.dumps(document, indent=2) + "\n")
+    if junit is not None:
+        junit.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(junit, render_junit(document))
+    if fmt == "json":
+        click.echo(json.dumps(document, indent=2))
+    else:
+        _print_watch_summary(result)
+    sys.exit(int(result.exit_code))
+
+
+class _WatchHooks(RunHooks):
+    """One line as each run of the watched program ends, and the notes as they come."""
+
+    def __init__(self, text: bool) -> None:
+        self.text = text
+
+    def trial_finished(self, result: VariantResult, trial: TrialResult) -> None:
+        if self.text:
+            races = f", {len(trial.findings)} race(s)" if trial.findings else ", no race"
+            _log(f"gpurace watch: run {trial.index + 1} of {result.scenario}: "
+                 f"{trial.outcome.value}{races}, {trial.ops_total} ops, "
+                 f"{trial.duration_s:.2f} s")
+
+    def note(self, text: str) -> None:
+        if self.text:
+            _log(f"gpurace watch: note: {text}")
+
+
+def _print_watch_summary(result: RunResult) -> None:
+    variant = result.results[0]
+    out.print(f"gpurace watch: {result.watch.get('command')}: {variant.trials} run(s), "
+              f"{variant.detected} with races, outcomes "
+              + ", ".join(f"{k} {v}" for k, v in variant.outcomes().items() if v),
+              highlight=False, soft_wrap=True)
+    for f in variant.finding_summary():
+        _print_finding(f)
+        out.print(f"    in {f['trials']} of {variant.trials} run(s)", highlight=False)
+    first = variant.first_manifested
+    if first is not None:
+        out.print(f"  run {first.index + 1}: {first.outcome.value}: {escape(first.detail)}",
+                  highlight=False, soft_wrap=True)
+    for path in variant.reports:
+        out.print(f"  incident: {path}", highlight=False)
+    out.print(f"  run.json: {Path(result.folder) / 'run.json'}", highlight=False)
+    out.print(f"exit {int(result.exit_code)} ({result.exit_code.name.lower()}), "
+              f"{result.wall_s:.1f} s", highlight=False)
+
+
 @main.command("doctor")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
               show_default=True)

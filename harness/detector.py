@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from harness.limits import HISTORY_MAX_BLOCKS
-from harness.outcome import step_shape
+from harness.outcome import is_site, step_shape
 from kvcore.device import Device, OpRecord
 from kvcore.device.oplog import Segment, expanded
 
@@ -56,6 +56,11 @@ def history_block(nbytes: int, page_bytes: int) -> int:
     base = page_bytes or BLOCK
     need = -(-nbytes // HISTORY_MAX_BLOCKS)
     return base if need <= base else -(-need // base) * base
+DEVICE_MEMORY = "device memory"
+PINNED_MEMORY = "pinned host memory"
+CAPTURED_MEMORY = frozenset({DEVICE_MEMORY, PINNED_MEMORY})
+"""The buffers of a watched program's memory (harness.capture.translate): findings name the
+tensor that held the bytes first."""
 WAITS_KEPT = 64
 """Waits remembered per stream (and records per event), to explain a wait that missed."""
 
@@ -79,7 +84,8 @@ class OpRef(NamedTuple):
     def who(self) -> str:
         side = "the host" if self.stream == HOST else self.stream
         verb = "write" if self.write else "read"
-        at = f" at step {self.step}" if self.step else ""
+        at = "" if not self.step else f" at {self.step}" if is_site(self.step) else \
+            f" at step {self.step}"
         return f"{side}'s {verb} ({self.kind}{at})"
 
     @property
@@ -248,12 +254,17 @@ class Finding:
         pinned = self.owner is not None and self.owner.startswith("buffer ")
         if pinned:
             place = f"pinned {self.owner}"
+        elif self.owner is not None and self.buffer in CAPTURED_MEMORY:
+            # A watched program's bytes: the tensor is the place, its memory the detail.
+            place = f"{self.owner} ({self.buffer})"
         else:
             place = ("pinned buffer " if self.space == "host" else "") + self.buffer + (
                 f" page {self.page}" if self.page is not None else "")
-        notes = [self.owner] if self.owner and not pinned else []
+        notes = [self.owner] if self.owner and not pinned and \
+            self.buffer not in CAPTURED_MEMORY else []
         if self.reused:
-            freed = f" at step {self.freed_at}" if self.freed_at else ""
+            freed = "" if not self.freed_at else f" at {self.freed_at}" \
+                if is_site(self.freed_at) else f" at step {self.freed_at}"
             notes.append(f"{self.first_owner} gave it back{freed} and it was handed out again"
                          if self.first_owner != self.owner else
                          f"given back{freed} and handed out again")
@@ -598,10 +609,17 @@ class RaceDetector:
                 continue
             records = self._records.get(wait.event, [])
             covering = [r for r in records if r.clock.get(thread, 0) >= epoch]
-            if not covering:
-                continue
             waited = "synchronize" if second.stream == HOST else "wait"
             at = wait.step or f"op {wait.seq}"
+            if not covering:
+                used = wait.used
+                if used is not None and wait.done and used.stream == first.stream \
+                        and used.seq < first.seq:
+                    # Recorded on the right stream, but before the op it was meant to cover.
+                    return (f"the {waited} at {at} used event {wait.event}'s record at "
+                            f"{used.step or f'op {used.seq}'}, issued before {first.at}, so it "
+                            f"covers nothing of it: record event {wait.event} after {first.at}")
+                continue
             later = [r for r in covering if r.seq > wait.seq]
             if not wait.done:
                 return (f"the host's query of event {wait.event} at {at} saw it not ready, and "

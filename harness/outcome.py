@@ -13,8 +13,20 @@ from harness.rates import wilson
 
 def step_shape(step: object) -> object:
     """A step with its numbers taken out: request 1 and request 2 are the same place, and a
-    race found at both is one race."""
-    return re.sub(r"\d+", "N", step) if isinstance(step, str) else step
+    race found at both is one race. A watched program's step is its ``file.py:LINE``, a place
+    already: it stays as it is (two lines are two races)."""
+    if not isinstance(step, str) or is_site(step):
+        return step
+    return re.sub(r"\d+", "N", step)
+
+
+_SITE = re.compile(r".+\.py:\d+")
+
+
+def is_site(step: str) -> bool:
+    """Whether a step is a Python ``file.py:LINE`` (a watched program's op), not a scenario's
+    step id."""
+    return _SITE.fullmatch(step) is not None
 
 
 class Outcome(str, enum.Enum):

@@ -3,6 +3,7 @@
     pytest --gpurace scenarios/                    every scenario file under scenarios/
     pytest --gpurace scenarios/zoo --gpurace-dangerous --gpurace-trials 20
     pytest                                        files named *.gpurace.yaml, always
+    pytest --gpurace-watch tests/                  every test under capture (PyTorch, CuPy)
 
 A variant's expectation is the test: it passes when the variant did what it expects (stay
 clean, reproduce, hang), fails with the run's summary, the first finding and the incident
@@ -10,6 +11,11 @@ folders when it did not, and is skipped, with the reason, when it could not run 
 dangerous variant without ``--gpurace-dangerous``, no GPU for ``--gpurace-backend cuda``): what
 `gpurace run` says with exit 77. ``-k``, ``-x``, ``--junitxml`` work as for any test;
 ``-p no:gpurace`` turns the plugin off. Installed with gpurace (entry point ``pytest11``).
+
+``--gpurace-watch`` runs every test with `gpurace watch`'s capture on, in pytest's own process
+(a test marked ``@pytest.mark.gpurace_watch`` is watched without the option): a test whose
+PyTorch or CuPy work races fails, the finding as its failure text. Where neither PyTorch nor
+CuPy imports, the option says so once and the tests run unwatched.
 """
 
 from __future__ import annotations
@@ -46,6 +52,62 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "sees poison; a correct pool never shows it.")
     group.addoption("--gpurace-out", default="gpurace-reports",
                     help="Folder for the runs' reports (default: gpurace-reports).")
+    group.addoption("--gpurace-watch", action="store_true",
+                    help="Watch every test's PyTorch and CuPy stream work (as `gpurace "
+                         "watch`): a test whose work races fails with the finding.")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "gpurace_watch: watch this test's PyTorch and CuPy "
+                                       "stream work; a race fails it (as --gpurace-watch)")
+
+
+_WATCH: list[Any] = []  # the process's one InProcessWatch, made at the first watched test
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    wanted = item.config.getoption("gpurace_watch", False) or \
+        item.get_closest_marker("gpurace_watch") is not None
+    if not wanted:
+        yield
+        return
+    if not _WATCH:
+        from harness.capture.in_process import InProcessWatch
+        _WATCH.append(InProcessWatch())
+        if not _WATCH[0].active:
+            item.config.issue_config_time_warning(pytest.PytestWarning(
+                "--gpurace-watch: neither PyTorch nor CuPy imports here; tests run "
+                "unwatched"), stacklevel=2)
+    watch = _WATCH[0]
+    if not watch.active:
+        yield
+        return
+    watch.start()
+    outcome = yield
+    watched = watch.finish()
+    if watched.findings and outcome.excinfo is None:
+        outcome.force_exception(RaceFound(_races(watched.findings)))
+
+
+class RaceFound(AssertionError):
+    """A watched test's stream work raced; the message is each finding."""
+
+
+def _races(findings: list[dict[str, Any]]) -> str:
+    lines = [f"gpurace watch: {len(findings)} race(s) in this test's stream work"]
+    for f in findings:
+        lines.append(f"race: {f['missing']}")
+        for side in ("first", "second"):
+            op = f[side]
+            lines.append(f"  {side}: {op['stream']} {op['kind']} {op['access']} at "
+                         f"{op.get('step') or op.get('site') or 'op ' + str(op['seq'])}")
+    return "\n".join(lines)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _WATCH:
+        _WATCH.pop().close()
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:

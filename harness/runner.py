@@ -142,6 +142,7 @@ class RunResult:
     shards: list[dict[str, object]] = field(default_factory=list)  # a merged run's parts
     lanes: list[str] = field(default_factory=list)  # the GPUs (or simulated devices) it used
     retired: list[str] = field(default_factory=list)  # GPUs a fatal Xid took out of the run
+    watch: dict[str, object] = field(default_factory=dict)  # `gpurace watch`: the program
 
     @property
     def exit_code(self) -> ExitCode:
@@ -179,6 +180,7 @@ class RunResult:
             "lanes": self.lanes,
             "retired": self.retired,
             "results": [r.to_json() for r in self.results],
+            **({"watch": self.watch} if self.watch else {}),
         }
 
 

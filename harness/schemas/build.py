@@ -310,6 +310,16 @@ def run_schema() -> Schema:
             "interpreter_gap_us": {"type": "object", "additionalProperties": number(0)},
         }), "a sweep's race window: the rate at each delay, and each scenario's measured "
             "host time from the delay's launch to the racing op (window.csv, window.png)"),
+        "watch": described(closed({
+            "command": string(),
+            "runs": array(closed({
+                "index": integer(0), "status": nullable(integer(0)),
+                "signal": nullable(integer(1)), "timed_out": BOOLEAN,
+                "error": nullable(string()), "ops": integer(0), "records": integer(0),
+                "sources": {"type": "object", "additionalProperties": nullable(string())},
+                "events": string(), "trace": string(), "log": string()})),
+        }), "`gpurace watch`: the program's command, and how each run of it ended (its exit "
+            "status or signal, the ops captured, its events, op trace and output)"),
     }, required=["schema", "run_id", "folder", "interrupted", "backend", "device", "seed",
                  "poison", "wall_s", "exit_code", "stopped", "health", "watch_notes",
                  "version", "shard", "plan", "shards", "lanes", "retired", "results"])

@@ -1,0 +1,72 @@
+"""One watched run's analysis: capture events in, findings and an op trace out.
+
+The watching process feeds a run's events here as the program makes them (:meth:`feed`): the
+translator turns them into op records, which go to the race detector and, line by line, to the
+run's ``trace.jsonl``, the same op trace format a scenario's trial writes, so `gpurace check` on
+it finds what the online detector found.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from harness.capture.translate import Translator
+from harness.detector import Finding, RaceDetector
+from harness.traces.flight import op_line
+from harness.traces.optrace import TRACE_SCHEMA
+from kvcore.device.oplog import BufferInfo, OpRecord, StreamInfo
+
+
+class RunAnalysis:
+    """The detector and trace of one run of a watched program."""
+
+    def __init__(self, trace: Path | None, header: dict[str, Any]) -> None:
+        self.detector = RaceDetector(remember=False)  # one long trial: nothing to remember
+        self.translator = Translator(self._record, self._buffer, self._stream)
+        self.trace_path = trace
+        self._lines: list[str] = []
+        self._trace = None
+        if trace is not None:
+            self._trace = open(trace, "w", encoding="utf-8")  # noqa: SIM115
+            self._trace.write(json.dumps({"type": "header", "schema": TRACE_SCHEMA,
+                                          "level": "ops", **header},
+                                         separators=(",", ":")) + "\n")
+
+    def _record(self, record: OpRecord) -> None:
+        self.detector.observe(record)
+        if self._trace is not None:
+            self._lines.append(op_line(record))
+
+    def _buffer(self, info: BufferInfo) -> None:
+        self.detector.buffer(info.id, info.name, info.space, info.role, 0, info.nbytes)
+        self._lines.append(json.dumps({"type": "buffer", "id": info.id, "name": info.name,
+                                       "space": info.space, "nbytes": info.nbytes,
+                                       "role": info.role, "page_bytes": 0},
+                                      separators=(",", ":")))
+
+    def _stream(self, info: StreamInfo) -> None:
+        self.detector.stream(info.name, info.blocking, info.legacy)
+        self._lines.append(json.dumps({"type": "stream", "name": info.name,
+                                       "blocking": info.blocking, "legacy": info.legacy,
+                                       "priority": info.priority}, separators=(",", ":")))
+
+    def feed(self, events: list[list[Any]]) -> None:
+        """Translate and analyse ``events``; the trace gets their records."""
+        self.translator.feed(events)
+        self.detector.findings  # noqa: B018 - analyse now, while the program runs
+        if self._trace is not None and self._lines:
+            self._trace.write("\n".join(self._lines) + "\n")
+            self._trace.flush()
+        self._lines.clear()
+
+    @property
+    def findings(self) -> list[Finding]:
+        return self.detector.findings
+
+    def close(self) -> None:
+        self.translator.finish()
+        if self._trace is not None:
+            self._trace.close()
+            self._trace = None

@@ -1,0 +1,162 @@
+"""The watched process: switch the capture sources on, then run the user's program in it.
+
+Run by `gpurace watch` as ``python -m harness.capture.boot --events FILE --sources LIST --
+PROGRAM ARGS`` under the program's own interpreter (the one the user named, which has their
+PyTorch or CuPy). It imports nothing of gpurace but the capture vocabulary and the sources, so
+the program runs as it would alone: its ``__main__``, its ``sys.argv``, its output, its exit
+status. How it ended goes into the events file last (an uncaught exception's traceback
+included), and the process exits with the program's own status.
+
+Exit 77, without running the program, when no source asked for can be switched on (neither
+PyTorch nor CuPy imports in this interpreter); exit 2 when the program or module is not there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import runpy
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from harness.capture import events as E
+
+SOURCES = ("torch", "cupy")
+NOTHING_TO_CAPTURE = 77
+USAGE = 2
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m harness.capture.boot")
+    parser.add_argument("--events", required=True)
+    parser.add_argument("--sources", default="auto")
+    parser.add_argument("--module", action="store_true")
+    parser.add_argument("program")
+    parser.add_argument("args", nargs=argparse.REMAINDER)
+    return parser.parse_args(argv)
+
+
+def _available(name: str) -> str | None:
+    """The source's framework version, or None when it cannot be imported here."""
+    try:
+        source = importlib.import_module(f"harness.capture.{name}_source")
+    except ImportError:
+        return None
+    return source.available()
+
+
+def _install(name: str, sink: E.Sink) -> Callable[[], None]:
+    return importlib.import_module(f"harness.capture.{name}_source").install(sink)
+
+
+def _watch_forks(sink: E.Sink) -> None:
+    """A child the program forks inherits the sources and the events file: it must not write
+    to it (its events would tear the parent's lines), and the watch must say it is not seen."""
+    said: list[bool] = []
+
+    def before() -> None:
+        if not said:
+            said.append(True)
+            sink.emit(["note", f"the program forked a child process (pid {os.getpid()} "
+                               "forked): only the process gpurace started is watched; the "
+                               "children's CUDA work is not"])
+        sink.flush()
+
+    def in_child() -> None:
+        sink.closed = True  # never written again from this process
+
+    os.register_at_fork(before=before, after_in_child=in_child)
+    try:
+        import multiprocessing.process as mp
+    except ImportError:  # pragma: no cover - a Python without multiprocessing
+        return
+    start = mp.BaseProcess.start
+
+    def noted_start(self: Any) -> None:
+        sink.emit(["note", "the program started worker processes (multiprocessing): only the "
+                           "process gpurace started is watched; the workers' CUDA work is "
+                           "not"])
+        start(self)
+
+    mp.BaseProcess.start = noted_start  # type: ignore[method-assign]
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts = _parse(sys.argv[1:] if argv is None else argv)
+    sink = E.Sink.to_path(opts.events)
+    wanted = SOURCES if opts.sources == "auto" else tuple(
+        s for s in opts.sources.split(",") if s)
+    versions = {name: _available(name) for name in wanted}
+    found = {name: v for name, v in versions.items() if v is not None}
+    sink.emit(["hello", {"schema": E.CAPTURE_SCHEMA, "pid": os.getpid(),
+                         "argv": [opts.program, *opts.args], "cwd": os.getcwd(),
+                         "python": sys.version.split()[0], "executable": sys.executable,
+                         "sources": versions, "module": opts.module}])
+    if not found:
+        names = " nor ".join({"torch": "PyTorch (torch)", "cupy": "CuPy (cupy)"}[n]
+                             for n in wanted)
+        return _end(sink, NOTHING_TO_CAPTURE,
+                    f"{sys.executable} cannot import {names}: gpurace watch captures PyTorch "
+                    "and CuPy programs; install torch, or cupy-cuda13x (pip install "
+                    "'gpurace[cuda]'), into the interpreter the program runs with")
+    if opts.module:
+        try:
+            missing = importlib.util.find_spec(opts.program) is None
+        except (ImportError, ValueError):
+            missing = True
+        if missing:
+            return _end(sink, USAGE, f"no module named {opts.program!r} for {sys.executable}")
+    elif not os.path.isfile(opts.program):
+        return _end(sink, USAGE, f"{opts.program}: no such file")
+    uninstall = [_install(name, sink) for name in found]
+    _watch_forks(sink)
+    sys.argv = [opts.program, *opts.args]
+    status, error, tb = 0, None, None
+    try:
+        if opts.module:
+            runpy.run_module(opts.program, run_name="__main__", alter_sys=True)
+        else:
+            sys.path.insert(0, os.path.dirname(os.path.abspath(opts.program)))
+            runpy.run_path(opts.program, run_name="__main__")
+    except SystemExit as exc:
+        status = _exit_status(exc.code)
+    except BaseException as exc:  # the program's own failure, reported as it is
+        status, error = 1, f"{type(exc).__name__}: {exc}"
+        tb = traceback.format_exc()
+        traceback.print_exc()
+    finally:
+        for off in reversed(uninstall):
+            try:
+                off()
+            except Exception as exc:  # a source that cannot stop must not hide the exit
+                sink.emit(["note", f"a capture source failed to stop: {exc!r}"])
+    return _end(sink, status, error, tb)
+
+
+def _exit_status(code: object) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)  # what SystemExit("message") prints
+    return 1
+
+
+def _end(sink: E.Sink, status: int, error: str | None, tb: str | None = None) -> int:
+    sink.emit(["exit", {"status": status, "error": error, "traceback": tb}])
+    sink.close()
+    return status
+
+
+if __name__ == "__main__":
+    code = main()
+    import atexit
+    atexit._run_exitfuncs()  # the program's own exit handlers, as a normal exit runs them
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # os._exit: interpreter teardown after a dead CUDA context can hang or crash in library
+    # destructors; the program's status is what the watch reports.
+    os._exit(code)

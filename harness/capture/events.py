@@ -1,0 +1,127 @@
+"""The capture vocabulary: what a source inside the watched program says happened.
+
+A source (PyTorch's dispatch mode and trace callbacks, CuPy's hooks) reports each device-visible
+action as one *event*, a short JSON list whose first item names its type. The watched process
+appends events to a :class:`Sink`, which writes them to the capture file as JSON Lines, one event
+a line, in the order they happened on the host; the watching process reads that file as it grows
+(:func:`read_events`) and translates it (:mod:`harness.capture.translate`). The same files,
+recorded on a GPU and committed, are what the translator's tests replay where no GPU is.
+
+Memory is named by address, as the program's own allocator sees it: an access is
+``[space, address, nbytes]`` with ``space`` ``"d"`` (device memory) or ``"h"`` (pinned host
+memory, which a stream's copy reads or writes and the host touches directly). Streams are named
+by their ``cudaStream_t`` value (``0``: the legacy default stream, ``2``: the per-thread default
+stream); events by any number the source keeps unique while the event lives. ``site`` is the
+program's own ``file:line`` that made the call (never a library frame), or None.
+
+The events, field by field::
+
+    ["hello", {"schema", "pid", "argv", "cwd", "python", "sources": {name: version}}]
+    ["stream", sid, {"blocking", "legacy", "name", "site", "source"}]
+    ["alloc", space, address, nbytes, {"what", "name", "site", "stream", "source"}]
+        what: ``tensor float16[8, 64]``, ``array``...; name: the program's variable for it,
+        when its frame has one (a source may fill it in until the event is written out)
+    ["event", event, {"name", "site", "source"}] an event the program made
+    ["free", space, address, {"site", "streams", "source"}]
+        streams: the streams the block was recorded on (``record_stream``) beyond its own:
+        the allocator hands the bytes out again only once the work queued on them is done
+    ["op", sid, kind, reads, writes, {"site", "op", "thread", "source", "sync"}]
+        sid None: the host's own access (kind ``host_read`` / ``host_write``); a stream op's
+        kind is ``kernel:NAME``, ``copy_htod``/``copy_dtoh``/``copy_dtod``/``copy_htoh`` or
+        ``memset``; ``sync`` true: the host waited for the stream after issuing it (a
+        synchronous copy, ``.item()``)
+    ["record", event, sid, site]                 cudaEventRecord
+    ["wait", event, sid, site]                   cudaStreamWaitEvent
+    ["sync_event", event, site]                  cudaEventSynchronize
+    ["query", event, done, site]                 cudaEventQuery, and what it saw
+    ["sync_stream", sid, site]                   cudaStreamSynchronize
+    ["sync_device", site]                        cudaDeviceSynchronize
+    ["note", text]                               something the source could not see, in words
+    ["exit", {"status", "error", "traceback"}]   how the program ended, as its process saw it
+
+Every field is optional but the positional ones; a reader ignores keys it does not know, so a
+newer source's extra detail does not break an older gpurace.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, TextIO
+
+CAPTURE_SCHEMA = "gpurace.capture/1"
+DEVICE = "d"
+HOST = "h"
+LEGACY_STREAM = 0
+PER_THREAD_STREAM = 2
+
+FLUSH_EVENTS = 4096
+"""Events a sink holds before it writes them out, at most (it writes at every host wait too)."""
+
+
+class Sink:
+    """Where a source's events go: a buffer, written to the capture file in batches.
+
+    A batch is written whenever the host is about to wait on the device (a synchronize: the
+    moment a dead context or a hung kernel is found, and the process may never come back), when
+    the buffer holds :data:`FLUSH_EVENTS`, and at exit; so a program that dies loses at most the
+    events since its last wait. Appending is one list append: a source's cost per op stays in
+    the source, not here. Thread-safe: sources may fire from any of the program's threads."""
+
+    def __init__(self, out: TextIO) -> None:
+        self._out = out
+        self._events: list[list[Any]] = []
+        self._lock = threading.Lock()
+        self.closed = False
+
+    @classmethod
+    def to_path(cls, path: str | os.PathLike[str]) -> Sink:
+        return cls(open(path, "a", encoding="utf-8", buffering=1 << 16))  # noqa: SIM115
+
+    def emit(self, event: list[Any]) -> None:
+        events = self._events
+        events.append(event)
+        if len(events) >= FLUSH_EVENTS:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write what is held, and hand it to the operating system (not to the disk: the
+        watching process reads it, and a crashed program's file stays with the kernel)."""
+        with self._lock:
+            if self.closed:
+                return
+            events, self._events = self._events, []
+            if events:
+                self._out.write("".join(json.dumps(e, separators=(",", ":")) + "\n"
+                                        for e in events))
+            self._out.flush()
+
+    def close(self) -> None:
+        self.flush()
+        with self._lock:
+            if not self.closed:
+                self.closed = True
+                self._out.close()
+
+
+def read_events(path: Path, offset: int = 0) -> tuple[list[list[Any]], int]:
+    """The whole events of the capture file from byte ``offset`` on, and the offset after the
+    last whole line (a line still being written is left for the next read)."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        data = f.read()
+    end = data.rfind(b"\n") + 1
+    events = []
+    for line in data[:end].splitlines():
+        if line.strip():
+            events.append(json.loads(line))
+    return events, offset + end
+
+
+def iter_file(path: Path) -> Iterator[list[Any]]:
+    """Every event of a finished capture file (a torn last line is left out)."""
+    events, _ = read_events(path)
+    yield from events

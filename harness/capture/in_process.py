@@ -1,0 +1,80 @@
+"""Capture inside the current process, one piece of work at a time: the pytest plugin's watch.
+
+`gpurace watch` runs a program in a process of its own. A test suite is already a program: with
+``pytest --gpurace-watch`` (or a test marked ``gpurace_watch``), the sources are switched on in
+pytest's own process once, and each test's events are analysed on their own when it ends, so a
+test whose work races fails with the finding as its message. Memory made before the test (a
+fixture's tensors) is still memory; only who made it is unknown, and races with work of earlier
+tests are not looked for.
+"""
+
+from __future__ import annotations
+
+import importlib
+import io
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from harness.capture.analysis import RunAnalysis
+from harness.capture.events import Sink
+
+SOURCES = ("torch", "cupy")
+
+
+@dataclass(frozen=True)
+class Watched:
+    """What one piece of work did: its findings (as run.json has them) and the notes."""
+
+    findings: list[dict[str, Any]]
+    notes: list[str]
+    ops: int
+
+
+class InProcessWatch:
+    """The sources, switched on once for this process; :meth:`piece` brackets each test."""
+
+    def __init__(self) -> None:
+        self._buffer = io.StringIO()
+        self._sink = Sink(self._buffer)
+        self._stops: list[Callable[[], None]] = []
+        self.sources: dict[str, str] = {}
+        for name in SOURCES:
+            try:
+                source = importlib.import_module(f"harness.capture.{name}_source")
+            except ImportError:
+                continue
+            version = source.available()
+            if version is not None:
+                self.sources[name] = version
+                self._stops.append(source.install(self._sink))
+        self._taken = 0
+
+    @property
+    def active(self) -> bool:
+        return bool(self.sources)
+
+    def start(self) -> None:
+        """Forget what came before: the next piece's events start here."""
+        self._sink.flush()
+        self._taken = self._buffer.tell()
+
+    def finish(self) -> Watched:
+        """Analyse the events since :meth:`start`."""
+        import json
+
+        self._sink.flush()
+        text = self._buffer.getvalue()[self._taken:]
+        self._buffer.seek(0)
+        self._buffer.truncate()
+        self._taken = 0
+        analysis = RunAnalysis(None, {})
+        analysis.feed([json.loads(line) for line in text.splitlines() if line.strip()])
+        analysis.close()
+        return Watched([f.to_json() for f in analysis.findings], analysis.translator.notes,
+                       analysis.translator.ops)
+
+    def close(self) -> None:
+        for stop in reversed(self._stops):
+            stop()
+        self._stops.clear()

@@ -1,0 +1,99 @@
+"""Where in the program's own code a call came from: its ``file:line``, never a library frame.
+
+A finding names each side by the user's line (``serve.py:41``), as a traceback would: the first
+frame, walking out from the call, whose code is not PyTorch's, CuPy's, NumPy's, gpurace's own or
+the standard library's. Whether a code object is the program's is worked out once per code
+object, so the walk costs a few attribute reads a frame.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+import threading
+from types import CodeType, FrameType
+
+_HARNESS_ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "")
+LIBRARIES = frozenset({"torch", "cupy", "cupyx", "cupy_backends", "numpy", "triton", "cuda",
+                       "nvidia", "functorch", "fastrlock", "typing_extensions", "_pytest",
+                       "pytest", "pluggy"})
+"""Installed packages whose frames are never the program's: the frameworks a source hooks and
+what they call through. Any other installed package (an engine installed with pip) is."""
+_known: dict[CodeType, bool] = {}
+_stdlib: tuple[str, ...] = ()
+
+
+def _stdlib_roots() -> tuple[str, ...]:
+    global _stdlib
+    if not _stdlib:
+        paths = sysconfig.get_paths()
+        _stdlib = tuple(sorted({os.path.join(p, "") for p in (
+            paths.get("stdlib"), paths.get("platstdlib"), os.path.dirname(os.__file__)) if p}))
+    return _stdlib
+
+
+def is_program_code(code: CodeType) -> bool:
+    """Whether ``code`` is the program's: not gpurace's own, not the standard library's, not one
+    of the :data:`LIBRARIES`' and not frozen or generated code."""
+    known = _known.get(code)
+    if known is None:
+        known = _known[code] = _is_program_file(code.co_filename)
+    return known
+
+
+def _is_program_file(name: str) -> bool:
+    if name.startswith("<"):
+        return False
+    path = os.path.abspath(name)
+    if path.startswith(_HARNESS_ROOT):
+        return False
+    for marker in ("/site-packages/", "/dist-packages/"):
+        at = path.find(marker)
+        if at >= 0:
+            top = path[at + len(marker):].split("/", 1)[0]
+            return top.split(".")[0] not in LIBRARIES
+    return not path.startswith(_stdlib_roots())
+
+
+def program_frame(depth: int = 1) -> FrameType | None:
+    """The innermost frame of the program's own code above the caller's ``depth``-th frame."""
+    frame: FrameType | None = sys._getframe(depth + 1)
+    while frame is not None:
+        if is_program_code(frame.f_code):
+            return frame
+        frame = frame.f_back
+    return None
+
+
+def site_of(frame: FrameType | None) -> str | None:
+    """``file:line`` of a frame, the file relative to the current folder when under it."""
+    if frame is None:
+        return None
+    return f"{shown_path(frame.f_code.co_filename)}:{frame.f_lineno}"
+
+
+def program_site(depth: int = 1) -> str | None:
+    """The program's ``file:line`` that led to the caller's call (None: none of the program's
+    code is on the stack, as in a callback from a library's own thread)."""
+    return site_of(program_frame(depth + 1))
+
+
+_shown: dict[str, str] = {}
+
+
+def shown_path(path: str) -> str:
+    shown = _shown.get(path)
+    if shown is None:
+        try:
+            rel = os.path.relpath(path)
+            shown = path if rel.startswith("..") else rel
+        except ValueError:
+            shown = path
+        _shown[path] = shown
+    return shown
+
+
+def thread_name() -> str:
+    """The host thread's name (MainThread for most programs)."""
+    return threading.current_thread().name

@@ -1,0 +1,311 @@
+"""From a watched program's capture events to the op records the detector and traces read.
+
+A program names memory by address; the op log names it by buffer and offset. The translator
+cuts each memory space into fixed windows of :data:`WINDOW` bytes, one op-log buffer a window,
+so a byte keeps one name for the whole run: a block the caching allocator gives back and hands
+out again is the same bytes, with the old owner's history (an in-flight read of the old owner
+still conflicts with the new owner's write, which is what a missing ``record_stream`` breaks).
+Owners are the program's tensors and arrays, named as it made them.
+
+The allocator's deferred reuse is said in edges, as it happens: when a block recorded on other
+streams (``record_stream``) is freed, the allocator records an event on each of them, and hands
+the bytes out again only once those events completed, which it found by querying them. So the
+free becomes an event record on each recorded stream, and the next allocation over those bytes
+a host wait on each, before the new owner exists.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.capture import events as E
+from harness.detector import DEVICE_MEMORY, PINNED_MEMORY
+from kvcore.device.oplog import HOST, Access, BufferInfo, OpRecord, StreamInfo
+
+WINDOW = 1 << 32
+"""Bytes of one op-log buffer of a captured memory space (a program's allocations are placed
+by its allocator anywhere in a 48-bit address space; a window is the unit the op log names)."""
+
+_SPACE = {E.DEVICE: "device", E.HOST: "host"}
+_IDENT = re.compile(r"[^A-Za-z0-9_]")
+
+
+def kernel_kind(name: str) -> str:
+    """The op-log kind of a kernel: ``kernel:`` and the name as an identifier."""
+    ident = _IDENT.sub("_", name) or "kernel"
+    return "kernel:" + (ident if not ident[0].isdigit() else "_" + ident)
+
+
+@dataclass
+class _Alloc:
+    space: str
+    lo: int
+    hi: int
+    name: str
+    pending: list[str] = field(default_factory=list)  # events a reuse must wait for
+
+
+class Translator:
+    """Turns capture events into op records, in order, for ``emit``; announces each buffer
+    (window) and stream to ``buffer``/``stream`` before the first record that names it.
+
+    ``notes`` collects what the sources said they could not see, and what the translator
+    could not place (a free of memory never seen allocated is dropped, and counted)."""
+
+    def __init__(self, emit: Callable[[OpRecord], None],
+                 buffer: Callable[[BufferInfo], None],
+                 stream: Callable[[StreamInfo], None]) -> None:
+        self._emit = emit
+        self._announce_buffer = buffer
+        self._announce_stream = stream
+        self.seq = 0
+        self.hello: dict[str, Any] = {}
+        self.exit: dict[str, Any] | None = None
+        self.notes: list[str] = []
+        self.ops = 0  # stream and host accesses translated (not allocations, not edges)
+        self._buffers: dict[tuple[str, int], int] = {}
+        self._streams: dict[int, str] = {}
+        self._stream_names: set[str] = set()
+        self._events: dict[Any, str] = {}
+        self._event_names: set[str] = set()
+        # Live allocations per space, sorted by start address.
+        self._live: dict[str, list[_Alloc]] = {E.DEVICE: [], E.HOST: []}
+        # Bytes given back with events to wait for before they are handed out again.
+        self._deferred: list[_Alloc] = []
+        self._unknown_frees = 0
+        self._handlers: dict[str, Callable[..., None]] = {
+            "hello": self._hello, "stream": self._stream, "alloc": self._alloc,
+            "free": self._free, "op": self._op, "event": self._event, "record": self._record,
+            "wait": self._wait, "sync_event": self._sync_event, "query": self._query,
+            "sync_stream": self._sync_stream, "sync_device": self._sync_device,
+            "note": self._note, "exit": self._exit,
+        }
+
+    # ---- the events --------------------------------------------------------------------------
+    def feed(self, events: Iterable[list[Any]]) -> None:
+        for event in events:
+            handler = self._handlers.get(event[0]) if event else None
+            if handler is not None:  # an event of a newer source: not ours to read
+                handler(*event[1:])
+
+    def _hello(self, info: dict[str, Any]) -> None:
+        self.hello = dict(info)
+
+    def _note(self, text: str) -> None:
+        if text not in self.notes:
+            self.notes.append(str(text))
+
+    def _exit(self, info: dict[str, Any]) -> None:
+        self.exit = dict(info)
+
+    def _stream(self, sid: int, meta: dict[str, Any] | None = None) -> None:
+        meta = meta or {}
+        if sid in self._streams:
+            return
+        legacy = bool(meta.get("legacy", sid == E.LEGACY_STREAM))
+        blocking = bool(meta.get("blocking", sid == E.PER_THREAD_STREAM))
+        base = meta.get("name") or _stream_name(sid, legacy, meta.get("site"))
+        name, n = base, 1
+        while name in self._stream_names or name == HOST:
+            n += 1
+            name = f"{base} #{n}"
+        self._stream_names.add(name)
+        self._streams[sid] = name
+        self._announce_stream(StreamInfo(name, blocking=blocking and not legacy, legacy=legacy,
+                                         priority=int(meta.get("priority", 0))))
+
+    def _stream_of(self, sid: int) -> str:
+        if sid not in self._streams:
+            self._stream(sid)
+        return self._streams[sid]
+
+    def _event(self, eid: Any, meta: dict[str, Any] | None = None) -> None:
+        meta = meta or {}
+        # Said as "event NAME" by the findings: "event made at serve.py:9", "event #2".
+        base = meta.get("name") or (f"made at {meta['site']}" if meta.get("site")
+                                    else f"#{len(self._events) + 1}")
+        name, n = base, 1
+        while name in self._event_names:
+            n += 1
+            name = f"{base} #{n}"
+        self._event_names.add(name)
+        self._events[eid] = name
+
+    def _event_of(self, eid: Any) -> str:
+        if eid not in self._events:
+            self._event(eid)
+        return self._events[eid]
+
+    # ---- memory ------------------------------------------------------------------------------
+    def _accesses(self, spans: Iterable[list[Any]]) -> tuple[Access, ...]:
+        out: list[Access] = []
+        for span in spans or ():
+            space, addr, nbytes = span[0], int(span[1]), int(span[2])
+            if nbytes <= 0 or space not in _SPACE:
+                continue
+            while nbytes > 0:  # a span across a window's end is one access in each
+                window, offset = divmod(addr, WINDOW)
+                length = min(nbytes, WINDOW - offset)
+                out.append(Access(self._buffer(space, window), offset, length))
+                addr += length
+                nbytes -= length
+        return tuple(out)
+
+    def _buffer(self, space: str, window: int) -> int:
+        key = (space, window)
+        buf = self._buffers.get(key)
+        if buf is None:
+            buf = self._buffers[key] = len(self._buffers) + 1
+            where = DEVICE_MEMORY if space == E.DEVICE else PINNED_MEMORY
+            self._announce_buffer(BufferInfo(buf, where, _SPACE[space], WINDOW))
+        return buf
+
+    def _alloc(self, space: str, addr: int, nbytes: int,
+               meta: dict[str, Any] | None = None) -> None:
+        meta = meta or {}
+        addr, nbytes = int(addr), int(nbytes)
+        if space not in _SPACE or nbytes <= 0:
+            return
+        lo, hi = addr, addr + nbytes
+        # The allocator hands out bytes given back under recorded streams only once their
+        # events completed: it queried them, and the host is ordered after them from here.
+        for gone in [d for d in self._deferred if d.space == space and d.lo < hi and lo < d.hi]:
+            self._deferred.remove(gone)
+            for event in gone.pending:
+                self._record_op(HOST, "sync_event", waits=event, step=meta.get("site"),
+                                detail={"site": meta.get("site"),
+                                        "why": "the allocator waited for the streams the "
+                                               "block was recorded on before reusing it"})
+        live = self._live[space]
+        i = bisect.bisect_left(live, lo, key=_lo)
+        # An allocation over bytes still held replaces their owner (a pool's block carved
+        # anew, or a free the sources did not see).
+        while i > 0 and live[i - 1].hi > lo:
+            i -= 1
+        while i < len(live) and live[i].lo < hi:
+            del live[i]
+        name = _owner_name(meta)
+        live.insert(i, _Alloc(space, lo, hi, name))
+        for access in self._accesses([[space, lo, nbytes]]):
+            self._record_op(HOST, "alloc", step=meta.get("site"),
+                            detail={"range": [access.buffer, access.offset, access.length],
+                                    "name": name, "site": meta.get("site")})
+
+    def _free(self, space: str, addr: int, meta: dict[str, Any] | None = None) -> None:
+        meta = meta or {}
+        addr = int(addr)
+        live = self._live.get(space, [])
+        i = bisect.bisect_left(live, addr, key=_lo)
+        if i >= len(live) or live[i].lo != addr:
+            self._unknown_frees += 1  # memory the sources never saw handed out
+            return
+        gone = live.pop(i)
+        site = meta.get("site")
+        for sid in meta.get("streams") or ():
+            # record_stream: the allocator records an event on each stream that used the
+            # block, and reuses the bytes once they all completed.
+            event = f"of the allocator for {gone.name} on {self._stream_of(sid)}"
+            self._record_op(self._stream_of(sid), "event_record", records=event, step=site,
+                            detail={"site": site})
+            gone.pending.append(event)
+        if gone.pending:
+            self._deferred.append(gone)
+        for access in self._accesses([[space, gone.lo, gone.hi - gone.lo]]):
+            self._record_op(HOST, "free", step=site,
+                            detail={"range": [access.buffer, access.offset, access.length],
+                                    "name": gone.name, "site": site})
+
+    # ---- ops and edges -----------------------------------------------------------------------
+    def _op(self, sid: int | None, kind: str, reads: list[list[Any]], writes: list[list[Any]],
+            meta: dict[str, Any] | None = None) -> None:
+        meta = meta or {}
+        site = meta.get("site")
+        detail = {"site": site}
+        for key in ("op", "thread", "source", "tensors"):
+            if meta.get(key) is not None:
+                detail[key] = meta[key]
+        if sid is None:
+            kind = kind if kind in ("host_read", "host_write") else (
+                "host_write" if writes else "host_read")
+            stream = HOST
+        else:
+            stream = self._stream_of(sid)
+            if not (kind.startswith("copy") or kind == "memset"
+                    or kind.startswith("kernel:")):
+                kind = kernel_kind(kind)
+        self.ops += 1
+        self._record_op(stream, kind, reads=self._accesses(reads),
+                        writes=self._accesses(writes), step=site, detail=detail)
+        if sid is not None and meta.get("sync"):
+            self._record_op(HOST, "sync_stream", syncs=stream, step=site, detail={"site": site})
+
+    def _record(self, eid: Any, sid: int, site: str | None = None) -> None:
+        self._record_op(self._stream_of(sid), "event_record", records=self._event_of(eid),
+                        step=site, detail={"site": site})
+
+    def _wait(self, eid: Any, sid: int, site: str | None = None) -> None:
+        self._record_op(self._stream_of(sid), "event_wait", waits=self._event_of(eid),
+                        step=site, detail={"site": site})
+
+    def _sync_event(self, eid: Any, site: str | None = None) -> None:
+        self._record_op(HOST, "sync_event", waits=self._event_of(eid), step=site,
+                        detail={"site": site})
+
+    def _query(self, eid: Any, done: bool, site: str | None = None) -> None:
+        self._record_op(HOST, "event_query", waits=self._event_of(eid), step=site,
+                        detail={"site": site, "done": bool(done)})
+
+    def _sync_stream(self, sid: int, site: str | None = None) -> None:
+        self._record_op(HOST, "sync_stream", syncs=self._stream_of(sid), step=site,
+                        detail={"site": site})
+
+    def _sync_device(self, site: str | None = None) -> None:
+        self._record_op(HOST, "sync_device", step=site, detail={"site": site})
+
+    def _record_op(self, stream: str, kind: str, *, reads: tuple[Access, ...] = (),
+                   writes: tuple[Access, ...] = (), records: str | None = None,
+                   waits: str | None = None, syncs: str | None = None,
+                   step: str | None = None, detail: dict[str, Any] | None = None) -> None:
+        self.seq += 1
+        self._emit(OpRecord(self.seq, stream, kind, reads, writes, records, waits, syncs,
+                            step, None, None, None,
+                            {k: v for k, v in (detail or {}).items() if v is not None}))
+
+    def finish(self) -> None:
+        """The run ended: say what could not be placed."""
+        if self._unknown_frees:
+            self._note(f"{self._unknown_frees} frees of memory no source saw handed out (a "
+                       "library's own workspace, or memory made before capture began) were "
+                       "left out")
+
+    def owner_at(self, space: str, addr: int) -> str | None:
+        """Who holds byte ``addr`` of ``space`` now (for tests and notes)."""
+        live = self._live.get(space, [])
+        i = bisect.bisect_right(live, addr, key=_lo) - 1
+        return live[i].name if i >= 0 and live[i].lo <= addr < live[i].hi else None
+
+
+def _lo(alloc: _Alloc) -> int:
+    return alloc.lo
+
+
+def _stream_name(sid: int, legacy: bool, site: str | None) -> str:
+    if legacy:
+        return "the legacy default stream"
+    if sid == E.PER_THREAD_STREAM:
+        return "the per-thread default stream"
+    return f"stream made at {site}" if site else f"stream {sid:#x}"
+
+
+def _owner_name(meta: dict[str, Any]) -> str:
+    """``tensor kv float16[8, 64] made at serve.py:12``, with what the source knew of it."""
+    what = str(meta.get("what") or "memory")
+    head, _, shape = what.partition(" ")
+    name = meta.get("name")
+    words = [head] + ([str(name)] if name else []) + ([shape] if shape else [])
+    site = meta.get("site")
+    return " ".join(words) + (f" made at {site}" if site else "")

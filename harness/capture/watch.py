@@ -1,0 +1,428 @@
+"""`gpurace watch`: run the user's program with capture on, and judge it as a run.
+
+The engine knows nothing of the CLI. :func:`watch` runs the program ``runs`` times, each in a
+process of its own (:mod:`harness.capture.boot`, under the program's own interpreter), reads the
+capture events as they come, feeds the race detector while the program runs, and ends each run
+with a trial result: ``clean``, ``crash`` (the program raised, exited non-zero, or died of a
+signal; ``cuda_error`` says when a CUDA error was why) or ``hang`` (it outlived ``--timeout``
+and was killed), with the races the detector found. The runs are one variant of a run document
+(``gpurace.run/1``: scenario = the program, variant ``watched``, expecting ``clean``), so the run
+folder, run.json, the exit codes and incident folders are the ones `gpurace run` writes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from harness.capture.analysis import RunAnalysis
+from harness.capture.events import read_events
+from harness.errors import HarnessError, TraceError
+from harness.incidents import LAST_OPS
+from harness.outcome import Outcome, TrialResult, VariantResult
+from harness.outputs import RunFolder
+from harness.runner import VERSION, RunHooks, RunResult
+from harness.traces.optrace import load_trace
+from reports import write_incident
+
+POLL_S = 0.1
+"""How often the watch reads the events the program wrote since it last looked."""
+PROGRESS_S = float(os.environ.get("GPURACE_PROGRESS_S", "30"))
+"""Seconds between progress lines while one run of the program goes on (as `gpurace run`)."""
+KILL_GRACE_S = 5.0
+"""Seconds a program past its timeout has to end after SIGTERM before it is killed."""
+_HARNESS_PARENT = Path(__file__).resolve().parent.parent.parent
+_CUDA_ERROR = re.compile(r"(CUDA error[^\n]*|CUDA_ERROR_[A-Z_]+[^\n]*|cudaError[A-Za-z]*[^\n]*|"
+                         r"AcceleratorError[^\n]*)")
+
+
+class WatchError(HarnessError):
+    """`gpurace watch` cannot run what it was given: no program after ``--``, a program file
+    that does not exist, or a command that is not a Python program.
+
+    Give the program as you would run it: ``gpurace watch -- python serve.py --port 1``, or
+    ``gpurace watch -- python -m mypkg.serve``."""
+
+    exit_code = 2
+
+
+class NothingToCapture(HarnessError):
+    """The program's interpreter imports neither PyTorch nor CuPy, so there is nothing to
+    capture: install torch or cupy-cuda13x into the interpreter the program runs with."""
+
+    exit_code = 77
+
+
+class CaptureFailed(HarnessError):
+    """gpurace's capture could not start inside the program's interpreter (it could not import
+    gpurace's capture package, or a source failed as it was switched on): a gpurace bug or an
+    interpreter gpurace does not support (it needs Python 3.10 or newer). The message quotes
+    the interpreter's last words; report it with them."""
+
+    exit_code = 3
+
+
+@dataclass(frozen=True)
+class Program:
+    """What to run: the interpreter, and a script or a module with its arguments."""
+
+    python: str
+    target: str
+    args: tuple[str, ...]
+    module: bool = False
+    flags: tuple[str, ...] = ()  # the interpreter's own (python -X dev -u prog.py)
+
+    @property
+    def name(self) -> str:
+        stem = self.target if self.module else Path(self.target).stem
+        name = re.sub(r"[^A-Za-z0-9_.-]", "-", stem)[:64].strip("-.") or "program"
+        return name if name[0].isalnum() else "p" + name[:63]
+
+    @property
+    def argv(self) -> list[str]:
+        return [self.python, *self.flags, *(["-m"] if self.module else []), self.target,
+                *self.args]
+
+
+def parse_command(command: Sequence[str]) -> Program:
+    """The program in ``command`` (what follows ``--``): ``python PROG.py ARGS``, ``python -m
+    MODULE ARGS``, or ``PROG.py ARGS`` run with this interpreter."""
+    if not command:
+        raise WatchError("no program to watch: give it after --, as in `gpurace watch -- "
+                         "python serve.py`")
+    words = list(command)
+    python = sys.executable
+    flags: list[str] = []
+    if _is_python(words[0]):
+        python = words.pop(0)
+        while words and words[0].startswith("-") and words[0] != "-m":
+            flag = words.pop(0)
+            if flag == "-c":
+                raise WatchError("python -c is not watched: put the code in a file, and "
+                                 "watch `python FILE.py`")
+            flags.append(flag)
+            if flag in ("-X", "-W") and words:  # the flags that take a word after them
+                flags.append(words.pop(0))
+    if not words:
+        raise WatchError(f"{shlex.join(command)}: no program after the interpreter; give a "
+                         "script (python serve.py) or a module (python -m pkg.serve)")
+    if words[0] == "-m":
+        if len(words) < 2:
+            raise WatchError("python -m needs a module name, as in `python -m pkg.serve`")
+        return Program(python, words[1], tuple(words[2:]), module=True, flags=tuple(flags))
+    target = words[0]
+    if not target.endswith(".py") and not Path(target).is_file():
+        raise WatchError(f"{target}: not a Python program; gpurace watch runs Python "
+                         "programs that use PyTorch or CuPy (`gpurace watch -- python "
+                         "serve.py`)")
+    if not Path(target).is_file():
+        raise WatchError(f"{target}: no such file")
+    return Program(python, target, tuple(words[1:]), flags=tuple(flags))
+
+
+def _is_python(word: str) -> bool:
+    return re.fullmatch(r"python(\d+(\.\d+)?)?", Path(word).name) is not None or \
+        os.path.realpath(word) == os.path.realpath(sys.executable)
+
+
+@dataclass(frozen=True)
+class WatchOptions:
+    program: Program
+    runs: int = 1
+    timeout_s: float = 600.0
+    out_dir: Path = Path("gpurace-reports")
+    sources: str = "auto"
+    max_incidents: int = 3
+    quiet_program: bool = False  # the program's stdout goes to our stderr (--format json)
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ProgramEnd:
+    """How one run of the program ended, as the watch saw it."""
+
+    status: int | None  # exit status; None: killed by the watch
+    signal: int | None
+    error: str | None
+    traceback: str | None
+    timed_out: bool
+    duration_s: float
+    stderr_tail: str
+
+
+def watch(options: WatchOptions, hooks: RunHooks | None = None) -> RunResult:
+    """Run the program ``options.runs`` times under capture; the run's result, its folder
+    written (run.json is the caller's, as for `gpurace run`)."""
+    hooks = hooks or RunHooks()
+    program = options.program
+    start = time.monotonic()
+    folder = RunFolder.create(options.out_dir)
+    variant = VariantResult(scenario=program.name, variant="watched", expect="clean",
+                            path=program.target, dangerous=False, amplified=False,
+                            delay_us=None)
+    result = RunResult(backend="cuda", device={"backend": "cuda"}, seed=0, folder=str(folder.path),
+                       run_id=folder.run_id)
+    hooks.variant_started(variant, options.runs)
+    notes: list[str] = []
+    runs: list[dict[str, Any]] = []
+    for index in range(options.runs):
+        trial, info = _one_run(options, folder.path, index, hooks)
+        if info.get("nothing_to_capture"):
+            raise NothingToCapture(info["error"])
+        if info.get("usage"):
+            raise WatchError(info["error"])
+        variant.add(trial)
+        for note in info["notes"]:
+            if note not in notes:
+                notes.append(note)
+                hooks.note(note)
+        runs.append(info["run"])
+        if (trial.outcome.manifested or trial.race) and \
+                len(variant.reports) < options.max_incidents:
+            variant.reports.append(str(_incident(folder.path, options, trial, info)))
+        hooks.trial_finished(variant, trial)
+    variant.judge()
+    hooks.variant_finished(variant)
+    result.results.append(variant)
+    result.watch_notes = notes
+    result.wall_s = time.monotonic() - start
+    result.plan = {"digest": "0" * 64, "version": VERSION, "backend": "cuda", "seed": 0,
+                   "sources": {}}
+    result.watch = {"command": shlex.join(program.argv), "runs": runs}
+    return result
+
+
+def _one_run(options: WatchOptions, folder: Path, index: int, hooks: RunHooks
+             ) -> tuple[TrialResult, dict[str, Any]]:
+    program = options.program
+    work = folder / "watch" / f"run-{index + 1:03d}"
+    work.mkdir(parents=True, exist_ok=True)
+    events_path = work / "events.jsonl"
+    events_path.touch()
+    trace_path = work / "trace.jsonl"
+    analysis = RunAnalysis(trace_path, {"scenario": program.name, "path": program.target,
+                                        "variant": "watched", "backend": "cuda",
+                                        "trial": index, "seed": 0})
+    end = _run_program(options, events_path, work, analysis, index, hooks)
+    analysis.close()
+    translator = analysis.translator
+    findings = [f.to_json() for f in analysis.findings]
+    exit_info = translator.exit or {}
+    if end.status == 77 and exit_info.get("status") == 77:
+        return _nothing(exit_info, nothing_to_capture=True)
+    if end.status == 2 and exit_info.get("status") == 2 and exit_info.get("error"):
+        return _nothing(exit_info, usage=True)
+    outcome, detail, cuda_error = _judge(end, exit_info)
+    trial = TrialResult(index=index, seed=0, outcome=outcome, detail=detail,
+                        cuda_error=cuda_error, duration_s=end.duration_s,
+                        race=bool(findings), worker_pid=translator.hello.get("pid"),
+                        trace=str(trace_path), ops_total=translator.seq,
+                        findings=findings)
+    if not translator.hello and not end.timed_out:
+        raise CaptureFailed(f"{program.python}: capture did not start in the program's "
+                            f"interpreter (exit {end.status}): "
+                            + (end.stderr_tail.strip().splitlines() or ["no output"])[-1])
+    notes = list(translator.notes)
+    run = {"index": index, "status": end.status, "signal": end.signal,
+           "timed_out": end.timed_out, "error": end.error, "ops": translator.ops,
+           "records": translator.seq, "sources": translator.hello.get("sources", {}),
+           "events": str(events_path), "trace": str(trace_path),
+           "log": str(work / "program.log")}
+    return trial, {"notes": notes, "run": run, "end": end, "work": work,
+                   "exit": exit_info}
+
+
+def _nothing(exit_info: dict[str, Any], **flags: bool) -> tuple[TrialResult, dict[str, Any]]:
+    return TrialResult(index=0, seed=0, outcome=Outcome.CLEAN), {
+        "error": exit_info.get("error"), **flags}
+
+
+def _judge(end: ProgramEnd, exit_info: dict[str, Any]) -> tuple[Outcome, str, str | None]:
+    """The run's outcome, in words, and the CUDA error that ended it, if one did."""
+    text = "\n".join(x for x in (exit_info.get("traceback"), exit_info.get("error"),
+                                 end.stderr_tail) if x)
+    match = _CUDA_ERROR.search(text)
+    cuda_error = match.group(1).strip()[:500] if match else None
+    if end.timed_out:
+        return Outcome.HANG, f"the program ran past --timeout {end.duration_s:.0f} s and " \
+                             "was killed", cuda_error
+    if end.signal is not None:
+        name = signal.Signals(end.signal).name if end.signal in \
+            signal.Signals._value2member_map_ else str(end.signal)
+        return Outcome.CRASH, f"the program died of {name}", cuda_error
+    if end.status:
+        error = exit_info.get("error") or (end.error or "")
+        why = f": {error}" if error else ""
+        return Outcome.CRASH, f"the program exited with status {end.status}{why}"[:2000], \
+            cuda_error
+    return Outcome.CLEAN, "", None
+
+
+def _run_program(options: WatchOptions, events: Path, work: Path, analysis: RunAnalysis,
+                 index: int, hooks: RunHooks) -> ProgramEnd:
+    """Run the program once under the boot, feeding ``analysis`` as its events come."""
+    program = options.program
+    argv = [program.python, *program.flags, "-m", "harness.capture.boot", "--events",
+            str(events),
+            "--sources", options.sources, *(["--module"] if program.module else []),
+            "--", program.target, *program.args]
+    env = dict(os.environ)
+    env.update(options.env)
+    # The program's interpreter finds gpurace's capture package where this one has it,
+    # without the rest of this environment's packages.
+    shim = _shim()
+    env["PYTHONPATH"] = os.pathsep.join([str(shim), *filter(None, [env.get("PYTHONPATH")])])
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    log = open(work / "program.log", "wb")  # noqa: SIM115
+    started = time.monotonic()
+    try:
+        # Its own session: a timeout ends the program and whatever it started, and a Ctrl-C
+        # reaches it through us. Its input is ours, as if it ran alone.
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                env=env, start_new_session=True)
+    except OSError as exc:
+        log.close()
+        raise WatchError(f"{program.python}: cannot start it ({exc.strerror or exc})") \
+            from None
+    tail: list[bytes] = []
+    out_stream = sys.stderr.buffer if options.quiet_program else sys.stdout.buffer
+    pumps = [threading.Thread(target=_pump, args=(proc.stdout, out_stream, log, None),
+                              daemon=True),
+             threading.Thread(target=_pump, args=(proc.stderr, sys.stderr.buffer, log, tail),
+                              daemon=True)]
+    for pump in pumps:
+        pump.start()
+    offset = 0
+    timed_out = False
+    said = started
+    try:
+        while True:
+            try:
+                proc.wait(timeout=POLL_S)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            batch, offset = read_events(events, offset)
+            if batch:
+                analysis.feed(batch)
+            now = time.monotonic()
+            if now - said >= PROGRESS_S:
+                said = now
+                hooks.note(f"run {index + 1}: {now - started:.0f} s, "
+                           f"{analysis.translator.ops} ops captured, "
+                           f"{len(analysis.detector.findings_now)} race(s) so far")
+            if now - started > options.timeout_s:
+                timed_out = True
+                _stop(proc)
+                break
+    except BaseException:
+        _stop(proc)
+        raise
+    finally:
+        for pump in pumps:
+            pump.join(timeout=2.0)
+        log.close()
+    duration = time.monotonic() - started
+    batch, offset = read_events(events, offset)
+    if batch:
+        analysis.feed(batch)
+    code = proc.returncode
+    status = None if code is None or code < 0 else code
+    sig = -code if code is not None and code < 0 else None
+    if timed_out:
+        status, sig = None, None
+    exit_info = analysis.translator.exit or {}
+    return ProgramEnd(status, sig, exit_info.get("error"), exit_info.get("traceback"),
+                      timed_out, duration, b"".join(tail).decode("utf-8", "replace")[-4000:])
+
+
+def _pump(src: IO[bytes], dst: IO[bytes], log: IO[bytes], tail: list[bytes] | None) -> None:
+    """Copy the program's output to ours and to its log, as it comes."""
+    for chunk in iter(lambda: src.read1(65536), b""):  # type: ignore[attr-defined]
+        try:
+            dst.write(chunk)
+            dst.flush()
+        except (OSError, ValueError):
+            pass  # our own output closed: the log still gets it
+        log.write(chunk)
+        if tail is not None:
+            tail.append(chunk)
+            while len(tail) > 64:
+                del tail[0]
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """End the program's whole process group: SIGTERM, then SIGKILL after a grace."""
+    for sig, wait in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+_SHIM: list[Path] = []
+
+
+def _shim() -> Path:
+    """A folder that holds only a link to gpurace's ``harness`` package: on the program's
+    PYTHONPATH, it lets the program's interpreter import the capture without the rest of the
+    environment gpurace was installed into."""
+    if not _SHIM:
+        shim = Path(tempfile.mkdtemp(prefix="gpurace-watch-"))
+        (shim / "harness").symlink_to(_HARNESS_PARENT / "harness", target_is_directory=True)
+        _SHIM.append(shim)
+    return _SHIM[0]
+
+
+def _incident(folder: Path, options: WatchOptions, trial: TrialResult,
+              info: dict[str, Any]) -> Path:
+    """The incident folder of a run that raced or ended badly."""
+    program = options.program
+    end: ProgramEnd = info["end"]
+    last_ops: list[dict[str, Any]] = []
+    trace = Path(trial.trace) if trial.trace else None
+    if trace is not None:
+        try:
+            ops = load_trace(trace).ops
+            last_ops = [{k: v for k, v in op.items() if k != "type"} for op in ops[-LAST_OPS:]]
+        except TraceError:
+            last_ops = []  # over the trace reader's bounds: the report stands without them
+    argv = ["gpurace", "watch", "--", *program.argv]
+    report = {
+        "schema": "gpurace.report/1",
+        "scenario": {"name": program.name, "path": program.target,
+                     "description": f"the program {shlex.join(program.argv)}, watched",
+                     "dangerous": False},
+        "variant": {"name": "watched", "defects": {}, "expect": "clean"},
+        "trial": {"index": trial.index, "seed": 0, "duration_s": round(trial.duration_s, 4),
+                  "worker_pid": trial.worker_pid},
+        "run_seed": 0, "backend": "cuda", "device": {"backend": "cuda"}, "health": {},
+        "outcome": trial.outcome.value, "detail": trial.detail,
+        "cuda_error": trial.cuda_error, "step": None, "request": None, "xids": [],
+        "xid_note": "", "kernel_log": [], "device_log": end.traceback or "",
+        "amplification": None, "findings": trial.findings, "last_ops": last_ops,
+        "ops_total": trial.ops_total, "trace": "trace.jsonl",
+        "reproduce": {"command": shlex.join(argv), "argv": argv},
+    }
+    extra = {"program.log": Path(info["run"]["log"]).read_text(errors="replace")[-200_000:]}
+    if end.traceback:
+        extra["traceback.txt"] = end.traceback
+    if info["notes"]:
+        extra["notes.txt"] = "\n".join(info["notes"]) + "\n"
+    return write_incident(folder, report, trace, extra)

@@ -1,0 +1,274 @@
+"""The capture translator and the detector on capture event sequences, without a GPU.
+
+Each sequence is what a source says a program did (harness.capture.events); these are written
+by hand to pin one CUDA rule each. The sequences recorded from the real programs on a GPU are
+replayed in test_capture_recorded.py.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.capture.analysis import RunAnalysis
+from harness.capture.events import Sink, read_events
+from harness.capture.translate import WINDOW, Translator
+from harness.detector import check_trace
+from harness.traces.optrace import load_trace
+
+ROOT = Path(__file__).resolve().parent.parent
+BASE = 0x7F00_0000_0000
+PINNED = 0x5500_0000_0000
+S1, S2 = 0x11, 0x22
+
+
+def _streams(*, blocking: bool = False) -> list[list]:
+    return [["stream", S1, {"blocking": blocking, "legacy": False, "name": "s1"}],
+            ["stream", S2, {"blocking": blocking, "legacy": False, "name": "s2"}]]
+
+
+def _alloc(addr: int, n: int, name: str, space: str = "d") -> list:
+    return ["alloc", space, addr, n, {"what": f"tensor float32[{n // 4}]", "name": name,
+                                      "site": "prog.py:3"}]
+
+
+def _op(sid: int | None, kind: str, line: int, *, r=(), w=()) -> list:
+    return ["op", sid, kind, [list(x) for x in r], [list(x) for x in w],
+            {"site": f"prog.py:{line}", "op": kind}]
+
+
+def _findings(events: list[list], tmp_path: Path | None = None) -> list[dict]:
+    analysis = RunAnalysis(tmp_path / "trace.jsonl" if tmp_path else None,
+                           {"scenario": "prog", "variant": "watched"})
+    analysis.feed(events)
+    analysis.close()
+    return [f.to_json() for f in analysis.findings]
+
+
+def test_two_streams_without_an_event_race_and_the_finding_speaks_the_programs_words():
+    events = _streams() + [_alloc(BASE, 4096, "kv"),
+                           _op(S1, "kernel:fill_", 10, w=[("d", BASE, 4096)]),
+                           _op(S2, "kernel:sum", 11, r=[("d", BASE + 1024, 64)])]
+    (f,) = _findings(events)
+    assert (f["first"]["stream"], f["first"]["step"], f["first"]["access"]) == \
+        ("s1", "prog.py:10", "write")
+    assert (f["second"]["stream"], f["second"]["step"], f["second"]["access"]) == \
+        ("s2", "prog.py:11", "read")
+    assert f["second"]["bytes"] == [(BASE + 1024) % WINDOW, (BASE + 1088) % WINDOW]
+    assert f["owner"] == "tensor kv float32[1024] made at prog.py:3"
+    assert "tensor kv float32[1024] made at prog.py:3 (device memory)" in f["missing"]
+    assert "record an event on s1 after prog.py:10 and make s2 wait on it" in f["missing"]
+
+
+def test_an_event_recorded_after_the_write_and_waited_for_orders_them():
+    events = _streams() + [_alloc(BASE, 4096, "kv"),
+                           _op(S1, "kernel:fill_", 10, w=[("d", BASE, 4096)]),
+                           ["event", 7, {"site": "prog.py:4"}],
+                           ["record", 7, S1, "prog.py:12"], ["wait", 7, S2, "prog.py:13"],
+                           _op(S2, "kernel:sum", 14, r=[("d", BASE, 4096)])]
+    assert _findings(events) == []
+
+
+def test_a_stale_record_is_named_as_such():
+    events = _streams() + [_alloc(BASE, 4096, "kv"), ["record", 7, S1, "prog.py:9"],
+                           _op(S1, "kernel:fill_", 10, w=[("d", BASE, 4096)]),
+                           ["wait", 7, S2, "prog.py:13"],
+                           _op(S2, "kernel:sum", 14, r=[("d", BASE, 4096)])]
+    (f,) = _findings(events)
+    assert "the wait at prog.py:13 used event #1's record at prog.py:9, issued before " \
+        "prog.py:10, so it covers nothing of it: record event #1 after prog.py:10" \
+        in f["missing"]
+
+
+def test_disjoint_bytes_of_one_storage_do_not_race():
+    events = _streams() + [_alloc(BASE, 8192, "kv"),
+                           _op(S1, "kernel:fill_", 10, w=[("d", BASE, 4096)]),
+                           _op(S2, "kernel:fill_", 11, w=[("d", BASE + 4096, 4096)])]
+    assert _findings(events) == []
+
+
+def _freed_and_reused(streams: list[int]) -> list[list]:
+    return _streams() + [
+        _alloc(BASE, 4096, "x"),
+        _op(S1, "kernel:fill_", 10, w=[("d", BASE, 4096)]),
+        ["event", 1, {}], ["record", 1, S1, "prog.py:11"], ["wait", 1, S2, "prog.py:11"],
+        _op(S2, "kernel:sum", 12, r=[("d", BASE, 4096)]),
+        ["free", "d", BASE, {"site": "prog.py:13", "streams": streams}],
+        _alloc(BASE, 2048, "y"),
+        _op(S1, "kernel:fill_", 15, w=[("d", BASE, 2048)])]
+
+
+def test_a_block_freed_while_another_stream_reads_it_races_its_next_owner():
+    (f,) = _findings(_freed_and_reused([]))
+    assert f["reused"] and f["first_owner"].startswith("tensor x") and \
+        f["owner"].startswith("tensor y")
+    assert (f["first"]["step"], f["second"]["step"]) == ("prog.py:12", "prog.py:15")
+    assert "gave it back at prog.py:13 and it was handed out again" in f["missing"]
+
+
+def test_record_stream_defers_the_reuse_until_the_reading_stream_is_done():
+    assert _findings(_freed_and_reused([S2])) == []
+
+
+def test_the_legacy_stream_orders_blocking_streams_and_not_non_blocking_ones():
+    def publish(blocking: bool) -> list[list]:
+        return [["stream", 0, {"legacy": True}],
+                ["stream", S2, {"blocking": blocking, "legacy": False, "name": "reader"}],
+                _alloc(PINNED, 64, "shadow", "h"), _alloc(BASE, 64, "table"),
+                _op(0, "copy_htod", 20, r=[("h", PINNED, 64)], w=[("d", BASE, 64)]),
+                _op(S2, "kernel:index_select", 21, r=[("d", BASE, 64)])]
+    (f,) = _findings(publish(False))
+    assert f["first"]["stream"] == "the legacy default stream" and f["first"]["kind"] == \
+        "copy_htod"
+    assert "reader is a non-blocking stream" in f["missing"]
+    assert _findings(publish(True)) == []
+
+
+def test_the_host_rewriting_pinned_memory_under_a_queued_copy_races_it():
+    def rewrite(synced: bool) -> list[list]:
+        return _streams() + [_alloc(PINNED, 256, "staging", "h"), _alloc(BASE, 256, "dev"),
+                             _op(S1, "copy_htod", 30, r=[("h", PINNED, 256)],
+                                 w=[("d", BASE, 256)]),
+                             *([["record", 3, S1, "prog.py:31"],
+                                ["sync_event", 3, "prog.py:32"]] if synced else []),
+                             _op(None, "host_write", 33, w=[("h", PINNED, 256)])]
+    (f,) = _findings(rewrite(False))
+    assert f["second"]["stream"] == "host" and f["space"] == "host"
+    assert "pinned host memory" in f["missing"] and "before the host rewrites" in f["missing"]
+    assert _findings(rewrite(True)) == []
+
+
+def test_the_host_reading_a_non_blocking_copys_result_before_a_synchronize_races_it():
+    def read(synced: bool) -> list[list]:
+        return _streams() + [_alloc(PINNED, 256, "out", "h"), _alloc(BASE, 256, "dev"),
+                             _op(S1, "copy_dtoh", 40, r=[("d", BASE, 256)],
+                                 w=[("h", PINNED, 256)]),
+                             *([["sync_stream", S1, "prog.py:41"]] if synced else []),
+                             _op(None, "host_read", 42, r=[("h", PINNED, 256)])]
+    (f,) = _findings(read(False))
+    assert (f["first"]["kind"], f["second"]["kind"]) == ("copy_dtoh", "host_read")
+    assert _findings(read(True)) == []
+
+
+def test_a_query_that_saw_not_ready_orders_nothing():
+    events = _streams() + [_alloc(PINNED, 64, "out", "h"), _alloc(BASE, 64, "dev"),
+                           _op(S1, "copy_dtoh", 50, r=[("d", BASE, 64)], w=[("h", PINNED, 64)]),
+                           ["record", 9, S1, "prog.py:51"], ["query", 9, False, "prog.py:52"],
+                           _op(None, "host_read", 53, r=[("h", PINNED, 64)])]
+    (f,) = _findings(events)
+    assert "saw it not ready" in f["missing"]
+    events[-2] = ["query", 9, True, "prog.py:52"]
+    assert _findings(events) == []
+
+
+def test_a_synchronous_copy_orders_the_host_after_it():
+    events = _streams() + [_alloc(PINNED, 64, "out", "h"), _alloc(BASE, 64, "dev"),
+                           ["op", S1, "copy_dtoh", [["d", BASE, 64]], [["h", PINNED, 64]],
+                            {"site": "prog.py:60", "sync": True}],
+                           _op(None, "host_read", 61, r=[("h", PINNED, 64)])]
+    assert _findings(events) == []
+
+
+def test_a_span_across_a_window_is_an_access_in_each():
+    records = []
+    t = Translator(records.append, lambda info: None, lambda info: None)
+    t.feed(_streams() + [_op(S1, "kernel:fill_", 1, w=[("d", 3 * WINDOW - 16, 32)])])
+    (op,) = [r for r in records if r.kind == "kernel:fill_"]
+    assert [(a.offset, a.length) for a in op.writes] == [(WINDOW - 16, 16), (0, 16)]
+    assert op.writes[0].buffer != op.writes[1].buffer
+
+
+def test_a_kernel_name_becomes_an_identifier_and_an_unknown_stream_is_announced():
+    records, streams = [], []
+    t = Translator(records.append, lambda info: None, streams.append)
+    t.feed([_op(0x99, "aten::add_.Tensor", 1, w=[("d", BASE, 4)])])
+    assert records[-1].kind == "kernel:aten__add__Tensor"
+    assert [(s.name, s.blocking, s.legacy) for s in streams] == [("stream 0x99", False, False)]
+
+
+def test_the_trace_reads_back_to_the_same_findings(tmp_path):
+    events = _freed_and_reused([]) + _streams()[:0]
+    online = _findings(events, tmp_path)
+    trace = load_trace(tmp_path / "trace.jsonl")
+    offline = [f.to_json() for f in check_trace(trace.records).findings]
+    assert online and offline == online
+
+
+def test_a_sink_writes_whole_lines_and_a_reader_leaves_a_torn_one(tmp_path):
+    path = tmp_path / "events.jsonl"
+    sink = Sink.to_path(path)
+    sink.emit(["sync_device", "a.py:1"])
+    sink.flush()
+    with open(path, "a") as f:
+        f.write('["op", 1')  # a writer killed mid-line
+    events, offset = read_events(path)
+    assert events == [["sync_device", "a.py:1"]] and offset == len(json.dumps(
+        ["sync_device", "a.py:1"], separators=(",", ":"))) + 1
+
+
+def _importable(name: str) -> bool:
+    return subprocess.run([sys.executable, "-c", f"import {name}"],
+                          capture_output=True).returncode == 0
+
+
+def _gpurace(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "harness.cli", *args], capture_output=True,
+                          text=True, cwd=cwd, env={**__import__("os").environ,
+                                                   "PYTHONPATH": str(ROOT)})
+
+
+@pytest.mark.skipif(_importable("torch") or _importable("cupy"),
+                    reason="this interpreter has PyTorch or CuPy")
+def test_watch_without_pytorch_or_cupy_says_what_to_install_and_exits_77(tmp_path):
+    prog = tmp_path / "prog.py"
+    prog.write_text("print('ran')\n")
+    done = _gpurace("watch", "--out", str(tmp_path / "out"), "--", sys.executable,
+                    str(prog), cwd=tmp_path)
+    assert done.returncode == 77
+    assert "ran" not in done.stdout and "Traceback" not in done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("error: ") and "cannot import PyTorch (torch) nor CuPy" in line \
+        and "install torch, or cupy-cuda13x" in line
+
+
+@pytest.mark.parametrize("command, words", [
+    ((), "Missing argument"),
+    (("python", "nothere.py"), "nothere.py: no such file"),
+    (("python", "-c", "print(1)"), "python -c is not watched"),
+    (("python", "-m"), "python -m needs a module name"),
+    (("ls", "-l"), "ls: not a Python program"),
+])
+def test_watch_refuses_what_it_cannot_run_with_one_line(tmp_path, command, words):
+    done = _gpurace("watch", "--out", str(tmp_path / "out"), "--", *command, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert words in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.skipif(_importable("torch") or _importable("cupy"),
+                    reason="this interpreter has PyTorch or CuPy")
+def test_pytest_gpurace_watch_without_pytorch_or_cupy_warns_and_runs_the_tests(tmp_path):
+    (tmp_path / "test_plain.py").write_text("def test_one():\n    assert 1 + 1 == 2\n")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "--gpurace-watch", "test_plain.py"], capture_output=True,
+                          text=True, cwd=tmp_path,
+                          env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stdout
+    assert "1 passed" in done.stdout
+    assert "neither PyTorch nor CuPy imports here; tests run unwatched" in done.stdout
+
+
+def test_a_command_keeps_the_interpreters_flags_and_the_programs_arguments(tmp_path):
+    from harness.capture.watch import parse_command
+    prog = tmp_path / "serve.py"
+    prog.write_text("")
+    got = parse_command(["python3", "-X", "dev", "-u", str(prog), "--port", "1"])
+    assert (got.python, got.flags, got.target, got.args, got.module) == \
+        ("python3", ("-X", "dev", "-u"), str(prog), ("--port", "1"), False)
+    assert got.argv == ["python3", "-X", "dev", "-u", str(prog), "--port", "1"]
+    module = parse_command(["python", "-m", "pkg.serve", "-v"])
+    assert (module.target, module.args, module.module, module.name) == \
+        ("pkg.serve", ("-v",), True, "pkg.serve")

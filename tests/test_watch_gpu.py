@@ -1,0 +1,192 @@
+"""`gpurace watch` on real programs, on a GPU: every buggy program of tests/watch_programs found
+on its first unamplified run, every fixed twin clean over 20 runs, and the bad ends of a program
+(a raise, a dead CUDA context, a hang, a fork) each told as what it was.
+
+With GPURACE_RECORD_DIR set, each program's capture events (buggy and fixed, first run) are
+copied there: the recorded sequences that tests/test_capture_recorded.py replays without a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PROGRAMS = sorted(p for p in (ROOT / "tests" / "watch_programs").glob("*.py")
+                  if p.name != "conftest.py")
+FIXED_RUNS = 20
+
+
+def _framework_ok() -> bool:
+    code = "import torch; assert torch.cuda.is_available(); import cupy; cupy.zeros(1)"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
+
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not _framework_ok(), reason="needs PyTorch and CuPy on a GPU")]
+
+
+def watch(out: Path, *command: str, runs: int = 1, timeout: float = 300.0,
+          ) -> tuple[int, dict, str]:
+    done = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "watch", "--format", "json", "--out", str(out),
+         "--runs", str(runs), "--timeout", str(timeout), "--", *command],
+        capture_output=True, text=True, cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=1800)
+    try:
+        doc = json.loads(done.stdout)
+    except ValueError:
+        doc = {}
+    return done.returncode, doc, done.stderr
+
+
+def _record(doc: dict, name: str) -> None:
+    where = os.environ.get("GPURACE_RECORD_DIR")
+    if where and doc.get("watch"):
+        Path(where).mkdir(parents=True, exist_ok=True)
+        shutil.copy(doc["watch"]["runs"][0]["events"], Path(where) / f"{name}.jsonl")
+
+
+def _summary(doc: dict) -> str:
+    result = doc["results"][0]
+    return (f"{result['scenario']}: outcomes {result['outcomes']}, detected "
+            f"{result['detected']}/{result['trials']}: "
+            + " | ".join(f["missing"] for f in result["findings"]))
+
+
+@pytest.fixture(scope="module")
+def verdicts(tmp_path_factory) -> dict[str, tuple[int, dict, str]]:
+    """Every program watched at once (one GPU holds them all): buggy once, fixed 20 times."""
+    out = tmp_path_factory.mktemp("watch")
+    jobs = [(p, version) for p in PROGRAMS for version in ("buggy", "fixed")]
+
+    def one(job: tuple[Path, str]) -> tuple[str, tuple[int, dict, str]]:
+        prog, version = job
+        flags = ["--fixed"] if version == "fixed" else []
+        got = watch(out / f"{prog.stem}-{version}", sys.executable, str(prog), *flags,
+                    runs=1 if version == "buggy" else FIXED_RUNS)
+        if got[1]:
+            _record(got[1], f"{prog.stem}-{version}")
+        return f"{prog.stem}-{version}", got
+
+    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+        found = dict(pool.map(one, jobs))
+    for name, (code, doc, err) in sorted(found.items()):
+        print(f"\n{name}: exit {code}; " + (_summary(doc) if doc else err[-800:]))
+    return found
+
+
+@pytest.mark.parametrize("prog", PROGRAMS, ids=[p.stem for p in PROGRAMS])
+def test_the_buggy_program_is_found_on_its_first_unamplified_run(verdicts, prog):
+    code, doc, err = verdicts[f"{prog.stem}-buggy"]
+    assert doc, err[-2000:]
+    result = doc["results"][0]
+    assert result["trials"] == 1 and result["detected"] == 1, _summary(doc)
+    assert code == 1
+    for finding in result["findings"]:
+        # Both sides named by the program's own line.
+        for side in ("first", "second"):
+            assert finding[side]["step"] and finding[side]["step"].startswith(
+                "tests/watch_programs/"), finding
+
+
+@pytest.mark.parametrize("prog", PROGRAMS, ids=[p.stem for p in PROGRAMS])
+def test_the_fixed_twin_is_clean_in_every_run(verdicts, prog):
+    code, doc, err = verdicts[f"{prog.stem}-fixed"]
+    assert doc, err[-2000:]
+    result = doc["results"][0]
+    assert result["trials"] == FIXED_RUNS, _summary(doc)
+    assert result["detected"] == 0 and result["outcomes"]["clean"] == FIXED_RUNS, \
+        _summary(doc)
+    assert code == 0
+
+
+def _program(tmp_path: Path, text: str) -> Path:
+    prog = tmp_path / "prog.py"
+    prog.write_text(text)
+    return prog
+
+
+def test_a_program_that_raises_is_a_crash_with_its_traceback(tmp_path):
+    prog = _program(tmp_path, "import torch\nx = torch.ones(4, device='cuda')\n"
+                              "raise ValueError('bad batch ' + str(int(x.sum().item())))\n")
+    code, doc, err = watch(tmp_path / "out", sys.executable, str(prog))
+    result = doc["results"][0]
+    assert code == 1 and result["outcomes"]["crash"] == 1
+    assert "ValueError: bad batch 4" in result["first_manifested"]["detail"]
+    (incident,) = result["reports"]
+    assert "ValueError: bad batch 4" in (Path(incident) / "traceback.txt").read_text()
+    assert json.loads((Path(incident) / "report.json").read_text())["outcome"] == "crash"
+
+
+def test_a_program_whose_cuda_context_dies_is_a_crash_with_the_cuda_error(tmp_path):
+    # An index out of bounds: a device-side assert, a context-level fault in the program's
+    # own process (the watching process and the GPU are untouched).
+    prog = _program(tmp_path, "import torch\nx = torch.zeros(4, device='cuda')\n"
+                              "i = torch.tensor([1 << 20], device='cuda')\n"
+                              "print(x[i].sum().item())\n")
+    code, doc, err = watch(tmp_path / "out", sys.executable, str(prog))
+    result = doc["results"][0]
+    assert code == 1 and result["outcomes"]["crash"] == 1, err[-2000:]
+    assert "device-side assert" in (result["first_manifested"]["cuda_error"] or ""), result
+    trace = Path(result["first_manifested"]["trace"])
+    assert '"kind":"kernel:index"' in trace.read_text()  # the ops before the fault are kept
+
+
+def test_a_program_that_hangs_is_killed_at_the_timeout_and_told_as_a_hang(tmp_path):
+    prog = _program(tmp_path, "import time, torch\nx = torch.ones(4, device='cuda')\n"
+                              "torch.cuda.synchronize()\ntime.sleep(600)\n")
+    code, doc, err = watch(tmp_path / "out", sys.executable, str(prog), timeout=15)
+    result = doc["results"][0]
+    assert code == 1 and result["outcomes"]["hang"] == 1
+    assert doc["watch"]["runs"][0]["timed_out"] is True
+    assert doc["watch"]["runs"][0]["records"] >= 2  # what it did before it hung is kept
+
+
+def test_a_program_that_forks_workers_is_watched_in_its_own_process_and_says_so(tmp_path):
+    prog = _program(tmp_path, "import multiprocessing as mp, torch\n"
+                              "def work(n):\n    return n * n\n"
+                              "if __name__ == '__main__':\n"
+                              "    x = torch.ones(4, device='cuda')\n"
+                              "    with mp.get_context('spawn').Pool(2) as pool:\n"
+                              "        print(sum(pool.map(work, range(8))))\n"
+                              "    print(x.sum().item())\n")
+    code, doc, err = watch(tmp_path / "out", sys.executable, str(prog))
+    assert code == 0, err[-2000:]
+    notes = " ".join(doc["watch_notes"])
+    assert "only the process gpurace started is watched" in notes
+
+
+def test_pytest_gpurace_watch_fails_a_racing_test_with_the_finding(tmp_path):
+    (tmp_path / "test_streams.py").write_text(
+        "import torch\n"
+        "def test_side_stream_reads_before_the_write_is_done():\n"
+        "    x = torch.zeros(1 << 20, device='cuda')\n"
+        "    torch.cuda.synchronize()\n"
+        "    side = torch.cuda.Stream()\n"
+        "    x.add_(1)\n"
+        "    with torch.cuda.stream(side):\n"
+        "        y = x * 2\n"
+        "    torch.cuda.synchronize()\n"
+        "def test_ordered():\n"
+        "    x = torch.zeros(1 << 20, device='cuda')\n"
+        "    side = torch.cuda.Stream()\n"
+        "    x.add_(1)\n"
+        "    side.wait_stream(torch.cuda.current_stream())\n"
+        "    with torch.cuda.stream(side):\n"
+        "        y = x * 2\n"
+        "    torch.cuda.synchronize()\n")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "-p", "harness.pytest_plugin", "--gpurace-watch", "test_streams.py"], capture_output=True,
+                          text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 1, done.stdout[-3000:]
+    assert "1 failed, 1 passed" in done.stdout
+    assert "race: nothing orders" in done.stdout and "test_streams.py:6" in done.stdout and \
+        "test_streams.py:8" in done.stdout, done.stdout[-3000:]
