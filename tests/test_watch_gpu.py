@@ -76,7 +76,7 @@ def verdicts(tmp_path_factory) -> dict[str, tuple[int, dict, str]]:
             _record(got[1], f"{prog.stem}-{version}")
         return f"{prog.stem}-{version}", got
 
-    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+    with ThreadPoolExecutor(max_workers=12) as pool:
         found = dict(pool.map(one, jobs))
     for name, (code, doc, err) in sorted(found.items()):
         print(f"\n{name}: exit {code}; " + (_summary(doc) if doc else err[-800:]))

@@ -14,6 +14,8 @@ PyTorch nor CuPy imports in this interpreter); exit 2 when the program or module
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.abc
 import importlib.util
 import os
 import runpy
@@ -39,17 +41,52 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _available(name: str) -> str | None:
-    """The source's framework version, or None when it cannot be imported here."""
+def _importable(name: str) -> bool:
+    """Whether the program could import the framework here (found, not imported: importing
+    PyTorch costs seconds, and a CuPy program should not pay for it)."""
     try:
-        source = importlib.import_module(f"harness.capture.{name}_source")
-    except ImportError:
-        return None
-    return source.available()
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
 
 
-def _install(name: str, sink: E.Sink) -> Callable[[], None]:
-    return importlib.import_module(f"harness.capture.{name}_source").install(sink)
+class _InstallOnImport(importlib.abc.MetaPathFinder):
+    """Switches a source on the moment the program's import of its framework has finished, so
+    a program pays for no framework it does not use, and the source sees all of its work."""
+
+    def __init__(self, sink: E.Sink, names: tuple[str, ...]) -> None:
+        self.sink = sink
+        self.waiting = set(names)
+        self.stops: list[Callable[[], None]] = []
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname not in self.waiting:
+            return None
+        self.waiting.discard(fullname)
+        spec = importlib.util.find_spec(fullname)  # the real one: we are out of the way now
+        loader = getattr(spec, "loader", None)
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        run = loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            run(module)
+            self.install(fullname)
+
+        loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+    def install(self, name: str) -> None:
+        try:
+            source = importlib.import_module(f"harness.capture.{name}_source")
+            version = source.available()
+            if version is None:
+                return
+            self.stops.append(source.install(self.sink))
+            self.sink.emit(["source", name, version])
+        except Exception as exc:  # a source that cannot start must not stop the program
+            self.sink.emit(["note", f"the {name} source could not start ({exc!r}): its work "
+                                    "is not watched"])
 
 
 def _watch_forks(sink: E.Sink) -> None:
@@ -89,29 +126,30 @@ def main(argv: list[str] | None = None) -> int:
     sink = E.Sink.to_path(opts.events)
     wanted = SOURCES if opts.sources == "auto" else tuple(
         s for s in opts.sources.split(",") if s)
-    versions = {name: _available(name) for name in wanted}
-    found = {name: v for name, v in versions.items() if v is not None}
+    found = tuple(name for name in wanted if name in SOURCES and _importable(name))
     sink.emit(["hello", {"schema": E.CAPTURE_SCHEMA, "pid": os.getpid(),
                          "argv": [opts.program, *opts.args], "cwd": os.getcwd(),
                          "python": sys.version.split()[0], "executable": sys.executable,
-                         "sources": versions, "module": opts.module}])
+                         "importable": list(found), "module": opts.module}])
     if not found:
-        names = " nor ".join({"torch": "PyTorch (torch)", "cupy": "CuPy (cupy)"}[n]
+        names = " nor ".join({"torch": "PyTorch (torch)", "cupy": "CuPy (cupy)"}.get(n, n)
                              for n in wanted)
         return _end(sink, NOTHING_TO_CAPTURE,
                     f"{sys.executable} cannot import {names}: gpurace watch captures PyTorch "
                     "and CuPy programs; install torch, or cupy-cuda13x (pip install "
                     "'gpurace[cuda]'), into the interpreter the program runs with")
     if opts.module:
-        try:
-            missing = importlib.util.find_spec(opts.program) is None
-        except (ImportError, ValueError):
-            missing = True
-        if missing:
+        if not _importable(opts.program):
             return _end(sink, USAGE, f"no module named {opts.program!r} for {sys.executable}")
     elif not os.path.isfile(opts.program):
         return _end(sink, USAGE, f"{opts.program}: no such file")
-    uninstall = [_install(name, sink) for name in found]
+    hook = _InstallOnImport(sink, found)
+    sys.meta_path.insert(0, hook)
+    for name in found:
+        if name in sys.modules:  # imported already (a sitecustomize): switch it on now
+            hook.waiting.discard(name)
+            hook.install(name)
+    uninstall = hook.stops
     _watch_forks(sink)
     sys.argv = [opts.program, *opts.args]
     status, error, tb = 0, None, None
@@ -128,6 +166,11 @@ def main(argv: list[str] | None = None) -> int:
         tb = traceback.format_exc()
         traceback.print_exc()
     finally:
+        if hook in sys.meta_path:
+            sys.meta_path.remove(hook)
+        if not uninstall:
+            sink.emit(["note", "the program imported neither " + " nor ".join(found) +
+                               ": nothing of its work was captured"])
         for off in reversed(uninstall):
             try:
                 off()

@@ -16,7 +16,8 @@ program's own ``file:line`` that made the call (never a library frame), or None.
 
 The events, field by field::
 
-    ["hello", {"schema", "pid", "argv", "cwd", "python", "sources": {name: version}}]
+    ["hello", {"schema", "pid", "argv", "cwd", "python", "importable": [name, ...]}]
+    ["source", name, version]                    a source switched on (as its framework loaded)
     ["stream", sid, {"blocking", "legacy", "name", "site", "source"}]
     ["alloc", space, address, nbytes, {"what", "name", "site", "stream", "source"}]
         what: ``tensor float16[8, 64]``, ``array``...; name: the program's variable for it,

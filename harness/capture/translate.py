@@ -82,7 +82,7 @@ class Translator:
             "free": self._free, "op": self._op, "event": self._event, "record": self._record,
             "wait": self._wait, "sync_event": self._sync_event, "query": self._query,
             "sync_stream": self._sync_stream, "sync_device": self._sync_device,
-            "note": self._note, "exit": self._exit,
+            "note": self._note, "exit": self._exit, "source": self._source,
         }
 
     # ---- the events --------------------------------------------------------------------------
@@ -94,6 +94,9 @@ class Translator:
 
     def _hello(self, info: dict[str, Any]) -> None:
         self.hello = dict(info)
+
+    def _source(self, name: str, version: str) -> None:
+        self.hello.setdefault("sources", {})[str(name)] = str(version)
 
     def _note(self, text: str) -> None:
         if text not in self.notes:
