@@ -413,8 +413,10 @@ def _execute(scenarios: Sequence[Scenario], options: RunOptions, *, insist: bool
     sys.exit(int(result.exit_code))
 
 
-def _write_and_show(result: RunResult, junit: Path | None, fmt: str) -> None:
-    """Write the run's run.json (and JUnit) in its folder, and print it: run, replay, merge."""
+def _write_and_show(result: RunResult, junit: Path | None, fmt: str,
+                    show: Callable[[RunResult], None] | None = None) -> None:
+    """Write the run's run.json (and JUnit) in its folder, and print it (``show``: the
+    summary; a table of variants by default): run, replay, merge, watch."""
     document = result.to_json()
     window = sweep_window(document["results"], trace_gaps(document["results"]))
     picture = None
@@ -428,6 +430,8 @@ def _write_and_show(result: RunResult, junit: Path | None, fmt: str) -> None:
         write_atomic(junit, render_junit(document))
     if fmt == "json":
         click.echo(json.dumps(document, indent=2))
+    elif show is not None:
+        show(result)
     else:
         _print_summary(result, Path(result.folder))
         if window.points:
@@ -823,20 +827,13 @@ def watch_cmd(command: Sequence[str], runs: int, timeout_s: float, sources: str,
         result = watch(WatchOptions(program=program, runs=runs, timeout_s=timeout_s,
                                     out_dir=out_dir, sources=sources,
                                     quiet_program=fmt == "json"), hooks)
-    except KeyboardInterrupt:
-        err.print("interrupted: the program was stopped", highlight=False)
-        sys.exit(int(ExitCode.INTERRUPTED))
     finally:
         signal.signal(signal.SIGTERM, previous)
-    document = result.to_json()
-    write_atomic(Path(result.folder) / "run.json", json.dumps(document, indent=2) + "\n")
-    if junit is not None:
-        junit.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(junit, render_junit(document))
-    if fmt == "json":
-        click.echo(json.dumps(document, indent=2))
-    else:
-        _print_watch_summary(result)
+    _write_and_show(result, junit, fmt, show=_print_watch_summary)
+    if result.interrupted:
+        err.print(f"interrupted ({result.interrupted}): the program was stopped; "
+                  f"{Path(result.folder) / 'run.json'} keeps the runs that finished",
+                  highlight=False)
     sys.exit(int(result.exit_code))
 
 

@@ -272,3 +272,99 @@ def test_a_command_keeps_the_interpreters_flags_and_the_programs_arguments(tmp_p
     module = parse_command(["python", "-m", "pkg.serve", "-v"])
     assert (module.target, module.args, module.module, module.name) == \
         ("pkg.serve", ("-v",), True, "pkg.serve")
+
+
+def _torch_python() -> str | None:
+    """An interpreter with PyTorch for the watched program: this one, or GPURACE_TEST_PYTHON
+    (PyTorch for CPU does: these tests need no GPU, only a framework to import)."""
+    import os
+    for python in (sys.executable, os.environ.get("GPURACE_TEST_PYTHON")):
+        if python and subprocess.run([python, "-c", "import torch"],
+                                     capture_output=True).returncode == 0:
+            return python
+    return None
+
+
+TORCH_PYTHON = _torch_python()
+
+
+@pytest.mark.skipif(TORCH_PYTHON is None, reason="no interpreter with PyTorch here")
+def test_a_watch_stopped_by_sigterm_keeps_the_runs_that_ended_and_stops_the_program(tmp_path):
+    import os
+    import signal
+    import time
+    prog = tmp_path / "prog.py"
+    marker = tmp_path / "pid"
+    # Each run notes its pid; the first ends at once, the second sleeps until it is stopped.
+    prog.write_text(f"import os, sys, time\nopen({str(marker)!r}, 'a').write(str(os.getpid())"
+                    " + '\\n')\nimport torch\nif len(open(" + repr(str(marker)) +
+                    ").read().split()) > 1:\n    time.sleep(600)\n")
+    watch = subprocess.Popen([sys.executable, "-m", "harness.cli", "watch", "--runs", "3",
+                              "--out", str(tmp_path / "out"), "--", TORCH_PYTHON, str(prog)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and (not marker.exists()
+                                           or len(marker.read_text().split()) < 2):
+        time.sleep(0.2)
+    time.sleep(1.0)
+    watch.send_signal(signal.SIGTERM)
+    out, err = watch.communicate(timeout=60)
+    assert watch.returncode == 143, err
+    second = int(marker.read_text().split()[1])
+    with pytest.raises(ProcessLookupError):
+        os.kill(second, 0)  # the sleeping program went with the watch
+    (doc_path,) = (tmp_path / "out").glob("run-*/run.json")
+    doc = json.loads(doc_path.read_text())
+    assert doc["interrupted"] == "SIGTERM" and doc["results"][0]["trials"] == 1
+    assert doc["results"][0]["outcomes"]["clean"] == 1
+
+
+_DISPATCH_PROBE = r'''
+import io, json, sys
+import torch
+from harness.capture import events as E, torch_source as T
+buf = io.StringIO()
+sink = E.Sink(buf)
+stop = T.install(sink)
+x = torch.zeros(16)
+cap = stop.capture
+cap.pinned[x.untyped_storage().data_ptr()] = {}  # x's bytes are pinned memory from here on
+y = x[4:8]                  # a view: no bytes touched
+y.fill_(3)                  # the host writes bytes 16..32 of x
+col = x.view(4, 4)[:, 1]    # a strided view
+w = col * 2                 # the host reads four runs of 4 bytes
+m = torch.mm(torch.ones(2, 3), torch.ones(3, 2))   # pageable: not memory gpurace watches
+x.copy_(torch.arange(16.))  # the host writes all of x
+listed = x.tolist()         # and reads it
+stop()
+sink.flush()
+base = x.untyped_storage().data_ptr()
+out = []
+for line in buf.getvalue().splitlines():
+    e = json.loads(line)
+    if e[0] == "op":
+        out.append([e[2], [[s[1] - base, s[2]] for s in e[3]], [[s[1] - base, s[2]] for s in e[4]],
+                    e[5]["op"], e[5]["site"]])
+print(json.dumps(out))
+'''
+
+
+@pytest.mark.skipif(TORCH_PYTHON is None, reason="no interpreter with PyTorch here")
+def test_the_dispatch_mode_reads_each_ops_bytes_from_its_schema(tmp_path):
+    """The PyTorch source's dispatch mode on CPU tensors, one storage taken for pinned memory:
+    views touch nothing, a written argument is written, a strided view is its runs of bytes,
+    pageable tensors are not memory, and each op is at the program's line."""
+    import os
+    probe = tmp_path / "probe.py"
+    probe.write_text(_DISPATCH_PROBE)
+    done = subprocess.run([TORCH_PYTHON, str(probe)], capture_output=True, text=True,
+                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    ops = json.loads(done.stdout.strip().splitlines()[-1])
+    assert ops == [
+        ["host_write", [], [[16, 16]], "fill_", "probe.py:12"],
+        ["host_read", [[4, 4], [20, 4], [36, 4], [52, 4]], [], "mul", "probe.py:14"],
+        ["host_write", [], [[0, 64]], "copy_", "probe.py:16"],
+        ["host_read", [[0, 64]], [], "host read", "probe.py:17"],
+    ]

@@ -184,8 +184,9 @@ def test_pytest_gpurace_watch_fails_a_racing_test_with_the_finding(tmp_path):
         "        y = x * 2\n"
         "    torch.cuda.synchronize()\n")
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           "-p", "harness.pytest_plugin", "--gpurace-watch", "test_streams.py"], capture_output=True,
-                          text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                           "-p", "harness.pytest_plugin", "--gpurace-watch", "test_streams.py"],
+                          capture_output=True, text=True, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 1, done.stdout[-3000:]
     assert "1 failed, 1 passed" in done.stdout
     assert "race: nothing orders" in done.stdout and "test_streams.py:6" in done.stdout and \

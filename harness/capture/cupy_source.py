@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.capture.events import DEVICE, HOST, LEGACY_STREAM, PER_THREAD_STREAM, Sink
-from harness.capture.sites import program_site, thread_name
+from harness.capture.sites import program_frame, program_site, thread_name, variable_for
 
 SOURCE = "cupy"
 HOOK_NAME = "gpurace"
@@ -439,12 +439,16 @@ class _CupySource:
         return sid
 
     def _announce(self, sid: int) -> None:
+        name = None  # the translator names the default streams, alike for every source
         if sid == LEGACY_STREAM:
-            blocking, name = True, "legacy"
+            blocking = True
         elif sid == PER_THREAD_STREAM:
-            blocking, name = True, "per-thread"  # not non-blocking: it orders with legacy
+            blocking = True  # not non-blocking: it orders with legacy
         else:
-            name = None
+            Stream = getattr(getattr(self.cp, "cuda", None), "Stream", None)
+            name = None if not isinstance(Stream, type) else variable_for(
+                program_frame(3), lambda v: isinstance(v, Stream)
+                and getattr(v, "ptr", None) == sid)
             try:
                 blocking = not self._rt["streamGetFlags"](sid) & self._rt["streamNonBlocking"]
             except Exception:  # a handle CUDA does not know: CuPy's default flag

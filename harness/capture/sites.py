@@ -12,6 +12,7 @@ import os
 import sys
 import sysconfig
 import threading
+from collections.abc import Callable
 from types import CodeType, FrameType
 
 _HARNESS_ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "")
@@ -97,3 +98,19 @@ def shown_path(path: str) -> str:
 def thread_name() -> str:
     """The host thread's name (MainThread for most programs)."""
     return threading.current_thread().name
+
+
+def variable_for(frame: FrameType | None, wanted: Callable[[object], bool]) -> str | None:
+    """The name the program's frame gives a value ``wanted`` accepts (its locals first, then
+    its module's globals), or None: how a finding names a stream or a tensor as the program
+    does."""
+    if frame is None:
+        return None
+    try:
+        for scope in (frame.f_locals, frame.f_globals):
+            for key, value in scope.items():
+                if not key.startswith("_") and wanted(value):
+                    return key
+    except Exception:  # a frame gone, a value that cannot be asked: no name
+        return None
+    return None

@@ -30,7 +30,7 @@ from types import FrameType
 from typing import Any
 
 from harness.capture import events as E
-from harness.capture.sites import program_frame, site_of, thread_name
+from harness.capture.sites import program_frame, site_of, thread_name, variable_for
 
 RUNS_MAX = 64
 """Contiguous runs of a strided view listed one by one; a view with more is its hull (one range
@@ -151,29 +151,17 @@ class _Capture:
         pending, self.to_name = self.to_name, []
         Tensor = self.torch.Tensor
         for meta, frame, base in pending:
-            try:
-                for key, value in frame.f_locals.items():
-                    if isinstance(value, Tensor) and not key.startswith("_") \
-                            and value.untyped_storage().data_ptr() == base:
-                        meta["name"] = key
-                        break
-            except Exception:  # a frame that is gone, a tensor without storage: no name
-                continue
+            meta["name"] = variable_for(frame, lambda v, base=base: isinstance(v, Tensor)
+                                        and v.untyped_storage().data_ptr() == base)
 
     def stream(self, sid: int, frame: FrameType | None) -> None:
         """Announce stream ``sid`` the first time the program uses it, by its variable's name
         where the frame has one."""
         self.streams.add(sid)
         legacy = sid == E.LEGACY_STREAM
-        name = None
-        if frame is not None and not legacy:
-            Stream = self.torch.cuda.Stream
-            try:
-                scopes = (frame.f_locals, frame.f_globals)
-                name = next((k for scope in scopes for k, v in scope.items()
-                             if isinstance(v, Stream) and v.cuda_stream == sid), None)
-            except Exception:
-                name = None
+        Stream = self.torch.cuda.Stream
+        name = None if legacy else variable_for(
+            frame, lambda v: isinstance(v, Stream) and v.cuda_stream == sid)
         self.emit(["stream", sid, {"blocking": sid == E.PER_THREAD_STREAM, "legacy": legacy,
                                    "name": name, "site": self.stream_sites.get(sid),
                                    "source": "torch"}])

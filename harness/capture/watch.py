@@ -176,8 +176,26 @@ def watch(options: WatchOptions, hooks: RunHooks | None = None) -> RunResult:
     hooks.variant_started(variant, options.runs)
     notes: list[str] = []
     runs: list[dict[str, Any]] = []
+    try:
+        _runs(options, folder.path, variant, hooks, notes, runs)
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM through the CLI: keep what ended
+        result.interrupted = signal.Signals(getattr(exc, "signum", signal.SIGINT)).name
+    variant.judge()
+    hooks.variant_finished(variant)
+    result.results.append(variant)
+    result.watch_notes = notes
+    result.wall_s = time.monotonic() - start
+    result.plan = {"digest": "0" * 64, "version": VERSION, "backend": "cuda", "seed": 0,
+                   "sources": {}}
+    result.watch = {"command": shlex.join(program.argv), "runs": runs}
+    return result
+
+
+def _runs(options: WatchOptions, folder: Path, variant: VariantResult, hooks: RunHooks,
+          notes: list[str], runs: list[dict[str, Any]]) -> None:
+    """The program's runs, one after another, each folded into ``variant`` as it ends."""
     for index in range(options.runs):
-        trial, info = _one_run(options, folder.path, index, hooks)
+        trial, info = _one_run(options, folder, index, hooks)
         if info.get("nothing_to_capture"):
             raise NothingToCapture(info["error"])
         if info.get("usage"):
@@ -190,17 +208,8 @@ def watch(options: WatchOptions, hooks: RunHooks | None = None) -> RunResult:
         runs.append(info["run"])
         if (trial.outcome.manifested or trial.race) and \
                 len(variant.reports) < options.max_incidents:
-            variant.reports.append(str(_incident(folder.path, options, trial, info)))
+            variant.reports.append(str(_incident(folder, options, trial, info)))
         hooks.trial_finished(variant, trial)
-    variant.judge()
-    hooks.variant_finished(variant)
-    result.results.append(variant)
-    result.watch_notes = notes
-    result.wall_s = time.monotonic() - start
-    result.plan = {"digest": "0" * 64, "version": VERSION, "backend": "cuda", "seed": 0,
-                   "sources": {}}
-    result.watch = {"command": shlex.join(program.argv), "runs": runs}
-    return result
 
 
 def _one_run(options: WatchOptions, folder: Path, index: int, hooks: RunHooks
