@@ -547,6 +547,10 @@ class RaceDetector:
         thread = source[1]
         lo, hi = off, off + length
         block = info.block
+        # Of the unordered conflicting accesses of each other thread, only its latest is
+        # reported: ordering this access after it orders it after all that thread did before
+        # (program order), so the others add no edge to find and no fix to make.
+        latest: dict[str, tuple[Any, ...]] = {}
         for b in range(lo // block, (hi - 1) // block + 1):
             key = (buf, b)
             history = self._history.get(key, ())
@@ -555,8 +559,9 @@ class RaceDetector:
                 p_thread, p_epoch, p_lo, p_hi, p_write, _ = past
                 ordered = p_thread == thread or p_epoch <= vc.get(p_thread, 0)
                 if not ordered and p_lo < hi and lo < p_hi and (write or p_write):
-                    self._report(buf, info, info.page_bytes, past,
-                                 (thread, epoch, lo, hi, write, source))
+                    seen = latest.get(p_thread)
+                    if seen is None or seen[1] < p_epoch:
+                        latest[p_thread] = past
                 # An access ordered after a past one and covering its bytes stands for it from
                 # now on, if it is a write or the past one was a read: whatever would race the
                 # past access races this one too (an op issued later cannot be ordered before
@@ -568,6 +573,8 @@ class RaceDetector:
             if len(kept) > HISTORY:
                 del kept[: len(kept) - HISTORY]
             self._history[key] = kept
+        for past in latest.values():
+            self._report(buf, info, info.page_bytes, past, (thread, epoch, lo, hi, write, source))
 
     # ---- findings ------------------------------------------------------------------------------
     def _report(self, buf: int, info: _Buffer, page_bytes: int, past: tuple[Any, ...],

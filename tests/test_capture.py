@@ -368,3 +368,18 @@ def test_the_dispatch_mode_reads_each_ops_bytes_from_its_schema(tmp_path):
         ["host_write", [], [[0, 64]], "copy_", "probe.py:16"],
         ["host_read", [[0, 64]], [], "host read", "probe.py:17"],
     ]
+
+
+def test_of_one_streams_unordered_writes_only_the_latest_is_the_race():
+    """Ordering the read after a stream's latest write orders it after all the stream did
+    before: the earlier writes (a temporary that had the bytes before) are no race of their
+    own, and are not reported."""
+    events = _streams() + [_alloc(BASE, 4096, "tmp"),
+                           _op(S1, "kernel:eq", 20, w=[("d", BASE, 4096)]),
+                           ["free", "d", BASE, {"site": "prog.py:20"}],
+                           _alloc(BASE, 8, "count"),
+                           _op(S1, "kernel:sum", 21, w=[("d", BASE, 8)]),
+                           _op(S2, "copy_dtoh", 22, r=[("d", BASE, 8)])]
+    (f,) = _findings(events)
+    assert (f["first"]["step"], f["second"]["step"]) == ("prog.py:21", "prog.py:22")
+    assert f["owner"].startswith("tensor count") and not f["reused"]
