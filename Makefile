@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: install run test test-gpu test-pythons bench clean
+.PHONY: install run test test-gpu test-gpu-core test-gpu-watch test-pythons bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,8 +36,17 @@ test-pythons:
 	done
 
 # On a GPU machine with CuPy, pytest and the dependencies already installed: no venv, no installs.
-test-gpu:
-	PYTHONPATH=$(CURDIR) $(PYTHON) -m pytest -q -s -m gpu -p no:cacheprovider tests
+# Two parts, each within ten minutes on an H200: the harness's own GPU tests, and gpurace watch
+# on real PyTorch and CuPy programs (tests/watch_programs).
+WATCH_GPU_TESTS := tests/test_watch_gpu.py tests/test_capture_cupy_gpu.py
+test-gpu: test-gpu-core test-gpu-watch
+
+test-gpu-core:
+	PYTHONPATH=$(CURDIR) $(PYTHON) -m pytest -q -s -m gpu -p no:cacheprovider tests \
+	  $(addprefix --ignore=,$(WATCH_GPU_TESTS))
+
+test-gpu-watch:
+	PYTHONPATH=$(CURDIR) $(PYTHON) -m pytest -q -s -m gpu -p no:cacheprovider $(WATCH_GPU_TESTS)
 
 # On a GPU machine: copy batching, and the harness's trial rate against a bare CuPy loop.
 bench:
