@@ -69,8 +69,9 @@ class Sink:
     A batch is written whenever the host is about to wait on the device (a synchronize: the
     moment a dead context or a hung kernel is found, and the process may never come back), when
     the buffer holds :data:`FLUSH_EVENTS`, and at exit; so a program that dies loses at most the
-    events since its last wait. Appending is one list append: a source's cost per op stays in
-    the source, not here. Thread-safe: sources may fire from any of the program's threads."""
+    events since its last wait. Appending is one list append under a lock: a source's cost per
+    op stays in the source, not here. Thread-safe: sources may fire from any of the program's
+    threads (an emit waits while another thread's flush writes)."""
 
     def __init__(self, out: TextIO) -> None:
         self._out = out
@@ -83,8 +84,9 @@ class Sink:
         return cls(open(path, "a", encoding="utf-8", buffering=1 << 16))  # noqa: SIM115
 
     def emit(self, event: list[Any]) -> None:
-        events = self._events
-        events.append(event)
+        with self._lock:  # another thread's flush may be taking the list
+            events = self._events
+            events.append(event)
         if len(events) >= FLUSH_EVENTS:
             self.flush()
 
