@@ -76,8 +76,12 @@ def watched(python: str, prog: Path, flags: list[str], out_dir: Path
         "outcomes": result["outcomes"]}
 
 
+_TORCH_IMPORT = re.compile(r"^\s*(?:import|from)\s+[\w., ]*\btorch\b", re.M)
+
+
 def is_torch(prog: Path) -> bool:
-    return "import torch" in prog.read_text()
+    """Whether a program imports PyTorch (the sanitizer runs on PyTorch programs only)."""
+    return _TORCH_IMPORT.search(prog.read_text()) is not None
 
 
 def bench(programs: list[Path], python: str, iters: int, repeats: int) -> list[dict[str, Any]]:

@@ -206,6 +206,8 @@ class _Capture:
                     continue  # pageable: the host's private memory
                 if not plan.no_work:
                     (writes if written else reads).extend(_spans(space, t))
+        if cuda_index is None and not reads and not writes and not plan.fresh_returns:
+            return func(*args, **kwargs)  # the host's work on its private (pageable) memory
         frame = program_frame(2)
         site = site_of(frame)
         sid = None
