@@ -16,7 +16,9 @@ Every access is a byte range of a device buffer or a pinned host buffer, the hos
 writes included. History is kept per byte range, not per lease, so a page released and
 materialized again keeps its past: the old owner's in-flight write still conflicts with the new
 owner's. Two accesses conflict when their bytes overlap, at least one writes, and neither is
-ordered before the other. The history of a buffer is stored in blocks (its pages, or 64 KiB),
+ordered before the other. Of the accesses one thread (a stream, the host) made that conflict
+with an access and are not ordered before it, only the latest is reported: the edge that orders
+it orders all the rest. The history of a buffer is stored in blocks (its pages, or 64 KiB),
 grown in whole pages so that no buffer has more than ``HISTORY_MAX_BLOCKS``: the work of one
 access is bounded whatever size a trace declares.
 
@@ -56,11 +58,13 @@ def history_block(nbytes: int, page_bytes: int) -> int:
     base = page_bytes or BLOCK
     need = -(-nbytes // HISTORY_MAX_BLOCKS)
     return base if need <= base else -(-need // base) * base
+
+
 DEVICE_MEMORY = "device memory"
 PINNED_MEMORY = "pinned host memory"
 CAPTURED_MEMORY = frozenset({DEVICE_MEMORY, PINNED_MEMORY})
-"""The buffers of a watched program's memory (harness.capture.translate): findings name the
-tensor that held the bytes first."""
+"""The buffers of a watched program's memory (harness.capture.translate): a finding names the
+tensor that held the bytes, and the memory after it."""
 WAITS_KEPT = 64
 """Waits remembered per stream (and records per event), to explain a wait that missed."""
 
