@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# The main job: the safe scenarios on the best backend here (sim when there is no GPU).
+# The main job: the safe smoke suite on the best backend here (sim when there is no GPU).
 run: $(STAMP)
 	$(BIN)/gpurace run smoke --backend auto
 

@@ -127,7 +127,8 @@ def main() -> None:
 
     \b
     Exit codes: 0 every expectation met, 1 an expectation failed, 2 usage error or invalid
-    input, 3 internal error, 77 nothing could run here.
+    input, 3 internal error, 77 nothing could run here, 130 stopped by Ctrl-C, 143 stopped
+    by SIGTERM (what finished is kept).
     """
 
 
@@ -438,7 +439,7 @@ def _write_and_show(result: RunResult, junit: Path | None, fmt: str,
             out.print("\nThe race window (manifested against the injected delay):\n"
                       + escape(render_terminal(window)), highlight=False)
             out.print(escape(f"  {Path(result.folder) / 'window.csv'}" + (
-                f", {picture}" if picture else " (pip install gpurace[plot] for window.png)")),
+                f", {picture}" if picture else " (pip install 'gpurace[plot]' for window.png)")),
                 highlight=False)
 
 
@@ -537,7 +538,7 @@ def report_window(run: Path, output: Path) -> None:
     """Draw the race window of a `--sweep` run (its run.json, or its folder) as a PNG: the
     rate against the injected delay per variant, with Wilson 95% intervals and the measured
     interpreter gap, as `run --sweep` draws it where matplotlib is installed. For a sweep made
-    on a machine without it (pip install gpurace[plot] here)."""
+    on a machine without it (pip install 'gpurace[plot]' here)."""
     check_file(output, "--output")
     path = run / "run.json" if run.is_dir() else run
     try:
@@ -555,7 +556,7 @@ def report_window(run: Path, output: Path) -> None:
     try:
         plot_png(window, output)
     except ImportError:
-        raise ReportError("matplotlib is not installed: pip install gpurace[plot]") from None
+        raise ReportError("matplotlib is not installed: pip install 'gpurace[plot]'") from None
     out.print(f"{output}: {len(window.curves())} curve(s), {len(window.points)} points",
               highlight=False)
 
@@ -966,6 +967,8 @@ def _log(line: str) -> None:
     err.file.flush()
 
 
+INCIDENTS_LISTED = 10
+"""Incident folders a summary lists by name; it says how many more there are, and where."""
 TABLE_MIN_WIDTH = 100
 """Below this many columns the summary is a line per variant rather than a table: a table's
 columns would cut words (the CI logs of 80 columns)."""
@@ -1027,8 +1030,11 @@ def _print_summary(result: RunResult, out_dir: Path) -> None:
     if incidents:
         out.print(f"  {len(incidents)} incident reports (gpurace report list {out_dir}):",
                   highlight=False)
-        for path in incidents[:10]:
+        for path in incidents[:INCIDENTS_LISTED]:
             out.print(f"    {path}", highlight=False)
+        if len(incidents) > INCIDENTS_LISTED:
+            out.print(f"    and {len(incidents) - INCIDENTS_LISTED} more in {result.folder}",
+                      highlight=False)
     for retired in [] if result.stopped else result.retired:  # when all stopped, it says so
         out.print(f"[bold red]retired:[/] {escape(retired)}")
     if result.stopped:

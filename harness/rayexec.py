@@ -38,7 +38,7 @@ def connect(address: str | None) -> Any:
                 import ray
             except ImportError as exc:
                 raise ExecutorError(f"--executor ray needs Ray ({exc}); install "
-                                    "gpurace[ray]") from None
+                                    "'gpurace[ray]'") from None
             if not ray.is_initialized():
                 try:
                     ray.init(address=address, include_dashboard=False, log_to_driver=False,

@@ -202,3 +202,35 @@ def test_a_check_says_whose_bytes_it_found(tmp_path: Path) -> None:
         "found 0xA5 (what the page held before this trial: nothing wrote it yet)")
     assert detail("vllm-36013").endswith(
         "found 0x00 (buffer accepted-cpu as each trial starts it: nothing had landed in it yet)")
+
+
+def test_a_summary_lists_ten_incidents_and_says_how_many_more_and_where(monkeypatch,
+                                                                      tmp_path: Path) -> None:
+    import io
+
+    from rich.console import Console
+
+    from harness import cli
+    from harness.outcome import VariantResult
+    from harness.runner import RunResult
+    text = io.StringIO()
+    monkeypatch.setattr(cli, "out", Console(file=text, width=200))
+    variant = VariantResult(scenario="s", variant="buggy", expect="reproduces", path="s.yaml",
+                            dangerous=False, amplified=True, delay_us=100.0)
+    variant.reports = [str(tmp_path / f"incident-{i:02d}") for i in range(13)]
+    result = RunResult(backend="sim", device={"backend": "sim"}, seed=0,
+                       folder=str(tmp_path), results=[variant])
+    cli._print_summary(result, tmp_path)
+    lines = text.getvalue().splitlines()
+    assert any(line.strip() == f"13 incident reports (gpurace report list {tmp_path}):"
+               for line in lines)
+    assert sum("incident-" in line for line in lines) == 10
+    assert any(line.strip() == f"and 3 more in {tmp_path}" for line in lines)
+
+
+def test_help_names_every_exit_code() -> None:
+    shown = " ".join(CliRunner().invoke(main, ["--help"]).output.split())
+    for code, words in ((0, "every expectation met"), (1, "an expectation failed"),
+                        (2, "usage error"), (3, "internal error"), (77, "nothing could run"),
+                        (130, "stopped by Ctrl-C"), (143, "stopped by SIGTERM")):
+        assert f"{code} {words}" in shown

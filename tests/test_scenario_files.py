@@ -129,7 +129,8 @@ def test_catalog_reactivation_values() -> None:
 def test_smoke_suite_loads() -> None:
     suite = load_suite(SCENARIOS / "suites" / "smoke.yaml")
     assert suite.name == "smoke"
-    assert suite.description.startswith("the safe scenarios")
+    # It says what it holds: one scenario, not "the safe scenarios".
+    assert suite.description.startswith("a safe scenario") and len(suite.scenarios) == 1
     assert suite.scenarios == ((SCENARIOS / "release_fence.yaml").resolve(),)
     assert load_scenario(suite.scenarios[0]).name == "release-fence"
 

@@ -53,10 +53,10 @@ def test_without_matplotlib_a_sweep_has_its_csv_and_a_terminal_window(
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib fails
     folder, doc, stdout = _sweep(tmp_path)
     assert not (folder / "window.png").exists() and (folder / "window.csv").exists()
-    assert "pip install gpurace[plot]" in stdout and "█" in stdout
+    assert "pip install 'gpurace[plot]'" in stdout and "█" in stdout
     result = CliRunner().invoke(main, ["report", "window", str(folder), "-o",
                                        str(tmp_path / "w.png")])
-    assert result.exit_code == 2 and "pip install gpurace[plot]" in result.stderr
+    assert result.exit_code == 2 and "pip install 'gpurace[plot]'" in result.stderr
 
 
 def test_report_window_draws_a_saved_sweep(tmp_path: Path) -> None:
