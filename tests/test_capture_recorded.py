@@ -3,8 +3,9 @@
 tests/capture_recorded/ holds the capture events each program of tests/watch_programs wrote on
 an H200 (PyTorch 2.11, CuPy 14.2) under `gpurace watch` (`make test-gpu-watch` with
 GPURACE_RECORD_DIR set records them again): the PyTorch dispatch mode's ops, PyTorch's GPU trace
-callbacks, CuPy's hooks, as the sources said them. Replayed through the translator and the detector, each buggy
-program's race is found, at the lines its docstring names, and no fixed twin's.
+callbacks, CuPy's hooks, as the sources said them. Replayed through the translator and the
+detector, each buggy program's race is found, at the lines its docstring names, and no fixed
+twin's.
 """
 
 from __future__ import annotations
