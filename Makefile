@@ -2,24 +2,33 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed-stamp
+# What the main job needs (gpurace and its five dependencies), and what the tests need besides
+# (the dev extra: pytest, Hypothesis, the schema checkers, Ray, matplotlib).
+RUN_STAMP  := $(VENV)/.run-stamp
+TEST_STAMP := $(VENV)/.test-stamp
 
 .PHONY: install run test test-gpu test-gpu-core test-gpu-watch test-pythons bench clean
 
-$(STAMP): pyproject.toml
+$(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
-	touch $(STAMP)
 
-install: $(STAMP)
+$(RUN_STAMP): pyproject.toml | $(VENV)/bin/python
+	$(BIN)/python -m pip install --quiet -e .
+	touch $(RUN_STAMP)
+
+$(TEST_STAMP): pyproject.toml | $(VENV)/bin/python
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(TEST_STAMP) $(RUN_STAMP)
+
+install: $(RUN_STAMP)
 
 # The main job: the safe smoke suite on the best backend here (sim when there is no GPU).
-run: $(STAMP)
+run: $(RUN_STAMP)
 	$(BIN)/gpurace run smoke --backend auto
 
 # The whole CPU suite (GPU tests are deselected by the `gpu` marker).
-test: $(STAMP)
+test: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q
 
 # The CPU suite on the oldest and the newest Python gpurace supports (3.10, 3.13), each in a
