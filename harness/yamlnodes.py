@@ -29,6 +29,7 @@ from harness.limits import (
     YAML_MAX_NODES,
 )
 from harness.model import Location
+from harness.traces.kinds import wrong_kind
 
 ROOT = "(document)"
 NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9_-]*")
@@ -308,6 +309,11 @@ def open_yaml(path: str | Path) -> tuple[Reader, Node]:
         loader = _BoundedLoader(text, file)
         root = loader.get_single_node()
     except yaml.MarkedYAMLError as exc:
+        wrong = wrong_kind(text, "a scenario")
+        if wrong is not None and not wrong.startswith("this is a suite"):
+            raise ScenarioError(Location(file, 1, 1, "(file)"),
+                                wrong.replace("not a scenario", "not a scenario or suite")
+                                ) from None
         raise _syntax_error(file, exc) from None
     except yaml.reader.ReaderError as exc:
         line = text.count("\n", 0, exc.position) + 1

@@ -20,6 +20,7 @@ from typing import Any
 from harness.errors import TraceError
 from harness.inputs import Unreadable, clip, plain, read_input, utf8_error_at
 from harness.limits import COUNT_MAX, ECHO_MAX_CHARS, JSON_MAX_DEPTH, TEXT_MAX_CHARS
+from harness.traces.kinds import wrong_kind
 
 
 def read_text(path: Path, what: str, limit: int,
@@ -68,6 +69,8 @@ class LineParser:
 
     remedy = "fix this line"
     """What to do about a line that is not one whole JSON object."""
+    reads = "a JSON Lines file"
+    """What it reads, as :func:`~harness.traces.kinds.wrong_kind` names documents."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -99,9 +102,14 @@ class LineParser:
                 record = json.loads(line, object_pairs_hook=_no_duplicates,
                                     parse_constant=_no_constant)
             except json.JSONDecodeError as exc:
+                wrong = wrong_kind(text, self.reads) if number == 1 else None
+                if wrong is not None:
+                    raise self.fail("(file)", wrong, 1) from None
                 torn = number == len(lines) and not text.endswith("\n")
                 why = "the file ends mid-record; " if torn else ""
-                raise self.fail("(record)", f"truncated or not JSON ({why}{exc.msg} at column "
+                # json says "Unterminated string starting at": the column follows once.
+                said = exc.msg.removesuffix(" at")
+                raise self.fail("(record)", f"truncated or not JSON ({why}{said} at column "
                                             f"{exc.colno}); each line must be one whole JSON "
                                             f"object: {self.remedy}", exc.colno) from None
             except _DuplicateKey as exc:

@@ -83,6 +83,7 @@ def is_op_trace(path: Path) -> bool:
 
 
 class _Parser(LineParser):
+    reads = "an op trace"
     remedy = "the trace was cut or edited; record it again (`gpurace run --record`)"
 
     def __init__(self, path: Path) -> None:

@@ -190,6 +190,7 @@ def write_ticket(ticket: Ticket | tuple[TicketHeader, Sequence[Request]],
 
 class _Parser(LineParser):
     """Checks one ticket's records in order; ``fail`` raises the error for the current line."""
+    reads = "a ticket"
 
     remedy = "remake the ticket or fix this line"
 
