@@ -406,7 +406,8 @@ def _execute(scenarios: Sequence[Scenario], options: RunOptions, *, insist: bool
             result = runner.run(scenarios)
     finally:
         signal.signal(signal.SIGTERM, previous)
-    _write_and_show(result, junit, fmt)
+    _write_and_show(result, junit, fmt, show=lambda r: _print_summary(
+        r, Path(r.folder), recorded=options.record))
     if result.interrupted:
         done = sum(r.trials for r in result.results)
         err.print(f"interrupted ({result.interrupted}): {Path(result.folder) / 'run.json'} "
@@ -974,7 +975,7 @@ TABLE_MIN_WIDTH = 100
 columns would cut words (the CI logs of 80 columns)."""
 
 
-def _print_summary(result: RunResult, out_dir: Path) -> None:
+def _print_summary(result: RunResult, out_dir: Path, recorded: bool = False) -> None:
     device = result.device.get("name", result.backend)
     lanes = f", {len(result.lanes)} devices side by side" if len(result.lanes) > 1 else ""
     title = f"gpurace run on {result.backend} ({device}{lanes}), seed {result.seed}"
@@ -1035,6 +1036,11 @@ def _print_summary(result: RunResult, out_dir: Path) -> None:
         if len(incidents) > INCIDENTS_LISTED:
             out.print(f"    and {len(incidents) - INCIDENTS_LISTED} more in {result.folder}",
                       highlight=False)
+    if recorded:
+        traces = sorted(Path(result.folder).glob("workers/*/trial-*.jsonl"))
+        out.print(f"  --record kept {len(traces)} trial traces: "
+                  f"{Path(result.folder) / 'workers'}/*/trial-*.jsonl (gpurace check FILE "
+                  "reads one)", highlight=False, soft_wrap=True)
     for retired in [] if result.stopped else result.retired:  # when all stopped, it says so
         out.print(f"[bold red]retired:[/] {escape(retired)}")
     if result.stopped:

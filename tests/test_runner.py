@@ -234,3 +234,14 @@ def test_help_names_every_exit_code() -> None:
                         (2, "usage error"), (3, "internal error"), (77, "nothing could run"),
                         (130, "stopped by Ctrl-C"), (143, "stopped by SIGTERM")):
         assert f"{code} {words}" in shown
+
+
+def test_record_says_where_it_kept_every_trials_trace(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["run", "release-fence", "--backend", "sim", "--trials",
+                                       "2", "--record", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    (folder,) = tmp_path.glob("run-*")
+    traces = sorted(folder.glob("workers/*/trial-*.jsonl"))
+    assert len(traces) == 4  # two variants, two trials each
+    said = " ".join(result.output.split())
+    assert f"--record kept 4 trial traces: {folder / 'workers'}/*/trial-*.jsonl" in said
