@@ -432,10 +432,11 @@ def _write_and_show(result: RunResult, junit: Path | None, fmt: str,
         write_atomic(junit, render_junit(document))
     if fmt == "json":
         click.echo(json.dumps(document, indent=2))
-    elif show is not None:
-        show(result)
     else:
-        _print_summary(result, Path(result.folder))
+        if show is not None:
+            show(result)
+        else:
+            _print_summary(result, Path(result.folder))
         if window.points:
             out.print("\nThe race window (manifested against the injected delay):\n"
                       + escape(render_terminal(window)), highlight=False)

@@ -19,6 +19,7 @@ from typing import Any
 
 from reports.atomic import atomic_writer
 from reports.incident import TRACE, load_report, trace_records
+from reports.junit import percent_interval
 from reports.model import ReportError
 from reports.timeline import racing_pairs
 
@@ -149,7 +150,7 @@ def render_terminal(window: Window) -> str:
             mark = " <- gap" if gap is not None and _brackets(points, p, gap) else ""
             lines.append(f"  {p.delay_us:>8g} µs |{'█' * filled}{'·' * (BAR - filled)}| "
                          f"{p.manifested:>4}/{p.trials:<4} {100 * p.rate:5.1f}% "
-                         f"[{100 * p.low:.0f}-{100 * p.high:.0f}%]{mark}")
+                         f"[{percent_interval((p.low, p.high))}]{mark}")
     return "\n".join(lines)
 
 

@@ -77,3 +77,14 @@ def test_report_window_draws_a_saved_sweep(tmp_path: Path) -> None:
     os.mkfifo(fifo)
     piped = CliRunner().invoke(main, ["report", "window", str(fifo), "-o", str(out)])
     assert piped.exit_code == 2 and "a pipe, not a file" in piped.stderr, piped.output
+
+
+def test_the_window_and_the_table_say_one_interval_for_one_count() -> None:
+    """#29: the summary table said 0-17% for 0/20 and the window [0-16%]."""
+    from harness.rates import wilson
+    from reports import percent_interval
+    from reports.window import Point, Window, render_terminal
+    low, high = wilson(0, 20)
+    window = Window((Point("s", "buggy", 0.0, 20, 0, low, high),), {})
+    assert percent_interval((low, high)) == "0-17%"
+    assert render_terminal(window).rstrip().endswith("[0-17%]")
