@@ -68,7 +68,7 @@ from harness.runner import (
     RunResult,
     Runner,
 )
-from harness.targets import PATH_VARIABLE, catalog, resolve_targets
+from harness.targets import PATH_VARIABLE, catalog, resolve_targets, shown_target
 
 
 
@@ -77,8 +77,10 @@ def _console(stream: TextIO) -> Console:
     truncate the results table's headers and wrap every finding; logs are wide, so there a
     line keeps its width unless COLUMNS says otherwise."""
     wide = not stream.isatty() and "COLUMNS" not in os.environ
-    # No emoji codes: a message's "file:100:3" must not print as "file💯3".
-    return Console(stderr=stream is sys.stderr, width=160 if wide else None, emoji=False)
+    # No emoji codes: a message's "file:100:3" must not print as "file💯3". In a log a line is
+    # never wrapped (soft wrap): a wrap at 160 columns cut words and paths in two.
+    return Console(stderr=stream is sys.stderr, width=160 if wide else None, emoji=False,
+                   soft_wrap=wide)
 
 
 err = _console(sys.stderr)
@@ -385,6 +387,7 @@ def run_cmd(targets: Sequence[str], trials: int | None, variants: Sequence[str],
 
 
 def _execute(scenarios: Sequence[Scenario], options: RunOptions, *, insist: bool,
+             command: str = "run",
              junit: Path | None, fmt: str) -> None:
     """Run, write run.json (and JUnit), print, and exit with the run's code: run and replay."""
     out_dir = options.out_dir or Path("gpurace-reports")
@@ -407,7 +410,7 @@ def _execute(scenarios: Sequence[Scenario], options: RunOptions, *, insist: bool
     finally:
         signal.signal(signal.SIGTERM, previous)
     _write_and_show(result, junit, fmt, show=lambda r: _print_summary(
-        r, Path(r.folder), recorded=options.record))
+        r, Path(r.folder), recorded=options.record, command=command))
     if result.interrupted:
         done = sum(r.trials for r in result.results)
         err.print(f"interrupted ({result.interrupted}): {Path(result.folder) / 'run.json'} "
@@ -490,8 +493,11 @@ def merge_cmd(runs: Sequence[Path], out_dir: Path, junit: Path | None, fmt: str)
 @click.argument("ticket", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--defect", "defects", multiple=True,
               type=click.Choice(list(kvcore.Defects.names())),
-              help="Switch on one of kvcore's known bugs (repeatable): publish_on_legacy_stream "
-                   "is ninfer #210, release_fence the unfenced release. Needs --dangerous.")
+              help="Switch on one of kvcore's known bugs (repeatable), named for the pool "
+                   "setting it breaks: publish_on_legacy_stream (publishes go to the legacy "
+                   "stream: ninfer #210), release_fence (a release without a fence), "
+                   "table_shadow_wait (a publish rewrites the pinned shadow without waiting). "
+                   "Needs --dangerous.")
 @click.option("--trials", type=click.IntRange(min=1, max=TRIALS_MAX), default=1,
               show_default=True, help="How many times to replay the whole ticket.")
 @_shared_run_options
@@ -501,7 +507,7 @@ def replay_cmd(ticket: Path, defects: Sequence[str], trials: int, **shared: Any)
     re-activated every turn. With --defect publish_on_legacy_stream, ninfer-210 crashes."""
     scenario = replay_scenario(ticket, tuple(defects))
     options, how = _run_options(shared, trials=trials)
-    _execute([scenario], options, **how)
+    _execute([scenario], options, command="replay", **how)
 
 
 def _check_variants(scenarios: Sequence[Scenario], wanted: Sequence[str]) -> None:
@@ -652,12 +658,22 @@ def explore_cmd(target: str, variants: Sequence[str], strategy: str, bound: int,
             out.print(f"{e.scenario} ({e.variant}, expects {variant.expect}): {e.tried} "
                       f"schedules over {e.ops} ops{threads}, {len(e.failing)} failing; "
                       f"{e.stop.value}; {verdict}")
-            for t in e.failing[:10]:
-                out.print(f"  {t.token}  {t.outcome.value}: {escape(t.detail)}",
+            # Random and PCT runs meet one failing schedule many times: each is listed once.
+            seen: dict[str, list[Any]] = {}
+            for t in e.failing:
+                seen.setdefault(t.token, [t, 0])[1] += 1
+            for t, times in list(seen.values())[:10]:
+                again = f" ({times} runs)" if times > 1 else ""
+                out.print(f"  {t.token}{again}  {t.outcome.value}: {escape(t.detail)}",
                           highlight=False)
+            if len(seen) > 10:
+                out.print(f"  and {len(seen) - 10} more failing schedules (--format json "
+                          "lists them)", highlight=False)
             if e.failing:
-                out.print(f"  replay: gpurace run {scenario.path} --backend sim --variant "
-                          f"{variant.name} --dangerous --schedule {e.failing[0].token}",
+                dangerous = " --dangerous" if scenario.dangerous else ""
+                out.print(f"  replay: gpurace run {shown_target(scenario.path, scenario.name)}"
+                          " --backend sim --variant "
+                          f"{variant.name}{dangerous} --schedule {e.failing[0].token}",
                           highlight=False)
     sys.exit(0 if met else 1)
 
@@ -716,7 +732,13 @@ def check_cmd(trace: Path, fmt: str) -> None:
 
 def _trace_file(trace: Path) -> Path:
     """TRACE as `check` and `trace export` take it: a trace.jsonl, or an incident folder."""
-    return trace / "trace.jsonl" if trace.is_dir() else trace
+    if not trace.is_dir():
+        return trace
+    if not (trace / "trace.jsonl").exists():
+        raise click.BadParameter(f"{trace} is a folder without a trace.jsonl: give an "
+                                 "incident folder (gpurace report list shows them) or a trace "
+                                 "file", param_hint="TRACE")
+    return trace / "trace.jsonl"
 
 
 @main.group("trace")
@@ -976,10 +998,11 @@ TABLE_MIN_WIDTH = 100
 columns would cut words (the CI logs of 80 columns)."""
 
 
-def _print_summary(result: RunResult, out_dir: Path, recorded: bool = False) -> None:
+def _print_summary(result: RunResult, out_dir: Path, recorded: bool = False,
+                   command: str = "run") -> None:
     device = result.device.get("name", result.backend)
     lanes = f", {len(result.lanes)} devices side by side" if len(result.lanes) > 1 else ""
-    title = f"gpurace run on {result.backend} ({device}{lanes}), seed {result.seed}"
+    title = f"gpurace {command} on {result.backend} ({device}{lanes}), seed {result.seed}"
     detect = any(r.detected for r in result.results)
     rows = []
     for r in result.results:

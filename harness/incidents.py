@@ -8,7 +8,6 @@ that reproduces it; ``reports`` renders and writes it.
 from __future__ import annotations
 
 import datetime as _dt
-import os
 import shlex
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 from harness.errors import TraceError
 from harness.traces.optrace import load_trace
 from harness.model import Scenario, Variant
+from harness.targets import shown_target
 from harness.outcome import TrialResult
 
 LAST_OPS = 300
@@ -27,13 +27,7 @@ def reproduce_argv(scenario: Scenario, variant: Variant, trial: TrialResult, *, 
                    delay_overridden: bool, timeout_s: float | None,
                    schedule: str | None = None, poison: bool = False) -> list[str]:
     """The gpurace command line that runs exactly this trial again."""
-    path = scenario.path
-    try:
-        shown = os.path.relpath(path)
-        if shown.startswith(".."):
-            shown = str(path)
-    except ValueError:  # another drive on Windows
-        shown = str(path)
+    shown = shown_target(scenario.path, scenario.name)
     if scenario.replay_defects is not None:
         argv = ["gpurace", "replay", shown, "--backend", backend]
         for defect in scenario.replay_defects:
@@ -56,6 +50,23 @@ def reproduce_argv(scenario: Scenario, variant: Variant, trial: TrialResult, *, 
     return argv
 
 
+def trace_tail(trial: TrialResult) -> tuple[list[dict[str, Any]], dict[str, str], int]:
+    """A trial's last ops as a report carries them, the names of the buffers they name (by
+    id), and how many ops it had; nothing of its trace when that cannot be read."""
+    if not trial.trace or not Path(trial.trace).exists():
+        return [], {}, trial.ops_total
+    try:
+        trace = load_trace(Path(trial.trace))
+    except TraceError:
+        return [], {}, trial.ops_total  # the report still stands without its last ops
+    ops = trace.ops
+    last = [{k: v for k, v in op.items() if k != "type"} for op in ops[-LAST_OPS:]]
+    used = {a[0] for op in last for a in (*op.get("reads", ()), *op.get("writes", ()))}
+    names = {str(r["id"]): str(r["name"]) for r in trace.records
+             if r["type"] == "buffer" and r["id"] in used}
+    return last, names, max(trial.ops_total, len(ops))
+
+
 def build_report(scenario: Scenario, variant: Variant, trial: TrialResult, *, backend: str,
                  device: dict[str, Any], health: dict[str, Any], run_seed: int,
                  amplification: dict[str, Any] | None, xids: list[dict[str, Any]],
@@ -63,22 +74,14 @@ def build_report(scenario: Scenario, variant: Variant, trial: TrialResult, *, ba
                  env: dict[str, str] | None = None) -> dict[str, Any]:
     """The gpurace.report/1 dict of one incident. ``env``: what the reproduce command must
     run under (the GPU a lane pinned the trial's worker to)."""
-    last_ops: list[dict[str, Any]] = []
-    ops_total = trial.ops_total
-    if trial.trace and Path(trial.trace).exists():
-        try:
-            ops = load_trace(Path(trial.trace)).ops
-        except TraceError:
-            ops = []  # the report still stands without its last ops
-        ops_total = max(ops_total, len(ops))
-        last_ops = [{k: v for k, v in op.items() if k != "type"} for op in ops[-LAST_OPS:]]
+    last_ops, buffers, ops_total = trace_tail(trial)
     return {
         "schema": "gpurace.report/1",
         "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "scenario": {"name": scenario.name, "path": str(scenario.path),
                      "description": scenario.description, "dangerous": scenario.dangerous},
         "variant": {"name": variant.name, "defects": variant.defects.to_json(),
-                    "expect": variant.expect},
+                    "bugs": list(variant.defects.active()), "expect": variant.expect},
         "trial": {"index": trial.index, "seed": trial.seed,
                   "duration_s": round(trial.duration_s, 4), "worker_pid": trial.worker_pid},
         "run_seed": run_seed,
@@ -97,6 +100,7 @@ def build_report(scenario: Scenario, variant: Variant, trial: TrialResult, *, ba
         "amplification": amplification,
         "findings": trial.findings,
         "last_ops": last_ops,
+        "buffers": buffers,
         "ops_total": ops_total,
         "trace": "trace.jsonl",
         "reproduce": {"command": shlex.join(argv), "argv": argv} if not env else {

@@ -253,7 +253,9 @@ class VariantResult:
                                f"hung in {got}/{n}")
             else:
                 self.reason = (f"expected to reproduce in at least {self.min_rate:.0%} of "
-                               f"trials; reproduced in {got}/{n}: the harness lost its power here"
+                               f"trials; reproduced in {got}/{n}: the race no longer shows "
+                               "(the known bug is fixed here, or the amplification no longer "
+                               "widens its window)"
                                + (f" ({hung} trials hung, which is not a reproduction: say "
                                   "`expect: hang` if the variant is meant to hang)"
                                   if hung else ""))

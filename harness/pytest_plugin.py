@@ -158,12 +158,12 @@ class VariantItem(pytest.Item):
         try:
             runner = Runner(options)
         except BackendUnavailable as exc:
-            pytest.skip(str(exc))
+            _skip_here(str(exc))
         # No user_properties: pytest's xunit2 JUnit has no place for them in a testcase; the
         # failure text names the incident folders.
         [result] = runner.run([self.scenario]).results
         if result.status is Status.SKIP:
-            pytest.skip(result.reason.replace("--dangerous", "--gpurace-dangerous"))
+            _skip_here(result.reason.replace("--dangerous", "--gpurace-dangerous"))
         if result.status is Status.FAIL:
             raise VariantFailed(_explain(result))
 
@@ -174,7 +174,13 @@ class VariantItem(pytest.Item):
         return str(super().repr_failure(excinfo, style))  # type: ignore[arg-type]
 
     def reportinfo(self) -> tuple[Path, int | None, str]:
-        return self.path, None, f"{self.scenario.name} [{self.variant}]"
+        return self.path, 0, f"{self.scenario.name} [{self.variant}]"  # 0: its first line
+
+
+def _skip_here(reason: str) -> None:
+    """Skip the item, reported at the scenario file (``-rs``), not at this plugin's line: the
+    skip pytest.mark.skip makes says where the test is the same way."""
+    raise pytest.skip.Exception(reason, _use_item_location=True)
 
 
 def _explain(result: VariantResult) -> str:

@@ -38,6 +38,23 @@ SCENARIO_ROOT = builtin_root()
 """Where the built-in scenarios are."""
 
 
+def shown_target(path: str | Path, name: str) -> str:
+    """How a command names a scenario so that it runs that file again: its path, relative to
+    here when it is under here; a built-in scenario of an installed gpurace by its name (its
+    path would be inside site-packages)."""
+    path = Path(path)
+    try:
+        shown = os.path.relpath(path)
+    except ValueError:  # another drive on Windows
+        shown = str(path)
+    if not shown.startswith(".."):
+        return shown
+    builtin = SCENARIO_ROOT.resolve()
+    if builtin.name != "scenarios" and path.resolve().is_relative_to(builtin):
+        return name  # the wheel's gpurace_scenarios: found by name from any folder
+    return str(path)
+
+
 def search_folders(extra: Sequence[Path] = ()) -> list[Path]:
     """The folders a name is looked up in, first match wins (see the module docstring)."""
     cwd = Path.cwd()

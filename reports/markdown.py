@@ -190,10 +190,15 @@ def _variant_fact(report: Mapping[str, Any], variant: Mapping[str, Any]) -> str:
     text = _code(name_of(report.get("variant")))
     if variant.get("expect"):
         text += f", expects {variant['expect']}"
+    bugs = variant.get("bugs")
     defects = variant.get("defects")
-    if isinstance(defects, Mapping) and defects:
+    if isinstance(bugs, list):
+        # The pool's settings read like fixes (release_fence=false is the bug): name the bugs.
+        text += (f"; known bugs switched on: {', '.join(map(str, bugs))}" if bugs else
+                 "; no known bug switched on (the correct pool)")
+    elif isinstance(defects, Mapping) and defects:  # a report written before "bugs"
         flags = ", ".join(f"{name}={str(on).lower()}" for name, on in defects.items())
-        text += f"; defects: {flags}"
+        text += f"; pool settings: {flags}"
     return text
 
 
@@ -326,30 +331,34 @@ def _last_ops(report: Mapping[str, Any]) -> str:
     intro += f" of {total} ops" if total is not None else " ops"
     if report.get("trace"):
         intro += f" (the whole trace is in {_code(report['trace'])})"
-    intro += "; byte ranges read `b<buffer>[start,end)`."
+    names = report.get("buffers") if isinstance(report.get("buffers"), Mapping) else {}
+    intro += ("; byte ranges read `buffer[start,end)`." if names else
+              "; byte ranges read `b<buffer>[start,end)`.")
     rows = [(op.get("seq", ""), op.get("stream", ""), op.get("kind", ""), op.get("step") or "",
-             _ranges(op.get("reads")), _ranges(op.get("writes"))) for op in shown]
+             _ranges(op.get("reads"), names), _ranges(op.get("writes"), names)) for op in shown]
     table = _table(["seq", "stream", "kind", "step", "reads", "writes"], rows)
     picture = f"\n\n![The last ops, one lane per stream; the racing ops red]({SVG})" \
         if SVG in (report.get("files") or []) else ""
     return f"## Last ops before the end\n\n{intro}{picture}\n\n{table}"
 
 
-def _ranges(ranges: Any) -> str:
-    """``[[3, 0, 64], ...]`` (buffer, offset, length) as ``b3[0,64) +2 more``."""
+def _ranges(ranges: Any, names: Mapping[str, Any] | None = None) -> str:
+    """``[[3, 0, 64], ...]`` (buffer, offset, length) as ``kv-arena[0,64) +2 more``: the
+    buffer by its name where the report names it (``buffers``), else ``b3``."""
     if not ranges:
         return ""
-    texts = [_range(r) for r in ranges[:MAX_RANGES]]
+    texts = [_range(r, names or {}) for r in ranges[:MAX_RANGES]]
     extra = len(ranges) - MAX_RANGES
     return " ".join(texts) + (f" +{extra} more" if extra > 0 else "")
 
 
-def _range(item: Any) -> str:
+def _range(item: Any, names: Mapping[str, Any]) -> str:
     if isinstance(item, Mapping):
         item = (item.get("buffer"), item.get("offset"), item.get("length"))
     try:
         buffer, offset, length = item
-        return f"b{buffer}[{offset},{int(offset) + int(length)})"
+        name = names.get(str(buffer)) or f"b{buffer}"
+        return f"{name}[{offset},{int(offset) + int(length)})"
     except (TypeError, ValueError):
         return str(item)
 

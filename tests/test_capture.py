@@ -318,6 +318,11 @@ def test_a_watch_stopped_by_sigterm_keeps_the_runs_that_ended_and_stops_the_prog
     doc = json.loads(doc_path.read_text())
     assert doc["interrupted"] == "SIGTERM" and doc["results"][0]["trials"] == 1
     assert doc["results"][0]["outcomes"]["clean"] == 1
+    import jsonschema
+
+    from harness import schemas
+    errors = list(jsonschema.Draft202012Validator(schemas.load("run")).iter_errors(doc))
+    assert not errors, [e.message for e in errors]
 
 
 _DISPATCH_PROBE = r'''
@@ -383,3 +388,36 @@ def test_of_one_streams_unordered_writes_only_the_latest_is_the_race():
     (f,) = _findings(events)
     assert (f["first"]["step"], f["second"]["step"]) == ("prog.py:21", "prog.py:22")
     assert f["owner"].startswith("tensor count") and not f["reused"]
+
+
+def test_a_watched_runs_incident_is_a_report_of_the_schema(tmp_path):
+    """The incident of a watched run that raced, as `gpurace watch` writes it: report.json
+    valid against the report schema (no pool settings: a program has none), its trace beside
+    it, `gpurace check` on it finding the race the report names."""
+    import jsonschema
+
+    from harness import schemas
+    from harness.capture.watch import Program, ProgramEnd, WatchOptions, _incident
+    from harness.outcome import Outcome, TrialResult
+    trace = tmp_path / "trace.jsonl"
+    log = tmp_path / "program.log"
+    log.write_text("work_s=0.01\n")
+    findings = _findings(_freed_and_reused([]), tmp_path)
+    program = Program("python3", "prog.py", ("--fixed",))
+    trial = TrialResult(index=0, seed=0, outcome=Outcome.CLEAN, race=True, trace=str(trace),
+                        findings=findings, duration_s=1.5, worker_pid=4321)
+    end = ProgramEnd(0, None, None, None, False, 1.5, "")
+    folder = _incident(tmp_path / "out", WatchOptions(program=program), trial,
+                       {"end": end, "run": {"log": str(log)}, "notes": ["a note"]})
+    report = json.loads((folder / "report.json").read_text())
+    errors = list(jsonschema.Draft202012Validator(schemas.load("report")).iter_errors(report))
+    assert not errors, [e.message for e in errors]
+    assert report["reproduce"]["argv"] == ["gpurace", "watch", "--", "python3", "prog.py",
+                                           "--fixed"]
+    assert (folder / "notes.txt").read_text() == "a note\n"
+    assert "known bugs" not in (folder / "report.md").read_text()
+    # The last ops' buffers by name (#29: report.md said b12 and b4).
+    assert set(report["buffers"].values()) == {"device memory"}
+    assert "device memory[" in (folder / "report.md").read_text()
+    again = check_trace(load_trace(folder / "trace.jsonl").records).findings
+    assert [f.to_json() for f in again] == findings

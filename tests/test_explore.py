@@ -64,3 +64,33 @@ def test_bad_schedule_and_workload_scenarios_are_usage_errors() -> None:
     workload = CliRunner().invoke(main, ["explore", "catalog-reactivation"])
     assert workload.exit_code == 2 and "exploration runs step scenarios" in workload.output
     assert "Traceback" not in bad.output + workload.output
+
+
+def test_a_schedule_met_in_many_runs_is_listed_once_with_its_count() -> None:
+    """#29: `explore --strategy pct` listed the same failing token six times; and the replay
+    hint said --dangerous for a scenario that is not dangerous."""
+    result = CliRunner().invoke(main, ["explore", "release-fence", "--variant", "buggy",
+                                       "--strategy", "pct", "--runs", "50"])
+    lines = [line.strip() for line in result.output.splitlines()]
+    listed = [line.split()[0] for line in lines if line.startswith("s1-")]
+    assert listed and len(listed) == len(set(listed)), lines
+    assert any(" runs)  corruption" in line for line in lines), lines
+    (hint,) = [line for line in lines if line.startswith("replay:")]
+    assert "--dangerous" not in hint and "scenarios/release_fence.yaml" in hint
+
+
+def test_a_built_in_scenario_of_an_installed_gpurace_is_named_by_its_name(monkeypatch,
+                                                                         tmp_path) -> None:
+    from harness import targets
+    installed = tmp_path / "site-packages" / "gpurace_scenarios"
+    installed.mkdir(parents=True)
+    (installed / "release_fence.yaml").write_text("")
+    monkeypatch.setattr(targets, "SCENARIO_ROOT", installed)
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)  # the user's folder: the installed package is elsewhere
+    assert targets.shown_target(installed / "release_fence.yaml", "release-fence") == \
+        "release-fence"
+    assert targets.shown_target(work / "mine.yaml", "mine") == "mine.yaml"
+    elsewhere = tmp_path / "theirs.yaml"
+    assert targets.shown_target(elsewhere, "theirs") == str(elsewhere)

@@ -51,3 +51,10 @@ def test_a_json_message_names_its_column_once(tmp_path):
         load_trace(bad)
     assert "(Unterminated string starting at column 56)" in str(caught.value)
     assert "at at" not in str(caught.value)
+
+
+def test_check_on_a_folder_without_a_trace_says_what_it_takes(tmp_path):
+    result = CliRunner().invoke(main, ["check", str(tmp_path)])
+    assert result.exit_code == 2
+    said = " ".join(result.output.split())
+    assert f"{tmp_path} is a folder without a trace.jsonl: give an incident folder" in said

@@ -38,6 +38,11 @@ def test_every_variant_is_an_item_and_dangerous_ones_skip(pytester: pytest.Pytes
     dangerous = 2 * 3  # cross-stream-race, catalog-reactivation, onnxruntime-4829
     result.assert_outcomes(passed=41 - dangerous, skipped=dangerous)
     assert any("pass --gpurace-dangerous to run it" in line for line in result.outlines)
+    # Each skip is told at its scenario file, not at the plugin's line (#29).
+    skips = [line for line in result.outlines if line.startswith("SKIPPED")]
+    assert sum(int(line.split("[", 1)[1].split("]", 1)[0]) for line in skips) == dangerous
+    assert not any("pytest_plugin.py" in line for line in skips)
+    assert any("scenarios/cross_stream_race.yaml:1: dangerous" in line for line in skips), skips
 
 
 def test_k_selects_and_junitxml_records_the_items(pytester: pytest.Pytester,

@@ -100,3 +100,17 @@ def test_text_output_piped_to_a_log_keeps_whole_lines(tmp_path: Path) -> None:
     assert any("publish_on_legacy_stream" in ln and "reproduces" in ln for ln in lines)
     race = next(ln for ln in lines if "race" in ln and "nothing orders" in ln)
     assert "record an event on legacy" in race
+
+
+def test_a_replays_summary_is_titled_as_a_replay(tmp_path) -> None:
+    """#29: a replay's summary said "gpurace run on sim"."""
+    from click.testing import CliRunner
+
+    from harness.cli import main
+    from harness.targets import SCENARIO_ROOT
+    result = CliRunner().invoke(main, ["replay", str(SCENARIO_ROOT / "tickets" /
+                                                     "ninfer-210.jsonl"), "--backend", "sim",
+                                       "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    titles = [line for line in result.output.splitlines() if line.strip().startswith("gpurace ")]
+    assert titles and titles[0].strip().startswith("gpurace replay on sim"), result.output

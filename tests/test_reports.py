@@ -515,3 +515,23 @@ def test_render_markdown_lists_race_findings() -> None:
     assert "## Races found" in text and "nothing orders transfer_stream's write" in text
     assert "(2 op pairs)" in text and "issued at `x.py:3`" in text
     assert "## Races found" not in render_markdown(full_report(findings=[]))
+
+
+def test_report_md_names_the_bugs_switched_on_not_the_pool_settings() -> None:
+    """#29: "defects: release_fence=false, publish_on_legacy_stream=false,
+    table_shadow_wait=true" read like fixes; the report names the bugs."""
+    variant = {"name": "buggy", "expect": "reproduces", "bugs": ["release_fence"],
+               "defects": {"release_fence": False, "publish_on_legacy_stream": False,
+                           "table_shadow_wait": True}}
+    text = render_markdown(full_report(variant=variant))
+    assert "known bugs switched on: release_fence" in text and "release_fence=false" not in text
+    fixed = render_markdown(full_report(variant={**variant, "bugs": []}))
+    assert "no known bug switched on (the correct pool)" in fixed
+
+
+def test_report_md_names_the_last_ops_buffers() -> None:
+    ops = [{"seq": 7, "stream": "transfer", "kind": "copy_htod", "reads": [[6, 0, 4096]],
+            "writes": [[3, 8192, 4096]]}]
+    text = render_markdown(full_report(last_ops=ops, buffers={"3": "kv-arena", "6": "old"}))
+    assert "old[0,4096)" in text and "kv-arena[8192,12288)" in text and "b3[" not in text
+    assert "b3[8192,12288)" in render_markdown(full_report(last_ops=ops))  # an older report

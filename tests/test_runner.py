@@ -245,3 +245,15 @@ def test_record_says_where_it_kept_every_trials_trace(tmp_path: Path) -> None:
     assert len(traces) == 4  # two variants, two trials each
     said = " ".join(result.output.split())
     assert f"--record kept 4 trial traces: {folder / 'workers'}/*/trial-*.jsonl" in said
+
+
+def test_a_line_to_a_log_is_never_wrapped(monkeypatch, capsys) -> None:
+    """#29: output to a pipe was wrapped mid-word at 160 columns."""
+    import io
+
+    from harness import cli
+    monkeypatch.delenv("COLUMNS", raising=False)
+    console = cli._console(io.StringIO())  # not a terminal: a log
+    words = " ".join(f"word{i}" for i in range(60)) + " /a/very/long/path/" + "x" * 80
+    console.print(words, highlight=False)
+    assert capsys.readouterr().out == words + "\n"

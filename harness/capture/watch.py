@@ -28,12 +28,12 @@ from typing import IO, Any
 
 from harness.capture.analysis import RunAnalysis
 from harness.capture.events import read_events
-from harness.errors import HarnessError, TraceError
-from harness.incidents import LAST_OPS
+from harness.errors import HarnessError
+from harness.gpu.nvml import health_snapshot
+from harness.incidents import trace_tail
 from harness.outcome import Outcome, TrialResult, VariantResult
 from harness.outputs import RunFolder
 from harness.runner import VERSION, RunHooks, RunResult
-from harness.traces.optrace import load_trace
 from reports import write_incident
 
 POLL_S = 0.1
@@ -173,6 +173,9 @@ def watch(options: WatchOptions, hooks: RunHooks | None = None) -> RunResult:
                             delay_us=None)
     result = RunResult(backend="cuda", device={"backend": "cuda"}, seed=0, folder=str(folder.path),
                        run_id=folder.run_id)
+    before = health_snapshot()
+    result.device = {"backend": "cuda", **({"name": before["name"]} if before.get("name")
+                                           else {})}
     hooks.variant_started(variant, options.runs)
     notes: list[str] = []
     runs: list[dict[str, Any]] = []
@@ -184,6 +187,7 @@ def watch(options: WatchOptions, hooks: RunHooks | None = None) -> RunResult:
     hooks.variant_finished(variant)
     result.results.append(variant)
     result.watch_notes = notes
+    result.health = {"before": before, "after": health_snapshot()}
     result.wall_s = time.monotonic() - start
     result.plan = {"digest": "0" * 64, "version": VERSION, "backend": "cuda", "seed": 0,
                    "sources": {}}
@@ -404,21 +408,15 @@ def _incident(folder: Path, options: WatchOptions, trial: TrialResult,
     """The incident folder of a run that raced or ended badly."""
     program = options.program
     end: ProgramEnd = info["end"]
-    last_ops: list[dict[str, Any]] = []
+    last_ops, buffers, _ = trace_tail(trial)
     trace = Path(trial.trace) if trial.trace else None
-    if trace is not None:
-        try:
-            ops = load_trace(trace).ops
-            last_ops = [{k: v for k, v in op.items() if k != "type"} for op in ops[-LAST_OPS:]]
-        except TraceError:
-            last_ops = []  # over the trace reader's bounds: the report stands without them
     argv = ["gpurace", "watch", "--", *program.argv]
     report = {
         "schema": "gpurace.report/1",
         "scenario": {"name": program.name, "path": program.target,
                      "description": f"the program {shlex.join(program.argv)}, watched",
                      "dangerous": False},
-        "variant": {"name": "watched", "defects": {}, "expect": "clean"},
+        "variant": {"name": "watched", "expect": "clean"},
         "trial": {"index": trial.index, "seed": 0, "duration_s": round(trial.duration_s, 4),
                   "worker_pid": trial.worker_pid},
         "run_seed": 0, "backend": "cuda", "device": {"backend": "cuda"}, "health": {},
@@ -426,6 +424,7 @@ def _incident(folder: Path, options: WatchOptions, trial: TrialResult,
         "cuda_error": trial.cuda_error, "step": None, "request": None, "xids": [],
         "xid_note": "", "kernel_log": [], "device_log": end.traceback or "",
         "amplification": None, "findings": trial.findings, "last_ops": last_ops,
+        "buffers": buffers,
         "ops_total": trial.ops_total, "trace": "trace.jsonl",
         "reproduce": {"command": shlex.join(argv), "argv": argv},
     }

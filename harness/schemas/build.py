@@ -337,8 +337,13 @@ def report_schema() -> Schema:
         "created": string(pattern=r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$"),
         "scenario": closed({"name": NAME, "path": string(), "description": string(),
                             "dangerous": BOOLEAN}),
-        "variant": closed({"name": NAME, "defects": ref("defects"),
-                           "expect": enum(EXPECTATIONS)}),
+        "variant": closed({
+            "name": NAME,
+            "defects": described(ref("defects"), "kvcore's pool settings in this variant (a "
+                                                 "scenario's; a watched program has none)"),
+            "bugs": described(array(string()), "the known bugs switched on: the pool settings "
+                                               "away from the correct pool's"),
+            "expect": enum(EXPECTATIONS)}, required=["name", "expect"]),
         "trial": closed({"index": integer(0), "seed": integer(0), "duration_s": SECONDS,
                          "worker_pid": nullable(integer(0))}),
         "run_seed": integer(), "backend": enum(["cuda", "sim"]), "device": ref("device"),
@@ -356,6 +361,8 @@ def report_schema() -> Schema:
                                           "delay_us": nullable(number(0, L.DELAY_MAX_US))})),
         "findings": array(ref("finding")),
         "last_ops": described(array(ref("op")), "the trial's last ops, as its trace has them"),
+        "buffers": described({"type": "object", "additionalProperties": string()},
+                             "the names of the buffers the last ops name, by buffer id"),
         "ops_total": integer(0),
         "trace": nullable(string()),
         "reproduce": closed({
@@ -365,6 +372,7 @@ def report_schema() -> Schema:
                              "GPU of a --gpus run's trial")}, required=["command", "argv"]),
         "files": described(array(string()), "what the incident folder holds"),
     })
+    body["required"].remove("buffers")  # reports written before it still read
     return document(
         "gpurace incident report", f"An incident's report.json: {REPORT_SCHEMA}. gpurace's "
         "readers need only schema, scenario, variant, trial and outcome (reports.model), and "

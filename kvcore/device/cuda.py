@@ -60,7 +60,7 @@ def _cupy() -> Any:
         import cupy
     except ImportError as exc:  # also covers a cupy wheel whose CUDA libraries are missing
         raise DeviceUnavailableError(
-            f"CuPy is not importable ({exc}); install gpurace[cuda] (or gpurace[cuda12])"
+            f"CuPy is not importable ({exc}); pip install 'gpurace[cuda]' (or 'gpurace[cuda12]')"
         ) from exc
     return cupy
 
