@@ -421,3 +421,13 @@ def test_a_watched_runs_incident_is_a_report_of_the_schema(tmp_path):
     assert "device memory[" in (folder / "report.md").read_text()
     again = check_trace(load_trace(folder / "trace.jsonl").records).findings
     assert [f.to_json() for f in again] == findings
+
+
+def test_the_default_streams_are_named_alike_whichever_source_saw_them():
+    streams = []
+    t = Translator(lambda record: None, lambda info: None, streams.append)
+    t.feed([["stream", 0, {"legacy": True, "name": "legacy", "source": "cupy"}],
+            ["stream", 2, {"blocking": True, "name": "per-thread", "source": "cupy"}],
+            ["stream", 0x30, {"blocking": False, "name": "side", "source": "cupy"}]])
+    assert [s.name for s in streams] == ["the legacy default stream",
+                                         "the per-thread default stream", "side"]

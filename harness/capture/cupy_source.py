@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.capture.events import DEVICE, HOST, LEGACY_STREAM, PER_THREAD_STREAM, Sink
-from harness.capture.sites import program_frame, program_site, thread_name, variable_for
+from harness.capture.sites import program_site, thread_name
 
 SOURCE = "cupy"
 HOOK_NAME = "gpurace"
@@ -348,10 +348,6 @@ class _CupySource:
         self._patches: list[tuple[Any, str, Any, bool]] = []
         self._device = AllocationMap()
         self._pinned = AllocationMap()
-        # The alloc events' details, by block, while the sink may still hold them: a call that
-        # returns a block's first array says what it is, and the program's name for it.
-        self._metas: dict[tuple[str, int], dict[str, Any]] = {}
-        self._to_name: list[tuple[dict[str, Any], Any, Callable[[Any], bool]]] = []
         self._seen_streams: set[int] = set()
         self._stream_sites: dict[int, str | None] = {}
         self._notes: set[Any] = set()
@@ -443,16 +439,12 @@ class _CupySource:
         return sid
 
     def _announce(self, sid: int) -> None:
-        name = None  # the translator names the default streams, alike for every source
         if sid == LEGACY_STREAM:
-            blocking = True
+            blocking, name = True, "legacy"
         elif sid == PER_THREAD_STREAM:
-            blocking = True  # not non-blocking: it orders with legacy
+            blocking, name = True, "per-thread"  # not non-blocking: it orders with legacy
         else:
-            Stream = getattr(getattr(self.cp, "cuda", None), "Stream", None)
-            name = None if not isinstance(Stream, type) else variable_for(
-                program_frame(3), lambda v: isinstance(v, Stream)
-                and getattr(v, "ptr", None) == sid)
+            name = None
             try:
                 blocking = not self._rt["streamGetFlags"](sid) & self._rt["streamNonBlocking"]
             except Exception:  # a handle CUDA does not know: CuPy's default flag
@@ -477,8 +469,6 @@ class _CupySource:
     def before_wait(self) -> None:
         """The host is about to wait on the device: write everything out first, since a dead
         context or a hang is found right here."""
-        if self._to_name:
-            self.name_pending()
         self.sink.flush()
 
     # -- frames -------------------------------------------------------------------------------
@@ -495,8 +485,6 @@ class _CupySource:
         A call inside another watched call is part of that one's op."""
         if not self.active or self.frame is not None:
             return call(*args, **kwargs)
-        if self._to_name:
-            self.name_pending()
         try:
             reads, writes, sid = plan()
             frame = _Frame(label, kind, sid, program_site(), reads, writes)
@@ -510,41 +498,9 @@ class _CupySource:
             self._tls.frame = None
         try:
             self.finish(frame, result)
-            self.describe(result)
         except Exception as exc:
             self.failed(label, exc)
         return result
-
-    def describe(self, result: Any) -> None:
-        """Arrays a call returned over blocks just handed out: say what they are (dtype and
-        shape), and look for the program's name for them at its next call."""
-        for a in result if isinstance(result, (list, tuple)) else (result,):
-            mem = getattr(getattr(a, "data", None), "mem", None)  # its memory block
-            if isinstance(a, self._base) and mem is not None and a.size:
-                base = mem.ptr
-                meta = self._metas.get((DEVICE, base))
-                if meta is not None and meta["what"] == "array":
-                    meta["what"] = f"array {a.dtype}[{', '.join(map(str, a.shape))}]"
-                    self._to_name.append((meta, program_frame(3), lambda v, base=base:
-                                          isinstance(v, self._base) and v.size > 0
-                                          and v.data.mem.ptr == base))
-
-    def describe_pinned(self, arr: Any) -> None:
-        """A pinned array cupyx made: its dtype and shape, and its name at the next call."""
-        ptr = arr.__array_interface__["data"][0] if arr.size else 0
-        meta = self._metas.get((HOST, ptr))
-        if meta is not None and meta["what"] == "pinned buffer":
-            meta["what"] = f"pinned array {arr.dtype}[{', '.join(map(str, arr.shape))}]"
-            self._to_name.append((meta, program_frame(3), lambda v, ptr=ptr:
-                                  isinstance(v, self._np_ndarray) and v.size > 0
-                                  and v.__array_interface__["data"][0] == ptr))
-
-    def name_pending(self) -> None:
-        """The names the program gave the arrays described since the last call (by now the
-        assignments have run), while their alloc events are still held by the sink."""
-        pending, self._to_name = self._to_name, []
-        for meta, frame, wanted in pending:
-            meta["name"] = variable_for(frame, wanted)
 
     def ordered(self) -> None:
         """Something that follows the current call's work is about to be written (an event
@@ -685,10 +641,9 @@ class _CupySource:
         try:
             sid = self.current_sid()
             self._device.add(ptr, size, sid)
-            meta = self._metas[(DEVICE, ptr)] = {"what": "array", "name": None,
-                                                 "site": program_site(), "stream": sid,
-                                                 "source": SOURCE, "block": block}
-            self.emit(["alloc", DEVICE, ptr, size, meta])
+            self.emit(["alloc", DEVICE, ptr, size, {"what": "array", "name": None,
+                                                    "site": program_site(), "stream": sid,
+                                                    "source": SOURCE, "block": block}])
             frame = self.frame
             if frame is not None and frame is not _OPAQUE:
                 frame.allocs.append([DEVICE, ptr, size])
@@ -700,7 +655,6 @@ class _CupySource:
             return
         try:
             self._device.remove(ptr)
-            self._metas.pop((DEVICE, ptr), None)
             self.emit(["free", DEVICE, ptr, {"site": program_site(), "streams": [],
                                              "source": SOURCE}])
             frame = self.frame
@@ -734,10 +688,9 @@ class _CupySource:
             return
         try:
             self._pinned.add(ptr, size)
-            meta = self._metas[(HOST, ptr)] = {"what": "pinned buffer", "name": None,
-                                               "site": program_site(), "stream": None,
-                                               "source": SOURCE}
-            self.emit(["alloc", HOST, ptr, size, meta])
+            self.emit(["alloc", HOST, ptr, size, {"what": "pinned buffer", "name": None,
+                                                  "site": program_site(), "stream": None,
+                                                  "source": SOURCE}])
             frame = self.frame
             if frame is not None and frame is not _OPAQUE:
                 frame.staging.append([HOST, ptr, size])
@@ -749,7 +702,6 @@ class _CupySource:
             return
         try:
             self._pinned.remove(ptr)
-            self._metas.pop((HOST, ptr), None)
             self.emit(["free", HOST, ptr, {"site": program_site(), "streams": [],
                                            "source": SOURCE}])
         except Exception as exc:
@@ -762,18 +714,12 @@ class _CupySource:
         import cupyx
         import cupyx._pinned_array as pinned
 
-        source = self
         pinned_class = _pinned_array_class()
         for name in ("empty_pinned", "empty_like_pinned"):
             original = getattr(pinned, name)
 
             def make(*args: Any, _original: Callable[..., Any] = original, **kwargs: Any) -> Any:
-                arr = _original(*args, **kwargs).view(pinned_class)
-                try:
-                    source.describe_pinned(arr)
-                except Exception as exc:
-                    source.failed("a pinned array's name", exc)
-                return arr
+                return _original(*args, **kwargs).view(pinned_class)
 
             watched = functools.wraps(original)(make)
             self.patch(pinned, name, watched)

@@ -111,7 +111,10 @@ class Translator:
             return
         legacy = bool(meta.get("legacy", sid == E.LEGACY_STREAM))
         blocking = bool(meta.get("blocking", sid == E.PER_THREAD_STREAM))
-        base = meta.get("name") or _stream_name(sid, legacy, meta.get("site"))
+        # The default streams are named alike whichever source saw them first.
+        default = legacy or sid == E.PER_THREAD_STREAM
+        base = (None if default else meta.get("name")) or _stream_name(sid, legacy,
+                                                                       meta.get("site"))
         name, n = base, 1
         while name in self._stream_names or name == HOST:
             n += 1
