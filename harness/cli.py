@@ -72,19 +72,73 @@ from harness.targets import PATH_VARIABLE, catalog, resolve_targets, shown_targe
 
 
 
-def _console(stream: TextIO) -> Console:
+class _Output:
+    """The command's standard output, which its reader may close early (``gpurace run ... |
+    head -2``). From then on what is printed goes nowhere and the command goes on to its own
+    end and exit code: the run's files are written, and a closed pipe never reads as a failed
+    expectation (click's own handling exits 1)."""
+
+    closed = False
+
+    def write(self, text: str) -> int:
+        if not self.closed:
+            try:
+                sys.stdout.write(text)
+            except BrokenPipeError:
+                self.close()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.closed:
+            try:
+                sys.stdout.flush()
+            except BrokenPipeError:
+                self.close()
+
+    def isatty(self) -> bool:
+        return not self.closed and sys.stdout.isatty()
+
+    def fileno(self) -> int:
+        return sys.stdout.fileno()
+
+    @property
+    def encoding(self) -> str:
+        return getattr(sys.stdout, "encoding", None) or "utf-8"
+
+    def close(self) -> None:
+        """The reader went away. Python flushes stdout once more as it exits: the descriptor
+        is pointed at /dev/null so that flush has nothing to fail on."""
+        self.closed = True
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+        except (OSError, ValueError, AttributeError):
+            pass  # not a real descriptor (a test's captured output)
+
+
+_OUTPUT = _Output()
+
+
+def _echo(text: str, nl: bool = True) -> None:
+    """``click.echo`` through :data:`_OUTPUT`."""
+    _OUTPUT.write(text + ("\n" if nl else ""))
+    _OUTPUT.flush()
+
+
+def _console(stream: TextIO | _Output) -> Console:
     """A console for ``stream``. Piped into a CI log or a file, rich would assume 80 columns,
     truncate the results table's headers and wrap every finding; logs are wide, so there a
     line keeps its width unless COLUMNS says otherwise."""
     wide = not stream.isatty() and "COLUMNS" not in os.environ
     # No emoji codes: a message's "file:100:3" must not print as "file💯3". In a log a line is
     # never wrapped (soft wrap): a wrap at 160 columns cut words and paths in two.
-    return Console(stderr=stream is sys.stderr, width=160 if wide else None, emoji=False,
-                   soft_wrap=wide)
+    return Console(stderr=stream is sys.stderr, file=stream if stream is _OUTPUT else None,
+                   width=160 if wide else None, emoji=False, soft_wrap=wide)
 
 
 err = _console(sys.stderr)
-out = _console(sys.stdout)
+out = _console(_OUTPUT)
 
 LIST_SCHEMA = "gpurace.list/1"
 CHECK_SCHEMA = "gpurace.check/1"
@@ -113,6 +167,9 @@ class _Commands(click.Group):
             return super().invoke(ctx)
         except (HarnessError, kvcore.KVCoreError, ReportError) as exc:
             _fail(exc)
+        except BrokenPipeError:  # output click wrote itself (help) to a closed pipe
+            _OUTPUT.close()
+            sys.exit(128 + signal.SIGPIPE)
 
 
 @click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
@@ -292,7 +349,7 @@ def list_cmd(paths: Sequence[Path], fmt: str) -> None:
     error, and make the exit code 2."""
     listed = catalog(tuple(paths))
     if fmt == "json":
-        click.echo(json.dumps({"schema": LIST_SCHEMA,
+        _echo(json.dumps({"schema": LIST_SCHEMA,
                                "documents": [_describe(d) for d in listed.documents],
                                "broken": [{"path": str(p), "error": e}
                                           for p, e in listed.broken]}, indent=2))
@@ -319,11 +376,11 @@ def schema_cmd(name: str | None) -> None:
     report, trace-record, ticket-record, list, check, explore, or scenario (scenario and suite
     YAML, for editors: point yaml-language-server at it). Without NAME, list the names."""
     if name is None:
-        click.echo("\n".join(schemas.names()))
+        _echo("\n".join(schemas.names()))
         return
     if name not in schemas.names():
         raise TargetError(f"no schema {name!r}; gpurace has {', '.join(schemas.names())}")
-    click.echo(schemas.text(name), nl=False)
+    _echo(schemas.text(name), nl=False)
 
 
 @main.command("steps")
@@ -338,7 +395,7 @@ def steps_cmd(fmt: str) -> None:
                          for k, key in spec.keys.items()}, "does": spec.doc}
            for op, spec in vocabulary.OPS.items()}
     if fmt == "json":
-        click.echo(json.dumps(ops, indent=2))
+        _echo(json.dumps(ops, indent=2))
         return
     table = Table(title="scenario steps", box=box.SIMPLE_HEAD)
     for column in ("op", "keys", "what it does"):
@@ -434,7 +491,7 @@ def _write_and_show(result: RunResult, junit: Path | None, fmt: str,
         junit.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(junit, render_junit(document))
     if fmt == "json":
-        click.echo(json.dumps(document, indent=2))
+        _echo(json.dumps(document, indent=2))
     else:
         if show is not None:
             show(result)
@@ -580,7 +637,7 @@ def report_list(folder: Path, fmt: str) -> None:
         raise ReportError(f"{folder}: no such folder; pass a run's --out folder")
     items = list_incidents(folder)
     if fmt == "json":
-        click.echo(json.dumps(items, indent=2))
+        _echo(json.dumps(items, indent=2))
         return
     if not items:
         out.print(f"no incidents under {folder}")
@@ -603,11 +660,11 @@ def report_show(path: Path, fmt: str) -> None:
     """Show one incident (its folder or its report.json): what to paste into a ticket."""
     report = load_report(path)
     if fmt == "json":
-        click.echo(json.dumps(report, indent=2))
+        _echo(json.dumps(report, indent=2))
     elif out.is_terminal:
         out.print(Markdown(render_markdown(report)))
     else:
-        click.echo(render_markdown(report))
+        _echo(render_markdown(report))
 
 
 @main.command("explore")
@@ -648,7 +705,7 @@ def explore_cmd(target: str, variants: Sequence[str], strategy: str, bound: int,
                     runs=runs, seed=seed, first=first)))
     met = all(bool(e.failing) == (v.expect != "clean") for _, v, e in found)
     if fmt == "json":
-        click.echo(json.dumps({"schema": "gpurace.explore/1", "met": met,
+        _echo(json.dumps({"schema": "gpurace.explore/1", "met": met,
                                "results": [e.to_json() for _, _, e in found]}, indent=2))
     else:
         for scenario, variant, e in found:
@@ -716,7 +773,7 @@ def check_cmd(trace: Path, fmt: str) -> None:
     findings = check_trace(trace_file.records).findings
     header = trace_file.header
     if fmt == "json":
-        click.echo(json.dumps({"schema": CHECK_SCHEMA, "trace": str(path),
+        _echo(json.dumps({"schema": CHECK_SCHEMA, "trace": str(path),
                                "scenario": header.get("scenario"),
                                "variant": header.get("variant"),
                                "findings": [f.to_json() for f in findings]}, indent=2))
@@ -907,7 +964,7 @@ def doctor_cmd(fmt: str) -> None:
     """What works here: GPU, driver, CUDA, CuPy, NVML events, kernel log, and a verdict."""
     report = diagnose()
     if fmt == "json":
-        click.echo(json.dumps(report, indent=2))
+        _echo(json.dumps(report, indent=2))
     else:
         table = Table(title="gpurace doctor", box=box.SIMPLE_HEAD, show_header=False)
         table.add_column("check", no_wrap=True)
