@@ -350,9 +350,9 @@ def list_cmd(paths: Sequence[Path], fmt: str) -> None:
     listed = catalog(tuple(paths))
     if fmt == "json":
         _echo(json.dumps({"schema": LIST_SCHEMA,
-                               "documents": [_describe(d) for d in listed.documents],
-                               "broken": [{"path": str(p), "error": e}
-                                          for p, e in listed.broken]}, indent=2))
+                          "documents": [_describe(d) for d in listed.documents],
+                          "broken": [{"path": str(p), "error": e}
+                                     for p, e in listed.broken]}, indent=2))
     else:
         table = Table(title="scenarios and suites", show_lines=False)
         for column in ("name", "kind", "dangerous", "variants", "description"):
@@ -706,7 +706,7 @@ def explore_cmd(target: str, variants: Sequence[str], strategy: str, bound: int,
     met = all(bool(e.failing) == (v.expect != "clean") for _, v, e in found)
     if fmt == "json":
         _echo(json.dumps({"schema": "gpurace.explore/1", "met": met,
-                               "results": [e.to_json() for _, _, e in found]}, indent=2))
+                          "results": [e.to_json() for _, _, e in found]}, indent=2))
     else:
         for scenario, variant, e in found:
             verdict = "as expected" if bool(e.failing) == (variant.expect != "clean") \
@@ -774,9 +774,9 @@ def check_cmd(trace: Path, fmt: str) -> None:
     header = trace_file.header
     if fmt == "json":
         _echo(json.dumps({"schema": CHECK_SCHEMA, "trace": str(path),
-                               "scenario": header.get("scenario"),
-                               "variant": header.get("variant"),
-                               "findings": [f.to_json() for f in findings]}, indent=2))
+                          "scenario": header.get("scenario"),
+                          "variant": header.get("variant"),
+                          "findings": [f.to_json() for f in findings]}, indent=2))
     else:
         what = f" ({header['scenario']}, variant {header.get('variant', '?')})" \
             if header.get("scenario") else ""
