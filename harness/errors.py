@@ -93,3 +93,29 @@ class ExecutorError(HarnessError):
     """
 
     exit_code = 2
+
+
+class WatchError(HarnessError):
+    """`gpurace watch` cannot run what it was given: no program after ``--``, a program file
+    that does not exist, or a command that is not a Python program.
+
+    Give the program as you would run it: ``gpurace watch -- python serve.py --port 1``, or
+    ``gpurace watch -- python -m mypkg.serve``."""
+
+    exit_code = 2
+
+
+class NothingToCapture(HarnessError):
+    """The program's interpreter imports neither PyTorch nor CuPy, so there is nothing to
+    capture: install torch or cupy-cuda13x into the interpreter the program runs with."""
+
+    exit_code = 77
+
+
+class CaptureFailed(HarnessError):
+    """gpurace's capture could not start inside the program's interpreter (it could not import
+    gpurace's capture package, or a source failed as it was switched on): a gpurace bug or an
+    interpreter gpurace does not support (it needs Python 3.10 or newer). The message quotes
+    the interpreter's last words; report it with them."""
+
+    exit_code = 3

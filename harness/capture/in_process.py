@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import io
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -61,8 +62,6 @@ class InProcessWatch:
 
     def finish(self) -> Watched:
         """Analyse the events since :meth:`start`."""
-        import json
-
         self._sink.flush()
         text = self._buffer.getvalue()[self._taken:]
         self._buffer.seek(0)

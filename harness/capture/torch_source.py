@@ -134,7 +134,6 @@ class _Capture:
         self.plans: dict[Any, _Plan] = {}
         self.streams: set[int] = set()
         self.stream_sites: dict[int, str | None] = {}
-        self.events: set[int] = set()
         self.live: dict[int, dict[str, Any]] = {}  # device storage base -> its alloc's meta
         self.pinned: dict[int, dict[str, Any]] = {}  # pinned storage base -> its alloc's meta
         self.recorded: dict[int, set[int]] = {}  # device storage base -> record_stream sids
@@ -217,8 +216,7 @@ class _Capture:
         event = None
         if cuda_index is not None:
             sid = self.raw_stream(cuda_index)
-            if sid not in self.streams:
-                self.stream(sid, frame)
+            self._seen_stream(sid, frame)
             if not plan.no_work:
                 event = ["op", sid, self._kind(plan, args), reads, writes, meta]
         elif (reads or writes) and not plan.no_work:
@@ -235,8 +233,7 @@ class _Capture:
                 spans, cuda_index_out = new
                 if event is None and cuda_index_out is not None and not plan.no_work:
                     sid = self.raw_stream(cuda_index_out)  # a factory op: zeros(device=...)
-                    if sid not in self.streams:
-                        self.stream(sid, frame)
+                    self._seen_stream(sid, frame)
                     event = ["op", sid, self._kind(plan, args), reads, [], meta]
                     emitted = False
                 elif event is None and spans and not plan.no_work:
@@ -310,8 +307,7 @@ class _Capture:
         sid = s.cuda_stream if isinstance(s, cuda.Stream) else cuda.Stream(
             stream_id=s.stream_id, device_index=s.device_index,
             device_type=s.device_type).cuda_stream
-        if sid not in self.streams:
-            self.stream(sid, program_frame(3))
+        self._seen_stream(sid, program_frame(3))
         self.recorded.setdefault(t.untyped_storage().data_ptr(), set()).add(sid)
 
     # ---- the GPU trace callbacks ---------------------------------------------------------------
@@ -332,7 +328,6 @@ class _Capture:
 
     def on_event_creation(self, eid: int) -> None:
         if self.on:
-            self.events.add(eid)
             self.emit(["event", eid, {"site": site_of(program_frame(2)), "source": "torch"}])
 
     def on_event_record(self, eid: int, sid: int) -> None:

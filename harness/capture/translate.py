@@ -115,12 +115,8 @@ class Translator:
         default = legacy or sid == E.PER_THREAD_STREAM
         base = (None if default else meta.get("name")) or _stream_name(sid, legacy,
                                                                        meta.get("site"))
-        name, n = base, 1
-        while name in self._stream_names or name == HOST:
-            n += 1
-            name = f"{base} #{n}"
+        name = self._streams[sid] = _unique(base, self._stream_names | {HOST})
         self._stream_names.add(name)
-        self._streams[sid] = name
         self._announce_stream(StreamInfo(name, blocking=blocking and not legacy, legacy=legacy,
                                          priority=int(meta.get("priority", 0))))
 
@@ -134,12 +130,8 @@ class Translator:
         # Said as "event NAME" by the findings: "event made at serve.py:9", "event #2".
         base = meta.get("name") or (f"made at {meta['site']}" if meta.get("site")
                                     else f"#{len(self._events) + 1}")
-        name, n = base, 1
-        while name in self._event_names:
-            n += 1
-            name = f"{base} #{n}"
+        name = self._events[eid] = _unique(base, self._event_names)
         self._event_names.add(name)
-        self._events[eid] = name
 
     def _event_of(self, eid: Any) -> str:
         if eid not in self._events:
@@ -293,6 +285,15 @@ class Translator:
         live = self._live.get(space, [])
         i = bisect.bisect_right(live, addr, key=_lo) - 1
         return live[i].name if i >= 0 and live[i].lo <= addr < live[i].hi else None
+
+
+def _unique(base: str, taken: set[str]) -> str:
+    """``base``, or ``base #2``, ``#3``...: the first that no other stream (or event) has."""
+    name, n = base, 1
+    while name in taken:
+        n += 1
+        name = f"{base} #{n}"
+    return name
 
 
 def _lo(alloc: _Alloc) -> int:

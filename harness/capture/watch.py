@@ -28,7 +28,7 @@ from typing import IO, Any
 
 from harness.capture.analysis import RunAnalysis
 from harness.capture.events import read_events
-from harness.errors import HarnessError
+from harness.errors import CaptureFailed, NothingToCapture, WatchError
 from harness.gpu.nvml import health_snapshot
 from harness.incidents import trace_tail
 from harness.outcome import Outcome, TrialResult, VariantResult
@@ -45,32 +45,6 @@ KILL_GRACE_S = 5.0
 _HARNESS_PARENT = Path(__file__).resolve().parent.parent.parent
 _CUDA_ERROR = re.compile(r"(CUDA error[^\n]*|CUDA_ERROR_[A-Z_]+[^\n]*|cudaError[A-Za-z]*[^\n]*|"
                          r"AcceleratorError[^\n]*)")
-
-
-class WatchError(HarnessError):
-    """`gpurace watch` cannot run what it was given: no program after ``--``, a program file
-    that does not exist, or a command that is not a Python program.
-
-    Give the program as you would run it: ``gpurace watch -- python serve.py --port 1``, or
-    ``gpurace watch -- python -m mypkg.serve``."""
-
-    exit_code = 2
-
-
-class NothingToCapture(HarnessError):
-    """The program's interpreter imports neither PyTorch nor CuPy, so there is nothing to
-    capture: install torch or cupy-cuda13x into the interpreter the program runs with."""
-
-    exit_code = 77
-
-
-class CaptureFailed(HarnessError):
-    """gpurace's capture could not start inside the program's interpreter (it could not import
-    gpurace's capture package, or a source failed as it was switched on): a gpurace bug or an
-    interpreter gpurace does not support (it needs Python 3.10 or newer). The message quotes
-    the interpreter's last words; report it with them."""
-
-    exit_code = 3
 
 
 @dataclass(frozen=True)
@@ -171,11 +145,10 @@ def watch(options: WatchOptions, hooks: RunHooks | None = None) -> RunResult:
     variant = VariantResult(scenario=program.name, variant="watched", expect="clean",
                             path=program.target, dangerous=False, amplified=False,
                             delay_us=None)
-    result = RunResult(backend="cuda", device={"backend": "cuda"}, seed=0, folder=str(folder.path),
-                       run_id=folder.run_id)
     before = health_snapshot()
-    result.device = {"backend": "cuda", **({"name": before["name"]} if before.get("name")
-                                           else {})}
+    device = {"backend": "cuda", **({"name": before["name"]} if before.get("name") else {})}
+    result = RunResult(backend="cuda", device=device, seed=0, folder=str(folder.path),
+                       run_id=folder.run_id)
     hooks.variant_started(variant, options.runs)
     notes: list[str] = []
     runs: list[dict[str, Any]] = []
@@ -200,10 +173,6 @@ def _runs(options: WatchOptions, folder: Path, variant: VariantResult, hooks: Ru
     """The program's runs, one after another, each folded into ``variant`` as it ends."""
     for index in range(options.runs):
         trial, info = _one_run(options, folder, index, hooks)
-        if info.get("nothing_to_capture"):
-            raise NothingToCapture(info["error"])
-        if info.get("usage"):
-            raise WatchError(info["error"])
         variant.add(trial)
         for note in info["notes"]:
             if note not in notes:
@@ -231,12 +200,12 @@ def _one_run(options: WatchOptions, folder: Path, index: int, hooks: RunHooks
     analysis.close()
     translator = analysis.translator
     findings = [f.to_json() for f in analysis.findings]
-    exit_info = translator.exit or {}
-    if end.status == 77 and exit_info.get("status") == 77:
-        return _nothing(exit_info, nothing_to_capture=True)
-    if end.status == 2 and exit_info.get("status") == 2 and exit_info.get("error"):
-        return _nothing(exit_info, usage=True)
-    outcome, detail, cuda_error = _judge(end, exit_info)
+    said = (translator.exit or {}).get("status")  # the boot's own word on why it ended
+    if end.status == said == 77:
+        raise NothingToCapture(end.error)
+    if end.status == said == 2 and end.error:
+        raise WatchError(end.error)
+    outcome, detail, cuda_error = _judge(end)
     trial = TrialResult(index=index, seed=0, outcome=outcome, detail=detail,
                         cuda_error=cuda_error, duration_s=end.duration_s,
                         race=bool(findings), worker_pid=translator.hello.get("pid"),
@@ -252,19 +221,12 @@ def _one_run(options: WatchOptions, folder: Path, index: int, hooks: RunHooks
            "records": translator.seq, "sources": translator.hello.get("sources", {}),
            "events": str(events_path), "trace": str(trace_path),
            "log": str(work / "program.log")}
-    return trial, {"notes": notes, "run": run, "end": end, "work": work,
-                   "exit": exit_info}
+    return trial, {"notes": notes, "run": run, "end": end}
 
 
-def _nothing(exit_info: dict[str, Any], **flags: bool) -> tuple[TrialResult, dict[str, Any]]:
-    return TrialResult(index=0, seed=0, outcome=Outcome.CLEAN), {
-        "error": exit_info.get("error"), **flags}
-
-
-def _judge(end: ProgramEnd, exit_info: dict[str, Any]) -> tuple[Outcome, str, str | None]:
+def _judge(end: ProgramEnd) -> tuple[Outcome, str, str | None]:
     """The run's outcome, in words, and the CUDA error that ended it, if one did."""
-    text = "\n".join(x for x in (exit_info.get("traceback"), exit_info.get("error"),
-                                 end.stderr_tail) if x)
+    text = "\n".join(x for x in (end.traceback, end.error, end.stderr_tail) if x)
     match = _CUDA_ERROR.search(text)
     cuda_error = match.group(1).strip()[:500] if match else None
     if end.timed_out:
@@ -275,8 +237,7 @@ def _judge(end: ProgramEnd, exit_info: dict[str, Any]) -> tuple[Outcome, str, st
             signal.Signals._value2member_map_ else str(end.signal)
         return Outcome.CRASH, f"the program died of {name}", cuda_error
     if end.status:
-        error = exit_info.get("error") or (end.error or "")
-        why = f": {error}" if error else ""
+        why = f": {end.error}" if end.error else ""
         return Outcome.CRASH, f"the program exited with status {end.status}{why}"[:2000], \
             cuda_error
     return Outcome.CLEAN, "", None
