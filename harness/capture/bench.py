@@ -84,8 +84,11 @@ def is_torch(prog: Path) -> bool:
     return _TORCH_IMPORT.search(prog.read_text()) is not None
 
 
-def bench(programs: list[Path], python: str, iters: int, repeats: int) -> list[dict[str, Any]]:
-    rows = []
+def bench(programs: list[Path], python: str, iters: int, repeats: int,
+          keep: Path | None = None) -> list[dict[str, Any]]:
+    """Bench each program; with ``keep``, the rows so far are rewritten there after each one
+    (a run stopped part way keeps what it measured)."""
+    rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="gpurace-bench-") as tmp:
         out_dir = Path(tmp)
         for prog in programs:
@@ -122,6 +125,8 @@ def bench(programs: list[Path], python: str, iters: int, repeats: int) -> list[d
                                if k != "bare"}
             rows.append(row)
             print(_line(row), file=sys.stderr, flush=True)
+            if keep:
+                keep.write_text(json.dumps(rows, indent=2) + "\n")
     return rows
 
 
@@ -148,12 +153,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iters", type=int, default=200,
                         help="requests per timed run (the verdicts use the programs' own)")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--json", type=Path, help="also write the rows here")
+    parser.add_argument("--json", type=Path,
+                        help="also write the rows here, rewritten after each program")
     opts = parser.parse_args(argv)
     files = sorted(p for path in opts.programs for p in (
         path.glob("*.py") if path.is_dir() else [path]) if p.name != "conftest.py")
     print(HEADER, file=sys.stderr)
-    rows = bench(files, opts.python, opts.iters, opts.repeats)
+    rows = bench(files, opts.python, opts.iters, opts.repeats, opts.json)
     found = {k: sum(bool(r.get(k)) for r in rows) for k in (
         "buggy_gpurace", "fixed_gpurace", "buggy_csan", "fixed_csan")}
     torch_rows = sum(r["framework"] == "torch" for r in rows)
@@ -161,8 +167,6 @@ def main(argv: list[str] | None = None) -> int:
           f"{found['fixed_gpurace']}/{len(rows)} fixed; CSAN found {found['buggy_csan']}/"
           f"{torch_rows} buggy, reported {found['fixed_csan']}/{torch_rows} fixed",
           file=sys.stderr)
-    if opts.json:
-        opts.json.write_text(json.dumps(rows, indent=2) + "\n")
     return 0
 
 
