@@ -57,6 +57,7 @@ from reports import (
     render_markdown,
     write_atomic,
 )
+from harness.faults.writes import FOLDER_GONE, WriteFaults, fallback_folder
 from harness.outputs import check_file, check_folder, sweep_dead_runs
 from reports.timeline import chrome_trace, svg_timeline
 from reports.window import Window, plot_png, render_terminal, sweep_window, trace_gaps
@@ -283,6 +284,12 @@ _SHARED_RUN_OPTIONS = [
                       "incidents kept; `gpurace check` reads them."),
     click.option("--max-incidents", type=click.IntRange(min=0), default=3, show_default=True,
                  help="Incident folders written per variant; further bad trials are counted."),
+    click.option("--stop-on-write-error", is_flag=True,
+                 help="Stop the run at the first file it cannot write (a full disk, a quota, "
+                      "a read-only file system), keeping the trials that finished. Without "
+                      "it the run says once what it could not write and goes on counting "
+                      "trials. Either way it exits 4 and run.json's write_errors says what "
+                      "was lost; a run whose folder is removed stops at once."),
     click.option("--spares", type=click.IntRange(min=0, max=SPARES_MAX),
                  help="Once a variant's workers start dying (a CUDA fault kills its worker), "
                       "keep this many spare workers made and waiting, so a crash costs a "
@@ -479,19 +486,54 @@ def _write_and_show(result: RunResult, junit: Path | None, fmt: str,
                     show: Callable[[RunResult], None] | None = None) -> None:
     """Write the run's run.json (and JUnit) in its folder, and print it (``show``: the
     summary; a table of variants by default): run, replay, merge, watch."""
-    document = result.to_json()
-    window = sweep_window(document["results"], trace_gaps(document["results"]))
+    faults = WriteFaults(note=lambda text: err.print(f"[yellow]note:[/] {escape(text)}",
+                                                     highlight=False), ended=True)
+    lost = list(result.write_errors)
+
+    def document() -> dict[str, Any]:
+        result.write_errors = lost + faults.records  # the run's, then its own files'
+        doc = result.to_json()
+        if window.points:
+            doc["window"] = window.to_json()
+        return doc
+
+    folder = Path(result.folder)
+    results = [r.to_json() for r in result.results]
+    window = sweep_window(results, trace_gaps(results))
     picture = None
     if window.points:
-        document["window"] = window.to_json()
-        write_atomic(Path(result.folder) / "window.csv", window.csv())
-        picture = _plot_window(window, Path(result.folder) / "window.png")
-    write_atomic(Path(result.folder) / "run.json", json.dumps(document, indent=2) + "\n")
+        try:
+            write_atomic(folder / "window.csv", window.csv())
+            picture = _plot_window(window, folder / "window.png")
+        except OSError as exc:
+            faults.failed("the race window", folder / "window.csv", exc)
     if junit is not None:
-        junit.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(junit, render_junit(document))
+        try:
+            junit.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(junit, render_junit(document()))
+        except OSError as exc:
+            faults.failed("the JUnit file", junit, exc)
+    # run.json last, so that it lists what else was lost; into the run's folder, else a
+    # folder of its own under the system's temp folder.
+    written = None
+    # A run folder that was removed is not made again: the run's other files are not there.
+    gone = not folder.is_dir() or any(f.what == FOLDER_GONE for f in lost)
+    if gone and not any(f.what == FOLDER_GONE for f in lost):
+        faults.failed(FOLDER_GONE, folder, "removed while the run ran")
+    for place in [fallback_folder(result.run_id or "run")] if gone else [
+            folder, fallback_folder(result.run_id or "run")]:
+        try:
+            write_atomic(place / "run.json", json.dumps(document(), indent=2) + "\n")
+            written = place / "run.json"
+            break
+        except OSError as exc:
+            faults.failed("run.json", place / "run.json", exc)
+    if written is not None and written.parent != folder:
+        err.print(f"[yellow]note:[/] run.json is at {escape(str(written))}, not in the run's "
+                  "folder", highlight=False)
+    final = document()
     if fmt == "json":
-        _echo(json.dumps(document, indent=2))
+        _echo(json.dumps(final, indent=2))
     else:
         if show is not None:
             show(result)
@@ -1122,6 +1164,10 @@ def _print_summary(result: RunResult, out_dir: Path, recorded: bool = False,
         out.print(f"  --record kept {len(traces)} trial traces: "
                   f"{Path(result.folder) / 'workers'}/*/trial-*.jsonl (gpurace check FILE "
                   "reads one)", highlight=False, soft_wrap=True)
+    for fault in result.write_errors:
+        times = f" ({fault.count} times)" if fault.count > 1 else ""
+        out.print(f"[bold red]not written:[/] {escape(fault.what)}{times}: "
+                  f"{escape(fault.path)}: {escape(fault.error)}", highlight=False)
     for retired in [] if result.stopped else result.retired:  # when all stopped, it says so
         out.print(f"[bold red]retired:[/] {escape(retired)}")
     if result.stopped:

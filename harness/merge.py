@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from harness.faults.writes import WriteFault
 from harness.errors import MergeError
 from harness.inputs import Unreadable, read_input, show_path
 from harness.limits import RUN_MAX_BYTES
@@ -113,6 +114,9 @@ def _merge(paths: Sequence[Path], folder: Path) -> RunResult:
         poison=first["poison"], plan=first["plan"],
         lanes=[f"shard {d['shard']['index']}: {lane}" for d, _ in docs for lane in d["lanes"]],
         retired=[f"shard {d['shard']['index']}: {r}" for d, _ in docs for r in d["retired"]],
+        # What a shard could not write is lost from the merged run too: it exits 4 as well.
+        write_errors=[WriteFault.from_json(f) for d, _ in docs
+                      for f in d.get("write_errors", [])],
         shards=[{"index": d["shard"]["index"], "count": count, "path": str(p),
                  "run_id": d["run_id"], "folder": d["folder"], "device": d["device"],
                  "health": d["health"], "wall_s": d["wall_s"], "exit_code": d["exit_code"]}

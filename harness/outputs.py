@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.errors import OutputError
+from harness.faults.writes import reason
 from harness.worker import pid_alive
 from reports import remove_stale_temps
 from reports.atomic import is_temp_name
@@ -37,6 +38,7 @@ class RunFolder:
 
     path: Path
     run_id: str
+    identity: tuple[int, int] | None = None  # the folder's (device, inode) when it was made
 
     @classmethod
     def create(cls, out: Path) -> RunFolder:
@@ -53,11 +55,27 @@ class RunFolder:
             except OSError as exc:
                 raise OutputError(f"--out {out}: cannot make a run folder there "
                                   f"({exc.strerror or exc}); pick a writable folder") from None
-            (path / OWNER).write_text(json.dumps({"pid": os.getpid(),
-                                                  "started": _start_time(os.getpid())}) + "\n")
-            return cls(path, run_id)
+            try:
+                (path / OWNER).write_text(json.dumps({"pid": os.getpid(),
+                                                      "started": _start_time(os.getpid())}) + "\n")
+            except OSError as exc:
+                shutil.rmtree(path, ignore_errors=True)
+                raise OutputError(f"--out {out}: cannot write there ({reason(exc)}); free "
+                                  "space there or pick another folder") from None
+            made = path.stat()
+            return cls(path, run_id, (made.st_dev, made.st_ino))
         raise OutputError(f"--out {out}: 1000 runs of this process started this second; "
                           "pick another folder")
+
+    def gone(self) -> bool:
+        """Whether the folder was removed since the run made it (a cleanup job, a user). One
+        made again under its name (a worker's folder made with its parents) is not it: the
+        run's earlier files are not there."""
+        try:
+            now = self.path.stat()
+        except OSError:
+            return True
+        return self.identity is not None and (now.st_dev, now.st_ino) != self.identity
 
 
 def sweep_dead_runs(out: Path) -> int:

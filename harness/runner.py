@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import kvcore
+from harness.faults.writes import FOLDER_GONE, WriteFault, WriteFaults, WriteStop
 from harness.errors import BackendUnavailable, HarnessError, TargetError
 from harness.traces.flight import CURRENT, cut_torn_tail, trace_path
 from harness.incidents import build_report, reproduce_argv
@@ -63,13 +64,16 @@ RUN_SCHEMA = "gpurace.run/1"
 
 class ExitCode(enum.IntEnum):
     """The process exit codes: 0 every expectation met, 1 one failed, 2 usage error or
-    invalid input, 3 internal error, 77 nothing could run here; an interrupted run exits as a
-    shell reports a signal (128 + its number: 130 for Ctrl-C, 143 for SIGTERM)."""
+    invalid input, 3 internal error, 4 the run's files were not all written (a full disk, its
+    folder removed: run.json's ``write_errors`` says what was lost; its verdicts stand), 77
+    nothing could run here; an interrupted run exits as a shell reports a signal (128 + its
+    number: 130 for Ctrl-C, 143 for SIGTERM)."""
 
     OK = 0
     EXPECTATION_FAILED = 1
     USAGE = 2
     INTERNAL = 3
+    WRITE_FAILED = 4
     NOTHING_RAN = 77
     INTERRUPTED = 130
     TERMINATED = 143
@@ -109,6 +113,7 @@ class RunOptions:
     gpus: str | None = None  # "all", "N" or "0,2": a lane of workers per GPU (sim: N devices)
     executor: str = "local"  # "ray": workers are Ray actors (harness.rayexec)
     address: str | None = None  # the Ray cluster's address; None: a local instance
+    stop_on_write_error: bool = False  # stop at the first file that cannot be written
 
 
 class RunHooks:
@@ -143,14 +148,17 @@ class RunResult:
     lanes: list[str] = field(default_factory=list)  # the GPUs (or simulated devices) it used
     retired: list[str] = field(default_factory=list)  # GPUs a fatal Xid took out of the run
     watch: dict[str, object] = field(default_factory=dict)  # `gpurace watch`: the program
+    write_errors: list[WriteFault] = field(default_factory=list)  # files the run lost
 
     @property
     def exit_code(self) -> ExitCode:
         if self.interrupted:
             return ExitCode.TERMINATED if self.interrupted == "SIGTERM" \
                 else ExitCode.INTERRUPTED
-        if self.stopped or self.retired:
+        if self.stopped or self.retired:  # a GPU that needs attention comes first
             return ExitCode.EXPECTATION_FAILED
+        if self.write_errors:
+            return ExitCode.WRITE_FAILED
         ran = [r for r in self.results if r.status is not Status.SKIP]
         # A sweep maps the race window; its points at small delays are not expected to pass.
         if any(r.status is Status.FAIL and not r.sweep for r in ran):
@@ -180,6 +188,7 @@ class RunResult:
             "lanes": self.lanes,
             "retired": self.retired,
             "results": [r.to_json() for r in self.results],
+            "write_errors": [f.to_json() for f in self.write_errors],
             **({"watch": self.watch} if self.watch else {}),
         }
 
@@ -263,6 +272,8 @@ class Runner:
         self._position = 0  # trials planned before the variant that runs next, for --shard
         self.lanes = self._resolve_lanes(options.gpus)
         self.retired: dict[str, str] = {}  # lane name -> why its GPU runs nothing more
+        # Said through the hooks as they are when a write fails (the CLI sets them later).
+        self.faults = WriteFaults(options.stop_on_write_error, lambda text: self.hooks.note(text))
 
     def _resolve_lanes(self, spec: str | None) -> list[tuple[str, str | None]]:
         """The run's lanes, each a name and the CUDA_VISIBLE_DEVICES of its workers: without
@@ -331,15 +342,13 @@ class Runner:
                         if not self.stopped:
                             result.results.append(
                                 self.run_variant(scenario, variant.name, delay))
+            self.check_folder()  # gone since the last worker started: run.json must say so
         except KeyboardInterrupt as exc:
             # Keep what finished, the variant in progress with its trials so far too.
             result.interrupted = signal.Signals(getattr(exc, "signum", signal.SIGINT)).name
-            partial = self._running
-            if partial is not None and all(partial is not r for r in result.results):
-                partial.judge()
-                partial.reason = (f"interrupted by {result.interrupted} after "
-                                  f"{partial.trials} trials; " + partial.reason).rstrip("; ")
-                result.results.append(partial)
+            self._keep_partial(result, f"interrupted by {result.interrupted}")
+        except WriteStop as exc:
+            self._keep_partial(result, f"stopped ({exc})")
         finally:
             self.health["after"] = self.watch.health(self._gpu_of(None))
             self.watch.stop()
@@ -349,8 +358,23 @@ class Runner:
         result.lanes = [name for name, _ in self.lanes]
         result.retired = list(self.retired.values())
         result.watch_notes = list(self.watch.notes)
+        result.write_errors = self.faults.records
         result.wall_s = time.perf_counter() - start
         return result
+
+    def _keep_partial(self, result: RunResult, why: str) -> None:
+        """The run stopped part way: the variant in progress is kept with its trials so far."""
+        partial = self._running
+        if partial is not None and all(partial is not r for r in result.results):
+            partial.judge()
+            partial.reason = f"{why} after {partial.trials} trials; {partial.reason}".rstrip("; ")
+            result.results.append(partial)
+
+    def check_folder(self) -> None:
+        """A run whose folder went away ends here, with what it knows (WriteStop)."""
+        if self.folder is not None and self.folder.gone():
+            self.faults.failed(FOLDER_GONE, self.out_dir, "removed while the run ran",
+                               fatal=True)
 
     @property
     def out_dir(self) -> Path:
@@ -412,6 +436,7 @@ class Runner:
                           None if where is None else {**where, "delay_us": delay}, argv)
         def make_job(gpu: str | None) -> Callable[[], WorkerJob]:
             def job() -> WorkerJob:
+                self.check_folder()  # a worker's folder made again would hide that it went
                 self._workers += 1
                 folder = self.log_dir / f"{self._workers:04d}-{scenario.name}-{variant.name}"
                 return WorkerJob(scenario, variant.name, self.backend, os.getpid(), amplified,
@@ -537,6 +562,7 @@ class Runner:
             worker = lane.supply.poll()
         except WorkerFailed as failed:
             failed.worker.stop(1.0)
+            self.check_folder()  # its log could not be made: the folder went, not the worker
             gpu = lane.uuid or self._gpu_of(lane.pin)
             why = self._needs_reset(gpu)
             if not why:
@@ -546,7 +572,9 @@ class Runner:
         if worker is None:
             return False
         lane.worker = worker
-        lane.device = {k: v for k, v in worker.info.items() if k != "pid"}
+        if worker.info.get("log_error"):
+            self.faults.failed("worker log", worker.job.log_path, str(worker.info["log_error"]))
+        lane.device = {k: v for k, v in worker.info.items() if k not in ("pid", "log_error")}
         self.device.update(lane.device)
         return True
 
@@ -601,6 +629,9 @@ class Runner:
         if message[0] != "trial":
             return  # "done": the worker waits for more; the lane's inflight says it is free
         lane.inflight.popleft()
+        lost = message[1].pop("trace_error", None)
+        if lost:
+            self.faults.failed("trace", lost[0], lost[1])
         trial = TrialResult.from_json(message[1])
         if context_died(message[1], worker.job.backend):
             # The context is dead and the worker exits: the rest go to the next worker.
@@ -631,9 +662,13 @@ class Runner:
             kind, detail = Outcome.CRASH, (
                 f"worker {proc.pid} {_death(proc)} after {waited:.2f} s, before it reported "
                 "the trial")
+        try:
+            trace = _keep_current_trace(job, index)
+        except OSError as exc:  # the trial is recorded without it
+            trace = None
+            self.faults.failed("trace", Path(job.trace_dir) / CURRENT, exc)
         self._died(lane, TrialResult(index, seed, kind, detail=detail, duration_s=waited,
-                                     worker_pid=proc.pid,
-                                     trace=_keep_current_trace(job, index)), queue)
+                                     worker_pid=proc.pid, trace=trace), queue)
 
     def _died(self, lane: _Lane, trial: TrialResult, queue: deque[tuple[int, int]]) -> None:
         lane.died_at = time.monotonic()
@@ -684,6 +719,7 @@ class Runner:
         """Keep a finished trial; for one that was not clean, gather what its GPU said and
         write its incident."""
         assert self.watch is not None
+        lost: OSError | None = None
         if trial.outcome.manifested or trial.race:
             # Told apart by GPU only where there are several: one GPU's Xids are all its own.
             said = self.watch.for_trial(trial.worker_pid, wall,
@@ -691,13 +727,22 @@ class Runner:
                                         gpu=lane.uuid if len(self.lanes) > 1 else None)
             trial = dataclasses.replace(trial, xids=said.xids)
             kept = None
-            if len(run.result.reports) < self.options.max_incidents:
-                incident = self._incident(run, trial, said, job, lane.device)
-                run.result.reports.append(str(incident))
-                kept = str(incident / "trace.jsonl") if trial.trace else None
+            if run.incidents_tried < self.options.max_incidents:
+                run.incidents_tried += 1  # one that would not fit counts: a full disk is
+                # tried again by the next variant, not by each bad trial of this one
+                try:
+                    incident = self._incident(run, trial, said, job, lane.device)
+                    run.result.reports.append(str(incident))
+                    kept = str(incident / "trace.jsonl") if trial.trace else None
+                except OSError as exc:  # the trial counts all the same: its report is lost
+                    lost = exc
             trial = dataclasses.replace(trial, trace=self._settle_trace(trial.trace, kept))
         run.result.add(trial)
         self.hooks.trial_finished(run.result, trial)
+        if lost is not None:
+            self.check_folder()
+            self.faults.failed("incident", self.out_dir, lost)
+        self.faults.stop_if_due()  # --stop-on-write-error: once the trial is counted
 
     def _settle_trace(self, worker_trace: str | None, incident_trace: str | None) -> str | None:
         """Where a bad trial's trace lives on: the worker's copy when --record keeps every
@@ -738,6 +783,7 @@ class _VariantRun:
     result: VariantResult
     amplification: dict[str, object] | None
     argv: Callable[[TrialResult], list[str]]
+    incidents_tried: int = 0  # incident folders written, or tried and lost
 
 
 SPARES_DEFAULT = {"sim": 4, "cuda": 0}

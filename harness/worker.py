@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Iterator
 
+from harness.faults.writes import reason
+
 
 @dataclass(frozen=True)
 class WorkerJob:
@@ -66,10 +68,10 @@ def worker_main(conn: Connection, job: WorkerJob) -> None:
     if job.gpu is not None:
         # Before anything imports CuPy: the worker's device 0 is its lane's GPU.
         os.environ["CUDA_VISIBLE_DEVICES"] = job.gpu
-    log_to(job.log_path)
+    lost = log_to(job.log_path)
     try:
         runner = TrialRunner(job)
-        conn.send(("ready", runner.info))
+        conn.send(("ready", {**runner.info, "log_error": lost} if lost else runner.info))
         for index, seed in handed_trials(conn):
             payload = runner.run(index, seed)
             conn.send(("trial", payload))
@@ -85,12 +87,20 @@ def worker_main(conn: Connection, job: WorkerJob) -> None:
         conn.close()
 
 
-def log_to(path: str) -> None:
+def log_to(path: str) -> str:
     """Everything the process prints, CUDA's device-side assert messages included, goes to the
-    worker's log: the parent's terminal keeps its progress bar, and reports quote the log."""
-    log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    worker's log: the parent's terminal keeps its progress bar, and reports quote the log.
+    Where the log cannot be made (its folder removed, no room for it), the output goes nowhere
+    and the trials run all the same: returns why, for the parent to say ("" when made)."""
+    try:
+        log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    except OSError as exc:
+        log, lost = os.open(os.devnull, os.O_WRONLY), reason(exc)
+    else:
+        lost = ""
     os.dup2(log, 1)
     os.dup2(log, 2)
+    return lost
 
 
 def exit_now() -> None:
@@ -149,6 +159,8 @@ class TrialRunner:
         self.kept += bool(keep and bad)
         payload["trace"] = recorder.end_trial(index, keep=keep)
         payload["ops_total"] = recorder.total
+        if recorder.error:  # the runner says it (once) and takes it out of the trial's record
+            payload["trace_error"] = [str(recorder.path), recorder.error]
         return payload
 
     def close(self) -> None:

@@ -29,6 +29,7 @@ from typing import IO, Any
 from harness.capture.analysis import RunAnalysis
 from harness.capture.events import read_events
 from harness.errors import CaptureFailed, NothingToCapture, WatchError
+from harness.faults.writes import WriteFaults
 from harness.gpu.nvml import health_snapshot
 from harness.incidents import trace_tail
 from harness.outcome import Outcome, TrialResult, VariantResult
@@ -152,10 +153,12 @@ def watch(options: WatchOptions, hooks: RunHooks | None = None) -> RunResult:
     hooks.variant_started(variant, options.runs)
     notes: list[str] = []
     runs: list[dict[str, Any]] = []
+    faults = WriteFaults(note=hooks.note)
     try:
-        _runs(options, folder.path, variant, hooks, notes, runs)
+        _runs(options, folder.path, variant, hooks, notes, runs, faults)
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM through the CLI: keep what ended
         result.interrupted = signal.Signals(getattr(exc, "signum", signal.SIGINT)).name
+    result.write_errors = faults.records
     variant.judge()
     hooks.variant_finished(variant)
     result.results.append(variant)
@@ -169,7 +172,7 @@ def watch(options: WatchOptions, hooks: RunHooks | None = None) -> RunResult:
 
 
 def _runs(options: WatchOptions, folder: Path, variant: VariantResult, hooks: RunHooks,
-          notes: list[str], runs: list[dict[str, Any]]) -> None:
+          notes: list[str], runs: list[dict[str, Any]], faults: WriteFaults) -> None:
     """The program's runs, one after another, each folded into ``variant`` as it ends."""
     for index in range(options.runs):
         trial, info = _one_run(options, folder, index, hooks)
@@ -181,7 +184,10 @@ def _runs(options: WatchOptions, folder: Path, variant: VariantResult, hooks: Ru
         runs.append(info["run"])
         if (trial.outcome.manifested or trial.race) and \
                 len(variant.reports) < options.max_incidents:
-            variant.reports.append(str(_incident(folder, options, trial, info)))
+            try:
+                variant.reports.append(str(_incident(folder, options, trial, info)))
+            except OSError as exc:  # the run is counted; its report is what is lost
+                faults.failed("incident", folder, exc)
         hooks.trial_finished(variant, trial)
 
 

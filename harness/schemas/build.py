@@ -268,8 +268,8 @@ def run_schema() -> Schema:
                             "outcome, detail): equal for runs, or merged shards, that made "
                             "the same trials"),
     })
-    exits = [ExitCode.OK, ExitCode.EXPECTATION_FAILED, ExitCode.NOTHING_RAN,
-             ExitCode.INTERRUPTED, ExitCode.TERMINATED]
+    exits = [ExitCode.OK, ExitCode.EXPECTATION_FAILED, ExitCode.WRITE_FAILED,
+             ExitCode.NOTHING_RAN, ExitCode.INTERRUPTED, ExitCode.TERMINATED]
     body = closed({
         "schema": const(RUN_SCHEMA), "run_id": string(), "folder": string(),
         "interrupted": described(string(pattern="^(SIG[A-Z0-9]+)?$"),
@@ -302,6 +302,10 @@ def run_schema() -> Schema:
         "retired": described(array(string()),
                              "GPUs a fatal Xid took out of the run, and why; the run exits 1"),
         "results": array(ref("variant")),
+        "write_errors": described(array(closed({
+            "what": string(), "path": string(), "error": string(), "count": integer(1)})),
+            "files the run could not write (a full disk, its folder removed), a record per "
+            "kind of file and reason, the first path and how many; any makes the run exit 4"),
         "window": described(closed({
             "points": array(closed({
                 "scenario": NAME, "variant": NAME, "delay_us": number(0, L.DELAY_MAX_US),

@@ -10,6 +10,11 @@ with no system call, and what was copied outlives the process as a write() would
 the machine). The file is kept longer than its lines, the rest zeros, until the trial's trace is
 kept or the recorder closes; the parent cuts a dead worker's file at its last whole line.
 
+A disk that will not take the trace (full, a quota, the folder removed) costs the trace, never
+the trial: the file's room is reserved before it is mapped (so a full disk is an error here,
+not a SIGBUS at a copy into the map), and the recorder then drops that trial's trace and says
+why (:attr:`FlightRecorder.error`), the next trial trying again.
+
 The trace file is versioned JSON Lines (:mod:`harness.traces.optrace` describes and reads it).
 A worker killed in the middle of a write leaves a torn last line; :func:`cut_torn_tail` is how
 the parent takes such a file in, so every reader after it can be strict.
@@ -17,6 +22,7 @@ the parent takes such a file in, so every reader after it can be strict.
 
 from __future__ import annotations
 
+import errno
 import json
 import mmap
 import operator
@@ -24,6 +30,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from harness.faults.writes import reason
 from harness.traces.optrace import TRACE_SCHEMA
 from kvcore.device import Device, OpRecord
 from kvcore.device.oplog import Access, Label
@@ -58,6 +65,7 @@ class FlightRecorder:
         self._labels: list[Label] = []
         self._lines: dict[tuple[Any, ...], str] = {}
         self.total = 0
+        self.error = ""  # why this trial's trace could not be written, or ""
 
     def attach(self, device: Device) -> None:
         """Observe ``device`` (a new one each trial on sim, one for all trials on cuda)."""
@@ -81,8 +89,13 @@ class FlightRecorder:
         self._announced = set()
         self._streams = set()
         self._labels = self._device.oplog.labels.live() if self._device is not None else []
+        self.error = ""
         if self._map is None:
-            self._open()
+            try:
+                self._open()
+            except OSError as exc:
+                self._fail(exc)
+                return
         else:
             # The last trial's file, not kept: zeroed rather than made again, which cost more
             # than the rest of a trial's recording.
@@ -93,25 +106,48 @@ class FlightRecorder:
 
     def _open(self) -> None:
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.ftruncate(self._fd, TRACE_MAP_BYTES)
+        _reserve(self._fd, TRACE_MAP_BYTES)
         self._map = mmap.mmap(self._fd, TRACE_MAP_BYTES)
         self._used = 0
 
     def _write(self, text: str) -> None:
+        if self._map is None:  # this trial's trace was lost (self.error says why)
+            return
         data = text.encode()
         end = self._used + len(data)
-        assert self._map is not None
         if end > len(self._map):  # a long trial: a map twice as large (or more)
             size = max(end, 2 * len(self._map))
+            try:
+                _reserve(self._fd, size)
+            except OSError as exc:
+                self._fail(exc)
+                return
             self._map.close()
-            os.ftruncate(self._fd, size)
             self._map = mmap.mmap(self._fd, size)
         self._map[self._used:end] = data
         self._used = end
 
+    def _fail(self, exc: OSError) -> None:
+        """The disk would not take the trace: this trial's is dropped, its file removed (a
+        part of a trace is not left as if it were one)."""
+        self.error = reason(exc)
+        self._pending.clear()
+        if self._map is not None:
+            self._map.close()
+            self._map = None
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        self.path.unlink(missing_ok=True)
+        self._used = 0
+
     def flush(self) -> None:
         """Write what was issued since the last flush; called before every blocking call."""
-        if self._map is None or not (self._pending or self._times):
+        if self._map is None:
+            self._pending.clear()  # a trace that was lost takes no memory either
+            self._times.clear()
+            return
+        if not (self._pending or self._times):
             return
         lines = []
         if self._device is not None:
@@ -167,11 +203,15 @@ class FlightRecorder:
     def end_trial(self, index: int, keep: bool) -> str | None:
         """End the trial's trace; keep it (closed, renamed for the parent) when ``keep``."""
         self.flush()
-        if not keep:
+        if not keep or self._map is None:
             return None
         self.close()
         kept = trace_path(self.folder, index)
-        os.replace(self.path, kept)
+        try:
+            os.replace(self.path, kept)
+        except OSError as exc:  # its folder went away
+            self._fail(exc)
+            return None
         return str(kept)
 
     def close(self, *, discard: bool = False) -> None:
@@ -182,8 +222,25 @@ class FlightRecorder:
             self._map = None
             os.ftruncate(self._fd, self._used)
             os.close(self._fd)
+            self._fd = -1
             if discard:
                 self.path.unlink(missing_ok=True)
+
+
+def _reserve(fd: int, size: int) -> None:
+    """Make the file ``size`` bytes long with its blocks allocated, where the system can say
+    so (posix_fallocate): a disk that is full then fails here, with ENOSPC, and not later at a
+    store into the map, which would kill the process with SIGBUS."""
+    allocate = getattr(os, "posix_fallocate", None)
+    if allocate is None:
+        os.ftruncate(fd, size)
+        return
+    try:
+        allocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+            raise
+        os.ftruncate(fd, size)  # a file system that cannot reserve: as before
 
 
 _JSON = json.JSONEncoder(separators=(",", ":"), default=str).encode
