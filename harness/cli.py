@@ -1164,6 +1164,8 @@ def _print_summary(result: RunResult, out_dir: Path, recorded: bool = False,
         out.print(f"  --record kept {len(traces)} trial traces: "
                   f"{Path(result.folder) / 'workers'}/*/trial-*.jsonl (gpurace check FILE "
                   "reads one)", highlight=False, soft_wrap=True)
+    for gap in result.watch_gaps:
+        out.print(f"[bold yellow]xid watch:[/] {escape(gap)}", highlight=False)
     for fault in result.write_errors:
         times = f" ({fault.count} times)" if fault.count > 1 else ""
         out.print(f"[bold red]not written:[/] {escape(fault.what)}{times}: "

@@ -117,6 +117,8 @@ def _merge(paths: Sequence[Path], folder: Path) -> RunResult:
         # What a shard could not write is lost from the merged run too: it exits 4 as well.
         write_errors=[WriteFault.from_json(f) for d, _ in docs
                       for f in d.get("write_errors", [])],
+        watch_gaps=[f"shard {d['shard']['index']}: {g}" for d, _ in docs
+                    for g in d.get("watch_gaps", [])],
         shards=[{"index": d["shard"]["index"], "count": count, "path": str(p),
                  "run_id": d["run_id"], "folder": d["folder"], "device": d["device"],
                  "health": d["health"], "wall_s": d["wall_s"], "exit_code": d["exit_code"]}

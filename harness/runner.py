@@ -149,6 +149,7 @@ class RunResult:
     retired: list[str] = field(default_factory=list)  # GPUs a fatal Xid took out of the run
     watch: dict[str, object] = field(default_factory=dict)  # `gpurace watch`: the program
     write_errors: list[WriteFault] = field(default_factory=list)  # files the run lost
+    watch_gaps: list[str] = field(default_factory=list)  # when Xid watching stopped mid-run
 
     @property
     def exit_code(self) -> ExitCode:
@@ -189,6 +190,7 @@ class RunResult:
             "retired": self.retired,
             "results": [r.to_json() for r in self.results],
             "write_errors": [f.to_json() for f in self.write_errors],
+            "watch_gaps": self.watch_gaps,
             **({"watch": self.watch} if self.watch else {}),
         }
 
@@ -324,8 +326,8 @@ class Runner:
                            shard=self.options.shard,
                            plan=run_plan(scenarios, self.options, self.backend))
         self._position = 0
-        self.started_wall = time.time()
-        self.watch = GpuWatch(self.backend)
+        self.started = time.monotonic()  # Xids are told apart by the clock a step leaves alone
+        self.watch = GpuWatch(self.backend, on_gap=lambda text: self.hooks.note(text))
         if self.backend == "cuda":  # on sim there is nothing to watch, and reports say so
             for note in self.watch.notes:
                 self.hooks.note(note)
@@ -358,6 +360,7 @@ class Runner:
         result.lanes = [name for name, _ in self.lanes]
         result.retired = list(self.retired.values())
         result.watch_notes = list(self.watch.notes)
+        result.watch_gaps = self.watch.gaps
         result.write_errors = self.faults.records
         result.wall_s = time.perf_counter() - start
         return result
@@ -582,7 +585,7 @@ class Runner:
         assert lane.worker is not None
         lane.worker.give(batch)
         lane.inflight = deque(batch)
-        lane.started, lane.wall = time.monotonic(), time.time()
+        lane.started = time.monotonic()
         if lane.died_at is not None:
             run.result.add_restart(lane.started - lane.died_at)
             lane.died_at = None
@@ -637,8 +640,8 @@ class Runner:
             # The context is dead and the worker exits: the rest go to the next worker.
             self._died(lane, trial, queue)
             return
-        self._record(run, trial, lane.wall, worker.job, lane)
-        lane.started, lane.wall = time.monotonic(), time.time()
+        self._record(run, trial, lane.started, worker.job, lane)
+        lane.started = time.monotonic()
 
     def _ended_unreported(self, lane: _Lane, timeout: float | None,
                           queue: deque[tuple[int, int]]) -> None:
@@ -676,7 +679,7 @@ class Runner:
         queue.extendleft(reversed(lane.inflight))  # back in front, in order
         lane.inflight.clear()
         assert lane.worker is not None
-        lane.dead, lane.dead_wall, lane.worker = (lane.worker, trial), lane.wall, None
+        lane.dead, lane.dead_started, lane.worker = (lane.worker, trial), lane.started, None
         lane.supply.died()
 
     def _finish_dead(self, lane: _Lane, run: _VariantRun) -> None:
@@ -688,7 +691,7 @@ class Runner:
         lane.dead = None
         trial = dataclasses.replace(trial, device_log=_tail(worker.job.log_path))
         worker.stop()
-        self._record(run, trial, lane.dead_wall, worker.job, lane)
+        self._record(run, trial, lane.dead_started, worker.job, lane)
 
     def _retire_lanes(self, lanes: list[_Lane], queue: deque[tuple[int, int]]) -> None:
         """A GPU that reported a fatal Xid runs nothing more: its lane is retired (its trials
@@ -696,7 +699,7 @@ class Runner:
         ours, or any on a run of one GPU, stops it all; a kernel-log line counts for the lane
         whose GPU has its PCI address (the log is the host's: other GPUs print there too)."""
         assert self.watch is not None
-        fatal = self.watch.fatal_since(self.started_wall)
+        fatal = self.watch.fatal_since(self.started)
         for lane in lanes:
             mine = [ev for ev in fatal if lane.hit_by(ev, len(lanes))]
             if mine and not lane.retired:
@@ -714,7 +717,7 @@ class Runner:
         lane.inflight.clear()
         lane.close()
 
-    def _record(self, run: _VariantRun, trial: TrialResult, wall: float,
+    def _record(self, run: _VariantRun, trial: TrialResult, started: float,
                 job: WorkerJob, lane: _Lane) -> None:
         """Keep a finished trial; for one that was not clean, gather what its GPU said and
         write its incident."""
@@ -722,7 +725,7 @@ class Runner:
         lost: OSError | None = None
         if trial.outcome.manifested or trial.race:
             # Told apart by GPU only where there are several: one GPU's Xids are all its own.
-            said = self.watch.for_trial(trial.worker_pid, wall,
+            said = self.watch.for_trial(trial.worker_pid, started,
                                         crashed=trial.outcome in (Outcome.CRASH, Outcome.HANG),
                                         gpu=lane.uuid if len(self.lanes) > 1 else None)
             trial = dataclasses.replace(trial, xids=said.xids)
@@ -810,11 +813,10 @@ class _Lane:
     pin: str | None = None  # its workers' CUDA_VISIBLE_DEVICES (a GPU's UUID where known)
     worker: Worker | None = None
     inflight: deque[tuple[int, int]] = field(default_factory=deque)
-    started: float = 0.0  # monotonic: when the trial in flight started
-    wall: float = 0.0  # its wall time, for Xids
+    started: float = 0.0  # monotonic: when the trial in flight started (its Xids since)
     died_at: float | None = None
     dead: tuple[Worker, TrialResult] | None = None
-    dead_wall: float = 0.0
+    dead_started: float = 0.0  # when the dead worker's last trial started
     dead_by: float = 0.0  # monotonic: when a dead worker still not ended is put down
     retired: str = ""
     device: dict[str, object] = field(default_factory=dict)  # what its worker said it runs on

@@ -280,3 +280,49 @@ def test_run_json_goes_where_it_can_and_says_so(tmp_path, monkeypatch, capsys):
     assert doc["write_errors"][1]["error"] == "Not a directory (ENOTDIR)"
     assert not Path(result.folder).exists()  # not made again for run.json alone
     assert "cannot write run.json at " + str(nowhere) in err.replace("\n", "")
+
+
+# --- gpurace watch on a disk that fills: the program is never the one that pays ----------
+#
+# /dev/full answers every write with ENOSPC, as a full disk does.
+
+
+def test_a_capture_whose_events_file_fills_stops_and_the_program_runs_on(capsys):
+    from harness.capture.events import LOST, Sink
+
+    sink = Sink(open("/dev/full", "w", encoding="utf-8"))  # noqa: SIM115
+    sink.emit(["op", 1])
+    sink.flush()  # a host wait of the program's: must not raise into it
+    sink.emit(["op", 2])
+    sink.flush()
+    sink.close()
+    assert sink.lost == "No space left on device (ENOSPC)"
+    assert capsys.readouterr().err == f"{LOST}No space left on device (ENOSPC)\n"  # once
+
+
+def test_the_watch_reads_what_the_capture_said_and_a_log_that_fills_costs_only_the_log():
+    from harness.capture.events import LOST
+    from harness.capture.watch import _Log
+
+    log = _Log(Path("/dev/full"))
+    cut = len(LOST) // 2  # the line split between two reads of the program's output
+    log.write(b"starting\n" + LOST.encode()[:cut], errors=True)
+    log.write(LOST.encode()[cut:] + b"No space left on device (ENOSPC)\nmore\n", errors=True)
+    log.write(b"stdout goes on\n", errors=False)
+    log.close()
+    assert log.events_lost == "No space left on device (ENOSPC)"
+    assert log.lost == "No space left on device (ENOSPC)"
+
+
+def test_a_watched_runs_trace_that_does_not_fit_is_dropped_whole(tmp_path):
+    from harness.capture.analysis import RunAnalysis
+    from harness.capture.events import iter_file
+
+    full = tmp_path / "trace.jsonl"
+    full.symlink_to("/dev/full")
+    analysis = RunAnalysis(full, {"scenario": "torch_record_stream", "variant": "watched"})
+    analysis.feed(list(iter_file(INCIDENT_TRACE)))  # the detector runs all the same
+    analysis.close()
+    assert analysis.lost == "No space left on device (ENOSPC)"
+    assert analysis.findings  # the recorded program's race, found online
+    assert Path("/dev/full").exists()  # only a regular file of ours is ever removed

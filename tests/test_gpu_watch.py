@@ -838,7 +838,7 @@ def test_watcher_process_without_a_gpu_says_why_and_leaves_nothing() -> None:
         watcher.stop()
         pytest.skip("NVML initialized here: this machine has a GPU")
     assert watcher.note.startswith("NVML is not available here")
-    assert watcher.events_between(0, time.time()) == [] and watcher.watched == []
+    assert watcher.events_since(0.0) == [] and watcher.watched == []
     snap = watcher.health()  # answered by the helper, which is still running
     assert snap["available"] is False and snap["note"].startswith("NVML is not available here")
     proc = watcher._proc
@@ -857,8 +857,16 @@ def test_watcher_process_that_dies_is_a_note_not_an_error() -> None:
     assert proc is not None
     proc.kill()
     proc.join(5)
-    assert "the NVML watcher process stopped during the run" in watcher.note
-    assert "exit code -9" in watcher.note
+    # Found dead as its events are read: said, and started again once.
+    assert re.search(r"the NVML watcher process died \(exit code -9\) at [0-9:]{8}; a new one "
+                     r"watches since [0-9:]{8} \(NVML events between were not seen\)",
+                     watcher.note), watcher.note
+    assert len(watcher.gaps) == 1 and watcher._proc is not None and watcher._proc.is_alive()
+    again = watcher._proc
+    again.kill()
+    again.join(5)
+    assert "again: Xid watching is off for the rest of the run" in watcher.note
+    assert len(watcher.gaps) == 2 and watcher._proc is None
     assert not watcher.available and watcher.events == []
     assert watcher.health()["available"] in (True, False)  # taken here, without the helper
     watcher.stop()
@@ -950,3 +958,96 @@ def test_the_busy_check_looks_at_the_gpu_each_lane_uses(monkeypatch: pytest.Monk
     # In a real child: an answer (here, without NVML, an empty list and why), not a failure.
     pids, note = other_gpu_users("1")
     assert isinstance(pids, list) and not note.startswith("the GPU process check"), note
+
+
+# -- the helper watched: restarted once, then given up, never a silent gap (#34) -----------
+
+def _watch_until(watcher, gaps: int, within_s: float = 10.0) -> None:
+    """Read the helper's events (which is when it is looked after) until ``gaps`` gaps."""
+    deadline = time.monotonic() + within_s
+    while len(watcher.gaps) < gaps and time.monotonic() < deadline:
+        watcher.events  # noqa: B018 (reading is what drives the watchdog)
+        time.sleep(0.05)
+
+
+def test_a_helper_that_dies_once_is_started_again_and_the_gap_said(tmp_path, monkeypatch):
+    import nvml_helpers
+    from harness.gpu.watchproc import WatcherProcess
+
+    monkeypatch.setenv(nvml_helpers.MARKER, str(tmp_path / "ran"))
+    said = []
+    watcher = WatcherProcess(wait_ms=20, target=nvml_helpers.dies_once, on_gap=said.append,
+                             ping_every_s=0.1, hung_after_s=2.0)
+    assert watcher.start() is True
+    _watch_until(watcher, 1)
+    assert said == watcher.gaps and len(said) == 1
+    assert re.fullmatch(r"the NVML watcher process died \(exit code 3\) at [0-9:]{8}; a new "
+                        r"one watches since [0-9:]{8} \(NVML events between were not seen\)",
+                        said[0]), said
+    assert watcher.available  # watching again
+    time.sleep(0.5)
+    watcher.events  # noqa: B018
+    assert len(watcher.gaps) == 1  # the new one answers its pings: no second gap
+    watcher.stop()
+
+
+def test_a_helper_that_hangs_twice_leaves_xid_watching_off_and_says_so(monkeypatch):
+    import nvml_helpers
+    from harness.gpu.watchproc import WatcherProcess
+
+    watcher = WatcherProcess(wait_ms=20, target=nvml_helpers.hangs, ping_every_s=0.1,
+                             hung_after_s=0.5)
+    assert watcher.start() is True
+    first = watcher._proc
+    _watch_until(watcher, 2)
+    assert len(watcher.gaps) == 2 and all(
+        re.match(r"the NVML watcher process did not answer for \d+ s at ", g)
+        for g in watcher.gaps), watcher.gaps
+    assert "a new one watches since" in watcher.gaps[0]
+    assert watcher.gaps[1].endswith("again: Xid watching is off for the rest of the run "
+                                    "(NVML events after this are not seen)")
+    assert not watcher.available and watcher._proc is None
+    assert first is not None and not first.is_alive()  # the hung helpers were put down
+    watcher.stop()
+
+
+def test_a_helper_stuck_in_nvmls_event_wait_is_taken_for_hung():
+    import nvml_helpers
+    from harness.gpu.watchproc import WatcherProcess
+
+    watcher = WatcherProcess(wait_ms=20, target=nvml_helpers.stuck_wait, ping_every_s=0.1,
+                             hung_after_s=5.0)
+    watcher.start()
+    _watch_until(watcher, 1)
+    assert watcher.gaps[0].startswith(
+        "the NVML watcher process was stuck in NVML's event wait for 600 s at ")
+    watcher.stop()
+
+
+def test_a_kernel_log_that_stops_reading_mid_run_is_a_gap_said_both_ways():
+    from harness.gpu.kernlog import KernelLog, LogUnavailable
+    from harness.gpu.watch import GpuWatch
+
+    state = {"readable": True}
+
+    def read_lines():
+        if not state["readable"]:
+            raise LogUnavailable("/dev/kmsg: Permission denied")
+        return ["[1.0] boot"]
+
+    said = []
+    gpu = GpuWatch("sim", on_gap=said.append)
+    gpu.backend, gpu.klog = "cuda", KernelLog(read_lines)  # no NVML helper: only the log
+    assert gpu.klog.start()
+    gpu._klog_read = True
+    gpu.fatal_since(0.0)
+    assert said == []
+    state["readable"] = False
+    gpu.fatal_since(0.0)
+    gpu.fatal_since(0.0)  # said once while it stays unreadable
+    state["readable"] = True
+    gpu.fatal_since(0.0)
+    assert len(said) == 2 and said == gpu.gaps
+    assert re.fullmatch(r"the kernel log could not be read at [0-9:]{8} \(/dev/kmsg: Permission "
+                        r"denied\): its Xid lines are not seen until it reads again", said[0])
+    assert re.fullmatch(r"the kernel log reads again since [0-9:]{8}", said[1])

@@ -166,8 +166,8 @@ def test_report_list_and_show(crash_run: tuple[Path, dict]) -> None:
 class _FatalWatch(GpuWatch):
     """A watch whose GPU reports Xid 79 as soon as the first trial ends."""
 
-    def __init__(self, backend: str) -> None:
-        super().__init__("sim")
+    def __init__(self, backend: str, on_gap=None) -> None:
+        super().__init__("sim", on_gap)
         self.notes = []
         self.ended = False
 
@@ -229,8 +229,8 @@ class _FakeNvml:
     def __init__(self, events: list[XidEvent]) -> None:
         self.events = events
 
-    def events_between(self, t0: float, t1: float) -> list[XidEvent]:
-        return [e for e in self.events if t0 <= e.wall_time <= t1]
+    def events_since(self, t0: float) -> list[XidEvent]:
+        return [e for e in self.events if e.monotonic_time >= t0]
 
 
 def test_watch_attributes_xids_by_time_and_pid() -> None:
@@ -241,9 +241,11 @@ def test_watch_attributes_xids_by_time_and_pid() -> None:
     klog.start()
     watch = GpuWatch("sim")
     watch.backend, watch.notes = "cuda", []
-    now = time.time()
-    watch.nvml = _FakeNvml([XidEvent(43, 0, "GPU-x", "xid", now, time.monotonic()),
-                            XidEvent(13, 0, "GPU-x", "xid", now - 60, time.monotonic())])
+    # The wall clock stepped back an hour between the two (NTP, a VM resumed): attribution
+    # goes by the monotonic clock, which a step leaves alone.
+    now = time.monotonic()
+    watch.nvml = _FakeNvml([XidEvent(43, 0, "GPU-x", "xid", time.time() - 3600, now),
+                            XidEvent(13, 0, "GPU-x", "xid", time.time(), now - 60)])
     watch.klog = klog
     lines += ["NVRM: Xid (PCI:0000:00:06): 43, pid=516, name=python3, channel 0x0000000a",
               "NVRM: Xid (PCI:0000:00:06): 31, pid=999, name=python3, channel 0x0000000a"]
@@ -262,9 +264,9 @@ def test_watch_gives_a_gpu_only_its_own_nvml_xids() -> None:
     no GPU could be anyone's."""
     watch = GpuWatch("sim")
     watch.backend, watch.notes, watch.klog = "cuda", [], None
-    now = time.time()
-    watch.nvml = _FakeNvml([XidEvent(43, 1, "GPU-y", "xid", now, time.monotonic()),
-                            XidEvent(31, None, None, "xid", now, time.monotonic())])
+    now = time.monotonic()
+    watch.nvml = _FakeNvml([XidEvent(43, 1, "GPU-y", "xid", time.time(), now),
+                            XidEvent(31, None, None, "xid", time.time(), now)])
     assert [x["xid"] for x in watch.for_trial(516, now - 1, False, gpu="GPU-x").xids] == [31]
     assert [x["xid"] for x in watch.for_trial(516, now - 1, False, gpu="GPU-y").xids] == [43, 31]
     assert [x["xid"] for x in watch.for_trial(516, now - 1, False).xids] == [43, 31]

@@ -220,7 +220,7 @@ def test_a_fatal_xid_retires_its_gpu_and_the_others_go_on(tmp_path: Path) -> Non
         def fatal_since(self, t0: float) -> list[FatalXid]:
             return self.events
 
-    runner.watch, runner.started_wall = Watch(), 0.0  # type: ignore[assignment]
+    runner.watch, runner.started = Watch(), 0.0  # type: ignore[assignment]
     supply = WorkerSupply(lambda: None, 1.0)  # type: ignore[arg-type,return-value]
     lanes = [_Lane("GPU 0", supply, device={"uuid": "GPU-a", "pci_bus_id": "0000:00:06"}),
              _Lane("GPU 1", supply, device={"uuid": "GPU-b", "pci_bus_id": "0000:00:07"}),
@@ -256,6 +256,8 @@ def test_the_kernel_log_says_a_gpu_is_gone_even_when_nvml_does_not(monkeypatch) 
                             "Timeout after 45s of waiting for RPC response from GPU1 GSP!")]
 
     class Log:
+        available = True
+
         def poll(self) -> list:
             out, lines[:] = list(lines), []
             return out

@@ -8,12 +8,16 @@ it finds what the online detector found.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from harness.capture.translate import Translator
 from harness.detector import Finding, RaceDetector
+from harness.faults.writes import reason
 from harness.traces.flight import op_line
 from harness.traces.optrace import TRACE_SCHEMA
 from kvcore.device.oplog import BufferInfo, OpRecord, StreamInfo
@@ -27,12 +31,16 @@ class RunAnalysis:
         self.translator = Translator(self._record, self._buffer, self._stream)
         self.trace_path = trace
         self._lines: list[str] = []
-        self._trace = None
+        self._trace: TextIO | None = None
+        self.lost = ""  # why the trace could not be written (it is then not kept), or ""
         if trace is not None:
-            self._trace = open(trace, "w", encoding="utf-8")  # noqa: SIM115
-            self._trace.write(json.dumps({"type": "header", "schema": TRACE_SCHEMA,
-                                          "level": "ops", **header},
-                                         separators=(",", ":")) + "\n")
+            try:
+                self._trace = open(trace, "w", encoding="utf-8")  # noqa: SIM115
+                self._trace.write(json.dumps({"type": "header", "schema": TRACE_SCHEMA,
+                                              "level": "ops", **header},
+                                             separators=(",", ":")) + "\n")
+            except OSError as exc:
+                self._drop(exc)
 
     def _record(self, record: OpRecord) -> None:
         self.detector.observe(record)
@@ -57,9 +65,25 @@ class RunAnalysis:
         self.translator.feed(events)
         self.detector.findings  # noqa: B018 - analyse now, while the program runs
         if self._trace is not None and self._lines:
-            self._trace.write("\n".join(self._lines) + "\n")
-            self._trace.flush()
+            try:
+                self._trace.write("\n".join(self._lines) + "\n")
+                self._trace.flush()
+            except OSError as exc:
+                self._drop(exc)
         self._lines.clear()
+
+    def _drop(self, exc: OSError) -> None:
+        """The disk will not take the trace: the analysis goes on online, the trace is
+        removed (a part of one is not left as if it were whole)."""
+        self.lost = reason(exc)
+        if self._trace is not None:
+            with contextlib.suppress(OSError):
+                self._trace.close()
+            self._trace = None
+        if self.trace_path is not None:
+            with contextlib.suppress(OSError):
+                if stat.S_ISREG(os.lstat(self.trace_path).st_mode):  # ours, not a device
+                    self.trace_path.unlink()
 
     @property
     def findings(self) -> list[Finding]:
@@ -68,5 +92,8 @@ class RunAnalysis:
     def close(self) -> None:
         self.translator.finish()
         if self._trace is not None:
-            self._trace.close()
+            try:
+                self._trace.close()
+            except OSError as exc:
+                self._drop(exc)
             self._trace = None

@@ -46,18 +46,26 @@ newer source's extra detail does not break an older gpurace.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
+
+from harness.faults.writes import reason
 
 CAPTURE_SCHEMA = "gpurace.capture/1"
 DEVICE = "d"
 HOST = "h"
 LEGACY_STREAM = 0
 PER_THREAD_STREAM = 2
+
+LOST = "gpurace watch: capture stopped, the events file cannot be written: "
+"""The line a program's capture says on its standard error when its events file will not take
+more (the reason follows)."""
 
 FLUSH_EVENTS = 4096
 """Events a sink holds before it writes them out, at most (it writes at every host wait too)."""
@@ -78,6 +86,7 @@ class Sink:
         self._events: list[list[Any]] = []
         self._lock = threading.Lock()
         self.closed = False
+        self.lost = ""  # why the capture file stopped taking events, or ""
 
     @classmethod
     def to_path(cls, path: str | os.PathLike[str]) -> Sink:
@@ -92,22 +101,34 @@ class Sink:
 
     def flush(self) -> None:
         """Write what is held, and hand it to the operating system (not to the disk: the
-        watching process reads it, and a crashed program's file stays with the kernel)."""
+        watching process reads it, and a crashed program's file stays with the kernel).
+
+        A file that will not take them (a full disk, its folder removed) is never the
+        program's failure: the capture stops there, says so once on the program's standard
+        error (:data:`LOST`, which the watching process looks for), and the program runs on."""
         with self._lock:
             if self.closed:
+                self._events = []
                 return
             events, self._events = self._events, []
-            if events:
-                self._out.write("".join(json.dumps(e, separators=(",", ":")) + "\n"
-                                        for e in events))
-            self._out.flush()
+            try:
+                if events:
+                    self._out.write("".join(json.dumps(e, separators=(",", ":")) + "\n"
+                                            for e in events))
+                self._out.flush()
+            except OSError as exc:
+                self.closed, self.lost = True, reason(exc)
+                with contextlib.suppress(OSError):
+                    self._out.close()
+                print(f"{LOST}{self.lost}", file=sys.stderr, flush=True)
 
     def close(self) -> None:
         self.flush()
         with self._lock:
             if not self.closed:
                 self.closed = True
-                self._out.close()
+                with contextlib.suppress(OSError):  # said by flush already, if it failed
+                    self._out.close()
 
 
 def read_events(path: Path, offset: int = 0) -> tuple[list[list[Any]], int]:

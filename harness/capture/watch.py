@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import IO, Any
 
 from harness.capture.analysis import RunAnalysis
-from harness.capture.events import read_events
+from harness.capture.events import LOST, read_events
 from harness.errors import CaptureFailed, NothingToCapture, WatchError
-from harness.faults.writes import WriteFaults
+from harness.faults.writes import WriteFaults, reason
 from harness.gpu.nvml import health_snapshot
 from harness.incidents import trace_tail
 from harness.outcome import Outcome, TrialResult, VariantResult
@@ -134,6 +134,8 @@ class ProgramEnd:
     timed_out: bool
     duration_s: float
     stderr_tail: str
+    events_lost: str = ""  # why the program's capture stopped writing events, or ""
+    log_lost: str = ""  # why its program.log could not be written, or ""
 
 
 def watch(options: WatchOptions, hooks: RunHooks | None = None) -> RunResult:
@@ -175,7 +177,7 @@ def _runs(options: WatchOptions, folder: Path, variant: VariantResult, hooks: Ru
           notes: list[str], runs: list[dict[str, Any]], faults: WriteFaults) -> None:
     """The program's runs, one after another, each folded into ``variant`` as it ends."""
     for index in range(options.runs):
-        trial, info = _one_run(options, folder, index, hooks)
+        trial, info = _one_run(options, folder, index, hooks, faults)
         variant.add(trial)
         for note in info["notes"]:
             if note not in notes:
@@ -191,8 +193,8 @@ def _runs(options: WatchOptions, folder: Path, variant: VariantResult, hooks: Ru
         hooks.trial_finished(variant, trial)
 
 
-def _one_run(options: WatchOptions, folder: Path, index: int, hooks: RunHooks
-             ) -> tuple[TrialResult, dict[str, Any]]:
+def _one_run(options: WatchOptions, folder: Path, index: int, hooks: RunHooks,
+             faults: WriteFaults) -> tuple[TrialResult, dict[str, Any]]:
     program = options.program
     work = folder / "watch" / f"run-{index + 1:03d}"
     work.mkdir(parents=True, exist_ok=True)
@@ -204,6 +206,15 @@ def _one_run(options: WatchOptions, folder: Path, index: int, hooks: RunHooks
                                         "trial": index, "seed": 0})
     end = _run_program(options, events_path, work, analysis, index, hooks)
     analysis.close()
+    notes: list[str] = []
+    if end.events_lost:  # the findings cover the program up to where its capture stopped
+        faults.failed("capture events", events_path, end.events_lost)
+        notes.append(f"run {index + 1}: the capture stopped part way ({end.events_lost}): "
+                     "what the program did after that was not watched")
+    if end.log_lost:
+        faults.failed("program log", work / "program.log", end.log_lost)
+    if analysis.lost:
+        faults.failed("trace", trace_path, analysis.lost)
     translator = analysis.translator
     findings = [f.to_json() for f in analysis.findings]
     said = (translator.exit or {}).get("status")  # the boot's own word on why it ended
@@ -215,13 +226,14 @@ def _one_run(options: WatchOptions, folder: Path, index: int, hooks: RunHooks
     trial = TrialResult(index=index, seed=0, outcome=outcome, detail=detail,
                         cuda_error=cuda_error, duration_s=end.duration_s,
                         race=bool(findings), worker_pid=translator.hello.get("pid"),
-                        trace=str(trace_path), ops_total=translator.seq,
+                        trace=None if analysis.lost else str(trace_path),
+                        ops_total=translator.seq,
                         findings=findings)
     if not translator.hello and not end.timed_out:
         raise CaptureFailed(f"{program.python}: capture did not start in the program's "
                             f"interpreter (exit {end.status}): "
                             + (end.stderr_tail.strip().splitlines() or ["no output"])[-1])
-    notes = list(translator.notes)
+    notes = [*translator.notes, *notes]
     run = {"index": index, "status": end.status, "signal": end.signal,
            "timed_out": end.timed_out, "error": end.error, "ops": translator.ops,
            "records": translator.seq, "sources": translator.hello.get("sources", {}),
@@ -264,7 +276,7 @@ def _run_program(options: WatchOptions, events: Path, work: Path, analysis: RunA
     shim = _shim()
     env["PYTHONPATH"] = os.pathsep.join([str(shim), *filter(None, [env.get("PYTHONPATH")])])
     env.setdefault("PYTHONUNBUFFERED", "1")
-    log = open(work / "program.log", "wb")  # noqa: SIM115
+    log = _Log(work / "program.log")
     started = time.monotonic()
     try:
         # Its own session: a timeout ends the program and whatever it started, and a Ctrl-C
@@ -275,7 +287,7 @@ def _run_program(options: WatchOptions, events: Path, work: Path, analysis: RunA
         log.close()
         raise WatchError(f"{program.python}: cannot start it ({exc.strerror or exc})") \
             from None
-    tail: list[bytes] = []
+    tail: list[bytes] = []  # the last of its standard error (where LOST would be said)
     out_stream = sys.stderr.buffer if options.quiet_program else sys.stdout.buffer
     pumps = [threading.Thread(target=_pump, args=(proc.stdout, out_stream, log, None),
                               daemon=True),
@@ -324,18 +336,72 @@ def _run_program(options: WatchOptions, events: Path, work: Path, analysis: RunA
         status, sig = None, None
     exit_info = analysis.translator.exit or {}
     return ProgramEnd(status, sig, exit_info.get("error"), exit_info.get("traceback"),
-                      timed_out, duration, b"".join(tail).decode("utf-8", "replace")[-4000:])
+                      timed_out, duration, b"".join(tail).decode("utf-8", "replace")[-4000:],
+                      log.events_lost, log.lost)
 
 
-def _pump(src: IO[bytes], dst: IO[bytes], log: IO[bytes], tail: list[bytes] | None) -> None:
-    """Copy the program's output to ours and to its log, as it comes."""
+class _Log:
+    """The program's output, kept in program.log as it comes. A disk that will not take it
+    costs the log, never the program (whose pipes are drained all the same); the line a
+    capture says when it cannot write its events (:data:`LOST`) is looked for on the way."""
+
+    def __init__(self, path: Path) -> None:
+        self.lost = ""
+        self.events_lost = ""
+        self._seen = b""  # the end of the last chunk: LOST may be cut between two
+        self._lock = threading.Lock()  # both pumps write here
+        self._file: IO[bytes] | None = None
+        try:
+            # Unbuffered: the pumps write whole chunks, and a full disk says so at once.
+            self._file = open(path, "wb", buffering=0)  # noqa: SIM115
+        except OSError as exc:
+            self.lost = reason(exc)
+
+    def write(self, chunk: bytes, errors: bool) -> None:
+        with self._lock:
+            self._write(chunk, errors)
+
+    def _write(self, chunk: bytes, errors: bool) -> None:
+        if errors:
+            text = self._seen + chunk
+            at = text.find(_LOST)
+            if at >= 0 and not self.events_lost:
+                line = text[at + len(_LOST):].split(b"\n", 1)[0]
+                self.events_lost = line.decode("utf-8", "replace").strip() or "unknown"
+            self._seen = text[-len(_LOST) - 200:]
+        if self._file is not None:
+            try:
+                self._file.write(chunk)
+            except OSError as exc:
+                self.lost = reason(exc)
+                self._close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
+        if self._file is not None:
+            try:
+                self._file.close()
+            except OSError as exc:
+                self.lost = self.lost or reason(exc)
+            self._file = None
+
+
+_LOST = LOST.encode()
+
+
+def _pump(src: IO[bytes], dst: IO[bytes], log: _Log, tail: list[bytes] | None) -> None:
+    """Copy the program's output to ours and to its log, as it comes (``tail``: its standard
+    error's last chunks)."""
     for chunk in iter(lambda: src.read1(65536), b""):  # type: ignore[attr-defined]
         try:
             dst.write(chunk)
             dst.flush()
         except (OSError, ValueError):
             pass  # our own output closed: the log still gets it
-        log.write(chunk)
+        log.write(chunk, errors=tail is not None)
         if tail is not None:
             tail.append(chunk)
             while len(tail) > 64:

@@ -214,6 +214,8 @@ class NvmlWatcher:
         self._stop = threading.Event()
         self._ready = threading.Event()
         self._thread: threading.Thread | None = None
+        self.beat = time.monotonic()  # when the event wait last returned (it returns every
+        # wait_ms with nothing to say): a wait stuck in the driver shows as an old beat
 
     # -- public ---------------------------------------------------------------------------
 
@@ -381,6 +383,7 @@ class NvmlWatcher:
     def _loop(self, nvml: Any, event_set: Any) -> None:
         wait = getattr(nvml, "nvmlEventSetWait_v2", None) or nvml.nvmlEventSetWait
         while not self._stop.is_set():
+            self.beat = time.monotonic()
             try:
                 data = wait(event_set, self.wait_ms)
             except Exception as exc:

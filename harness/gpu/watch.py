@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,22 +66,32 @@ class TrialXids:
 class GpuWatch:
     """NVML and kernel-log watching for one run (see the module docstring)."""
 
-    def __init__(self, backend: str) -> None:
+    def __init__(self, backend: str, on_gap: Callable[[str], None] | None = None) -> None:
         self.backend = backend
         self.nvml: WatcherProcess | None = None
         self.klog: KernelLog | None = None
         self._lines: list[KernelXid] = []
         self._fatal_lines: list[KernelXid] = []  # kept whole: a trial takes its own lines
         self.notes: list[str] = []
+        self._on_gap = on_gap
+        self._klog_gaps: list[str] = []
+        self._klog_read = False  # whether the kernel log read at the last poll
         if backend != "cuda":
             self.notes.append("the simulated device has no GPU: no Xids to watch")
             return
-        self.nvml = WatcherProcess()
+        self.nvml = WatcherProcess(on_gap=on_gap)
         if not self.nvml.start():
             self.notes.append(f"NVML Xid events unavailable: {self.nvml.note}")
         self.klog = KernelLog()
         if not self.klog.start():
             self.notes.append(f"kernel log unavailable: {self.klog.note}")
+        self._klog_read = self.klog.available
+
+    @property
+    def gaps(self) -> list[str]:
+        """Each time Xid watching stopped during the run (the NVML helper died or hung, the
+        kernel log became unreadable), and whether it came back, in words."""
+        return [*(self.nvml.gaps if self.nvml else []), *self._klog_gaps]
 
     def health(self, gpu: int | str | None = None) -> dict[str, Any]:
         """NVML's snapshot of GPU ``gpu`` (NVML's number or the GPU's UUID; by default the
@@ -93,20 +104,20 @@ class GpuWatch:
 
     def for_trial(self, pid: int | None, t0: float, crashed: bool,
                   gpu: str | None = None) -> TrialXids:
-        """The Xids of a trial that started (wall time) at ``t0`` in worker ``pid`` on the GPU
+        """The Xids of a trial that started at ``t0`` (``time.monotonic()``: a wall clock that
+        steps mid-run moves no Xid into another trial) in worker ``pid`` on the GPU
         whose UUID is ``gpu`` (NVML events of other GPUs are not its own; None: any GPU);
         after a crash, waits up to XID_GRACE_S for them to arrive."""
         out = TrialXids(note="; ".join(self.notes))
         if self.backend != "cuda":
             return out
-        deadline = time.time() + (XID_GRACE_S if crashed else 0.0)
+        deadline = time.monotonic() + (XID_GRACE_S if crashed else 0.0)
         while True:
             self._poll_klog()
-            events = [ev for ev in (self.nvml.events_between(t0 - 0.5, time.time())
-                                    if self.nvml else [])
+            events = [ev for ev in (self.nvml.events_since(t0 - 0.5) if self.nvml else [])
                       if gpu is None or ev.gpu_uuid in (None, gpu)]
             lines = [x for x in self._lines if pid is not None and x.pid == pid]
-            if events or lines or time.time() >= deadline:
+            if events or lines or time.monotonic() >= deadline:
                 break
             time.sleep(0.05)
         # A kernel line belongs to one trial: the next trial of the same worker must not get it.
@@ -130,12 +141,13 @@ class GpuWatch:
         return out
 
     def fatal_since(self, t0: float) -> list[FatalXid]:
-        """GPU-fatal reports since ``t0`` (NVML's; and every one the kernel log printed since
+        """GPU-fatal reports since ``t0`` (``time.monotonic()``; NVML's, and every one the
+        kernel log printed since
         the run started, which is how a GPU whose NVML events stopped still says so): the GPU
         needs attention."""
         out = [FatalXid(ev.xid, ev.info.meaning if ev.event_type == "xid" else ev.event_type,
                         ev.gpu_uuid, None, "nvml")
-               for ev in (self.nvml.events_between(t0, time.time()) if self.nvml else [])
+               for ev in (self.nvml.events_since(t0) if self.nvml else [])
                if ev.fatal]
         self._poll_klog()
         return out + [FatalXid(x.xid, x.info.meaning, None, x.pci, "kernel-log")
@@ -146,6 +158,18 @@ class GpuWatch:
             new = self.klog.poll()
             self._lines.extend(new)
             self._fatal_lines.extend(x for x in new if x.info.fatal)
+            if self.klog.available != self._klog_read:  # it stopped reading, or read again
+                self._klog_read = self.klog.available
+                when = time.strftime("%H:%M:%S", time.localtime())
+                self._klog_gap(f"the kernel log reads again since {when}" if self._klog_read
+                               else f"the kernel log could not be read at {when} "
+                               f"({self.klog.note}): its Xid lines are not seen until it reads "
+                               "again")
+
+    def _klog_gap(self, text: str) -> None:
+        self._klog_gaps.append(text)
+        if self._on_gap is not None:
+            self._on_gap(text)
 
     def stop(self) -> None:
         if self.nvml is not None:

@@ -306,6 +306,9 @@ def run_schema() -> Schema:
             "what": string(), "path": string(), "error": string(), "count": integer(1)})),
             "files the run could not write (a full disk, its folder removed), a record per "
             "kind of file and reason, the first path and how many; any makes the run exit 4"),
+        "watch_gaps": described(array(string()), "each time Xid watching stopped during the "
+                                "run (the NVML helper died or hung and was started again, or "
+                                "was given up; the kernel log became unreadable), in words"),
         "window": described(closed({
             "points": array(closed({
                 "scenario": NAME, "variant": NAME, "delay_us": number(0, L.DELAY_MAX_US),
