@@ -243,6 +243,7 @@ class Finding:
     freed_at: str | None = None
     event_note: str | None = None
     legacy_note: str | None = None
+    legacy_first: bool = False  # the first side ran on the legacy default stream
 
     @property
     def key(self) -> tuple[Any, ...]:
@@ -286,6 +287,13 @@ class Finding:
             if self.reused and self.page is not None:
                 reuse += " (what a release with a fence does: kvcore's release_fence)"
             note = f" ({self.legacy_note})" if self.legacy_note else ""
+            if self.legacy_first and a.kind.startswith("copy") and not self.reused:
+                # What engines do (PyTorch's own copies, #210's fix): the copy goes on the
+                # stream that reads what it wrote, where stream order covers it.
+                return (f"{head}; issue the copy at {a.at} on {b.stream}, the stream that "
+                        f"reads it, instead of the legacy default stream (or record an event "
+                        f"on {a.stream} after {a.at} and make {b.stream} wait on it before "
+                        f"{b.at}){note}")
             return (f"{head}; record an event on {a.stream} after {a.at} and make {b.stream} "
                     f"wait on it{reuse}{note}")
         if b.stream == HOST and b.write and self.reused:
@@ -597,8 +605,11 @@ class RaceDetector:
             folded.count += 1
             return
         self._name_bytes(finding, buf, start)
-        finding.event_note = self._explain_wait(past[0], past[1], first, second)
+        finding.event_note = self._explain_wait(past[0], past[1], first, second) \
+            or self._wrong_stream(past[0], past[1], first, second)
         finding.legacy_note = self._legacy_note(first.stream, second.stream)
+        legacy = self._streams.get(first.stream)
+        finding.legacy_first = bool(finding.legacy_note and legacy is not None and legacy.legacy)
         self._folded[finding.key] = finding
 
     def _name_bytes(self, finding: Finding, buf: int, offset: int) -> None:
@@ -630,6 +641,12 @@ class RaceDetector:
                     return (f"the {waited} at {at} used event {wait.event}'s record at "
                             f"{used.step or f'op {used.seq}'}, issued before {first.at}, so it "
                             f"covers nothing of it: record event {wait.event} after {first.at}")
+                if used is None and wait.done and not records and first.stream != HOST:
+                    # Never recorded when it was waited on: CUDA takes such an event as done.
+                    return (f"the {waited} at {at} was on event {wait.event}, which had no "
+                            f"record yet (an event never recorded counts as complete), so it "
+                            f"covered nothing: record event {wait.event} on {first.stream} "
+                            f"after {first.at}, before the {waited}")
                 continue
             later = [r for r in covering if r.seq > wait.seq]
             if not wait.done:
@@ -649,6 +666,27 @@ class RaceDetector:
                         f"the latest record, so it did not cover the one at "
                         f"{mine.step or mine.seq} that covers {first.at}; record one event per "
                         f"stream and {waited} on each")
+        return None
+
+    def _wrong_stream(self, thread: str, epoch: int, first: OpRef, second: OpRef
+                      ) -> str | None:
+        """A wait that covers the first op, issued before the second on another stream than
+        the second's (the gradient written on one stream, the reduce's wait made by the
+        default stream while the reduce runs on its own)."""
+        if second.stream == HOST:
+            return None
+        for stream, waits in self._waits.items():
+            if stream in (second.stream, first.stream, HOST):
+                continue
+            for wait in waits:
+                used = wait.used
+                if wait.done and wait.seq < second.seq and used is not None \
+                        and used.clock.get(thread, 0) >= epoch:
+                    return (f"{stream} waited on event {wait.event} at "
+                            f"{wait.step or f'op {wait.seq}'}, which covers {first.at}, but "
+                            f"{second.at} runs on {second.stream}, which did not wait: make "
+                            f"{second.stream} wait on {wait.event} before {second.at} (or "
+                            f"issue {second.at} on {stream})")
         return None
 
     def _legacy_note(self, first: str, second: str) -> str | None:

@@ -124,8 +124,16 @@ class StepList:
         self.where.append(reader.where(node, path))
         if "op" not in f:
             raise reader.error(node, path, f"a step needs an op; use one of {', '.join(V.OPS)}")
+        said = reader.value(f.values["op"], f.sub("op"))
+        if isinstance(said, str) and said in V.NOT_OPS:
+            raise reader.error(f.values["op"], f.sub("op"), f"unknown op {said!r}: "
+                               f"{V.NOT_OPS[said]}")
         op = reader.choice(f.values["op"], f.sub("op"), V.OPS, "op")
         spec = V.OPS[op]
+        for key in f.values:
+            if (op, key) in V.KEY_ELSEWHERE and key not in spec.keys:
+                raise reader.error(f.keys[key], f.sub(key), f"{op} takes no {key}: "
+                                   f"{V.KEY_ELSEWHERE[op, key]}")
         reader.allow(f, (*V.STEP_KEYS, *spec.keys), f" for op {op}")
         reader.require(f, spec.required(), f"a {op} step")
         runs = self.variants_of(f)
@@ -248,6 +256,14 @@ class StepList:
         return self.reference(V.REFERENCES[holds], node, path, runs)
 
     def stream(self, node: Node, path: str) -> str:
+        if self.reader.value(node, path) is None:  # `stream: null` (or ~, or nothing)
+            legacy = [name for name, spec in self.streams.items() if spec.kind == "legacy"]
+            raise self.reader.error(node, path, (
+                "YAML reads this as nothing (null), not a name; CUDA's null stream, the legacy "
+                f"default stream, is {legacy[0]!r} here" if legacy else "YAML reads this as "
+                "nothing (null), not a name; CUDA's null stream, the legacy default stream, is a stream of kind "
+                "legacy: declare one under spec.streams (e.g. `default: legacy`) and name it")
+                + " (to name a stream 'null', quote it)")
         name = self.reader.string(node, path)
         if not self.declared:
             name = STREAM_ALIASES.get(name, name)
@@ -283,6 +299,13 @@ class StepList:
                 f"{self._at(made)}, makes it) but not in variant {', '.join(missing)}, where "
                 f"this step runs too; limit this step with `only: [{', '.join(having)}]`, or "
                 f"make {name!r} in {', '.join(missing)} as well"))
+        other = [k for k in _PLURAL if k != kind and any(
+            (k, name) in self.scopes[v].names for v in runs)]
+        if other:  # a buffer where a lease goes, say: the op that takes it is another
+            op, key = self._op_at(self.index), path.rsplit(".", 1)[-1]
+            instead = V.OTHER_OP.get((op, key, other[0]), f"give a {kind} here")
+            raise self.reader.error(node, path, f"{name!r} is a {other[0]}, not a {kind}: "
+                                    f"{instead}")
         later = self.defined_later(kind, name)
         verb = "recorded" if kind == "event" else "defined"
         known = sorted({n for v in runs for (k, n) in self.scopes[v].names if k == kind})

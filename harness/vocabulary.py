@@ -41,6 +41,37 @@ REFERENCES = {LEASE: "lease", CATALOG: "catalog", BUFFER: "buffer", EVENT: "even
               EVENTS: "event"}
 """Keys whose value names something an earlier step made, and what kind of thing."""
 
+NOT_OPS = {
+    "record_stream": "there is no record_stream step yet: a block given back while another "
+                     "stream still uses it, reused only once that stream's work is done (what "
+                     "record_stream asks of a caching allocator), is a pinned buffer's "
+                     "`host_free` with `after: EVENT`, an event recorded on that stream after "
+                     "its last use; for pool pages, release's fence does it (variant defects "
+                     "`release_fence: true`, kvcore's default)",
+}
+"""Ops a user reaches for that gpurace says another way: what to write instead."""
+
+OTHER_OP = {
+    ("copy_page", "dst", "buffer"): "copy_page copies between leases; copy_to_host copies a "
+                                    "lease's pages into a pinned buffer",
+    ("copy_page", "src", "buffer"): "copy_page copies between leases; copy_from_host copies a "
+                                    "pinned buffer into a lease",
+    ("copy_from_host", "src", "lease"): "copy_from_host copies a pinned buffer into a lease; "
+                                        "copy_page copies a lease's pages to another lease",
+    ("copy_to_host", "dst", "lease"): "copy_to_host copies into a pinned buffer; copy_page "
+                                      "copies a lease's pages to another lease",
+}
+"""(op, key, the kind the name is) -> the op that takes it, where a step names a thing of
+another kind than its key holds."""
+
+KEY_ELSEWHERE = {
+    ("release", "after"): "release fences its pages itself (kvcore's release fence: the "
+                          "next owner's work waits for the streams still using them); a "
+                          "pinned buffer handed out again only once events complete is "
+                          "host_free's `after:`",
+}
+"""(op, key) -> what to write instead, for a key another op has."""
+
 HOW_TO_DEFINE = {
     "lease": "a materialize step with an id defines one",
     "catalog": "a catalog step with an id defines one",

@@ -110,6 +110,11 @@ class Reader:
     def error(self, node: Node, path: str, message: str) -> ScenarioError:
         return ScenarioError(self.where(node, path), message)
 
+    def is_null(self, node: Node) -> bool:
+        """Whether a plain scalar (a key's text, say) is what YAML reads as null."""
+        return isinstance(node, ScalarNode) and node.style is None and \
+            self._loader.resolve(ScalarNode, node.value, (True, False)) == "tag:yaml.org,2002:null"
+
     def value(self, node: Node, path: str) -> object:
         """The Python value of a scalar node; mappings and lists come back as their node."""
         if not isinstance(node, ScalarNode):
