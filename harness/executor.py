@@ -29,7 +29,8 @@ from harness.limits import COUNTED_READS_MAX
 from harness.model import Amplify, PlaneSpec, PoolSpec, Scenario, Step, Variant
 from harness.outcome import Outcome, TrialResult
 from harness.traces.ticket import Ticket, load_ticket
-from kvcore.device.kernels import FIRST_BYTES, Delay, Verify, first_mismatch
+from kvcore.device.kernels import (FIRST_BYTES, TOUCH_SPANS_MAX, Delay, Touch, Verify,
+                                  first_mismatch)
 from kvcore.device.program import Live, Program
 from kvcore.device.schedule import Schedule
 from kvcore.device.sim import UNWRITTEN
@@ -458,8 +459,8 @@ class TrialExecutor:
 
 REISSUED_OPS = frozenset({
     "materialize", "release", "host_fill", "copy_from_host", "copy_to_host", "copy_page",
-    "zero_pages", "page_list", "gather", "scatter", "read_pinned", "record_event", "wait_event",
-    "synchronize", "delay", "check"})
+    "zero_pages", "page_list", "gather", "scatter", "read_pinned", "kernel", "record_event",
+    "wait_event", "synchronize", "delay", "check"})
 """The ops whose device calls depend only on the world's state when the trial starts (the
 pool's and the arena's), so a program captured in one trial is right in the next. Left out:
 catalogs and tables (their entries carry generations, which grow), event queries (their answer
@@ -744,6 +745,8 @@ class _Steps:
         return all(self._exists(kind, name) for kind, name in V.uses(step.op, step.args))
 
     def _exists(self, kind: str, name: str) -> bool:
+        if kind == "memory":  # a kernel's: a lease or a pinned buffer
+            return self._exists("lease", name) or self._exists("buffer", name)
         if kind == "lease":
             return name in self.leases
         if kind == "catalog":
@@ -937,6 +940,45 @@ class _Steps:
         self.lists[str(s.args["page_list"])].scatter(view.buffer, view.page_offset(0),
                                                      self.w.stream(str(s.args["stream"])))
 
+    def _kernel(self, s: Step) -> None:
+        """A kernel of the scenario's own: its leases' pages and buffers as spans, eight of
+        each a launch (a kernel over more is launched again on its stream, in order), its
+        duration on the first."""
+        reads = self._spans(s.args.get("reads", ()))
+        writes = self._spans(s.args.get("writes", ()))
+        # Without a byte it writes what it read: whose that is, the check traces back itself.
+        value = int(s.args["byte"]) if "byte" in s.args else None  # type: ignore[call-overload]
+        for name in s.args.get("writes", ()) if value is not None else ():  # type: ignore
+            kind = "lease" if str(name) in self.leases else "buffer"
+            self.wrote.append((value, "kernel", f"{kind} {name}", s))
+        stream = self.w.stream(str(s.args["stream"]))
+        us = float(s.args.get("us", 0.0))  # type: ignore[arg-type]
+        label = str(s.id or "kernel")
+        n = TOUCH_SPANS_MAX
+        for i in range(0, max(len(reads), len(writes), 1), n):
+            self.w.device.launch(Touch(tuple(reads[i:i + n]), tuple(writes[i:i + n]), value,
+                                       us if i == 0 else 0.0, label), stream)
+
+    def _spans(self, names: object) -> list[tuple[kvcore.device.Buffer, int, int]]:
+        """The bytes of leases (a span per run of adjacent pages) and pinned buffers."""
+        spans: list[tuple[kvcore.device.Buffer, int, int]] = []
+        pool = self.w.pool
+        for name in names:  # type: ignore[attr-defined]
+            if str(name) in self.leases:
+                for handle in self._handles(name):
+                    off = pool.page_offset(handle)
+                    last = spans[-1] if spans else None
+                    if last is not None and last[0] is pool.buffer and \
+                            last[1] + last[2] == off:
+                        spans[-1] = (last[0], last[1], last[2] + pool.page_stride)
+                    else:
+                        spans.append((pool.buffer, off, pool.page_stride))
+            else:
+                buf = self._buffer(name)
+                spans.append((buf.view.buffer, buf.view.page_offset(0),
+                              buf.pages * buf.view.layout.page_stride))
+        return spans
+
     def _read_pinned(self, s: Step) -> None:
         name = str(s.args["buffer"])
         buf = self._buffer(name)
@@ -1068,9 +1110,10 @@ class _Steps:
                 continue
             if what == "readback":
                 words = f"buffer {name} as each trial starts it: nothing had landed in it yet"
-            elif what == "kv_write":
+            elif what in ("kv_write", "kernel"):
                 assert step is not None
-                words = f"written through {name} at {step.label}" + (
+                words = (f"written through {name} at {step.label}" if what == "kv_write" else
+                         f"{name}, written by the kernel at {step.label}") + (
                     f" (thread {step.thread})" if step.thread else "")
             else:
                 assert step is not None

@@ -94,6 +94,10 @@ takes 839."""
 VARIANTS_MAX = 64
 """Variants in a scenario (the zoo's have two): each runs in its own worker."""
 
+KERNEL_MEMORY_MAX = 64
+"""Leases and buffers one kernel step reads (and as many it writes): a forward pass over a
+batch's blocks names a few; each is a span of the kernel's, launched eight spans at a time."""
+
 STREAMS_MAX = 32
 """Streams a scenario declares. kvcore's pool tracks at most 64 streams that use its pages (one
 more is the check's own)."""

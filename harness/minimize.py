@@ -293,9 +293,14 @@ def _closure(steps: list[dict[str, Any]], variants: Sequence[str]) -> list[dict[
             if all(use in live[v] for v in runs for use in V.uses(step["op"], args)):
                 kept.append(step)
                 gone = V.frees(step["op"], args)
+                made = set(V.defines(step["op"], step.get("id"), args))
+                # A kernel's memory is a lease or a buffer: each is one under that name too.
+                made |= {("memory", name) for kind, name in made if kind in V.MEMORY_KINDS}
                 for v in runs:
-                    live[v] |= set(V.defines(step["op"], step.get("id"), args))
+                    live[v] |= made
                     live[v].discard(gone)  # type: ignore[arg-type]
+                    if gone is not None:
+                        live[v].discard(("memory", gone[1]))
         if len(kept) == len(steps):
             return kept
         steps = kept

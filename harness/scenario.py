@@ -186,8 +186,9 @@ def _streams(reader: Reader, node: Node, path: str) -> tuple[StreamSpec, ...]:
         sub = f.sub(name)
         if reader.is_null(f.keys[name]):  # `null: legacy`: a stream no step could name
             raise reader.error(f.keys[name], sub, f"YAML reads {name} as nothing (null), "
-                               f"not a name: quote it ('{name}') to name a stream so; the legacy default "
-                               "stream (CUDA's null stream) is any name of kind legacy")
+                               f"not a name: quote it ('{name}') to name a stream so; the "
+                               "legacy default stream (CUDA's null stream) is any name of "
+                               "kind legacy")
         reader.name(f.keys[name], sub, text=name)
         priority = 0
         if isinstance(value, MappingNode):

@@ -249,21 +249,46 @@ class StepList:
             return name
         if holds == V.ALLOC_BUFFER:
             return self.new_allocation(node, path, runs)
+        if holds == V.MEMORY:
+            items = [(node, path)] if not isinstance(node, SequenceNode) else [
+                (n, f"{path}[{i}]") for i, n in enumerate(reader.sequence(
+                    node, path, "a lease or pinned buffer, or a list of them",
+                    limit=L.KERNEL_MEMORY_MAX, what="leases and buffers of one kernel"))]
+            return tuple(self.memory(n, p, runs) for n, p in items)
         if holds == V.EVENTS and isinstance(node, SequenceNode):
             items = reader.sequence(node, path, "an event or a list of events")
             return tuple(self.reference("event", n, f"{path}[{i}]", runs)
                          for i, n in enumerate(items))
         return self.reference(V.REFERENCES[holds], node, path, runs)
 
+    def memory(self, node: Node, path: str, runs: tuple[str, ...]) -> str:
+        """A lease or a pinned buffer an earlier step made (a kernel's reads or writes): the
+        name's kind is whichever it is in every variant the step runs in."""
+        name = self.reader.string(node, path)
+        kinds = [k for k in V.MEMORY_KINDS if any((k, name) in self.scopes[v].names
+                                                  for v in runs)]
+        if len(kinds) > 1:
+            raise self.reader.error(node, path, f"{name!r} names a lease and a pinned buffer "
+                                    "both; rename one, so a kernel's memory is one thing")
+        if kinds:
+            return self.reference(kinds[0], node, path, runs)
+        known = sorted({n for v in runs for (k, n) in self.scopes[v].names
+                        if k in V.MEMORY_KINDS})
+        raise self.reader.error(node, path, (
+            f"unknown lease or buffer {echo(name)}{suggest(name, known)}; leases and buffers "
+            f"defined so far: {', '.join(known[:20])}" if known else
+            f"unknown lease or buffer {echo(name)}; none is defined before this step "
+            f"({V.HOW_TO_DEFINE['lease']}; {V.HOW_TO_DEFINE['buffer']})"))
+
     def stream(self, node: Node, path: str) -> str:
         if self.reader.value(node, path) is None:  # `stream: null` (or ~, or nothing)
             legacy = [name for name, spec in self.streams.items() if spec.kind == "legacy"]
-            raise self.reader.error(node, path, (
-                "YAML reads this as nothing (null), not a name; CUDA's null stream, the legacy "
-                f"default stream, is {legacy[0]!r} here" if legacy else "YAML reads this as "
-                "nothing (null), not a name; CUDA's null stream, the legacy default stream, is a stream of kind "
-                "legacy: declare one under spec.streams (e.g. `default: legacy`) and name it")
-                + " (to name a stream 'null', quote it)")
+            where = f"is {legacy[0]!r} here" if legacy else (
+                "is a stream of kind legacy: declare one under spec.streams (e.g. `default: "
+                "legacy`) and name it")
+            raise self.reader.error(node, path, "YAML reads this as nothing (null), not a "
+                                    "name; CUDA's null stream, the legacy default stream, "
+                                    f"{where} (to name a stream 'null', quote it)")
         name = self.reader.string(node, path)
         if not self.declared:
             name = STREAM_ALIASES.get(name, name)
@@ -390,6 +415,8 @@ class StepList:
     def effects(self, f: Fields, op: str, step_id: str | None, args: dict[str, object],
                 runs: tuple[str, ...]) -> None:
         index = self.index
+        if op == "kernel":
+            self.kernel(f, args)
         for v in runs:
             self.resources(f, op, step_id, args, v)
         freed = V.frees(op, args)
@@ -408,6 +435,23 @@ class StepList:
             self.sizes(f, op, args, v)
         self.check_needs(self.now)
         self.now = []
+
+    def kernel(self, f: Fields, args: dict[str, object]) -> None:
+        """A kernel step: it reads or writes something, writes a byte (or what it read) where
+        it writes, and ends (a kernel that never does is `delay: .inf`)."""
+        if "reads" not in args and "writes" not in args:
+            raise self.reader.error(f.node, f.path, "a kernel step reads or writes something: "
+                                    "give reads, writes or both (leases, pinned buffers)")
+        if "byte" in args and "writes" not in args:
+            raise self.reader.error(f.keys["byte"], f.sub("byte"), "a kernel writes its byte "
+                                    "over what it writes: give writes too, or no byte")
+        if "writes" in args and "byte" not in args and "reads" not in args:
+            raise self.reader.error(f.keys["writes"], f.sub("writes"), "a kernel writes its "
+                                    "byte, or the first byte it read: give byte, or reads")
+        us = args.get("us", 0.0)
+        if us == float("inf"):
+            raise self.reader.error(f.values["us"], f.sub("us"), "a kernel runs for a while and "
+                                    "ends; one that never ends is a `delay` step with `us: .inf`")
 
     def give_back(self, f: Fields, op: str, key: tuple[str, str], runs: tuple[str, ...]) -> None:
         kind, name = key

@@ -26,6 +26,7 @@ EVENT = "event"          # an event some record_event step recorded
 EVENTS = "events"        # one event, or a list of them
 NEW_EVENT = "new-event"  # an event recorded here (defined if new)
 MUTEX = "mutex"          # a host mutex, named where it is first locked
+MEMORY = "memory"        # leases and pinned buffers that exist: one, or a list of them
 
 IN_WORDS = {
     STREAM: "a stream", COUNT: "a number from 1", INDEX: "a number from 0",
@@ -33,13 +34,17 @@ IN_WORDS = {
     BOOL: "true or false", LEASE: "a lease", CATALOG: "a catalog", BUFFER: "a pinned buffer",
     NEW_BUFFER: "a pinned buffer (made here if new)", ALLOC_BUFFER: "a new pinned buffer",
     EVENT: "an event", EVENTS: "an event or a list", NEW_EVENT: "an event (made here if new)",
-    MUTEX: "a host mutex (a name)",
+    MUTEX: "a host mutex (a name)", MEMORY: "a lease or pinned buffer, or a list",
 }
 """What each kind of value is, for `gpurace steps`."""
 
 REFERENCES = {LEASE: "lease", CATALOG: "catalog", BUFFER: "buffer", EVENT: "event",
-              EVENTS: "event"}
-"""Keys whose value names something an earlier step made, and what kind of thing."""
+              EVENTS: "event", MEMORY: "memory"}
+"""Keys whose value names something an earlier step made, and what kind of thing ("memory":
+a lease or a pinned buffer, whichever the name is)."""
+
+MEMORY_KINDS = ("lease", "buffer")
+"""The kinds a ``memory`` reference may name."""
 
 NOT_OPS = {
     "record_stream": "there is no record_stream step yet: a block given back while another "
@@ -173,6 +178,12 @@ OPS: dict[str, Op] = {
                    "stream": _k(STREAM, True)},
                   "a kernel copies consecutive pages of a pinned buffer into the pages a page "
                   "list names, as it finds the list when it runs"),
+    "kernel": Op({"stream": _k(STREAM, True), "reads": _k(MEMORY), "writes": _k(MEMORY),
+                  "byte": _k(BYTE), "us": _k(DURATION)},
+                 "a kernel of the program's own (a forward pass, a normalize, a reduce) on "
+                 "leases and pinned buffers: it runs `us` microseconds, reads all of `reads` "
+                 "and writes the byte (without one, the first byte it read) over all of "
+                 "`writes` (the id names it in findings)"),
     "read_pinned": Op({"buffer": _k(BUFFER, True), "byte": _k(BYTE, True),
                        "stream": _k(STREAM, True)},
                       "a kernel reads a pinned buffer in place (zero-copy, as small-input "

@@ -241,6 +241,7 @@ def scenario_docs(draw: st.DrawFn) -> dict[str, Any]:
         # documents get past their references to the checks behind them.
         for key in keys:
             kind = V.REFERENCES.get(spec.keys[key].holds)
+            kind = "lease" if kind == "memory" else kind  # a kernel's: a lease will do
             if kind and not made[kind] and draw(st.integers(0, 5)):
                 maker = {**makers[kind], "id": f"m{i}-{kind}"}
                 if kind == "buffer":
@@ -319,6 +320,9 @@ def _value(holds: str, made: dict[str, list[str]], streams: list[str]) -> st.Sea
         V.EVENTS: st.one_of(known("event"), st.lists(known("event"), min_size=1, max_size=2)),
         V.NEW_EVENT: known("event"),
         V.MUTEX: st.sampled_from(["m", "n"]),
+        V.MEMORY: st.one_of(known("lease"), known("buffer"),
+                            st.lists(st.one_of(known("lease"), known("buffer")), min_size=1,
+                                     max_size=3)),
     }[holds]
 
 

@@ -547,6 +547,9 @@ def _value(op: str, key: str) -> Schema:
         return described(BOOLEAN, words)
     if holds == V.EVENTS:
         return described({"anyOf": [ref("name"), array(ref("name"), 1)]}, words)
+    if holds == V.MEMORY:
+        return described({"anyOf": [ref("name"), array(ref("name"), 1,
+                                                       L.KERNEL_MEMORY_MAX)]}, words)
     return {"description": words, **ref("name")}  # a stream, or a thing's name
 
 

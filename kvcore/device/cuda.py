@@ -22,6 +22,8 @@ from kvcore.defects import Defects
 from kvcore.device.base import DEVICE, Buffer, Device, DeviceInfo, Event, Stream
 from kvcore.device.program import ACTION, Item, Live
 from kvcore.device.kernels import (
+    TOUCH_READ_VALUE,
+    TOUCH_SPANS_MAX,
     Attend,
     Delay,
     Fill,
@@ -31,6 +33,7 @@ from kvcore.device.kernels import (
     ReadTable,
     Scatter,
     ScatterPages,
+    Touch,
     Verify,
     WritePages,
 )
@@ -112,7 +115,8 @@ class CudaDevice(Device):
             source = importlib.resources.files("kvcore.device").joinpath("kernels.cu").read_text()
             module = self._cp.RawModule(code=source, options=("-std=c++17",))
             self._fns = {n: module.get_function(n) for n in
-                         ("kv_fill", "kv_verify", "kv_read_table", "kv_delay", "kv_move_pages")}
+                         ("kv_fill", "kv_verify", "kv_read_table", "kv_delay", "kv_move_pages",
+                          "kv_touch")}
             props = self._cp.cuda.runtime.getDeviceProperties(index)
         self._data_error = self._compile_data_kernels()
         self._sm_count = int(props["multiProcessorCount"])
@@ -173,6 +177,8 @@ class CudaDevice(Device):
                                           stream=stream)
                 self._fns["kv_move_row_pages"]((1,), (1,), (flag, zero32, flag, zero64, zero32,
                                                             flag, zero32), stream=stream)
+            self._fns["kv_touch"]((1,), (1,), (*(zero64,) * (4 * TOUCH_SPANS_MAX),
+                                               np.uint32(0), np.int64(0)), stream=stream)
             self._spin(0.0, stream)
             self._cp.cuda.runtime.deviceSynchronize()
 
@@ -342,6 +348,11 @@ class CudaDevice(Device):
                 self._row_kernel(kernel, s, blocks)
             elif isinstance(kernel, Delay):
                 self._spin(kernel.us, s)
+            elif isinstance(kernel, Touch):
+                fns["kv_touch"]((blocks,), (_THREADS,), (
+                    *_spans(kernel.read), *_spans(kernel.write), np.uint32(
+                        TOUCH_READ_VALUE if kernel.value is None else kernel.value),
+                    np.int64(int(kernel.us * 1000))), stream=s)
             elif isinstance(kernel, (Scatter, Gather)):
                 self._move_pages(kernel, s)
             else:
@@ -531,6 +542,15 @@ class _StreamHandle:
 
 def _ptr(buf: Buffer) -> int:
     return buf.address
+
+
+def _spans(spans: tuple[tuple[Any, int, int], ...]) -> list[Any]:
+    """A touch kernel's spans as its arguments: an address and a length each, the unused
+    ones zero (kernels.cu's kv_touch takes TOUCH_SPANS_MAX of each)."""
+    out: list[Any] = []
+    for buffer, offset, nbytes in spans:
+        out += [np.uint64(_ptr(buffer) + offset), np.uint64(nbytes)]
+    return out + [np.uint64(0)] * (2 * (TOUCH_SPANS_MAX - len(spans)))
 
 
 class _ArgRing:

@@ -78,6 +78,44 @@ extern "C" __global__ void kv_delay(long long ns, u64 never_flag) {
     }
 }
 
+// A kernel of a scenario's own over any memory (kvcore's Touch, `op: kernel`): it runs for `ns`
+// nanoseconds of wall-clock time, then reads every byte of its read spans and writes `value`
+// over every byte of its write spans; value 0x100 (TOUCH_READ_VALUE) writes the first byte it
+// read instead, a result computed from its input. Spans are (address, length) pairs, device or
+// mapped pinned memory, eight of each (unused ones have length 0). The reads are volatile
+// loads: the access itself is the point, and the compiler must keep it.
+#define KV_SPANS(p) u64 p##0, u64 p##n0, u64 p##1, u64 p##n1, u64 p##2, u64 p##n2, \
+    u64 p##3, u64 p##n3, u64 p##4, u64 p##n4, u64 p##5, u64 p##n5, u64 p##6, u64 p##n6, \
+    u64 p##7, u64 p##n7
+#define KV_ADDRS(p) {p##0, p##1, p##2, p##3, p##4, p##5, p##6, p##7}
+#define KV_LENS(p) {p##n0, p##n1, p##n2, p##n3, p##n4, p##n5, p##n6, p##n7}
+
+extern "C" __global__ void kv_touch(KV_SPANS(r), KV_SPANS(w), unsigned value, long long ns) {
+    if (ns > 0) {
+        const u64 start = global_ns();
+        while (global_ns() - start < (u64)ns) {
+        }
+    }
+    const u64 raddr[8] = KV_ADDRS(r), rlen[8] = KV_LENS(r);
+    const u64 waddr[8] = KV_ADDRS(w), wlen[8] = KV_LENS(w);
+    const u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    for (int s = 0; s < 8; ++s) {
+        const volatile u8* src = reinterpret_cast<const volatile u8*>(raddr[s]);
+        for (u64 i = first; i < rlen[s]; i += stride) {
+            (void)src[i];
+        }
+    }
+    const u8 out = value < 0x100 ? (u8)value
+                                 : *reinterpret_cast<const volatile u8*>(raddr[0]);
+    for (int s = 0; s < 8; ++s) {
+        u8* dst = reinterpret_cast<u8*>(waddr[s]);
+        for (u64 i = first; i < wlen[s]; i += stride) {
+            dst[i] = out;
+        }
+    }
+}
+
 // Moves `pieces` chunks of `chunk` bytes between a packed buffer and scattered offsets of a
 // paged buffer: to_pages=1 scatters packed -> pages, 0 gathers pages -> packed. One block per
 // chunk at a time, 16-byte moves when everything is 16-byte aligned.

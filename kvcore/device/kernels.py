@@ -175,6 +175,53 @@ class Delay(Kernel):
         return {"us": self.us}
 
 
+TOUCH_SPANS_MAX = 8
+"""Spans a :class:`Touch` reads, and spans it writes, at most (each a kernel argument pair)."""
+
+TOUCH_READ_VALUE = 0x100
+"""What kernels.cu's kv_touch takes for "write the first byte read" (any byte is below it)."""
+
+
+@dataclass(frozen=True)
+class Touch(Kernel):
+    """A kernel of the program's own over any memory (a forward pass writing a block, a loader's
+    normalize, a reduce reading a bucket), as far as stream order can tell: it runs ``us``
+    microseconds, then reads every byte of its ``read`` spans and writes ``value`` over every
+    byte of its ``write`` spans; with ``value`` None it writes the first byte it read instead
+    (a result computed from its input: a stale input gives a stale result). Each span is
+    (buffer, offset, nbytes), device or pinned host memory; ``label`` names it in the op log
+    (``kernel:LABEL``)."""
+
+    read: tuple[tuple[Buffer, int, int], ...]
+    write: tuple[tuple[Buffer, int, int], ...]
+    value: int | None = 0
+    us: float = 0.0
+    label: str = "kernel"
+
+    def __post_init__(self) -> None:
+        if len(self.read) > TOUCH_SPANS_MAX or len(self.write) > TOUCH_SPANS_MAX:
+            raise ValueError(f"a touch kernel reads and writes at most {TOUCH_SPANS_MAX} spans "
+                             "each")
+        if self.value is None and not self.read:
+            raise ValueError("a touch kernel that writes what it read reads something")
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return self.label
+
+    def reads(self) -> tuple[Access, ...]:
+        return tuple(Access(b.id, off, n) for b, off, n in self.read)
+
+    def writes(self) -> tuple[Access, ...]:
+        return tuple(Access(b.id, off, n) for b, off, n in self.write)
+
+    def buffers(self) -> tuple[Buffer, ...]:
+        return tuple({b.id: b for b, _, _ in self.read + self.write}.values())
+
+    def detail(self) -> dict[str, object]:
+        return {"value": self.value, "us": self.us}
+
+
 @dataclass(frozen=True)
 class Scatter(Kernel):
     """Copy consecutive ``chunk``-byte pieces of ``src`` (from ``src_offset``) to the device

@@ -47,6 +47,7 @@ from kvcore.device.kernels import (
     Verify,
     WritePages,
     first_key,
+    Touch,
 )
 from kvcore.errors import DeviceFaultError, DeviceUsageError
 
@@ -284,6 +285,21 @@ class SimDevice(Device):
                            packed=_arr(kernel.dst), packed_off=kernel.dst_offset)
             return self._transfer(stream, kernel.chunk * len(kernel.src_offsets), False, move,
                                   kernel=True)
+        elif isinstance(kernel, Touch):
+            # It runs its time, then its writes land (what it read is what was there then).
+            begin, end = self._schedule(stream, max(int(kernel.us * 1000), c.kernel_min_ns),
+                                        latency=c.kernel_latency_ns, issue=c.launch_issue_ns)
+            spans = [(_arr(b), off, n) for b, off, n in kernel.write]
+            first = None if kernel.value is not None else (
+                _arr(kernel.read[0][0]), kernel.read[0][1])
+
+            def land() -> None:
+                value = kernel.value if first is None else int(first[0][first[1]])
+                for d, off, n in spans:
+                    d[off:off + n] = value
+
+            self._at(end - 1 if end > begin else end, land)
+            return begin, end
         elif isinstance(kernel, (Verify, ReadTable, WritePages, Attend, GatherPages)):
             begin, end = self._schedule(stream, c.kernel_min_ns, latency=c.kernel_latency_ns,
                                         issue=c.launch_issue_ns)

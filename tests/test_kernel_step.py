@@ -1,0 +1,152 @@
+"""`op: kernel` (#30): a kernel of the program's own on any lease or pinned buffer, on the
+simulated device and in the race detector, and the loader's words for one that is wrong."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness.errors import ScenarioError
+from harness.minimize import _closure
+from harness.runner import Runner, RunOptions
+from harness.scenario import load_scenario
+
+HEAD = """\
+apiVersion: gpurace/v1
+kind: Scenario
+metadata: {name: kernels, description: kernels on leases and buffers}
+spec:
+  pool: {pages: 16, page_tokens: 64, planes: [{dtype: i8, leading: 8, heads: 2, align: 256}]}
+  streams: {compute: non-blocking, offload: non-blocking}
+  trials: 20
+  variants:
+    buggy: {expect: reproduces, min_rate: 0.9}
+    fixed: {expect: clean}
+  steps:
+"""
+
+FORWARD_OFFLOAD = HEAD + """\
+    - {id: block, op: materialize, pages: 2}
+    - {op: host_fill, buffer: expected, byte: 0x22, pages: 2}
+    - {op: host_fill, buffer: inputs, byte: 0x01}
+    - {id: forward, op: kernel, stream: compute, reads: inputs, writes: block, byte: 0x22, us: 200}
+    - {op: record_event, event: written, stream: compute, only: fixed}
+    - {op: wait_event, event: written, stream: offload, only: fixed}
+    - {id: offload, op: copy_to_host, src: block, dst: stored, stream: offload}
+    - {op: synchronize}
+    - {op: check, buffer: stored, equals: expected}
+"""
+
+
+def _run(tmp_path: Path, text: str, trials: int = 20) -> dict[str, object]:
+    path = tmp_path / "kernels.yaml"
+    path.write_text(text)
+    result = Runner(RunOptions(backend="sim", trials=trials, out_dir=tmp_path / "out")).run(
+        [load_scenario(path)])
+    return {r.variant: r for r in result.results}
+
+
+def test_a_kernels_write_read_by_another_stream_races_and_an_event_orders_it(tmp_path):
+    got = _run(tmp_path, FORWARD_OFFLOAD)
+    buggy, fixed = got["buggy"], got["fixed"]
+    assert buggy.manifested == buggy.trials == 20 and buggy.detected == 20
+    assert fixed.manifested == 0 and fixed.detected == 0
+    (finding,) = buggy.finding_summary(1)
+    assert finding["first"]["kind"] == "kernel:forward" and finding["first"]["step"] == "forward"
+    assert finding["missing"].startswith(
+        "nothing orders compute's write (kernel:forward at step forward) before offload's read "
+        "(copy_dtoh at step offload) on kv-arena page 0 (lease block); record an event on "
+        "compute after forward and make offload wait on it before offload")
+    # The stored bytes were copied out before the kernel's landed, and the check says so.
+    assert buggy.first_manifested is not None
+    assert "stored" in buggy.first_manifested.detail
+
+
+def test_a_kernel_reading_pinned_memory_the_host_rewrites_races(tmp_path):
+    text = HEAD + """\
+    - {id: out, op: materialize, pages: 1}
+    - {op: host_fill, buffer: inputs, byte: 0x01}
+    - {id: embed, op: kernel, stream: compute, reads: inputs, writes: out, byte: 0x05, us: 100}
+    - {op: synchronize, stream: compute, only: fixed}
+    - {id: next-batch, op: host_fill, buffer: inputs, byte: 0x02}
+    - {op: synchronize}
+"""
+    # No check reads the kernel's output: the race is the detector's to find.
+    got = _run(tmp_path, text.replace("expect: reproduces, min_rate: 0.9", "expect: clean"), 5)
+    (finding,) = got["buggy"].finding_summary(1)
+    assert (finding["first"]["kind"], finding["second"]["kind"]) == ("kernel:embed",
+                                                                     "host_write")
+    assert "before the host rewrites the buffer at next-batch" in finding["missing"]
+    assert got["fixed"].detected == 0
+
+
+def test_a_kernel_over_more_than_eight_spans_is_launched_again_in_order(tmp_path):
+    fills = "".join(f"    - {{op: host_fill, buffer: b{i}, byte: 0}}\n" for i in range(10))
+    names = ", ".join(f"b{i}" for i in range(10))
+    checks = "".join(f"    - {{op: check, buffer: b{i}, byte: 0x33}}\n" for i in range(10))
+    text = HEAD.replace("reproduces, min_rate: 0.9", "clean") + fills + (
+        f"    - {{id: wide, op: kernel, stream: compute, writes: [{names}], byte: 0x33}}\n"
+        "    - {op: synchronize}\n") + checks
+    got = _run(tmp_path, text, 2)
+    assert got["buggy"].manifested == 0 and got["buggy"].trials == 2
+
+
+@pytest.mark.parametrize("step, says", [
+    ("    - {op: kernel, stream: compute, reads: nowhere}\n",
+     "steps[1].reads: unknown lease or buffer 'nowhere'; leases and buffers defined so far: a"),
+    ("    - {op: kernel, stream: compute, writes: a}\n",
+     "steps[1].writes: a kernel writes its byte, or the first byte it read: give byte, or "
+     "reads"),
+    ("    - {op: kernel, stream: compute, reads: a, byte: 3}\n",
+     "steps[1].byte: a kernel writes its byte over what it writes: give writes too, or no "
+     "byte"),
+    ("    - {op: kernel, stream: compute}\n",
+     "steps[1]: a kernel step reads or writes something: give reads, writes or both"),
+    ("    - {op: kernel, stream: compute, reads: a, us: .inf}\n",
+     "steps[1].us: a kernel runs for a while and ends; one that never ends is a `delay` step "
+     "with `us: .inf`"),
+    ("    - {op: host_fill, buffer: a, byte: 1}\n    - {op: kernel, stream: compute, reads: a}\n",
+     "steps[2].reads: 'a' names a lease and a pinned buffer both; rename one"),
+], ids=["unknown", "writes-nothing-known", "byte-without-writes", "nothing", "never-ends",
+        "ambiguous"])
+def test_the_loader_refuses_a_kernel_it_cannot_run_saying_what_to_write(tmp_path, step, says):
+    path = tmp_path / "bad.yaml"
+    path.write_text(HEAD + "    - {id: a, op: materialize, pages: 1}\n" + step)
+    with pytest.raises(ScenarioError) as caught:
+        load_scenario(path)
+    assert says in str(caught.value)
+
+
+def test_minimize_keeps_what_a_kernel_reads_and_drops_a_kernel_whose_memory_went():
+    steps = [{"id": "a", "op": "materialize", "pages": 1},
+             {"op": "host_fill", "buffer": "pin", "byte": 1},
+             {"id": "k", "op": "kernel", "stream": "compute", "reads": ["a", "pin"]},
+             {"op": "release", "lease": "a"},
+             {"id": "late", "op": "kernel", "stream": "compute", "reads": "a"}]
+    kept = _closure(steps, ["buggy"])
+    assert [s.get("id", s["op"]) for s in kept] == ["a", "host_fill", "k", "release"]
+    assert [s.get("id", s["op"]) for s in _closure(steps[1:], ["buggy"])] == ["host_fill"]
+
+
+def test_a_kernel_without_a_byte_writes_what_it_read_so_a_stale_input_is_a_stale_result(
+        tmp_path):
+    """The shape of pytorch/pytorch#191746: inputs filled on one stream, a kernel on another
+    reads them before the fill lands and computes from what was there."""
+    text = HEAD + """\
+    - {id: x, op: materialize, pages: 1}
+    - {op: host_fill, buffer: expected, byte: 0x11}
+    - {id: randn, op: kernel, stream: compute, writes: x, byte: 0x11, us: 300}
+    - {op: record_event, event: inputs, stream: compute, only: fixed}
+    - {op: wait_event, event: inputs, stream: offload, only: fixed}
+    - {id: out, op: materialize, pages: 1}
+    - {id: matmul, op: kernel, stream: offload, reads: x, writes: out}
+    - {op: synchronize}
+    - {op: check, lease: out, equals: expected}
+"""
+    got = _run(tmp_path, text)
+    assert (got["buggy"].manifested, got["buggy"].detected) == (20, 20)
+    assert (got["fixed"].manifested, got["fixed"].detected) == (0, 0)
+    detail = got["buggy"].first_manifested.detail
+    assert "check: lease out: page 0: 1024/1024 bytes differ" in detail
+    assert "what the page held before this trial: nothing wrote it yet" in detail
