@@ -287,13 +287,16 @@ class Finding:
             if self.reused and self.page is not None:
                 reuse += " (what a release with a fence does: kvcore's release_fence)"
             note = f" ({self.legacy_note})" if self.legacy_note else ""
-            if self.legacy_first and a.kind.startswith("copy") and not self.reused:
-                # What engines do (PyTorch's own copies, #210's fix): the copy goes on the
-                # stream that reads what it wrote, where stream order covers it.
-                return (f"{head}; issue the copy at {a.at} on {b.stream}, the stream that "
-                        f"reads it, instead of the legacy default stream (or record an event "
-                        f"on {a.stream} after {a.at} and make {b.stream} wait on it before "
-                        f"{b.at}){note}")
+            copy, other = (a, b) if self.legacy_first else (b, a)
+            if self.legacy_note and copy.kind.startswith("copy") and not self.reused:
+                # What engines do (PyTorch's own copies, #210's fix, HIP libraries' memcpy
+                # on the handle's stream): the copy goes on the other side's stream, where
+                # stream order covers it.
+                role = "reads what it wrote" if copy is a else "wrote what it reads"
+                return (f"{head}; issue the copy at {copy.at} on {other.stream}, the stream "
+                        f"that {role}, instead of the legacy default stream (or record an "
+                        f"event on {a.stream} after {a.at} and make {b.stream} wait on it "
+                        f"before {b.at}){note}")
             return (f"{head}; record an event on {a.stream} after {a.at} and make {b.stream} "
                     f"wait on it{reuse}{note}")
         if b.stream == HOST and b.write and self.reused:

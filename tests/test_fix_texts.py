@@ -25,8 +25,8 @@ def test_a_copy_on_the_legacy_stream_read_by_a_non_blocking_one_is_moved_to_the_
                            _op(LEGACY, "copy_htod", 20, w=[("d", BASE, 4096)]),
                            _op(S2, "kernel:index_select", 21, r=[("d", BASE, 4096)])]
     (f,) = _findings(events)
-    assert "; issue the copy at prog.py:20 on s2, the stream that reads it, instead of the " \
-        "legacy default stream (or record an event on the legacy default stream after " \
+    assert "; issue the copy at prog.py:20 on s2, the stream that reads what it wrote, " \
+        "instead of the legacy default stream (or record an event on the legacy default stream after " \
         "prog.py:20 and make s2 wait on it before prog.py:21) (s2 is a non-blocking stream: " \
         "it and the legacy stream do not wait for each other)" in f["missing"], f["missing"]
 
@@ -135,3 +135,15 @@ def test_a_stream_declared_as_yamls_null_is_refused_and_a_quoted_one_is_a_name(t
     path.write_text(BASE_SCENARIO.replace("STREAMS", "side: non-blocking, 'null': legacy")
                     + "    - {op: record_event, event: ev, stream: 'null'}\n")
     assert [s.name for s in load_scenario(path).streams] == ["side", "null"]
+
+
+def test_a_copy_on_the_legacy_stream_reading_a_non_blocking_ones_write_moves_to_the_writer():
+    """pytorch-2702's and MIOpen #3299's shape: the legacy stream's copy reads what a
+    non-blocking stream's kernel wrote; the fix made was the copy on that stream."""
+    events = _streams() + [_alloc(BASE, 4096, "tensor"),
+                           _op(S1, "kernel:mm", 40, w=[("d", BASE, 4096)]),
+                           _op(LEGACY, "copy_dtoh", 41, r=[("d", BASE, 4096)])]
+    (f,) = _findings(events)
+    assert "; issue the copy at prog.py:41 on s1, the stream that wrote what it reads, instead " \
+        "of the legacy default stream (or record an event on s1 after prog.py:40 and make " \
+        "the legacy default stream wait on it before prog.py:41)" in f["missing"], f["missing"]
