@@ -232,7 +232,7 @@ class StepList:
             return reader.integer(node, path, 0, limit=limit, what=what)
         if holds == V.BYTE:
             return reader.integer(node, path, 0, 255)
-        if holds == V.DURATION:
+        if holds in (V.DURATION, V.MICROS):  # a kernel's .inf is refused with its remedy
             # .inf is a kernel that never ends: how a scenario provokes a hang on purpose.
             return reader.number(node, path, "a positive number of microseconds (or .inf)",
                                  positive=True, infinite=True, limit=L.DELAY_MAX_US,

@@ -16,6 +16,7 @@ INDEX = "index"          # a non-negative integer (an offset, a page number)
 PAGES = "pages"          # a page number, or a list of them
 BYTE = "byte"            # 0..255
 DURATION = "duration"    # microseconds (or .inf)
+MICROS = "micros"        # microseconds, finite: how long a kernel runs
 BOOL = "bool"
 LEASE = "lease"          # pages a materialize step made
 CATALOG = "catalog"      # a catalog step's catalog
@@ -31,6 +32,7 @@ MEMORY = "memory"        # leases and pinned buffers that exist: one, or a list 
 IN_WORDS = {
     STREAM: "a stream", COUNT: "a number from 1", INDEX: "a number from 0",
     PAGES: "a page number or a list", BYTE: "a byte, 0-255", DURATION: "microseconds, or .inf",
+    MICROS: "microseconds",
     BOOL: "true or false", LEASE: "a lease", CATALOG: "a catalog", BUFFER: "a pinned buffer",
     NEW_BUFFER: "a pinned buffer (made here if new)", ALLOC_BUFFER: "a new pinned buffer",
     EVENT: "an event", EVENTS: "an event or a list", NEW_EVENT: "an event (made here if new)",
@@ -179,7 +181,7 @@ OPS: dict[str, Op] = {
                   "a kernel copies consecutive pages of a pinned buffer into the pages a page "
                   "list names, as it finds the list when it runs"),
     "kernel": Op({"stream": _k(STREAM, True), "reads": _k(MEMORY), "writes": _k(MEMORY),
-                  "byte": _k(BYTE), "us": _k(DURATION)},
+                  "byte": _k(BYTE), "us": _k(MICROS)},
                  "a kernel of the program's own (a forward pass, a normalize, a reduce) on "
                  "leases and pinned buffers: it runs `us` microseconds, reads all of `reads` "
                  "and writes the byte (without one, the first byte it read) over all of "

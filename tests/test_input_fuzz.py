@@ -313,6 +313,7 @@ def _value(holds: str, made: dict[str, list[str]], streams: list[str]) -> st.Sea
                            st.lists(st.sampled_from([0, 1, 2]), min_size=1, max_size=3)),
         V.BYTE: st.sampled_from([0, 1, 0xAB, 255]),
         V.DURATION: st.sampled_from([1, 10, 1000, 50000]),
+        V.MICROS: st.sampled_from([1, 10, 1000, 50000]),
         V.BOOL: st.booleans(),
         V.LEASE: known("lease"), V.CATALOG: known("catalog"), V.BUFFER: known("buffer"),
         V.EVENT: known("event"),

@@ -151,7 +151,8 @@ def test_base_and_defaults(tmp_path: Path) -> None:
 
 
 def test_every_step_key_has_a_meaning() -> None:
-    kinds = {"stream", "count", "index", "pages", "byte", "duration", "bool", "new-buffer",
+    kinds = {"stream", "count", "index", "pages", "byte", "duration", "micros", "bool",
+             "new-buffer",
              "alloc-buffer", "new-event", "mutex", *REFERENCES}
     for op, spec in OPS.items():
         assert spec.doc

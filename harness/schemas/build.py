@@ -540,6 +540,8 @@ def _value(op: str, key: str) -> Schema:
         return described({"anyOf": [page, array(page, 1, L.POOL_MAX_PAGES)]}, words)
     if holds == V.BYTE:
         return described(integer(0, 255), words)
+    if holds == V.MICROS:
+        return described(number(exclusiveMinimum=0, maximum=L.DELAY_MAX_US), words)
     if holds == V.DURATION:
         return described(number(exclusiveMinimum=0, anyOf=[
             {"maximum": L.DELAY_MAX_US}, {"minimum": INFINITY_AS_BOUND}]), words)
