@@ -952,6 +952,10 @@ class _Steps:
             kind = "lease" if str(name) in self.leases else "buffer"
             self.wrote.append((value, "kernel", f"{kind} {name}", s))
         stream = self.w.stream(str(s.args["stream"]))
+        named = dict.fromkeys([*s.args.get("reads", ()), *s.args.get("writes", ())])  # type: ignore
+        for name in named:  # in the step's order: the same waits every run
+            if str(name) in self.leases:  # after the pages' release fences, as pool ops are
+                self.w.pool.use(self._handles(name), stream)
         us = float(s.args.get("us", 0.0))  # type: ignore[arg-type]
         label = str(s.id or "kernel")
         n = TOUCH_SPANS_MAX

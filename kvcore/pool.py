@@ -408,6 +408,12 @@ class DeviceKVPagePool:
         return handle.index * self.page_stride
 
     # ---- stream ordering -----------------------------------------------------------------------
+    def use(self, handles: Sequence[DeviceKVPageHandle], stream: Stream) -> None:
+        """Before a kernel of the caller's own touches these pages on ``stream``: what the
+        pool does before each of its own ops on pages (the stream waits for the pages'
+        release fences, and is a user whose work the next release fences)."""
+        self._use(handles, stream)
+
     def _use(self, handles: Sequence[DeviceKVPageHandle],
              stream: Stream) -> list[int] | np.ndarray:
         """Before ``stream`` touches these pages: validate them, make the stream wait for their

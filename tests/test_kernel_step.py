@@ -150,3 +150,25 @@ def test_a_kernel_without_a_byte_writes_what_it_read_so_a_stale_input_is_a_stale
     detail = got["buggy"].first_manifested.detail
     assert "check: lease out: page 0: 1024/1024 bytes differ" in detail
     assert "what the page held before this trial: nothing wrote it yet" in detail
+
+
+def test_a_kernel_on_a_reused_page_waits_for_its_release_fence_as_pool_ops_do(tmp_path):
+    """The page an offload copy still reads is released and leased again; a kernel writes the
+    new lease at once. The pool's release fence orders it (no race); without the fence it
+    races the copy, the bug kvcore's release_fence defect stands for."""
+    text = HEAD.replace("""    buggy: {expect: reproduces, min_rate: 0.9}
+    fixed: {expect: clean}""", """    buggy: {defects: {release_fence: false}, expect: clean}
+    fixed: {expect: clean}""") + """\
+    - {id: old, op: materialize, pages: 1}
+    - {op: delay, stream: offload, us: 200}
+    - {id: store, op: copy_to_host, src: old, dst: stored, stream: offload}
+    - {op: release, lease: old}
+    - {id: new, op: materialize, pages: 1}
+    - {id: prefill, op: kernel, stream: compute, writes: new, byte: 0x44}
+    - {op: synchronize}
+"""
+    got = _run(tmp_path, text, 3)
+    assert got["fixed"].detected == 0
+    (finding,) = got["buggy"].finding_summary(1)
+    assert (finding["first"]["step"], finding["second"]["step"]) == ("store", "prefill")
+    assert finding["reused"]
