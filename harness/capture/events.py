@@ -120,7 +120,9 @@ class Sink:
                 self.closed, self.lost = True, reason(exc)
                 with contextlib.suppress(OSError):
                     self._out.close()
-                print(f"{LOST}{self.lost}", file=sys.stderr, flush=True)
+                # The program's own stderr may be closed or replaced: never its failure either.
+                with contextlib.suppress(OSError, ValueError, AttributeError):
+                    print(f"{LOST}{self.lost}", file=sys.stderr, flush=True)
 
     def close(self) -> None:
         self.flush()
