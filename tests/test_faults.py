@@ -326,3 +326,34 @@ def test_a_watched_runs_trace_that_does_not_fit_is_dropped_whole(tmp_path):
     assert analysis.lost == "No space left on device (ENOSPC)"
     assert analysis.findings  # the recorded program's race, found online
     assert Path("/dev/full").exists()  # only a regular file of ours is ever removed
+
+
+def test_a_watch_that_cannot_make_its_runs_files_ends_in_one_line_with_exit_4(
+        tmp_path, monkeypatch):
+    """Before the program starts: the run's own events file cannot be made (here a file
+    stands where its folder goes), so nothing can be captured; no traceback, exit 4."""
+    from harness.capture import watch as watchmod
+    from harness.outputs import RunFolder
+    from harness.runner import ExitCode
+
+    made = RunFolder.create
+
+    def folder_with_a_file_in_the_way(out: Path) -> RunFolder:
+        folder = made(out)
+        (folder.path / "watch").write_text("")
+        return folder
+
+    monkeypatch.setattr(watchmod.RunFolder, "create", folder_with_a_file_in_the_way)
+    said = []
+
+    class Hooks(watchmod.RunHooks):
+        def note(self, text):
+            said.append(text)
+
+    (tmp_path / "prog.py").write_text("print(1)\n")
+    program = watchmod.parse_command([sys.executable, str(tmp_path / "prog.py")])
+    result = watchmod.watch(watchmod.WatchOptions(program, out_dir=tmp_path / "out"), Hooks())
+    assert result.exit_code is ExitCode.WRITE_FAILED
+    assert [f.what for f in result.write_errors] == ["capture events"]
+    assert result.results[0].trials == 0
+    assert said[-1].startswith("capture events ") and "the run stops here" in said[-1]

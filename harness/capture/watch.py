@@ -29,7 +29,7 @@ from typing import IO, Any
 from harness.capture.analysis import RunAnalysis
 from harness.capture.events import LOST, read_events
 from harness.errors import CaptureFailed, NothingToCapture, WatchError
-from harness.faults.writes import WriteFaults, reason
+from harness.faults.writes import WriteFaults, WriteStop, reason
 from harness.gpu.nvml import health_snapshot
 from harness.incidents import trace_tail
 from harness.outcome import Outcome, TrialResult, VariantResult
@@ -160,6 +160,8 @@ def watch(options: WatchOptions, hooks: RunHooks | None = None) -> RunResult:
         _runs(options, folder.path, variant, hooks, notes, runs, faults)
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM through the CLI: keep what ended
         result.interrupted = signal.Signals(getattr(exc, "signum", signal.SIGINT)).name
+    except WriteStop:
+        pass  # a run's own files could not be made: said, and the runs before it are kept
     result.write_errors = faults.records
     variant.judge()
     hooks.variant_finished(variant)
@@ -197,9 +199,12 @@ def _one_run(options: WatchOptions, folder: Path, index: int, hooks: RunHooks,
              faults: WriteFaults) -> tuple[TrialResult, dict[str, Any]]:
     program = options.program
     work = folder / "watch" / f"run-{index + 1:03d}"
-    work.mkdir(parents=True, exist_ok=True)
     events_path = work / "events.jsonl"
-    events_path.touch()
+    try:
+        work.mkdir(parents=True, exist_ok=True)
+        events_path.touch()
+    except OSError as exc:  # no events file, no capture: the watch ends with what it has
+        faults.failed("capture events", events_path, exc, fatal=True)
     trace_path = work / "trace.jsonl"
     analysis = RunAnalysis(trace_path, {"scenario": program.name, "path": program.target,
                                         "variant": "watched", "backend": "cuda",
