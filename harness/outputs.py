@@ -70,9 +70,12 @@ class RunFolder:
     def gone(self) -> bool:
         """Whether the folder was removed since the run made it (a cleanup job, a user). One
         made again under its name (a worker's folder made with its parents) is not it: the
-        run's earlier files are not there."""
+        run's earlier files are not there. Told by its owner record, which only the run
+        writes, and by its inode (a file system may hand a removed folder's number to the
+        next one made, so that alone does not tell)."""
         try:
             now = self.path.stat()
+            (self.path / OWNER).stat()
         except OSError:
             return True
         return self.identity is not None and (now.st_dev, now.st_ino) != self.identity

@@ -576,6 +576,7 @@ class Runner:
             return False
         lane.worker = worker
         if worker.info.get("log_error"):
+            self.check_folder()  # a log lost with the whole folder is the folder's one line
             self.faults.failed("worker log", worker.job.log_path, str(worker.info["log_error"]))
         lane.device = {k: v for k, v in worker.info.items() if k not in ("pid", "log_error")}
         self.device.update(lane.device)

@@ -357,3 +357,18 @@ def test_a_watch_that_cannot_make_its_runs_files_ends_in_one_line_with_exit_4(
     assert [f.what for f in result.write_errors] == ["capture events"]
     assert result.results[0].trials == 0
     assert said[-1].startswith("capture events ") and "the run stops here" in said[-1]
+
+
+def test_a_run_folder_made_again_under_its_name_is_not_the_runs(tmp_path):
+    """A folder removed and made again (a worker's folder made with its parents) may get the
+    removed one's inode back; the run's owner record is what tells it is not the run's."""
+    from harness.outputs import RunFolder
+
+    folder = RunFolder.create(tmp_path)
+    assert not folder.gone()
+    shutil.rmtree(folder.path)
+    assert folder.gone()
+    (folder.path / "workers" / "0001-x").mkdir(parents=True)
+    again = folder.path.stat()
+    reused = RunFolder(folder.path, folder.run_id, (again.st_dev, again.st_ino))
+    assert reused.gone() and folder.gone()
