@@ -969,14 +969,7 @@ class _Steps:
         pool = self.w.pool
         for name in names:  # type: ignore[attr-defined]
             if str(name) in self.leases:
-                for handle in self._handles(name):
-                    off = pool.page_offset(handle)
-                    last = spans[-1] if spans else None
-                    if last is not None and last[0] is pool.buffer and \
-                            last[1] + last[2] == off:
-                        spans[-1] = (last[0], last[1], last[2] + pool.page_stride)
-                    else:
-                        spans.append((pool.buffer, off, pool.page_stride))
+                spans += [(pool.buffer, off, n) for off, n in pool.byte_runs(self._handles(name))]
             else:
                 buf = self._buffer(name)
                 spans.append((buf.view.buffer, buf.view.page_offset(0),
@@ -1114,10 +1107,13 @@ class _Steps:
                 continue
             if what == "readback":
                 words = f"buffer {name} as each trial starts it: nothing had landed in it yet"
-            elif what in ("kv_write", "kernel"):
+            elif what == "kv_write":
                 assert step is not None
-                words = (f"written through {name} at {step.label}" if what == "kv_write" else
-                         f"{name}, written by the kernel at {step.label}") + (
+                words = f"written through {name} at {step.label}" + (
+                    f" (thread {step.thread})" if step.thread else "")
+            elif what == "kernel":
+                assert step is not None
+                words = f"{name}, written by the kernel at {step.label}" + (
                     f" (thread {step.thread})" if step.thread else "")
             else:
                 assert step is not None

@@ -305,6 +305,14 @@ class DeviceKVPagePool:
                 tuple(sorted(i for i, _ in self._idle_events)),
                 tuple(s.id for s in self._streams), tuple(sorted(self._staging)))
 
+    def byte_runs(self, handles: Sequence[DeviceKVPageHandle]) -> list[tuple[int, int]]:
+        """Where these pages' bytes lie in the pool's buffer: (offset, nbytes) runs, one per
+        run of adjacent pages, in the handles' order (what a kernel of the caller's own is
+        given, one span a run)."""
+        for handle in handles:
+            self.check(handle)
+        return self._byte_runs([h.index for h in handles])
+
     def _byte_runs(self, indices: Sequence[int]) -> list[tuple[int, int]]:
         """Sorted page indices as (offset, nbytes) runs of consecutive pages."""
         runs: list[tuple[int, int]] = []

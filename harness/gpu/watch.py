@@ -17,7 +17,7 @@ from typing import Any
 
 from harness.gpu.kernlog import KernelLog, KernelXid
 from harness.gpu.nvml import XidEvent
-from harness.gpu.watchproc import WatcherProcess
+from harness.gpu.watchproc import WatcherProcess, time_of_day
 
 XID_GRACE_S = 2.0
 """How long to wait after a crash for its Xid: the driver reports it as it tears the context
@@ -160,7 +160,7 @@ class GpuWatch:
             self._fatal_lines.extend(x for x in new if x.info.fatal)
             if self.klog.available != self._klog_read:  # it stopped reading, or read again
                 self._klog_read = self.klog.available
-                when = time.strftime("%H:%M:%S", time.localtime())
+                when = time_of_day()
                 self._klog_gap(f"the kernel log reads again since {when}" if self._klog_read
                                else f"the kernel log could not be read at {when} "
                                f"({self.klog.note}): its Xid lines are not seen until it reads "

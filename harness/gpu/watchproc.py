@@ -244,7 +244,7 @@ class WatcherProcess:
         """The helper died or hung: put it down, and start it again once (the gap said)."""
         self._hung = ""
         gone = self._gone(why)
-        when = _clock()
+        when = time_of_day()
         self._available = False
         self._close()
         if self._restarts <= 0:
@@ -254,8 +254,8 @@ class WatcherProcess:
         self._restarts -= 1
         self.start()
         if self._conn is not None:  # it runs again (whether NVML is there is its own note)
-            self._gap(f"{gone} at {when}; a new one watches since {_clock()} (NVML events "
-                      "between were not seen)")
+            self._gap(f"{gone} at {when}; a new one watches since {time_of_day()} (NVML "
+                      "events between were not seen)")
         else:
             self._gap(f"{gone} at {when}, and a new one could not start: Xid watching is off "
                       f"for the rest of the run ({self.note})")
@@ -301,6 +301,6 @@ class WatcherProcess:
             self._proc = None
 
 
-def _clock() -> str:
+def time_of_day() -> str:
     """The time of day, for a gap's words (the run's log and run.json say the date)."""
     return time.strftime("%H:%M:%S", time.localtime())
