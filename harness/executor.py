@@ -335,7 +335,9 @@ class TrialExecutor:
         # A world that serves many trials issues the same device calls every trial once its
         # state settles: a clean trial is captured as a device program and later trials
         # reissue it (see _reissue), as an engine replays a captured graph.
-        self.reissues = reissue and self._world is not None and reissuable(
+        # On a simulated device, new every trial, a kept program only says that the GPU would
+        # be reissuing by now: the steps run, timed as a reissued trial's host (see _steps).
+        self.reissues = reissue and reissuable(
             self.steps, schedule=schedule, timeline=timeline, workload=scenario.workload)
         self.program: Program | None = None
         self.reissued = 0  # trials reissued from the program
@@ -389,8 +391,11 @@ class TrialExecutor:
         """A step-list trial: reissued when a program is kept, else step by step (captured
         while the executor still looks for a program)."""
         if self.program is not None:
-            self.reissued += 1
-            return self._reissue(world, self.program)
+            if self._world is not None:
+                self.reissued += 1
+                return self._reissue(world, self.program)
+            world.device.as_reissued()
+            return _Steps(self, world, seed).run()
         trial = _Steps(self, world, seed)
         if not self.reissues or not self._captures_left:
             return trial.run()
@@ -399,9 +404,10 @@ class TrialExecutor:
             trial.capturing = program
             result = trial.run()
         # Kept only when issuing it again is what the steps would do: nothing refused, the
-        # whole trial ran (a clean one), and it left the world as it found it.
-        if program.refused is None and result[0] is Outcome.CLEAN and \
-                world.state_key() == key:
+        # whole trial ran (a clean one), and it left the world as it found it (the next
+        # trial's own world starts as this one did, on a simulated device).
+        if program.refused is None and result[0] is Outcome.CLEAN and (
+                self._world is None or world.state_key() == key):
             self.program = program
         else:
             self._captures_left -= 1

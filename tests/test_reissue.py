@@ -352,11 +352,11 @@ def test_reissued_trials_are_the_trials_step_by_step(amplify: bool) -> None:
 
 @pytest.mark.parametrize("name", ["cross_stream_race", "release_fence"])
 def test_a_reissued_trial_that_fails_a_check_ends_as_the_step_path_does(name: str) -> None:
-    """A delay at the edge of the race window (250 us on sim) makes some trials clean and some
+    """A delay at the edge of the race window (58 us on sim) makes some trials clean and some
     corrupt: a reissued trial that fails a check skips the checks after it (release-fence has
     two), synchronizes and cleans up as the step path does, and the next trial is right."""
     _, reissued = _same_trials(str(SCENARIO_ROOT / f"{name}.yaml"), "buggy", 30, amplify=True,
-                               delay_us=250.0)
+                               delay_us=58.0)
     assert Outcome.CORRUPTION in reissued and Outcome.CLEAN in reissued
 
 

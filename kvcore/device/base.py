@@ -821,6 +821,12 @@ class Device(ABC):
         """The times of ``pending`` ops (a backend that times ops after the fact)."""
         return []
 
+    def as_reissued(self) -> None:
+        """What this device runs from now on stands in for a program issued again (see
+        :meth:`reissue`): a simulated device, new every trial and so never given the program an
+        earlier trial captured, runs the code but times the host's steps as a reissued trial's.
+        Real time passes as it does on the GPU, where this does nothing."""
+
     def host_step(self) -> None:
         """The harness goes on to a scenario's next step. Real time passes on the GPU; the
         simulated device moves its clock on by what a step costs the harness there, so a small

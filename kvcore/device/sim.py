@@ -70,13 +70,28 @@ class CostModel:
     publish raced its non-blocking reader 0 times in 200 there, so the race needs a delay on the
     producer stream to show, as on the GPU.
 
-    The host's own time counts too: a scenario's step costs the harness tens of microseconds on
-    the GPU (Python, the op log the race detector reads). 60 us a step puts the race windows
-    where the H200 measured them: mini-sglang-103 manifested in none of 50 trials at a 100 us
-    delay and in all at 200 us, cutorch-222 in none at 200 us and all at 500 us. With it a small
-    copy lands before the host's next step touches its buffer, as there (host-overwrite and
-    pinned-read races: 0 of 50 without a delay). A host thread starts in about 62 us there
-    (median, CPython) and two threads hand over in about 11 us.
+    The host's own time counts too: a scenario's step costs the harness microseconds on the GPU
+    (Python, the op log the race detector reads), and a trial step by step and a reissued one
+    differ. A run's trials there are issued again from the device program an earlier clean trial
+    captured, after the first one or two; a simulated device, new every trial, stands in for them
+    with the harness's host timed as a reissued trial's (``reissued_step_ns`` a step), the rest at
+    ``host_step_ns``. Measured on the H200 (the executor alone, 30 trials each) with a kernel of
+    N us on a non-blocking stream and a copy of what it writes on the legacy stream in the next step
+    (pytorch-2702): step by step, none manifested at 10 us and 27 at 20 us; reissued, none at 3 us,
+    20 of 28 at 5 us, all at 10 us; one step more between them (miopen-3299): step by step none at
+    20 us and 29 at 40 us, reissued none at 5 us and 24 of 28 at 10 us. These defaults give 0, 0,
+    30, 30 and 0, 0, 30, 30 step by step, and 0 at 5 us, 29 at 10 us (pytorch-2702) and 25 at 10 us
+    (miopen-3299) reissued. Under a run's worker and race detector pytorch-2702's edges held
+    (reissued 0 at 5 us, 25 at 10 us) and miopen-3299's reissued one moved out (2 at 20 us, 28 at
+    40 us): near an edge the GPU's rate moves from run to run. With these a small copy lands before
+    the host's next step touches its buffer, as there (host-overwrite and pinned-read races: 0 of 50
+    without a delay). A --sweep of 20 trials a delay agrees with the GPU's on mini-sglang-103,
+    cross-stream-race, release-fence, vllm-36013, and pytorch-2702 and miopen-3299 at a kernel of
+    20 us (most trials manifest from 20 us on); it is off on cutorch-222 (the GPU: 15 of 20 at
+    20 us; here none until 100 us) and on stale-row-write, whose catalog steps are not reissued and
+    cost the host more than a plain step (the GPU: none until 200 us; here 7 at 20 us, all at
+    50 us). A host thread starts in about 62 us there (median, CPython) and two threads hand over in
+    about 11 us.
     """
 
     host_device_bytes_per_ns: float = 55.5
@@ -91,7 +106,8 @@ class CostModel:
     device_copy_latency_ns: int = 2000
     kernel_latency_ns: int = 1000
     kernel_min_ns: int = 1500
-    host_step_ns: int = 60_000
+    host_step_ns: int = 12_000
+    reissued_step_ns: int = 2500
     thread_start_ns: int = 62_000
     thread_switch_ns: int = 11_000
     jitter: float = 0.1
@@ -129,6 +145,7 @@ class SimDevice(Device):
         self.now = 0  # the host's virtual clock, ns
         self._effects: list[tuple[int, int, Callable[[], None]]] = []
         self._tiebreak = itertools.count()
+        self._step_ns = cost.host_step_ns  # what the harness's next step costs the host
         super().__init__(defects=defects, seed=seed)
 
     # ---- virtual time --------------------------------------------------------------------------
@@ -391,7 +408,13 @@ class SimDevice(Device):
         return _arr(buf)
 
     def host_step(self) -> None:
-        self._advance(self._vary(self.cost.host_step_ns))
+        self._advance(self._vary(self._step_ns))
+
+    def as_reissued(self) -> None:
+        # Only a device that stands in for a reissued trial: one that keeps its world and is
+        # given the program times its steps as they were captured, so that its clock, which
+        # follows the calls, shows any call more, less or out of order.
+        self._step_ns = self.cost.reissued_step_ns
 
     def host_thread_switch(self, *, start: bool) -> None:
         self._advance(self._vary(self.cost.thread_start_ns if start
