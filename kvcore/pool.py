@@ -7,6 +7,12 @@ records an event on each of them and the next user of the page waits for those e
 touching it. ``Defects(release_fence=False)`` skips that: the page is reusable at once, with the
 old owner's copies possibly still in flight.
 
+A pool made with ``allocator="caching"`` is a caching allocator instead (see
+kvcore.streamcache): a lease is allocated on a stream, its freed pages go back to that stream's
+list and its next allocation takes them at once, and only the streams named by
+:meth:`DeviceKVPagePool.record_stream` are waited for, by events queried before the pages are
+handed out again. Nothing else orders another stream's use of a page before its reuse.
+
 A pool made with ``poison=BYTE`` fills each released page with that byte as soon as its own
 ordering allows (see ``_poison``), so a stale reader sees poison rather than plausible data.
 """
@@ -22,10 +28,11 @@ import numpy as np
 from kvcore.context import DeviceArena, DeviceContext
 from kvcore.device.base import Buffer, Event, Stream
 from kvcore.device.kernels import GENERATION_BYTES, Gather, Scatter
-from kvcore.errors import GeometryError, PoolExhaustedError, StaleHandleError
+from kvcore.errors import DeviceUsageError, GeometryError, PoolExhaustedError, StaleHandleError
 from kvcore.freeruns import FreeRuns
 from kvcore.geometry import KVPageGeometry
 from kvcore.host import HostKVAllocationView
+from kvcore.streamcache import StreamFreeLists
 
 STAGING_BYTES = 64 << 20
 """Largest staging buffer a stream gets for scattered copies; bigger transfers go in pieces."""
@@ -37,6 +44,11 @@ DIRECT_RUN_LIMIT = 4
 """Up to this many runs a transfer issues one (2-D) copy per run; beyond, it stages the pages
 through one contiguous copy and moves them with one scatter/gather kernel. One copy per
 scattered page reached only ~0.32 of a contiguous copy's rate on the H200 here."""
+
+ALLOCATORS = ("fenced", "caching")
+"""How a pool orders a page's reuse: ``fenced`` records an event on every stream that used the
+page and makes its next user wait for them; ``caching`` is a caching allocator's per-stream free
+lists, with ``record_stream`` (see kvcore.streamcache)."""
 
 
 @dataclass(frozen=True)
@@ -144,9 +156,15 @@ class DeviceKVPagePool:
     """The paged KV page pool under test (see the module docstring)."""
 
     def __init__(self, context: DeviceContext, geometry: KVPageGeometry, pages: int,
-                 *, arena: DeviceArena | None = None, poison: int | None = None) -> None:
+                 *, arena: DeviceArena | None = None, poison: int | None = None,
+                 allocator: str = "fenced") -> None:
         if pages <= 0:
             raise GeometryError(f"a pool needs at least one page, not {pages}")
+        if allocator not in ALLOCATORS:
+            raise GeometryError(f"a pool's allocator is one of {', '.join(ALLOCATORS)}, not "
+                                f"{allocator!r}")
+        self.allocator = allocator
+        self.caching = allocator == "caching"
         self.context = context
         self.device = context.device
         self.defects = self.device.defects
@@ -171,6 +189,12 @@ class DeviceKVPagePool:
         self._users = np.zeros(pages, np.uint64)  # bit k: stream self._streams[k] used it
         self._fenced = np.zeros(pages, np.bool_)
         self._fences: dict[int, tuple[Event, ...]] = {}
+        # The caching allocator's: freed pages by stream, the stream each lease was allocated
+        # on (by id; -1: none), and the streams record_stream named for each page (bits).
+        self._cache = StreamFreeLists()
+        self._home = np.full(pages, -1, np.int64)
+        self._recorded = np.zeros(pages, np.uint64)
+        self._home_streams: dict[int, Stream] = {}
         self._event_refs: dict[int, int] = {}  # fence event id -> pages still to wait on it
         # Fence events free to record again, a heap by id: the lowest is taken first, so the
         # same releases take the same events whatever order their waits were issued in.
@@ -196,8 +220,9 @@ class DeviceKVPagePool:
 
     @property
     def free_pages(self) -> int:
-        """Pages neither leased nor reserved."""
-        return self._free.free - self._reserved
+        """Pages neither leased nor reserved (a caching pool's cached pages count: an
+        allocation gets them, waiting if it must)."""
+        return self._free.free + self._cache.cached - self._reserved
 
     @property
     def free_runs(self) -> list[tuple[int, int]]:
@@ -210,11 +235,16 @@ class DeviceKVPagePool:
         return DeviceKVPageReservation(self, pages)
 
     def materialize(self, pages: int | DeviceKVPageReservation,
-                    count: int | None = None, *, name: str | None = None
-                    ) -> list[DeviceKVPageLease]:
+                    count: int | None = None, *, name: str | None = None,
+                    stream: Stream | None = None) -> list[DeviceKVPageLease]:
         """Lease pages: ``materialize(n)`` takes n free pages, ``materialize(reservation[, n])``
         turns (n of) a reservation into pages. The lowest free pages come first. ``name`` (a
-        lease's name in a scenario) is how race findings will call these pages."""
+        lease's name in a scenario) is how race findings will call these pages. ``stream``:
+        the stream a caching pool allocates on (default: the context's stream); its own
+        freed pages come first."""
+        if stream is not None and not self.caching:
+            raise DeviceUsageError("a fenced pool's pages belong to no stream; allocate on a "
+                                   "stream with allocator='caching'")
         if isinstance(pages, DeviceKVPageReservation):
             n = pages.remaining if count is None else count
             if n > pages.remaining:
@@ -224,7 +254,8 @@ class DeviceKVPagePool:
         else:
             n = pages
             self._check_room(n)
-        taken = self._free.take(n)
+        taken = self._cached_take(n, stream or self.context.stream) if self.caching \
+            else self._free.take(n)
         if n <= SMALL_BATCH:
             leased = self._leased
             for i in taken:
@@ -232,9 +263,78 @@ class DeviceKVPagePool:
         else:
             self._leased[taken] = True
         if self.device.oplog.active and taken:
-            self.device.label(self.buffer, self._byte_runs(taken), name or "lease")
+            self.device.label(self.buffer, self._byte_runs(sorted(taken)), name or "lease")
         generation = self._generation
         return [DeviceKVPageLease(self, DeviceKVPageHandle(i, int(generation[i]))) for i in taken]
+
+    def _cached_take(self, n: int, stream: Stream) -> list[int]:
+        """A caching pool's ``n`` pages for ``stream``, as PyTorch's allocator finds a block:
+        the gated pages whose events a query now sees complete are let go; the stream's own
+        freed pages come first, then pages never cached; when those are short, the host waits
+        for every gating event and the device to be idle (a cudaFree does) and every cached
+        page is free again. The caller checked there is room."""
+        sid = stream.id
+        self._home_streams[sid] = stream
+        self._let_go(self._cache.reclaim(self.device.query_event))
+        taken = self._cache.take(sid, n)
+        if len(taken) < n:
+            taken += self._free.take(min(n - len(taken), self._free.free))
+        if len(taken) < n:
+            for event in self._cache_events():
+                self.device.synchronize_event(event)
+            self.context.synchronize()
+            pages, gated = self._cache.drop_all()
+            self._let_go(gated)
+            for page in pages:
+                self._free.give(page)
+            taken += self._free.take(n - len(taken))
+        home = self._home
+        for i in taken:
+            home[i] = sid
+        return taken
+
+    def _cache_events(self) -> list[Event]:
+        """Every event that keeps a cached page back, once each."""
+        out: dict[int, Event] = {}
+        for sid in list(self._home_streams):
+            for event in self._cache.gated_events(sid):
+                out.setdefault(event.id, event)
+        return list(out.values())
+
+    def _let_go(self, pages: list[tuple[int, tuple[Event, ...]]]) -> None:
+        """Gated pages handed out again: their events are free to record again once no page
+        waits on them, and a poisoning pool poisons them now, on their stream."""
+        refs = self._event_refs
+        for _, events in pages:
+            for event in events:
+                refs[event.id] -= 1
+                if not refs[event.id]:
+                    del refs[event.id]
+                    heapq.heappush(self._idle_events, (event.id, event))
+        if self.poison is not None and pages:
+            self._poison_on_home([page for page, _ in pages])
+
+    def _poison_on_home(self, indices: list[int]) -> None:
+        by_stream: dict[int, list[int]] = {}
+        for i in indices:
+            by_stream.setdefault(int(self._home[i]), []).append(i)
+        for sid, group in by_stream.items():
+            self._memset_pages(np.sort(np.asarray(group, np.int64)), self.poison or 0,
+                               self._home_streams[sid])
+
+    def record_stream(self, handles: Sequence[DeviceKVPageHandle], stream: Stream) -> None:
+        """Tell a caching pool that ``stream`` uses these pages: their release records an
+        event on it, and the pages are handed out again only once a query sees it complete
+        (``Tensor.record_stream``). The stream they were allocated on needs none."""
+        if not self.caching:
+            raise DeviceUsageError("record_stream is a caching pool's: a fenced pool already "
+                                   "waits for every stream that used a page")
+        for handle in handles:
+            self.check(handle)
+        bit = self._stream_bit(stream)
+        for handle in handles:
+            if self._home[handle.index] != stream.id:
+                self._recorded[handle.index] |= bit
 
     def _check_room(self, pages: int) -> None:
         if pages < 0:
@@ -266,17 +366,22 @@ class DeviceKVPagePool:
 
     def _release(self, handles: Sequence[DeviceKVPageHandle], fence: bool = True) -> None:
         indices = [h.index for h in handles]
-        masks = [int(self._users[i]) for i in indices] if len(indices) <= SMALL_BATCH \
-            else self._users[np.asarray(indices, np.int64)].tolist()
-        if self.defects.release_fence and fence:
-            self._fence(indices, masks)
-        if self.poison is not None:
-            self._poison(indices, masks)
-        users, leased, give = self._users, self._leased, self._free.give
+        if self.caching:
+            self._cache_pages(indices)
+        else:
+            masks = [int(self._users[i]) for i in indices] if len(indices) <= SMALL_BATCH \
+                else self._users[np.asarray(indices, np.int64)].tolist()
+            if self.defects.release_fence and fence:
+                self._fence(indices, masks)
+            if self.poison is not None:
+                self._poison(indices, masks)
+            users, give = self._users, self._free.give
+            for i in indices:
+                users[i] = 0
+                give(i)
+        leased = self._leased
         for i in indices:
-            users[i] = 0
             leased[i] = False
-            give(i)
         # The one thing a release does that differs every time: a device program issuing it
         # again counts the generations again (see Device.reissued), and stores them anew.
         self.device.reissued(self._next_generation, indices)
@@ -285,6 +390,35 @@ class DeviceKVPagePool:
                                self._generation[lo:hi], live=True)
         if self.device.oplog.active:
             self.device.unlabel(self.buffer, self._byte_runs(sorted(indices)))
+
+    def _cache_pages(self, indices: list[int]) -> None:
+        """A caching pool's release: one event recorded on each stream record_stream named for
+        these pages, each page back on its stream's list, kept back by its streams' events
+        (poisoned at once on its stream when nothing keeps it back)."""
+        recorded = self._recorded
+        masks = [int(recorded[i]) for i in indices]
+        union = 0
+        for mask in masks:
+            union |= mask
+        events: dict[int, Event] = {}
+        rest = union
+        while rest:
+            low = rest & -rest
+            rest ^= low
+            event = self._take_event()
+            self.device.record_event(event, self._streams[low.bit_length() - 1])
+            events[low] = event
+        refs, free = self._event_refs, []
+        for i, mask in zip(indices, masks):
+            carried = tuple(e for low, e in events.items() if mask & low)
+            for event in carried:
+                refs[event.id] = refs.get(event.id, 0) + 1
+            recorded[i] = 0
+            self._cache.give(int(self._home[i]), i, carried)
+            if not carried:
+                free.append(i)
+        if self.poison is not None and free:
+            self._poison_on_home(free)
 
     def _next_generation(self, indices: list[int]) -> None:
         """The released pages' next generation (the caller stores it in the mirror the table
@@ -303,7 +437,8 @@ class DeviceKVPagePool:
                              for i, fence in self._fences.items())),
                 tuple(sorted(self._event_refs.items())),
                 tuple(sorted(i for i, _ in self._idle_events)),
-                tuple(s.id for s in self._streams), tuple(sorted(self._staging)))
+                tuple(s.id for s in self._streams), tuple(sorted(self._staging)),
+                self._cache.state_key(), self._home.tobytes(), self._recorded.tobytes())
 
     def byte_runs(self, handles: Sequence[DeviceKVPageHandle]) -> list[tuple[int, int]]:
         """Where these pages' bytes lie in the pool's buffer: (offset, nbytes) runs, one per
@@ -428,7 +563,9 @@ class DeviceKVPagePool:
         release fences (once each), and remember the stream as a user for the next release.
         Returns the page indices: a list for a few pages, where a plain loop beats numpy's
         per-call cost (it sits inside every race window), an array for many."""
-        bit = self._stream_bit(stream)
+        # A caching pool orders nothing here: what its allocator knows of a page's users is
+        # the stream it was allocated on and what record_stream said.
+        bit = np.uint64(0) if self.caching else self._stream_bit(stream)
         if len(handles) <= SMALL_BATCH:
             return self._use_few(handles, stream, bit)
         n = len(handles)
