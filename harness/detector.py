@@ -115,6 +115,7 @@ class Owner:
     since: int  # seq of the alloc (0: held when the trace began)
     until: int | None = None  # seq of the free
     freed_at: str | None = None  # the step that gave the bytes back
+    stream: str | None = None  # the stream a caching allocator handed the bytes out on
 
 
 def _lo(owner: Owner) -> int:
@@ -135,11 +136,12 @@ class _Owners:
         self._past: dict[int, list[Owner]] = defaultdict(list)
         self._snapshot: tuple[tuple[int, int, int, str], ...] | None = None
 
-    def alloc(self, buffer: int, lo: int, hi: int, name: str, seq: int) -> None:
+    def alloc(self, buffer: int, lo: int, hi: int, name: str, seq: int,
+              stream: str | None = None) -> None:
         self.free(buffer, lo, hi, seq, None)
         self._snapshot = None
         live = self._live[buffer]
-        owner = Owner(lo, hi, name, seq)
+        owner = Owner(lo, hi, name, seq, stream=stream)
         live.insert(bisect.bisect_right(live, lo, key=_lo), owner)
 
     def free(self, buffer: int, lo: int, hi: int, seq: int, step: str | None) -> None:
@@ -160,7 +162,7 @@ class _Owners:
             # The part outside [lo, hi) stays with the owner, as a piece of its own.
             for a, b in ((owner.lo, lo), (hi, owner.hi)):
                 if a < b:
-                    kept.append(Owner(a, b, owner.name, owner.since))
+                    kept.append(Owner(a, b, owner.name, owner.since, stream=owner.stream))
             owner.lo, owner.hi = max(owner.lo, lo), min(owner.hi, hi)
             owner.until, owner.freed_at = seq, step
             self._past[buffer].append(owner)
@@ -182,7 +184,7 @@ class _Owners:
         """An ``alloc`` or ``free`` record: bytes handed to an owner, or given back."""
         buf, off, length = detail["range"]
         if kind == "alloc":
-            self.alloc(buf, off, off + length, detail["name"], seq)
+            self.alloc(buf, off, off + length, detail["name"], seq, detail.get("stream"))
         else:
             self.free(buf, off, off + length, seq, step)
 
@@ -244,6 +246,7 @@ class Finding:
     event_note: str | None = None
     legacy_note: str | None = None
     legacy_first: bool = False  # the first side ran on the legacy default stream
+    allocated_on: str | None = None  # the stream a caching allocator gave the first owner on
 
     @property
     def key(self) -> tuple[Any, ...]:
@@ -282,6 +285,19 @@ class Finding:
         head = f"nothing orders {a.who} before {b.who} on {self.where}"
         if self.event_note:
             return f"{head}: {self.event_note}"
+        if a.stream != HOST and b.stream != HOST and self.reused and \
+                self.allocated_on not in (None, a.stream):
+            # A caching allocator orders a freed block's reuse by the stream it handed the
+            # block out on, and by the streams record_stream named: this one it was not told.
+            freed = " before its release" + (
+                "" if not self.freed_at else f" at {self.freed_at}" if is_site(self.freed_at)
+                else f" at step {self.freed_at}")
+            return (f"{head}; the caching allocator handed {self.first_owner} out on "
+                    f"{self.allocated_on} and gave its bytes to {self.allocated_on}'s next "
+                    f"allocation at once: record it on {a.stream} (record_stream){freed}, so "
+                    f"that its bytes are handed out again only once {a.stream}'s work queued "
+                    f"by then is done (or make {self.allocated_on} wait for an event recorded "
+                    f"on {a.stream} after {a.at} before the release)")
         if a.stream != HOST and b.stream != HOST:
             reuse = f" before {b.at} reuses the bytes" if self.reused else f" before {b.at}"
             if self.reused and self.page is not None:
@@ -623,6 +639,7 @@ class RaceDetector:
             finding.first_owner = before.name
             finding.reused = before.until is not None and before.until <= finding.second.seq
             finding.freed_at = before.freed_at
+            finding.allocated_on = before.stream
 
     def _explain_wait(self, thread: str, epoch: int, first: OpRef, second: OpRef) -> str | None:
         """Why a wait of the second side did not order it after the first, when it meant to:

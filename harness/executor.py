@@ -145,7 +145,7 @@ class World:
         self.poison = unused.pop() if poison else None
         spec = scenario.pool
         self.pool = kvcore.DeviceKVPagePool(self.context, spec.geometry(), spec.pages,
-                                            poison=self.poison)
+                                            poison=self.poison, allocator=spec.allocator)
         self.layout = kvcore.plan_host_kv_page_layout(self.pool.geometry)
         rows = spec.max_pages_per_row or spec.pages
         self.table = kvcore.KVExecutionTablePool(self.pool, spec.table_rows, rows)
@@ -470,8 +470,9 @@ REISSUED_OPS = frozenset({
 """The ops whose device calls depend only on the world's state when the trial starts (the
 pool's and the arena's), so a program captured in one trial is right in the next. Left out:
 catalogs and tables (their entries carry generations, which grow), event queries (their answer
-is the device's timing), host_alloc and host_free (a deferred free waits on a query), and
-mutexes (threads)."""
+is the device's timing), host_alloc and host_free (a deferred free waits on a query),
+record_stream (the caching pool hands the pages out again after a query), and mutexes
+(threads)."""
 
 CAPTURES = 5
 """Trials an executor captures before it gives up looking for a program (each costs the
@@ -808,8 +809,13 @@ class _Steps:
 
     # ---- steps ---------------------------------------------------------------------------------
     def _materialize(self, s: Step) -> None:
+        stream = s.args.get("stream")
         self.leases[str(s.id)] = self.w.pool.materialize(
-            int(s.args["pages"]), name=f"lease {s.id}")  # type: ignore[arg-type]
+            int(s.args["pages"]), name=f"lease {s.id}",  # type: ignore[arg-type]
+            stream=self.w.stream(stream) if stream is not None else None)
+
+    def _record_stream(self, s: Step) -> None:
+        self.w.pool.record_stream(self._handles(s.args["lease"]), self.w.stream(s.args["stream"]))
 
     def _release(self, s: Step) -> None:
         self.w.pool.release(self.leases[str(s.args["lease"])])

@@ -128,6 +128,7 @@ class PoolSpec:
     planes: tuple[PlaneSpec, ...] = (PlaneSpec("i8", 8, 2, 256),)
     table_rows: int = 4
     max_pages_per_row: int = 0  # 0: as many as the pool has
+    allocator: str = "fenced"  # kvcore.pool.ALLOCATORS
 
     def geometry(self) -> kvcore.KVPageGeometry:
         return kvcore.KVPageGeometry(

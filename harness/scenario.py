@@ -149,7 +149,8 @@ def _scenario(reader: Reader, top: Fields, path: Path) -> Scenario:
     world = _world(reader, spec.values["pool"], pool, len(streams))
     if "steps" in spec:
         steps = StepList(reader, [v.name for v in variants], streams, declared,
-                         world).parse(spec.values["steps"], "spec.steps")
+                         world, allocator=pool.allocator).parse(spec.values["steps"],
+                                                                "spec.steps")
     elif "workload" in spec:
         if declared:
             raise reader.error(spec.keys["streams"], "spec.streams", "a workload runs on the "
@@ -215,7 +216,8 @@ def _streams(reader: Reader, node: Node, path: str) -> tuple[StreamSpec, ...]:
 
 def _pool(reader: Reader, node: Node, path: str) -> PoolSpec:
     f = reader.mapping(node, path, ("pages", "page_tokens", "planes", "table_rows",
-                                    "max_pages_per_row"), ("pages",), what="the pool")
+                                    "max_pages_per_row", "allocator"), ("pages",),
+                       what="the pool")
     defaults = PoolSpec(pages=1)
     planes = defaults.planes
     if "planes" in f:
@@ -235,7 +237,10 @@ def _pool(reader: Reader, node: Node, path: str) -> PoolSpec:
                     table_rows=count("table_rows", defaults.table_rows, L.TABLE_MAX_ROWS,
                                      "rows of the execution table"),
                     max_pages_per_row=count("max_pages_per_row", 0, L.POOL_MAX_PAGES,
-                                            "pages of a table row", minimum=0))
+                                            "pages of a table row", minimum=0),
+                    allocator=reader.choice(f.values["allocator"], f.sub("allocator"),
+                                            kvcore.pool.ALLOCATORS, "allocator")
+                    if "allocator" in f else "fenced")
     stride = kvcore.plan_host_kv_page_layout(pool.geometry()).page_stride
     if stride > L.PAGE_MAX_BYTES:
         at = "planes" if "planes" in f else "page_tokens" if "page_tokens" in f else "pages"

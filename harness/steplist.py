@@ -91,8 +91,9 @@ class StepList:
     """Parses ``spec.steps`` (see the module docstring)."""
 
     def __init__(self, reader: Reader, variants: Sequence[str], streams: Sequence[StreamSpec],
-                 declared: bool, world: Footprint) -> None:
+                 declared: bool, world: Footprint, *, allocator: str = "fenced") -> None:
         self.reader = reader
+        self.allocator = allocator
         self.variants = tuple(variants)
         self.streams = {s.name: s for s in streams}
         self.declared = declared
@@ -417,6 +418,8 @@ class StepList:
         index = self.index
         if op == "kernel":
             self.kernel(f, args)
+        elif op == "record_stream" or (op == "materialize" and "stream" in args):
+            self.caching(f, op)
         for v in runs:
             self.resources(f, op, step_id, args, v)
         freed = V.frees(op, args)
@@ -452,6 +455,18 @@ class StepList:
         if us == float("inf"):
             raise self.reader.error(f.values["us"], f.sub("us"), "a kernel runs for a while and "
                                     "ends; one that never ends is a `delay` step with `us: .inf`")
+
+    def caching(self, f: Fields, op: str) -> None:
+        """record_stream and a lease's stream are a caching allocator's."""
+        if self.allocator == "caching":
+            return
+        node, path = (f.values["op"], f.sub("op")) if op == "record_stream" else \
+            (f.keys["stream"], f.sub("stream"))
+        what = "record_stream" if op == "record_stream" else "a lease's stream"
+        raise self.reader.error(node, path, f"{what} is the caching allocator's: add "
+                                "`allocator: caching` to spec.pool (the default pool, "
+                                "`fenced`, waits at release for every stream that used a "
+                                "page, and its pages belong to no stream)")
 
     def give_back(self, f: Fields, op: str, key: tuple[str, str], runs: tuple[str, ...]) -> None:
         kind, name = key

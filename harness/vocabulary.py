@@ -48,14 +48,7 @@ a lease or a pinned buffer, whichever the name is)."""
 MEMORY_KINDS = ("lease", "buffer")
 """The kinds a ``memory`` reference may name."""
 
-NOT_OPS = {
-    "record_stream": "there is no record_stream step yet: a block given back while another "
-                     "stream still uses it, reused only once that stream's work is done (what "
-                     "record_stream asks of a caching allocator), is a pinned buffer's "
-                     "`host_free` with `after: EVENT`, an event recorded on that stream after "
-                     "its last use; for pool pages, release's fence does it (variant defects "
-                     "`release_fence: true`, kvcore's default)",
-}
+NOT_OPS: dict[str, str] = {}
 """Ops a user reaches for that gpurace says another way: what to write instead."""
 
 OTHER_OP = {
@@ -118,8 +111,14 @@ _FOLLOWS = ((("catalog", "page_list"), "catalog (its table row) or page_list (a 
                                         "list), to follow"),)
 
 OPS: dict[str, Op] = {
-    "materialize": Op({"pages": _k(COUNT, True)}, "lease pages from the pool (the id names them)",
-                      id_defines="lease"),
+    "materialize": Op({"pages": _k(COUNT, True), "stream": _k(STREAM)},
+                      "lease pages from the pool (the id names them); with `allocator: "
+                      "caching`, on `stream` (default compute), whose own freed pages come "
+                      "first", id_defines="lease"),
+    "record_stream": Op({"lease": _k(LEASE, True), "stream": _k(STREAM, True)},
+                        "tell the caching allocator (`allocator: caching`) that `stream` uses "
+                        "the lease: its release records an event there, and its pages are "
+                        "handed out again only once a query sees it done"),
     "release": Op({"lease": _k(LEASE, True)}, "give a lease's pages back to the pool",
                   frees=("lease", "lease")),
     "host_fill": Op({"buffer": _k(NEW_BUFFER, True), "byte": _k(BYTE, True),

@@ -263,7 +263,9 @@ class DeviceKVPagePool:
         else:
             self._leased[taken] = True
         if self.device.oplog.active and taken:
-            self.device.label(self.buffer, self._byte_runs(sorted(taken)), name or "lease")
+            self.device.label(self.buffer, self._byte_runs(sorted(taken)), name or "lease",
+                              stream=(stream or self.context.stream).name if self.caching
+                              else None)
         generation = self._generation
         return [DeviceKVPageLease(self, DeviceKVPageHandle(i, int(generation[i]))) for i in taken]
 
@@ -367,7 +369,7 @@ class DeviceKVPagePool:
     def _release(self, handles: Sequence[DeviceKVPageHandle], fence: bool = True) -> None:
         indices = [h.index for h in handles]
         if self.caching:
-            self._cache_pages(indices)
+            self._cache_pages(indices, gate=fence)
         else:
             masks = [int(self._users[i]) for i in indices] if len(indices) <= SMALL_BATCH \
                 else self._users[np.asarray(indices, np.int64)].tolist()
@@ -391,12 +393,13 @@ class DeviceKVPagePool:
         if self.device.oplog.active:
             self.device.unlabel(self.buffer, self._byte_runs(sorted(indices)))
 
-    def _cache_pages(self, indices: list[int]) -> None:
+    def _cache_pages(self, indices: list[int], gate: bool = True) -> None:
         """A caching pool's release: one event recorded on each stream record_stream named for
         these pages, each page back on its stream's list, kept back by its streams' events
-        (poisoned at once on its stream when nothing keeps it back)."""
+        (poisoned at once on its stream when nothing keeps it back). ``gate=False``: the
+        device is idle, nothing needs keeping back."""
         recorded = self._recorded
-        masks = [int(recorded[i]) for i in indices]
+        masks = [int(recorded[i]) if gate else 0 for i in indices]
         union = 0
         for mask in masks:
             union |= mask

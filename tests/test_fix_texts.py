@@ -7,12 +7,16 @@ the loader's on scenario files.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from harness.cli import main
 from harness.errors import ScenarioError
 from harness.scenario import load_scenario
+from harness.targets import SCENARIO_ROOT
 from test_capture import BASE, S1, S2, _alloc, _findings, _op, _streams
 
 S3 = 0x33
@@ -96,10 +100,11 @@ def _refused(tmp_path: Path, step: str, streams: str = "side: non-blocking") -> 
 
 @pytest.mark.parametrize("step, says", [
     ("    - {op: record_stream, lease: a, stream: side}\n",
-     "steps[2].op: unknown op 'record_stream': there is no record_stream step yet: a block "
-     "given back while another stream still uses it, reused only once that stream's work is "
-     "done (what record_stream asks of a caching allocator), is a pinned buffer's `host_free` "
-     "with `after: EVENT`"),
+     "steps[2].op: record_stream is the caching allocator's: add `allocator: caching` to "
+     "spec.pool (the default pool, `fenced`, waits at release for every stream that used a "
+     "page, and its pages belong to no stream)"),
+    ("    - {id: b, op: materialize, pages: 1, stream: side}\n",
+     "steps[2].stream: a lease's stream is the caching allocator's: add `allocator: caching`"),
     ("    - {op: copy_page, src: a, dst: pin, stream: side}\n",
      "steps[2].dst: 'pin' is a buffer, not a lease: copy_page copies between leases; "
      "copy_to_host copies a lease's pages into a pinned buffer"),
@@ -114,7 +119,7 @@ def _refused(tmp_path: Path, step: str, streams: str = "side: non-blocking") -> 
     ("    - {op: record_event, event: ev, stream: null}\n",
      "steps[2].stream: YAML reads this as nothing (null), not a name; CUDA's null stream, the "
      "legacy default stream, is a stream of kind legacy: declare one under spec.streams"),
-], ids=["record_stream", "copy_page-into-pinned", "copy_from_host-from-lease",
+], ids=["record_stream", "materialize-stream", "copy_page-into-pinned", "copy_from_host-from-lease",
         "release-after", "stream-null"])
 def test_the_loader_points_at_the_step_that_says_it(tmp_path, step, says):
     assert says in _refused(tmp_path, step)
@@ -147,3 +152,55 @@ def test_a_copy_on_the_legacy_stream_reading_a_non_blocking_ones_write_moves_to_
     assert "; issue the copy at prog.py:41 on s1, the stream that wrote what it reads, instead " \
         "of the legacy default stream (or record an event on s1 after prog.py:40 and make " \
         "the legacy default stream wait on it before prog.py:41)" in f["missing"], f["missing"]
+
+
+def _reused_block(source: str | None) -> list[list]:
+    """A block allocated on s1, read on s2, freed, and handed to s1's next allocation: the
+    caching allocator's reuse race, as PyTorch's source (with the allocation's stream) or
+    CuPy's says it."""
+    def alloc(n: int, name: str) -> list:
+        event = _alloc(BASE, n, name)
+        event[4] |= {"stream": S1} | ({"source": source} if source else {})
+        return event
+    return _streams() + [
+        alloc(4096, "x"),
+        _op(S1, "kernel:fill_", 10, w=[("d", BASE, 4096)]),
+        ["event", 1, {}], ["record", 1, S1, "prog.py:11"], ["wait", 1, S2, "prog.py:11"],
+        _op(S2, "kernel:sum", 12, r=[("d", BASE, 4096)]),
+        ["free", "d", BASE, {"site": "prog.py:13"}],
+        alloc(2048, "y"),
+        _op(S1, "kernel:fill_", 15, w=[("d", BASE, 2048)])]
+
+
+def test_a_torch_block_reused_under_a_side_streams_read_gets_record_stream():
+    """PyTorch's caching allocator knows the stream a tensor was allocated on and what
+    record_stream named: the fix is record_stream (torchrec #4231's)."""
+    (f,) = _findings(_reused_block("torch"))
+    assert "the caching allocator handed tensor x float32[1024] made at prog.py:3 out on s1 " \
+        "and gave its bytes to s1's next allocation at once: record it on s2 (record_stream) " \
+        "before its release at prog.py:13" in f["missing"], f["missing"]
+
+
+def test_a_cupy_block_reused_under_a_side_streams_read_gets_an_event():
+    """CuPy's pool has no record_stream: the fix stays an event and a wait."""
+    (f,) = _findings(_reused_block("cupy"))
+    assert "record_stream" not in f["missing"]
+    assert "record an event on s2 after prog.py:12 and make s1 wait on it before prog.py:15 " \
+        "reuses the bytes" in f["missing"], f["missing"]
+
+
+def test_a_caching_pools_lease_read_by_another_stream_gets_record_stream(tmp_path):
+    """The scenario's caching pool says it as PyTorch's does, and the scenario with the
+    record_stream step is clean."""
+    zoo = SCENARIO_ROOT / "zoo" / "torchrec_4231.yaml"
+    got = {}
+    for variant in ("buggy", "fixed"):
+        result = CliRunner().invoke(main, ["run", str(zoo), "--backend", "sim", "--variant",
+                                           variant, "--trials", "2", "--no-amplify",
+                                           "--format", "json", "--out", str(tmp_path)])
+        (got[variant],) = json.loads(result.stdout)["results"]
+    (f,) = got["buggy"]["findings"]
+    assert "the caching allocator handed lease activation out on main and gave its bytes to " \
+        "main's next allocation at once: record it on d2h (record_stream) before its release " \
+        "at step resize-0" in f["missing"], f["missing"]
+    assert got["fixed"]["detected"] == 0 and got["fixed"]["findings"] == []

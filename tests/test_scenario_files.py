@@ -191,13 +191,15 @@ def test_all_step_ops_accepted(tmp_path: Path) -> None:
     - {op: event_query, event: done, poll: true}
     - {op: host_free, buffer: staging, after: done}
     - {op: synchronize, event: done}
-    - {id: spare, op: materialize, pages: 1}
+    - {id: spare, op: materialize, pages: 1, stream: transfer}
+    - {op: record_stream, lease: spare, stream: compute}
     - {op: release, lease: spare}
     - {id: other, op: catalog}
     - {op: release_catalog, catalog: other}
     - {op: lock, mutex: pool-lock, thread: t1}
     - {op: unlock, mutex: pool-lock, thread: t1}"""
-    s = load_scenario(write(tmp_path, edited(SYNC, steps)))
+    s = load_scenario(write(tmp_path, edited(SYNC, steps).replace(
+        "pool: {pages: 2}", "pool: {pages: 2, allocator: caching}")))
     assert {step.op for step in s.steps} == set(OPS)
     by_op = {step.op: step for step in s.steps}  # the last step of each op
     # kvcore's stream names are aliases of a scenario's default streams.
@@ -211,6 +213,8 @@ def test_all_step_ops_accepted(tmp_path: Path) -> None:
     assert by_op["release_catalog"].args == {"catalog": "other"}
     assert by_op["lock"].args == {"mutex": "pool-lock"} and by_op["lock"].thread == "t1"
     assert by_op["release"].thread is None
+    assert by_op["materialize"].args == {"pages": 1, "stream": "transfer"}
+    assert by_op["record_stream"].args == {"lease": "spare", "stream": "compute"}
 
 
 # --------------------------------------------------------------------------------------------
@@ -312,15 +316,16 @@ CASES = {
     "unknown-op": (
         SYNC, "    - {op: synchronise}",
         "17:12: spec.steps[3].op: unknown op 'synchronise' (did you mean 'synchronize'?); use "
-        "one of materialize, release, host_fill, host_alloc, host_free, copy_from_host, "
-        "copy_to_host, copy_page, zero_pages, catalog, retain, bind, publish, activate, "
+        "one of materialize, record_stream, release, host_fill, host_alloc, host_free, "
+        "copy_from_host, copy_to_host, copy_page, zero_pages, catalog, retain, bind, publish, "
+        "activate, "
         "release_catalog, read_table, page_list, kv_write, attention, gather, scatter, "
         "kernel, read_pinned, record_event, wait_event, event_query, synchronize, delay, lock, "
         "unlock, check"),
     "step-without-op": (
         SYNC, "    - {stream: compute}",
-        "17:7: spec.steps[3]: a step needs an op; use one of materialize, release, host_fill, "
-        "host_alloc, host_free, copy_from_host, copy_to_host, copy_page, zero_pages, catalog, "
+        "17:7: spec.steps[3]: a step needs an op; use one of materialize, record_stream, "
+        "release, host_fill, host_alloc, host_free, copy_from_host, copy_to_host, copy_page, zero_pages, catalog, "
         "retain, bind, publish, activate, release_catalog, read_table, page_list, kv_write, "
         "attention, gather, scatter, kernel, read_pinned, record_event, wait_event, "
         "event_query, synchronize, delay, lock, unlock, check"),

@@ -188,10 +188,18 @@ class Translator:
             del live[i]
         name = _owner_name(meta)
         live.insert(i, _Alloc(space, lo, hi, name))
+        # PyTorch's caching allocator orders a block's reuse by the stream it allocated the
+        # block on (and record_stream's): the finding of a reuse race names it. (CuPy's pool
+        # has no record_stream to offer, so its blocks say no stream.)
+        sid = meta.get("stream")
+        stream = self._stream_of(sid) if sid is not None and space == E.DEVICE and \
+            meta.get("source") == "torch" else None
         for access in self._accesses([[space, lo, nbytes]]):
-            self._record_op(HOST, "alloc", step=meta.get("site"),
-                            detail={"range": [access.buffer, access.offset, access.length],
-                                    "name": name, "site": meta.get("site")})
+            detail = {"range": [access.buffer, access.offset, access.length], "name": name,
+                      "site": meta.get("site")}
+            if stream is not None:
+                detail["stream"] = stream
+            self._record_op(HOST, "alloc", step=meta.get("site"), detail=detail)
 
     def _free(self, space: str, addr: int, meta: dict[str, Any] | None = None) -> None:
         meta = meta or {}

@@ -590,6 +590,9 @@ def _scenario_defs() -> dict[str, Schema]:
         }, ["dtype", "leading", "heads"]), 1, L.PLANES_MAX),
         "table_rows": integer(1, L.TABLE_MAX_ROWS),
         "max_pages_per_row": described(integer(0, L.POOL_MAX_PAGES), "0: as many as the pool"),
+        "allocator": described(enum(kvcore.pool.ALLOCATORS),
+                               "fenced (the default): a release fences every stream that used "
+                               "a page; caching: per-stream free lists and record_stream"),
     }, ["pages"])
     stream_kind = enum(STREAM_KINDS)
     streams = {"type": "object", "propertyNames": ref("name"), "minProperties": 1,

@@ -290,6 +290,8 @@ class _Parser(LineParser):
                 raise self.fail("detail.name", f"must be a string (who the bytes belong to), "
                                                f"not {show(detail.get('name'))}")
             self.string(detail, "name", prefix="detail.")
+            if detail.get("stream") is not None:
+                self.string(detail, "stream", prefix="detail.")
 
     def accesses(self, record: dict[str, Any], key: str) -> None:
         ranges = record[key]

@@ -518,16 +518,18 @@ class Device(ABC):
                                                                        "polls": polls})
         return polls
 
-    def label(self, buf: Buffer, ranges: Sequence[tuple[int, int]], name: str) -> None:
+    def label(self, buf: Buffer, ranges: Sequence[tuple[int, int]], name: str, *,
+              stream: str | None = None) -> None:
         """Say that these byte ranges of ``buf`` now belong to ``name`` (a lease, a pinned block
         of a scenario's buffer): findings then speak of ``name``, and of reuse when the bytes
-        had another owner before. Costs nothing while nobody listens."""
+        had another owner before. ``stream``: the stream a caching allocator handed them out
+        on (the one stream it orders their reuse by). Costs nothing while nobody listens."""
         log = self.oplog
         if log.active:
             for off, nbytes in ranges:
                 self._check_range(buf, off, nbytes)
                 log.labels.alloc(buf.id, off, nbytes, name)
-                self._owner_record("alloc", name, buf, off, nbytes)
+                self._owner_record("alloc", name, buf, off, nbytes, stream)
 
     def unlabel(self, buf: Buffer, ranges: Sequence[tuple[int, int]]) -> None:
         """These byte ranges were given back (released pages, a freed pinned block)."""
@@ -538,11 +540,13 @@ class Device(ABC):
                                    nbytes)
 
     def _owner_record(self, kind: str, name: str | None, buf: Buffer, off: int,
-                      nbytes: int) -> None:
+                      nbytes: int, stream: str | None = None) -> None:
         # Not through _emit: an owner change touches no bytes and is issued by kvcore itself,
         # so it needs no scenario line or call-site walk (it runs for every materialize).
-        self._record(HOST, kind, (), (), None, None, None, None,
-                     {"name": name, "range": [buf.id, off, nbytes]})
+        detail: dict[str, object] = {"name": name, "range": [buf.id, off, nbytes]}
+        if stream is not None:
+            detail["stream"] = stream
+        self._record(HOST, kind, (), (), None, None, None, None, detail)
 
     # ---- programs (see kvcore.device.program) ---------------------------------------------------
     @contextlib.contextmanager
