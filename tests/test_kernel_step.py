@@ -7,10 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from harness.detector import check_trace
 from harness.errors import ScenarioError
 from harness.minimize import _closure
 from harness.runner import Runner, RunOptions
 from harness.scenario import load_scenario
+from harness.traces.optrace import load_trace
 
 HEAD = """\
 apiVersion: gpurace/v1
@@ -172,3 +174,18 @@ def test_a_kernel_on_a_reused_page_waits_for_its_release_fence_as_pool_ops_do(tm
     (finding,) = got["buggy"].finding_summary(1)
     assert (finding["first"]["step"], finding["second"]["step"]) == ("store", "prefill")
     assert finding["reused"]
+
+
+def test_a_kept_trace_of_a_kernel_named_by_its_step_id_checks_again(tmp_path):
+    """A kernel's op-log kind is ``kernel:`` and its step's id, hyphens and all: the trace a
+    corrupt trial keeps loads, and `gpurace check` finds its race again."""
+    text = FORWARD_OFFLOAD.replace("id: forward,", "id: forward-pass,")
+    path = tmp_path / "kernels.yaml"
+    path.write_text(text)
+    Runner(RunOptions(backend="sim", trials=1, out_dir=tmp_path / "out", variants=("buggy",),
+                      record=True)).run([load_scenario(path)])
+    (trace,) = (tmp_path / "out").glob("run-*/*-buggy-t0/trace.jsonl")
+    loaded = load_trace(trace)
+    assert any(r["kind"] == "kernel:forward-pass" for r in loaded.ops)
+    (finding,) = check_trace(loaded.records).findings
+    assert finding.first.kind == "kernel:forward-pass"

@@ -31,7 +31,8 @@ from harness.scenario import API_VERSION, KINDS, WORKLOAD_KINDS
 from harness.traces.optrace import TRACE_SCHEMA
 from harness.traces.ticket import KV_DTYPES, TICKET_SCHEMA
 from harness.gpu.xid import APPLICATION, GPU_FATAL
-from kvcore.device.oplog import HOST, HOST_KINDS, KERNEL_PREFIX, STREAM_KINDS as OP_KINDS
+from kvcore.device.oplog import HOST, HOST_KINDS, KERNEL_NAME_PATTERN, KERNEL_PREFIX
+from kvcore.device.oplog import STREAM_KINDS as OP_KINDS
 from reports.model import REPORT_SCHEMA
 
 Schema = dict[str, Any]
@@ -201,7 +202,7 @@ def _trial() -> Schema:
 def _op_record(with_type: bool) -> Schema:
     """An op record of an op trace (report.json's last_ops drop its ``type``)."""
     kinds_on_streams = {"anyOf": [enum(sorted(OP_KINDS)), string(
-        pattern=f"^{KERNEL_PREFIX}[A-Za-z_][A-Za-z0-9_]*$")]}
+        pattern=f"^{KERNEL_PREFIX}{KERNEL_NAME_PATTERN}$")]}
     props: dict[str, Schema] = {}
     if with_type:
         props["type"] = const("op")

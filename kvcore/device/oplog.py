@@ -8,6 +8,7 @@ stream of records in the same order.
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -29,10 +30,15 @@ STREAM_KINDS = frozenset({"event_record", "event_wait", "memset"} | {
 KERNEL_PREFIX = "kernel:"
 
 
+KERNEL_NAME_PATTERN = r"[A-Za-z0-9_][A-Za-z0-9_.\-]*"
+"""A kernel's name in its kind: an identifier, or a scenario step's id (``next-forward``)."""
+_KERNEL_NAME = re.compile(KERNEL_NAME_PATTERN)
+
+
 def is_stream_kind(kind: str) -> bool:
     """Whether a stream can run an op of ``kind`` (a known kind, or a kernel launch)."""
-    return kind in STREAM_KINDS or (kind.startswith(KERNEL_PREFIX)
-                                    and kind[len(KERNEL_PREFIX):].isidentifier())
+    return kind in STREAM_KINDS or (kind.startswith(KERNEL_PREFIX) and _KERNEL_NAME.fullmatch(
+        kind[len(KERNEL_PREFIX):]) is not None)
 
 
 class Access(NamedTuple):
