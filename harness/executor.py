@@ -859,8 +859,22 @@ class _Steps:
 
     def _copy_from_host(self, s: Step) -> None:
         a = s.args
-        self.w.pool.copy_from_host(self._buffer(a["src"]).view, self._handles(a["dst"]),
+        handles = self._handles(a["dst"])
+        self.w.pool.copy_from_host(self._buffer(a["src"]).view, handles,
                                    self.w.stream(str(a["stream"])))
+        # A page list copied into a lease is a device index (a block table): kernels that
+        # follow it read its entries from the lease's first page where they run, whatever
+        # has landed there by then.
+        listed = self.lists.get(str(a["src"]))
+        dst = str(a["dst"])
+        if listed is None:
+            self.lists.pop(dst, None)
+            return
+        pool = self.w.pool
+        index = kvcore.PageIndex(pool, pool.buffer, pool.page_offset(handles[0]),
+                                 pool.page_stride)
+        index.pages = listed.pages
+        self.lists[dst] = index
 
     def _copy_to_host(self, s: Step) -> None:
         a = s.args
@@ -915,7 +929,7 @@ class _Steps:
         stream = self.w.stream(str(s.args["stream"]))
         if "page_list" in s.args:
             self.wrote.append((value, "kv_write", f"page list {s.args['page_list']}", s))
-            self.lists[str(s.args["page_list"])].write_pages(value, stream)
+            self._follow(s, stream).write_pages(value, stream)
             return
         catalog = self.catalogs[str(s.args["catalog"])]
         self.wrote.append((value, "kv_write", f"catalog {s.args['catalog']}'s table row", s))
@@ -933,7 +947,7 @@ class _Steps:
         # Where a counting attention keeps the first page it found wrong (its slot's own).
         first = {"first": self.w.firsts, "first_offset": offset * 2} if not asserting else {}
         if "page_list" in s.args:
-            self.lists[str(s.args["page_list"])].attend(
+            self._follow(s, stream).attend(
                 expected, stream, result=self.w.counters, result_offset=offset,
                 assert_on_mismatch=asserting, **first)
             return
@@ -944,13 +958,22 @@ class _Steps:
 
     def _gather(self, s: Step) -> None:
         view = self._buffer(s.args["to"]).view
-        self.lists[str(s.args["page_list"])].gather(view.buffer, view.page_offset(0),
-                                                    self.w.stream(str(s.args["stream"])))
+        stream = self.w.stream(str(s.args["stream"]))
+        self._follow(s, stream).gather(view.buffer, view.page_offset(0), stream)
 
     def _scatter(self, s: Step) -> None:
         view = self._buffer(s.args["from"]).view
-        self.lists[str(s.args["page_list"])].scatter(view.buffer, view.page_offset(0),
-                                                     self.w.stream(str(s.args["stream"])))
+        stream = self.w.stream(str(s.args["stream"]))
+        self._follow(s, stream).scatter(view.buffer, view.page_offset(0), stream)
+
+    def _follow(self, s: Step, stream: kvcore.device.Stream) -> kvcore.PageIndex:
+        """The page list a kernel on ``stream`` follows; one in a lease (a device index) is
+        read from the lease's pages, so the stream waits for their release fences first, as
+        for any pool op."""
+        name = str(s.args["page_list"])
+        if name in self.leases:
+            self.w.pool.use(self._handles(name), stream)
+        return self.lists[name]
 
     def _kernel(self, s: Step) -> None:
         """A kernel of the scenario's own: its leases' pages and buffers as spans, eight of

@@ -250,6 +250,8 @@ class StepList:
             return name
         if holds == V.ALLOC_BUFFER:
             return self.new_allocation(node, path, runs)
+        if holds == V.LIST:
+            return self.memory(node, path, runs)
         if holds == V.MEMORY:
             items = [(node, path)] if not isinstance(node, SequenceNode) else [
                 (n, f"{path}[{i}]") for i, n in enumerate(reader.sequence(
@@ -557,6 +559,14 @@ class StepList:
                 (args["src"], args["dst"])
             key = "src" if op == "copy_from_host" else "dst"
             pages = scope.lease_pages[str(lease)]
+            if op == "copy_from_host":
+                # The lease holds what the buffer holds: a page list copied in is a device
+                # index kernels can follow; anything else copied over one is not.
+                listed = scope.page_lists.get(str(buffer))
+                if listed is not None:
+                    scope.page_lists[str(lease)] = listed
+                else:
+                    scope.page_lists.pop(str(lease), None)
             self.need_pages(f.values[key], f.sub(key), v, str(buffer), pages,
                             f"lease {lease!r} has {pages} page{'s' if pages != 1 else ''}, "
                             "all copied")
@@ -623,7 +633,11 @@ class StepList:
         name = str(args["page_list"])
         entries = scope.page_lists.get(name)
         if entries is None:
+            lease = ("lease", name) in scope.names
             raise self.reader.error(f.values["page_list"], f.sub("page_list"), (
+                f"lease {name!r} holds no page list{self._within(v)} when this {op} runs: "
+                "copy one into it first (copy_from_host of a buffer a page_list step wrote)"
+                if lease else
                 f"buffer {name!r} holds no page list{self._within(v)} when this {op} runs: "
                 "write one into it first (a page_list step)"))
         if op == "attention" and args.get("assert") is False:

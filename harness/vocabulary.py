@@ -28,6 +28,7 @@ EVENTS = "events"        # one event, or a list of them
 NEW_EVENT = "new-event"  # an event recorded here (defined if new)
 MUTEX = "mutex"          # a host mutex, named where it is first locked
 MEMORY = "memory"        # leases and pinned buffers that exist: one, or a list of them
+LIST = "page-list"       # a pinned buffer a page_list step wrote, or a lease it was copied into
 
 IN_WORDS = {
     STREAM: "a stream", COUNT: "a number from 1", INDEX: "a number from 0",
@@ -37,6 +38,7 @@ IN_WORDS = {
     NEW_BUFFER: "a pinned buffer (made here if new)", ALLOC_BUFFER: "a new pinned buffer",
     EVENT: "an event", EVENTS: "an event or a list", NEW_EVENT: "an event (made here if new)",
     MUTEX: "a host mutex (a name)", MEMORY: "a lease or pinned buffer, or a list",
+    LIST: "a page list: its pinned buffer, or a lease it was copied into",
 }
 """What each kind of value is, for `gpurace steps`."""
 
@@ -107,8 +109,8 @@ def _k(holds: str, required: bool = False) -> Key:
     return Key(holds, required)
 
 
-_FOLLOWS = ((("catalog", "page_list"), "catalog (its table row) or page_list (a pinned page "
-                                        "list), to follow"),)
+_FOLLOWS = ((("catalog", "page_list"), "catalog (its table row) or page_list (a page list, "
+                                        "pinned or copied into a lease), to follow"),)
 
 OPS: dict[str, Op] = {
     "materialize": Op({"pages": _k(COUNT, True), "stream": _k(STREAM)},
@@ -160,22 +162,23 @@ OPS: dict[str, Op] = {
     "page_list": Op({"buffer": _k(NEW_BUFFER, True), "lease": _k(LEASE, True)},
                     "the host writes a lease's pages into a pinned buffer as a page list "
                     "(int32 page, int32 generation each), which kernels read in place when "
-                    "they run"),
-    "kv_write": Op({"catalog": _k(CATALOG), "page_list": _k(BUFFER), "byte": _k(BYTE, True),
+                    "they run; copy_from_host of it into a lease makes a device index (a "
+                    "block table) that kernels follow the same way"),
+    "kv_write": Op({"catalog": _k(CATALOG), "page_list": _k(LIST), "byte": _k(BYTE, True),
                     "stream": _k(STREAM, True)},
                    "a kernel writes the byte over every page the catalog's table row (or a page "
                    "list) names, as it finds them when it runs (stale: someone else's pages)",
                    one_of=_FOLLOWS),
-    "attention": Op({"catalog": _k(CATALOG), "page_list": _k(BUFFER), "byte": _k(BYTE, True),
+    "attention": Op({"catalog": _k(CATALOG), "page_list": _k(LIST), "byte": _k(BYTE, True),
                      "stream": _k(STREAM, True), "assert": _k(BOOL)},
                     "a kernel reads every page the catalog's table row (or a page list) names "
                     "and checks it holds the byte: asserts (or counts) on another owner's bytes",
                     one_of=_FOLLOWS),
-    "gather": Op({"page_list": _k(BUFFER, True), "to": _k(NEW_BUFFER, True),
+    "gather": Op({"page_list": _k(LIST, True), "to": _k(NEW_BUFFER, True),
                   "stream": _k(STREAM, True)},
                  "a kernel copies every page a page list names into consecutive pages of a "
                  "pinned buffer (in place, zero-copy), as it finds the list when it runs"),
-    "scatter": Op({"page_list": _k(BUFFER, True), "from": _k(BUFFER, True),
+    "scatter": Op({"page_list": _k(LIST, True), "from": _k(BUFFER, True),
                    "stream": _k(STREAM, True)},
                   "a kernel copies consecutive pages of a pinned buffer into the pages a page "
                   "list names, as it finds the list when it runs"),

@@ -321,6 +321,7 @@ def _value(holds: str, made: dict[str, list[str]], streams: list[str]) -> st.Sea
         V.EVENTS: st.one_of(known("event"), st.lists(known("event"), min_size=1, max_size=2)),
         V.NEW_EVENT: known("event"),
         V.MUTEX: st.sampled_from(["m", "n"]),
+        V.LIST: st.one_of(known("buffer"), known("lease")),
         V.MEMORY: st.one_of(known("lease"), known("buffer"),
                             st.lists(st.one_of(known("lease"), known("buffer")), min_size=1,
                                      max_size=3)),

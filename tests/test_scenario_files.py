@@ -153,7 +153,7 @@ def test_base_and_defaults(tmp_path: Path) -> None:
 def test_every_step_key_has_a_meaning() -> None:
     kinds = {"stream", "count", "index", "pages", "byte", "duration", "micros", "bool",
              "new-buffer",
-             "alloc-buffer", "new-event", "mutex", *REFERENCES}
+             "alloc-buffer", "new-event", "mutex", "page-list", *REFERENCES}
     for op, spec in OPS.items():
         assert spec.doc
         for key in spec.keys:

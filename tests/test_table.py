@@ -431,7 +431,8 @@ def test_page_list_steps_run_and_say_whose_bytes(tmp_path) -> None:
     ("{op: page_list, buffer: blocks, lease: kv}", "{op: host_fill, buffer: blocks, byte: 1}",
      "buffer 'blocks' holds no page list when this scatter runs: write one into it first"),
     ("{op: kv_write, page_list: blocks,", "{op: kv_write, catalog: blocks, page_list: blocks,",
-     "catalog (its table row) or page_list (a pinned page list), to follow"),
+     "catalog (its table row) or page_list (a page list, pinned or copied into a lease), to "
+     "follow"),
     ("{op: host_fill, buffer: tokens, byte: 0x5A, pages: 2}",
      "{op: host_alloc, buffer: tokens, pages: 1}",
      "page list 'blocks' has 2 entries, a page each"),
