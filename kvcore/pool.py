@@ -286,7 +286,7 @@ class DeviceKVPagePool:
                 self.device.synchronize_event(event)
             self.context.synchronize()
             pages, gated = self._cache.drop_all()
-            self._let_go(gated)
+            self._let_go(gated, poison=False)  # the device is idle: nobody could read stale
             for page in pages:
                 self._free.give(page)
             taken += self._free.take(n - len(taken))
@@ -303,9 +303,10 @@ class DeviceKVPagePool:
                 out.setdefault(event.id, event)
         return list(out.values())
 
-    def _let_go(self, pages: list[tuple[int, tuple[Event, ...]]]) -> None:
+    def _let_go(self, pages: list[tuple[int, tuple[Event, ...]]], poison: bool = True) -> None:
         """Gated pages handed out again: their events are free to record again once no page
-        waits on them, and a poisoning pool poisons them now, on their stream."""
+        waits on them, and a poisoning pool poisons them now, on their stream (which takes
+        them next)."""
         refs = self._event_refs
         for _, events in pages:
             for event in events:
@@ -313,7 +314,7 @@ class DeviceKVPagePool:
                 if not refs[event.id]:
                     del refs[event.id]
                     heapq.heappush(self._idle_events, (event.id, event))
-        if self.poison is not None and pages:
+        if poison and self.poison is not None and pages:
             self._poison_on_home([page for page, _ in pages])
 
     def _poison_on_home(self, indices: list[int]) -> None:

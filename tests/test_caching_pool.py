@@ -21,6 +21,21 @@ def _caching(device: kvcore.Device, pages: int = 4, poison: int | None = None):
         host.writable_view(host.allocate(layout, 1))
 
 
+def _read_late_on_a_side_stream(device, context, pool, data, out):
+    """A lease of the context's stream holding 0x11, which a side stream (busy for 2 ms
+    first) copies out to ``out`` once it is written."""
+    side = device.create_stream("side")
+    lease = pool.materialize(1)[0]
+    data.write(bytes([0x11]) * data.layout.page_stride)
+    pool.copy_from_host(data, [lease.handle], context.stream)
+    ready = device.create_event("written")
+    device.record_event(ready, context.stream)
+    device.wait_event(side, ready)
+    device.launch(Delay(2000), side)
+    pool.copy_to_host([lease.handle], out, side)
+    return side, lease
+
+
 def _events(recorder: OpRecorder) -> list[tuple[str, str]]:
     return [(r.stream, r.kind) for r in recorder.records
             if r.kind.startswith("event") or r.kind == "sync_event"]
@@ -48,15 +63,7 @@ def test_without_record_stream_a_side_streams_read_sees_the_next_owner(
     stream hands it to its next allocation, which overwrites it."""
     device = make_device(backend, request)
     context, pool, data, out = _caching(device)
-    side = device.create_stream("side")
-    lease = pool.materialize(1)[0]
-    data.write(bytes([0x11]) * data.layout.page_stride)
-    pool.copy_from_host(data, [lease.handle], context.stream)
-    ready = device.create_event("written")
-    device.record_event(ready, context.stream)
-    device.wait_event(side, ready)
-    device.launch(Delay(2000), side)  # the side stream is busy before it reads
-    pool.copy_to_host([lease.handle], out, side)
+    _, lease = _read_late_on_a_side_stream(device, context, pool, data, out)
     lease.release()
     again = pool.materialize(1)[0]
     assert again.handle.index == lease.handle.index
@@ -69,15 +76,7 @@ def test_record_stream_keeps_the_page_back_until_the_side_stream_is_done(
         backend: str, request) -> None:
     device = make_device(backend, request)
     context, pool, data, out = _caching(device, pages=1)
-    side = device.create_stream("side")
-    lease = pool.materialize(1)[0]
-    data.write(bytes([0x11]) * data.layout.page_stride)
-    pool.copy_from_host(data, [lease.handle], context.stream)
-    ready = device.create_event("written")
-    device.record_event(ready, context.stream)
-    device.wait_event(side, ready)
-    device.launch(Delay(2000), side)
-    pool.copy_to_host([lease.handle], out, side)
+    side, lease = _read_late_on_a_side_stream(device, context, pool, data, out)
     pool.record_stream([lease.handle], side)
     recorder = OpRecorder(device.oplog)
     lease.release()

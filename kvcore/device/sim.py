@@ -411,9 +411,9 @@ class SimDevice(Device):
         self._advance(self._vary(self._step_ns))
 
     def as_reissued(self) -> None:
-        # Only a device that stands in for a reissued trial: one that keeps its world and is
-        # given the program times its steps as they were captured, so that its clock, which
-        # follows the calls, shows any call more, less or out of order.
+        # Not Device.reissue's: a simulated device that keeps its world and is given the program
+        # (as tests do) times its steps as they were captured, so that its clock, which follows
+        # the calls, shows any call more, less or out of order.
         self._step_ns = self.cost.reissued_step_ns
 
     def host_thread_switch(self, *, start: bool) -> None:
