@@ -296,8 +296,9 @@ class Finding:
                     f"{self.allocated_on} and gave its bytes to {self.allocated_on}'s next "
                     f"allocation at once: record it on {a.stream} (record_stream){freed}, so "
                     f"that its bytes are handed out again only once {a.stream}'s work queued "
-                    f"by then is done (or make {self.allocated_on} wait for an event recorded "
-                    f"on {a.stream} after {a.at} before the release)")
+                    f"by then is done, or allocate it on {a.stream} instead (or make "
+                    f"{self.allocated_on} wait for an event recorded on {a.stream} after "
+                    f"{a.at} before the release)")
         if a.stream != HOST and b.stream != HOST:
             reuse = f" before {b.at} reuses the bytes" if self.reused else f" before {b.at}"
             if self.reused and self.page is not None:
