@@ -245,6 +245,7 @@ class DeviceKVPagePool:
         if stream is not None and not self.caching:
             raise DeviceUsageError("a fenced pool's pages belong to no stream; allocate on a "
                                    "stream with allocator='caching'")
+        stream = stream or self.context.stream
         if isinstance(pages, DeviceKVPageReservation):
             n = pages.remaining if count is None else count
             if n > pages.remaining:
@@ -254,8 +255,7 @@ class DeviceKVPagePool:
         else:
             n = pages
             self._check_room(n)
-        taken = self._cached_take(n, stream or self.context.stream) if self.caching \
-            else self._free.take(n)
+        taken = self._cached_take(n, stream) if self.caching else self._free.take(n)
         if n <= SMALL_BATCH:
             leased = self._leased
             for i in taken:
@@ -264,8 +264,7 @@ class DeviceKVPagePool:
             self._leased[taken] = True
         if self.device.oplog.active and taken:
             self.device.label(self.buffer, self._byte_runs(sorted(taken)), name or "lease",
-                              stream=(stream or self.context.stream).name if self.caching
-                              else None)
+                              stream=stream.name if self.caching else None)
         generation = self._generation
         return [DeviceKVPageLease(self, DeviceKVPageHandle(i, int(generation[i]))) for i in taken]
 
@@ -282,7 +281,7 @@ class DeviceKVPagePool:
         if len(taken) < n:
             taken += self._free.take(min(n - len(taken), self._free.free))
         if len(taken) < n:
-            for event in self._cache_events():
+            for event in self._cache.gated_events():
                 self.device.synchronize_event(event)
             self.context.synchronize()
             pages, gated = self._cache.drop_all()
@@ -295,25 +294,13 @@ class DeviceKVPagePool:
             home[i] = sid
         return taken
 
-    def _cache_events(self) -> list[Event]:
-        """Every event that keeps a cached page back, once each."""
-        out: dict[int, Event] = {}
-        for sid in list(self._home_streams):
-            for event in self._cache.gated_events(sid):
-                out.setdefault(event.id, event)
-        return list(out.values())
-
     def _let_go(self, pages: list[tuple[int, tuple[Event, ...]]], poison: bool = True) -> None:
         """Gated pages handed out again: their events are free to record again once no page
         waits on them, and a poisoning pool poisons them now, on their stream (which takes
         them next)."""
-        refs = self._event_refs
         for _, events in pages:
             for event in events:
-                refs[event.id] -= 1
-                if not refs[event.id]:
-                    del refs[event.id]
-                    heapq.heappush(self._idle_events, (event.id, event))
+                self._unref(event)
         if poison and self.poison is not None and pages:
             self._poison_on_home([page for page, _ in pages])
 
@@ -401,22 +388,8 @@ class DeviceKVPagePool:
         device is idle, nothing needs keeping back."""
         recorded = self._recorded
         masks = [int(recorded[i]) if gate else 0 for i in indices]
-        union = 0
-        for mask in masks:
-            union |= mask
-        events: dict[int, Event] = {}
-        rest = union
-        while rest:
-            low = rest & -rest
-            rest ^= low
-            event = self._take_event()
-            self.device.record_event(event, self._streams[low.bit_length() - 1])
-            events[low] = event
-        refs, free = self._event_refs, []
-        for i, mask in zip(indices, masks):
-            carried = tuple(e for low, e in events.items() if mask & low)
-            for event in carried:
-                refs[event.id] = refs.get(event.id, 0) + 1
+        free = []
+        for i, carried in zip(indices, self._record_on(masks)):
             recorded[i] = 0
             self._cache.give(int(self._home[i]), i, carried)
             if not carried:
@@ -466,11 +439,21 @@ class DeviceKVPagePool:
     def _fence(self, indices: list[int], masks: list[int]) -> None:
         """Record one event on each stream that used any of these pages, and make each page
         carry the events of its own users: whoever gets the page next waits for them."""
+        fences, fenced = self._fences, self._fenced
+        for index, carried in zip(indices, self._record_on(masks)):
+            if carried:
+                fences[index] = carried + fences.get(index, ())
+                fenced[index] = True
+
+    def _record_on(self, masks: list[int]) -> list[tuple[Event, ...]]:
+        """Record one event on each stream any of ``masks`` names (a page's streams, as bits of
+        self._streams), and give each page the events of its own streams, counted as held by
+        it until :meth:`_unref`."""
         union = 0
         for mask in masks:
             union |= mask
         if not union:
-            return
+            return [()] * len(masks)
         events: dict[int, Event] = {}
         streams, record = self._streams, self.device.record_event
         rest = union
@@ -480,18 +463,24 @@ class DeviceKVPagePool:
             event = self._take_event()
             record(event, streams[low.bit_length() - 1])
             events[low] = event
-        by_mask: dict[int, tuple[Event, ...]] = {}
-        refs, fences, fenced = self._event_refs, self._fences, self._fenced
-        for index, mask in zip(indices, masks):
-            if not mask:
-                continue
+        by_mask: dict[int, tuple[Event, ...]] = {0: ()}
+        refs, out = self._event_refs, []
+        for mask in masks:
             carried = by_mask.get(mask)
             if carried is None:
                 carried = by_mask[mask] = tuple(e for low, e in events.items() if mask & low)
             for event in carried:
                 refs[event.id] = refs.get(event.id, 0) + 1
-            fences[index] = carried + fences.get(index, ())
-            fenced[index] = True
+            out.append(carried)
+        return out
+
+    def _unref(self, event: Event) -> None:
+        """A page no longer waits on ``event``: once none does, it may be recorded again."""
+        refs = self._event_refs
+        refs[event.id] -= 1
+        if not refs[event.id]:
+            del refs[event.id]
+            heapq.heappush(self._idle_events, (event.id, event))
 
     def _poison(self, indices: list[int], masks: list[int]) -> None:
         """Fill released pages with the poison byte as soon as the pool's own ordering allows,
@@ -605,16 +594,12 @@ class DeviceKVPagePool:
 
     def _wait_fences(self, indices: list[int], stream: Stream) -> None:
         waited: set[int] = set()
-        refs = self._event_refs
         for index in indices:
             for event in self._fences.pop(index, ()):
                 if event.id not in waited:
                     self.device.wait_event(stream, event)
                     waited.add(event.id)
-                refs[event.id] -= 1
-                if not refs[event.id]:
-                    del refs[event.id]
-                    heapq.heappush(self._idle_events, (event.id, event))
+                self._unref(event)
             self._fenced[index] = False
 
     def _stream_bit(self, stream: Stream) -> np.uint64:

@@ -59,14 +59,12 @@ class StreamFreeLists:
         self._gated = waiting
         return freed
 
-    def gated_events(self, stream_id: int) -> list[Event]:
-        """The events that keep back pages of ``stream_id``'s list, in the order they were
-        recorded, once each."""
+    def gated_events(self) -> list[Event]:
+        """The events that keep pages back, in the order the pages were freed, once each."""
         out: dict[int, Event] = {}
-        for sid, _, events in self._gated:
-            if sid == stream_id:
-                for event in events:
-                    out.setdefault(event.id, event)
+        for _, _, events in self._gated:
+            for event in events:
+                out.setdefault(event.id, event)
         return list(out.values())
 
     def take(self, stream_id: int, n: int) -> list[int]:

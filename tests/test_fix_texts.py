@@ -30,9 +30,10 @@ def test_a_copy_on_the_legacy_stream_read_by_a_non_blocking_one_is_moved_to_the_
                            _op(S2, "kernel:index_select", 21, r=[("d", BASE, 4096)])]
     (f,) = _findings(events)
     assert "; issue the copy at prog.py:20 on s2, the stream that reads what it wrote, " \
-        "instead of the legacy default stream (or record an event on the legacy default stream after " \
-        "prog.py:20 and make s2 wait on it before prog.py:21) (s2 is a non-blocking stream: " \
-        "it and the legacy stream do not wait for each other)" in f["missing"], f["missing"]
+        "instead of the legacy default stream (or record an event on the legacy default stream " \
+        "after prog.py:20 and make s2 wait on it before prog.py:21) (s2 is a non-blocking " \
+        "stream: it and the legacy stream do not wait for each other)" in f["missing"], \
+        f["missing"]
 
 
 def test_a_kernel_on_the_legacy_stream_keeps_the_event_fix():
