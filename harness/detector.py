@@ -410,6 +410,8 @@ class RaceDetector:
         self._reported: set[tuple[int, int]] = set()
         self._waits: dict[str, list[_Wait]] = defaultdict(list)
         self._records: dict[str, list[_Record]] = defaultdict(list)
+        # seq of a launched graph's node -> (the graph, the stream it was captured from)
+        self._launched: dict[int, tuple[str, str]] = {}
 
     # ---- what the detector knows of buffers, streams and owners --------------------------------
     def attach(self, device: Device) -> None:
@@ -553,6 +555,10 @@ class RaceDetector:
         if not reads and not writes:
             return
         # Who did it, once per op; an OpRef is built only for the accesses that race.
+        graph = detail.get("graph")
+        if graph is not None:  # a node of a launched CUDA graph: the step that captured it
+            kind = f"{kind}, graph {graph}'s {detail.get('node')},"
+            self._launched[seq] = (str(graph), str(detail.get("captured_on")))
         source = (seq, stream, kind, step, detail.get("site"), detail.get("origin"))
         epoch = vc[stream]
         for buf, off, length in reads:
@@ -626,7 +632,8 @@ class RaceDetector:
             return
         self._name_bytes(finding, buf, start)
         finding.event_note = self._explain_wait(past[0], past[1], first, second) \
-            or self._wrong_stream(past[0], past[1], first, second)
+            or self._wrong_stream(past[0], past[1], first, second) \
+            or self._graph_stream(first, second)
         finding.legacy_note = self._legacy_note(first.stream, second.stream)
         legacy = self._streams.get(first.stream)
         finding.legacy_first = bool(finding.legacy_note and legacy is not None and legacy.legacy)
@@ -708,6 +715,20 @@ class RaceDetector:
                             f"{second.at} runs on {second.stream}, which did not wait: make "
                             f"{second.stream} wait on {wait.event} before {second.at} (or "
                             f"issue {second.at} on {stream})")
+        return None
+
+    def _graph_stream(self, first: OpRef, second: OpRef) -> str | None:
+        """A side that is a node of a graph launched on another stream than the one it was
+        captured from: what orders it is the launching stream (ordering by the capture stream,
+        as if the graph ran there, is a bug of its own)."""
+        for ref in (first, second):
+            launched = self._launched.get(ref.seq)
+            if launched is not None and launched[1] != ref.stream:
+                graph, captured = launched
+                return (f"graph {graph} was captured from {captured} but launched on "
+                        f"{ref.stream}: a graph's nodes run on the stream it is launched on, "
+                        f"so {ref.stream}'s order covers them (or an event recorded on "
+                        f"{ref.stream} after {ref.at}), not {captured}'s")
         return None
 
     def _legacy_note(self, first: str, second: str) -> str | None:

@@ -466,7 +466,7 @@ class TrialExecutor:
 REISSUED_OPS = frozenset({
     "materialize", "release", "host_fill", "copy_from_host", "copy_to_host", "copy_page",
     "zero_pages", "page_list", "gather", "scatter", "read_pinned", "kernel", "record_event",
-    "wait_event", "synchronize", "delay", "check"})
+    "wait_event", "synchronize", "delay", "check", "graph_capture", "graph_end", "graph_replay"})
 """The ops whose device calls depend only on the world's state when the trial starts (the
 pool's and the arena's), so a program captured in one trial is right in the next. Left out:
 catalogs and tables (their entries carry generations, which grow), event queries (their answer
@@ -513,6 +513,7 @@ class _Steps:
         self.events: dict[str, kvcore.device.Event] = {}
         self.allocs: dict[str, _HostBuffer] = {}  # host_alloc'd buffers not freed yet
         self.lists: dict[str, kvcore.PageIndex] = {}  # page lists the host wrote, by buffer
+        self.graphs: dict[str, kvcore.device.Graph] = {}  # captured CUDA graphs, by name
         # Kernels that count instead of asserting, a counter slot each: (step, what it says).
         self.counted: list[tuple[str, str, bool]] = []  # (step, says, keeps its first)
         self.idle = False  # every stream is known idle (the trial's last synchronize ran)
@@ -789,6 +790,7 @@ class _Steps:
         """Leave the world as the trial found it: idle, every page free, every row free."""
         self._mark("cleanup")
         w = self.w
+        w.device.abandon_graph()  # a trial that ended inside a capture
         if w.device.fault is not None:
             return
         if not self.idle:
@@ -1062,6 +1064,16 @@ class _Steps:
             self.w.device.poll_event(event)
         else:
             self.w.device.query_event(event)
+
+    def _graph_capture(self, s: Step) -> None:
+        self.w.device.begin_graph(self.w.stream(str(s.args["stream"])), str(s.id))
+
+    def _graph_end(self, s: Step) -> None:
+        self.graphs[str(s.args["graph"])] = self.w.device.end_graph()
+
+    def _graph_replay(self, s: Step) -> None:
+        self.w.device.launch_graph(self.graphs[str(s.args["graph"])],
+                                   self.w.stream(str(s.args["stream"])))
 
     def _delay(self, s: Step) -> None:
         us = float(s.args["us"])  # type: ignore[arg-type]

@@ -29,7 +29,8 @@ from harness.model import STREAM_ALIASES, Location, StreamSpec, Step
 from harness.yamlnodes import Fields, Reader, suggest
 from kvcore.device.kernels import TABLE_ENTRY_BYTES
 
-_PLURAL = {"lease": "leases", "catalog": "catalogs", "buffer": "buffers", "event": "events"}
+_PLURAL = {"lease": "leases", "catalog": "catalogs", "buffer": "buffers", "event": "events",
+           "graph": "graphs"}
 
 
 @dataclass
@@ -64,6 +65,9 @@ class _Scope:
     bytes: set[int] = field(default_factory=set)  # byte values steps write or expect
     held: dict[tuple[str, str], int] = field(default_factory=dict)  # (thread, mutex) -> lock
     page_lists: dict[str, int] = field(default_factory=dict)  # buffer -> entries last written
+    # The graph being captured: (its name, its stream, the graph_capture step, steps so far).
+    capturing: tuple[str, str, int, int] | None = None
+    graphs: dict[str, int] = field(default_factory=dict)  # ended graph -> its graph_end step
 
     def host_pages(self) -> int:
         return sum(self.world.values()) + self.alloc_pages
@@ -115,6 +119,13 @@ class StepList:
         steps = tuple(self.step(n, f"{path}[{i}]", i) for i, n in enumerate(self.nodes))
         for v in self.variants:
             self.end_section(v, self.nodes[-1], f"{path}[{len(self.nodes) - 1}]", "the last step")
+        open_in = [v for v in self.variants if self.scopes[v].capturing is not None]
+        if open_in:
+            name, _, began, _ = self.scopes[open_in[0]].capturing  # type: ignore[misc]
+            within = "" if len(open_in) == len(self.variants) else self._within(open_in[0])
+            raise self.reader.error(self.nodes[began], f"{path}[{began}]", (
+                f"graph {name!r} is captured here and never ended{within}: add a graph_end "
+                f"step (graph: {name}) after the steps it captures"))
         self.check_world_needs()
         return steps
 
@@ -149,6 +160,7 @@ class StepList:
         thread = reader.name(f.values[V.THREAD_KEY], f.sub(V.THREAD_KEY)) \
             if V.THREAD_KEY in f else None
         self.threads(f, op, args, thread, runs)
+        self.graphs(f, op, step_id, args, thread, runs)
         self.effects(f, op, step_id, args, runs)
         only = None if len(runs) == len(self.variants) else frozenset(runs)
         return Step(op=op, args=args, id=step_id, index=index, where=self.where[index],
@@ -413,6 +425,65 @@ class StepList:
             f"thread {thread!r} still holds mutex {mutex!r} (locked at steps[{since}], "
             f"{self._at(since)}) when its threads end at {what}{self._within(v)}; unlock it "
             "on that thread before"))
+
+    # ---- CUDA graphs -----------------------------------------------------------------------------
+    def graphs(self, f: Fields, op: str, step_id: str | None, args: dict[str, object],
+               thread: str | None, runs: tuple[str, ...]) -> None:
+        """A graph is captured from one stream of the scenario's own, by the capturable steps
+        on that stream between its graph_capture and its graph_end, on the scenario's thread
+        (a replay inside the capture, before the graph is ended, is refused as a nested
+        graph)."""
+        reader = self.reader
+        for v in runs:
+            scope = self.scopes[v]
+            capturing, within = scope.capturing, self._within(v)
+            if capturing is not None and op != "graph_end":
+                name, stream, began, _ = capturing
+                since = f"graph {name!r} is being captured (steps[{began}], {self._at(began)})"
+                if op not in V.CAPTURABLE:
+                    raise reader.error(f.values["op"], f.sub("op"), f"{op} cannot stand inside "
+                                       f"a graph's capture ({since}{within}): "
+                                       f"{V.NOT_CAPTURED[op]}")
+                if thread is not None:
+                    raise reader.error(f.values[V.THREAD_KEY], f.sub(V.THREAD_KEY), (
+                        f"{since}{within} on the scenario's own thread; a step of thread "
+                        f"{thread!r} cannot join it: capture from one thread"))
+                if args["stream"] != stream:
+                    raise reader.error(f.values["stream"], f.sub("stream"), (
+                        f"{since}{within} from stream {stream!r}; this step on "
+                        f"{args['stream']!r} would run now, outside the graph: give it stream "
+                        f"{stream!r}, or move it before graph_capture or after graph_end"))
+                scope.capturing = (name, stream, began, capturing[3] + 1)
+            if op == "graph_capture":
+                stream = str(args["stream"])
+                if self.streams[stream].kind == "legacy":
+                    raise reader.error(f.values["stream"], f.sub("stream"), (
+                        f"{stream!r} is the legacy default stream, which CUDA cannot capture "
+                        "(cudaErrorStreamCaptureUnsupported; PyTorch: \"CUDA graphs must be "
+                        "captured on a non-default stream\"); capture on a stream of your own"))
+                if thread is not None:
+                    raise reader.error(f.values[V.THREAD_KEY], f.sub(V.THREAD_KEY),
+                                       "a graph is captured on the scenario's own thread; "
+                                       "remove the thread")
+                scope.capturing = (str(step_id), stream, self.index, 0)
+            elif op == "graph_end":
+                name = str(args["graph"])
+                node, path = f.values["graph"], f.sub("graph")
+                if name in scope.graphs:
+                    ended = scope.graphs[name]
+                    raise reader.error(node, path, f"graph {name!r} was ended at steps[{ended}] "
+                                       f"({self._at(ended)}){within}; remove one graph_end")
+                if capturing is None or capturing[0] != name:
+                    raise reader.error(node, path, f"graph {name!r} is not being captured "
+                                       f"here{within}: graph_end ends the graph_capture before "
+                                       "it" + (f" (now {capturing[0]!r})" if capturing else ""))
+                if not capturing[3]:
+                    raise reader.error(node, path, (
+                        f"graph {name!r} captures nothing{within}: put the stream ops it "
+                        f"replays (on {capturing[1]!r}) between its graph_capture and this "
+                        "graph_end"))
+                scope.capturing = None
+                scope.graphs[name] = self.index
 
     # ---- what a step makes and gives back --------------------------------------------------------
     def effects(self, f: Fields, op: str, step_id: str | None, args: dict[str, object],

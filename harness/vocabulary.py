@@ -29,6 +29,7 @@ NEW_EVENT = "new-event"  # an event recorded here (defined if new)
 MUTEX = "mutex"          # a host mutex, named where it is first locked
 MEMORY = "memory"        # leases and pinned buffers that exist: one, or a list of them
 LIST = "page-list"       # a pinned buffer a page_list step wrote, or a lease it was copied into
+GRAPH = "graph"          # a CUDA graph a graph_capture step began
 
 IN_WORDS = {
     STREAM: "a stream", COUNT: "a number from 1", INDEX: "a number from 0",
@@ -39,11 +40,12 @@ IN_WORDS = {
     EVENT: "an event", EVENTS: "an event or a list", NEW_EVENT: "an event (made here if new)",
     MUTEX: "a host mutex (a name)", MEMORY: "a lease or pinned buffer, or a list",
     LIST: "a page list: its pinned buffer, or a lease it was copied into",
+    GRAPH: "a graph",
 }
 """What each kind of value is, for `gpurace steps`."""
 
 REFERENCES = {LEASE: "lease", CATALOG: "catalog", BUFFER: "buffer", EVENT: "event",
-              EVENTS: "event", MEMORY: "memory"}
+              EVENTS: "event", MEMORY: "memory", GRAPH: "graph"}
 """Keys whose value names something an earlier step made, and what kind of thing ("memory":
 a lease or a pinned buffer, whichever the name is)."""
 
@@ -79,6 +81,7 @@ HOW_TO_DEFINE = {
     "catalog": "a catalog step with an id defines one",
     "buffer": "a host_fill, copy_to_host, page_list, gather or host_alloc step defines one",
     "event": "a record_event step records one",
+    "graph": "a graph_capture step with an id begins one",
 }
 
 
@@ -203,6 +206,16 @@ OPS: dict[str, Op] = {
                       at_most_one=("stream", "event")),
     "delay": Op({"stream": _k(STREAM, True), "us": _k(DURATION, True)},
                 "occupy a stream for some microseconds (.inf: never ends)"),
+    "graph_capture": Op({"stream": _k(STREAM, True)},
+                        "begin capturing a CUDA graph (the id names it) from a stream of the "
+                        "scenario's own: the steps up to its graph_end on that stream become "
+                        "the graph's nodes and do not run",
+                        id_defines="graph"),
+    "graph_end": Op({"graph": _k(GRAPH, True)}, "end a graph's capture"),
+    "graph_replay": Op({"graph": _k(GRAPH, True), "stream": _k(STREAM, True)},
+                       "launch a captured graph on a stream: its nodes run in capture order "
+                       "after the stream's earlier work, on the bytes and pages they captured, "
+                       "reading what is there when they run"),
     "lock": Op({"mutex": _k(MUTEX, True)},
                "the host takes a mutex, waiting while another thread holds it"),
     "unlock": Op({"mutex": _k(MUTEX, True)}, "the host gives back a mutex it holds"),
@@ -215,6 +228,35 @@ OPS: dict[str, Op] = {
                                              "compare with"))),
 }
 """Every step op. ``publish`` and ``activate`` are one op under two names."""
+
+CAPTURABLE = frozenset({"copy_from_host", "copy_to_host", "copy_page", "zero_pages", "kernel",
+                        "delay", "kv_write", "attention", "gather", "scatter", "read_pinned"})
+"""The ops a graph captures: stream ops on the capturing stream, whose device work does not
+depend on the host between capture and replay."""
+
+NOT_CAPTURED = {
+    **dict.fromkeys(("host_fill", "host_alloc", "host_free", "page_list", "check", "lock",
+                     "unlock", "event_query", "catalog", "retain", "bind"),
+                    "the host does it once, now, not at each replay; put it before "
+                    "graph_capture or after graph_end"),
+    "synchronize": "the host cannot wait for the device while a stream captures (CUDA: "
+                   "cudaErrorStreamCaptureUnsupported); synchronize after graph_end",
+    **dict.fromkeys(("materialize", "release", "record_stream", "release_catalog"),
+                    "a graph keeps the memory it was captured with, and CUDA refuses an "
+                    "allocation during a capture; materialize before graph_capture, release "
+                    "after the last graph_replay"),
+    **dict.fromkeys(("record_event", "wait_event"),
+                    "events inside a capture (a multi-stream capture's fork and join) are not "
+                    "modelled, and CUDA refuses a captured wait for an event recorded outside "
+                    "it (cudaErrorStreamCaptureIsolation); wait on the replaying stream before "
+                    "graph_replay, or record on it after"),
+    **dict.fromkeys(("activate", "publish", "read_table"),
+                    "a catalog's table row is host state the executor publishes each time; "
+                    "follow a page list (kv_write, attention) inside a graph instead"),
+    **dict.fromkeys(("graph_capture", "graph_replay"),
+                    "graphs do not nest here; graph_end this one first"),
+}
+"""Why an op may not stand between a graph_capture and its graph_end."""
 
 VARIANT_KEYS = ("only", "unless")
 """Keys any step may carry to run in some variants only."""

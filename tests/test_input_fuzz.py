@@ -225,10 +225,12 @@ def scenario_docs(draw: st.DrawFn) -> dict[str, Any]:
                           for _ in range(draw(st.integers(1, 2)))]
     declared = draw(st.integers(0, 2)) == 0
     streams = ["s1", "s2", "main"] if declared else ["compute", "transfer", "legacy", "stream"]
-    made: dict[str, list[str]] = {"lease": [], "catalog": [], "buffer": [], "event": []}
+    made: dict[str, list[str]] = {"lease": [], "catalog": [], "buffer": [], "event": [],
+                                  "graph": []}
     steps: list[dict[str, Any]] = []
     makers = {"lease": {"op": "materialize", "pages": 1}, "catalog": {"op": "catalog"},
-              "buffer": {"op": "host_fill", "byte": 1}, "event": {"op": "record_event"}}
+              "buffer": {"op": "host_fill", "byte": 1}, "event": {"op": "record_event"},
+              "graph": {"op": "graph_capture"}}
     for i in range(draw(st.integers(1, 14))):
         op = draw(st.sampled_from(list(V.OPS)))
         spec = V.OPS[op]
@@ -248,6 +250,8 @@ def scenario_docs(draw: st.DrawFn) -> dict[str, Any]:
                     maker["buffer"] = f"b{i}"
                 elif kind == "event":
                     maker.update(event=f"e{i}", stream=draw(st.sampled_from(streams)))
+                elif kind == "graph":
+                    maker.update(stream=draw(st.sampled_from(streams)))
                 steps.append(maker)
                 name = maker.get("buffer") or maker.get("event") or maker["id"]
                 made[kind].append(name)
@@ -321,6 +325,7 @@ def _value(holds: str, made: dict[str, list[str]], streams: list[str]) -> st.Sea
         V.EVENTS: st.one_of(known("event"), st.lists(known("event"), min_size=1, max_size=2)),
         V.NEW_EVENT: known("event"),
         V.MUTEX: st.sampled_from(["m", "n"]),
+        V.GRAPH: known("graph"),
         V.LIST: st.one_of(known("buffer"), known("lease")),
         V.MEMORY: st.one_of(known("lease"), known("buffer"),
                             st.lists(st.one_of(known("lease"), known("buffer")), min_size=1,

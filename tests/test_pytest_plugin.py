@@ -34,9 +34,9 @@ def test_every_variant_is_an_item_and_dangerous_ones_skip(pytester: pytest.Pytes
                                                           scenarios: Path) -> None:
     result = pytester.runpytest_subprocess("--gpurace", str(scenarios), *SIM, "-rs")
     print("\n" + "\n".join(result.outlines[-8:]))
-    # 5 seed scenarios with 2 variants, 23 zoo scenarios with 2 (pytorch-2702 has 3).
+    # 5 seed scenarios with 2 variants, 24 zoo scenarios with 2 (pytorch-2702 has 3).
     dangerous = 2 * 3  # cross-stream-race, catalog-reactivation, onnxruntime-4829
-    result.assert_outcomes(passed=57 - dangerous, skipped=dangerous)
+    result.assert_outcomes(passed=59 - dangerous, skipped=dangerous)
     assert any("pass --gpurace-dangerous to run it" in line for line in result.outlines)
     # Each skip is told at its scenario file, not at the plugin's line (#29).
     skips = [line for line in result.outlines if line.startswith("SKIPPED")]

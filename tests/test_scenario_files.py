@@ -197,7 +197,11 @@ def test_all_step_ops_accepted(tmp_path: Path) -> None:
     - {id: other, op: catalog}
     - {op: release_catalog, catalog: other}
     - {op: lock, mutex: pool-lock, thread: t1}
-    - {op: unlock, mutex: pool-lock, thread: t1}"""
+    - {op: unlock, mutex: pool-lock, thread: t1}
+    - {id: decode, op: graph_capture, stream: compute}
+    - {op: copy_page, src: old-page, dst: old-page, stream: compute}
+    - {op: graph_end, graph: decode}
+    - {op: graph_replay, graph: decode, stream: transfer}"""
     s = load_scenario(write(tmp_path, edited(SYNC, steps).replace(
         "pool: {pages: 2}", "pool: {pages: 2, allocator: caching}")))
     assert {step.op for step in s.steps} == set(OPS)
@@ -320,15 +324,16 @@ CASES = {
         "copy_from_host, copy_to_host, copy_page, zero_pages, catalog, retain, bind, publish, "
         "activate, "
         "release_catalog, read_table, page_list, kv_write, attention, gather, scatter, "
-        "kernel, read_pinned, record_event, wait_event, event_query, synchronize, delay, lock, "
-        "unlock, check"),
+        "kernel, read_pinned, record_event, wait_event, event_query, synchronize, delay, "
+        "graph_capture, graph_end, graph_replay, lock, unlock, check"),
     "step-without-op": (
         SYNC, "    - {stream: compute}",
         "17:7: spec.steps[3]: a step needs an op; use one of materialize, record_stream, "
         "release, host_fill, host_alloc, host_free, copy_from_host, copy_to_host, copy_page, zero_pages, catalog, "
         "retain, bind, publish, activate, release_catalog, read_table, page_list, kv_write, "
         "attention, gather, scatter, kernel, read_pinned, record_event, wait_event, "
-        "event_query, synchronize, delay, lock, unlock, check"),
+        "event_query, synchronize, delay, graph_capture, graph_end, graph_replay, lock, unlock, "
+        "check"),
     "step-not-a-mapping": (
         SYNC, "    - synchronize",
         "17:7: spec.steps[3]: expected a step (a mapping with an op), got the string "

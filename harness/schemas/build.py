@@ -219,7 +219,11 @@ def _op_record(with_type: bool) -> Schema:
         "detail": {"type": "object", "properties": {
             "site": nullable(TEXT), "origin": nullable(TEXT), "range": SPAN, "name": TEXT,
             "done": BOOLEAN,
-            "thread": described(TEXT, "the scenario's host thread that issued it")}},
+            "thread": described(TEXT, "the scenario's host thread that issued it"),
+            "graph": described(TEXT, "the CUDA graph whose launch ran this node"),
+            "node": described(TEXT, "the step that captured the node into its graph"),
+            "captured_on": described(TEXT, "the stream the node's graph was captured from"),
+            "launched": described(TEXT, "the scenario line that launched the graph")}},
     })
     owner = {"properties": {"detail": {"required": ["range"]}}, "required": ["detail"]}
     return closed(props, ["type", "seq", "stream", "kind"] if with_type else

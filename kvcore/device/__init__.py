@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from kvcore.defects import Defects
 from kvcore.device.base import Buffer, Device, DeviceInfo, Event, Stream
+from kvcore.device.graph import Graph
 from kvcore.device.oplog import HOST, Access, BufferInfo, OpLog, OpRecord, OpRecorder
 from kvcore.device.schedule import Schedule
 from kvcore.errors import DeviceUnavailableError, DeviceUsageError
@@ -46,5 +47,5 @@ def open_device(kind: str = "auto", *, defects: Defects = Defects(), seed: int =
 
 __all__ = [
     "BACKENDS", "HOST", "Access", "Buffer", "BufferInfo", "Device", "DeviceInfo", "Event",
-    "OpLog", "OpRecord", "OpRecorder", "Schedule", "Stream", "cuda_available", "open_device",
+    "Graph", "OpLog", "OpRecord", "OpRecorder", "Schedule", "Stream", "cuda_available", "open_device",
 ]

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from kvcore.defects import Defects
+from kvcore.device.graph import Graph, Node
 from kvcore.device.kernels import Kernel
 from kvcore.device.oplog import (
     HOST,
@@ -183,6 +184,7 @@ class Device(ABC):
         self._run: Run | None = None
         self._run_sent = self._run_upto = 0
         self._run_call: tuple[Any, ...] | None = None  # the call of the run now running
+        self._graph: Graph | None = None  # the CUDA graph being captured (see begin_graph)
         self.legacy_stream = self._register_stream(
             Stream(0, "legacy_stream", True, True, self._legacy_handle())
         )
@@ -224,6 +226,14 @@ class Device(ABC):
 
     @abstractmethod
     def _do_launch(self, kernel: Kernel, stream: Stream) -> tuple[int, int] | None: ...
+
+    @abstractmethod
+    def _do_graph_end(self, graph: Graph) -> object:
+        """What launches the captured ``graph`` (a CUDA graph's executable on the GPU)."""
+
+    @abstractmethod
+    def _do_graph_launch(self, graph: Graph, stream: Stream) -> None:
+        """Run the ended ``graph``'s nodes on ``stream``, in order, as one unit."""
 
     @abstractmethod
     def _do_host_view(self, buf: Buffer) -> np.ndarray:
@@ -303,6 +313,11 @@ class Device(ABC):
     def record_event(self, event: Event, stream: Stream) -> None:
         """Record ``event`` on ``stream``: it completes when all work issued before it does."""
         self._check_stream(stream)
+        if self._graph is not None and stream is self._graph.stream:
+            raise DeviceUsageError(
+                f"record_event on {stream.name} while it captures graph {self._graph.name!r}: "
+                "events inside a graph (a multi-stream capture's fork and join) are not "
+                "modelled; record the event on the launching stream after launch_graph")
         times = self._do_record(event, stream)
         if self.oplog.active:
             self._emit(stream.name, "event_record", records=event.name, times=times)
@@ -310,6 +325,12 @@ class Device(ABC):
     def wait_event(self, stream: Stream, event: Event) -> None:
         """Make later work on ``stream`` wait for ``event``'s latest record: the fence."""
         self._check_stream(stream)
+        if self._graph is not None and stream is self._graph.stream:
+            raise DeviceUsageError(
+                f"wait_event on {stream.name} while it captures graph {self._graph.name!r}: "
+                f"CUDA refuses a captured wait for an event recorded outside the capture "
+                "(cudaErrorStreamCaptureIsolation); make the launching stream wait before "
+                "launch_graph")
         times = self._do_wait(stream, event)
         if self.oplog.active:
             self._emit(stream.name, "event_wait", waits=event.name, times=times)
@@ -325,6 +346,11 @@ class Device(ABC):
                 or src_off < 0 or dst_off + nbytes > dst.nbytes or src_off + nbytes > src.nbytes:
             self._check_range(dst, dst_off, nbytes)
             self._check_range(src, src_off, nbytes)
+        if self._graph is not None and stream is self._graph.stream:
+            self._graph_node("_do_copy", (dst, dst_off, src, src_off, nbytes, stream),
+                             _COPY_KIND[src.space, dst.space], (Access(src.id, src_off, nbytes),),
+                             (Access(dst.id, dst_off, nbytes),), {})
+            return
         times = self._do_copy(dst, dst_off, src, src_off, nbytes, stream)
         if self.oplog.active:
             self._emit(
@@ -346,16 +372,18 @@ class Device(ABC):
         if height:
             self._check_range(dst, dst_off, dst_pitch * (height - 1) + width)
             self._check_range(src, src_off, src_pitch * (height - 1) + width)
+        kind = "copy2d" + _COPY_KIND[src.space, dst.space][4:]
+        if self._graph is not None and stream is self._graph.stream:
+            self._graph_node(
+                "_do_copy_2d", (dst, dst_off, dst_pitch, src, src_off, src_pitch, width, height,
+                                stream), kind, _rows(src, src_off, src_pitch, width, height),
+                _rows(dst, dst_off, dst_pitch, width, height), {})
+            return
         times = self._do_copy_2d(dst, dst_off, dst_pitch, src, src_off, src_pitch, width,
                                  height, stream)
         if self.oplog.active:
-            self._emit(
-                stream.name, "copy2d" + _COPY_KIND[src.space, dst.space][4:],
-                reads=tuple(Access(src.id, src_off + r * src_pitch, width) for r in range(height)),
-                writes=tuple(Access(dst.id, dst_off + r * dst_pitch, width)
-                             for r in range(height)),
-                times=times,
-            )
+            self._emit(stream.name, kind, reads=_rows(src, src_off, src_pitch, width, height),
+                       writes=_rows(dst, dst_off, dst_pitch, width, height), times=times)
 
     def copy_sync(self, dst: Buffer, dst_off: int, src: Buffer, src_off: int,
                   nbytes: int) -> None:
@@ -400,6 +428,13 @@ class Device(ABC):
             self._live_value = None
 
     def _memset(self, dst: Buffer, off: int, nbytes: int, byte: int, stream: Stream) -> None:
+        if self._graph is not None and stream is self._graph.stream:
+            if self._live_value is not None:
+                raise DeviceUsageError("a memset of a Live byte cannot be captured into a "
+                                       "graph (a graph's memset sets the byte it was given)")
+            self._graph_node("_do_memset", (dst, off, nbytes, byte, stream), "memset", (),
+                             (Access(dst.id, off, nbytes),), {"value": byte})
+            return
         times = self._do_memset(dst, off, nbytes, byte, stream)
         if self.oplog.active:
             self._emit(stream.name, "memset", writes=(Access(dst.id, off, nbytes),), times=times,
@@ -410,6 +445,14 @@ class Device(ABC):
         self._check_stream(stream)
         for buf, lo, hi in kernel.extents():
             self._check_range(buf, lo, hi - lo)
+        if self._graph is not None and stream is self._graph.stream:
+            if not kernel.graphable:
+                raise DeviceUsageError(f"the {kernel.name} kernel cannot be captured into a "
+                                       "graph: its arguments live in a ring reused after it "
+                                       "runs; issue it outside the capture")
+            self._graph_node("_do_launch", (kernel, stream), KERNEL_PREFIX + kernel.name,
+                             kernel.reads(), kernel.writes(), kernel.detail())
+            return
         times = self._do_launch(kernel, stream)
         if self.oplog.active:
             self._emit(stream.name, KERNEL_PREFIX + kernel.name, reads=kernel.reads(),
@@ -470,9 +513,92 @@ class Device(ABC):
         for hook in self.oplog.blocking_hooks:
             hook()
 
+    # ---- CUDA graphs (see kvcore.device.graph) --------------------------------------------------
+    def begin_graph(self, stream: Stream, name: str) -> None:
+        """Begin capturing ``stream``'s work into a graph named ``name`` (cudaStreamBeginCapture):
+        until :meth:`end_graph`, its copies, memsets and kernels become the graph's nodes and do
+        not run. CUDA cannot capture the legacy default stream."""
+        self._check_stream(stream)
+        if self._graph is not None:
+            raise DeviceUsageError(f"graph {self._graph.name!r} is being captured already; "
+                                   "end it before beginning another")
+        if stream.legacy:
+            raise DeviceUsageError("CUDA cannot capture the legacy default stream "
+                                   "(cudaErrorStreamCaptureUnsupported); capture on a "
+                                   "stream of your own")
+        self._graph = Graph(name, stream)
+
+    @property
+    def capturing_graph(self) -> Graph | None:
+        """The graph being captured, or None."""
+        return self._graph
+
+    def end_graph(self) -> Graph:
+        """End the capture (cudaStreamEndCapture, then instantiate): the graph, ready to
+        launch."""
+        self._alive()
+        graph = self._graph
+        if graph is None:
+            raise DeviceUsageError("no graph is being captured; begin_graph first")
+        self._graph = None
+        graph.handle = self._do_graph_end(graph)
+        graph.ended = True
+        return graph
+
+    def abandon_graph(self) -> None:
+        """Drop the graph being captured, if any (after an error inside the capture)."""
+        self._graph = None
+
+    def launch_graph(self, graph: Graph, stream: Stream) -> None:
+        """cudaGraphLaunch: run ``graph``'s nodes on ``stream`` in capture order, as one unit
+        (see :mod:`kvcore.device.graph`). Each node writes its op-log record on ``stream``, at
+        the launching step, its ``origin`` the line that captured it, ``detail.graph``,
+        ``detail.node`` and ``detail.captured_on`` naming the graph, the step that captured
+        the node and the stream it was captured from, ``detail.launched`` the launching
+        line."""
+        self._check_stream(stream)
+        if not graph.ended:
+            raise DeviceUsageError(f"graph {graph.name!r} is still being captured; end it "
+                                   "before launching it")
+        if self._graph is not None:
+            raise DeviceUsageError(f"launching graph {graph.name!r} while graph "
+                                   f"{self._graph.name!r} is captured is not modelled; end "
+                                   "the capture first")
+        self._do_graph_launch(graph, stream)
+        if self.oplog.active:
+            if self._run is not None:
+                self._in_call()
+            at = self.oplog.origin
+            for i, node in enumerate(graph.nodes):
+                info: dict[str, object] = {**node.detail, "graph": graph.name,
+                                           "node": node.step or f"node {i}",
+                                           "captured_on": graph.stream.name}
+                if node.origin is not None:
+                    info["origin"] = node.origin
+                if at is not None:
+                    info["launched"] = at
+                self._record(stream.name, node.kind, node.reads, node.writes, None, None, None,
+                             None, info)
+
+    def _graph_node(self, name: str, args: tuple[Any, ...], kind: str, reads: tuple[Access, ...],
+                    writes: tuple[Access, ...], detail: dict[str, object]) -> None:
+        """A stream op on the capturing stream: a node of the graph, not run now."""
+        log = self.oplog
+        assert self._graph is not None
+        self._graph.nodes.append(Node(name, args, kind, reads, writes, detail, log.step,
+                                      log.origin))
+
+    def _not_capturing(self, call: str) -> None:
+        if self._graph is not None:
+            raise DeviceUsageError(
+                f"{call} while graph {self._graph.name!r} is captured: the host cannot wait for "
+                "the device during a capture (CUDA: cudaErrorStreamCaptureUnsupported); end "
+                "the capture first")
+
     def synchronize(self) -> None:
         """cudaDeviceSynchronize: the host waits for every stream."""
         self._alive()
+        self._not_capturing("synchronize")
         self._blocking()
         self._do_sync_device()
         if self.oplog.active:
@@ -481,6 +607,7 @@ class Device(ABC):
     def synchronize_stream(self, stream: Stream) -> None:
         """cudaStreamSynchronize: the host waits for all work issued to ``stream``."""
         self._check_stream(stream)
+        self._not_capturing("synchronize_stream")
         self._blocking()
         self._do_sync_stream(stream)
         if self.oplog.active:
@@ -489,6 +616,7 @@ class Device(ABC):
     def synchronize_event(self, event: Event) -> None:
         """cudaEventSynchronize: the host waits for ``event``'s latest record."""
         self._alive()
+        self._not_capturing("synchronize_event")
         self._blocking()
         self._do_sync_event(event)
         if self.oplog.active:
@@ -859,6 +987,10 @@ class Device(ABC):
 
     def _alloc(self, nbytes: int, space: str, name: str, role: str) -> Buffer:
         self._alive()
+        if self._graph is not None:
+            raise DeviceUsageError(f"allocating {name} while graph {self._graph.name!r} is "
+                                   "captured: CUDA refuses cudaMalloc during a capture; "
+                                   "allocate before begin_graph")
         if nbytes <= 0:
             raise DeviceUsageError(f"cannot allocate {nbytes} bytes for {name}")
         buf = Buffer(next(self._ids), name, space, nbytes, role, self._do_alloc(nbytes, space))
@@ -942,6 +1074,11 @@ class Device(ABC):
                                  log.step, self._clock_ns(), start, end, info))
         for observer in log.observers:
             observer(record)
+
+
+def _rows(buf: Buffer, off: int, pitch: int, width: int, height: int) -> tuple[Access, ...]:
+    """The rows of a strided copy's side, as accesses."""
+    return tuple(Access(buf.id, off + r * pitch, width) for r in range(height))
 
 
 _COPY_KIND = {(a, b): f"copy_{x}to{y}" for a, x in ((DEVICE, "d"), (PINNED, "h"))

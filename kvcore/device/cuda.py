@@ -20,6 +20,7 @@ import numpy as np
 
 from kvcore.defects import Defects
 from kvcore.device.base import DEVICE, Buffer, Device, DeviceInfo, Event, Stream
+from kvcore.device.graph import Graph
 from kvcore.device.program import ACTION, Item, Live
 from kvcore.device.kernels import (
     TOUCH_READ_VALUE,
@@ -132,6 +133,7 @@ class CudaDevice(Device):
         self._warm_up()
         self.delay_200us_measured_us = self._check_delay()
         self._timing_events: list[Any] = []  # timing events, recycled across trials
+        self._capture_stream: Stream | None = None  # where graphs are captured (_do_graph_end)
         self._base: tuple[Any, int] | None = None  # the trial's first stamp, its host time
         if timeline:
             self.timeline = True
@@ -396,6 +398,29 @@ class CudaDevice(Device):
             np.uint64(_ptr(packed) + packed_off), np.uint64(_ptr(paged)), np.uint64(address),
             np.int32(len(offsets)), np.uint64(kernel.chunk), np.int32(to_pages)), stream=stream)
         self._args.issued(address, end, stream)
+
+    def _do_graph_end(self, graph: Graph) -> object:
+        """The graph's nodes issued to a stream of the device's own under stream capture, then
+        instantiated: a CUDA graph (the capture ran nothing). The class's actions are called,
+        not the instance's: neither a timeline's timing events nor a program's capture belong
+        inside it."""
+        if self._capture_stream is None:
+            with _translated(self):
+                self._capture_stream = Stream(-1, "graph-capture", False, False,
+                                              self._cp.cuda.Stream(non_blocking=True))
+        stand_in = self._capture_stream
+        with _translated(self):
+            stand_in.handle.begin_capture()
+            try:
+                for node in graph.nodes:
+                    getattr(type(self), node.name)(self, *node.on(stand_in))
+            finally:
+                made = stand_in.handle.end_capture()
+        return made
+
+    def _do_graph_launch(self, graph: Graph, stream: Stream) -> None:
+        with _translated(self):
+            graph.handle.launch(stream.handle)  # type: ignore[attr-defined]
 
     def _do_host_view(self, buf: Buffer) -> np.ndarray:
         return buf.handle.array  # type: ignore[attr-defined]

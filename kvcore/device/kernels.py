@@ -56,6 +56,7 @@ class Kernel:
     """Base of kernel records: what the kernel reads and writes, for the op log."""
 
     name = "kernel"
+    graphable = True  # a launch that a CUDA graph can capture (see kvcore.device.graph)
 
     def reads(self) -> tuple[Access, ...]:
         return ()
@@ -234,6 +235,7 @@ class Scatter(Kernel):
     dst_offsets: np.ndarray
     chunk: int
     name = "scatter"
+    graphable = False  # its offsets are in the CUDA device's argument ring, reused later
 
     def reads(self) -> tuple[Access, ...]:
         return (Access(self.src.id, self.src_offset, self.chunk * len(self.dst_offsets)),)
@@ -263,6 +265,7 @@ class Gather(Kernel):
     dst_offset: int
     chunk: int
     name = "gather"
+    graphable = False  # as Scatter
 
     def reads(self) -> tuple[Access, ...]:
         return tuple(Access(self.src.id, int(off), self.chunk) for off in self.src_offsets)

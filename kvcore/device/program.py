@@ -36,7 +36,7 @@ that no action wrote (an owner change), or a call captured as itself."""
 
 CAPTURED = ("_do_record", "_do_wait", "_do_copy", "_do_copy_2d", "_do_memset", "_do_launch",
             "_do_fill", "_do_write", "_do_host_view", "_do_sync_device", "_do_sync_stream",
-            "_do_sync_event", "host_step", "host_thread_switch")
+            "_do_sync_event", "_do_graph_launch", "host_step", "host_thread_switch")
 """The device methods whose calls a program captures: every action a backend takes on the
 device or in pinned memory, and the host's steps (which move a simulated device's clock)."""
 

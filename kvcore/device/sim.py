@@ -14,6 +14,7 @@ jitter so the same seed always gives the same schedule.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 import random
@@ -25,6 +26,7 @@ import numpy as np
 
 from kvcore.defects import Defects
 from kvcore.device.base import DEVICE, Buffer, Device, DeviceInfo, Event, Stream
+from kvcore.device.graph import Graph
 from kvcore.device.schedule import Schedule
 from kvcore.device.kernels import (
     ATTENTION_ASSERT_LINE,
@@ -146,6 +148,7 @@ class SimDevice(Device):
         self._effects: list[tuple[int, int, Callable[[], None]]] = []
         self._tiebreak = itertools.count()
         self._step_ns = cost.host_step_ns  # what the harness's next step costs the host
+        self._graph_cost: tuple[CostModel, CostModel] | None = None  # cost, its graph nodes'
         super().__init__(defects=defects, seed=seed)
 
     # ---- virtual time --------------------------------------------------------------------------
@@ -402,6 +405,24 @@ class SimDevice(Device):
         if k.first is not None:
             slot = _arr(k.first)[k.first_offset:k.first_offset + FIRST_BYTES].view(np.uint64)
             slot[0] = min(int(slot[0]), first)
+
+    def _do_graph_end(self, graph: Graph) -> object:
+        return None  # the nodes themselves are what a launch runs
+
+    def _do_graph_launch(self, graph: Graph, stream: Stream) -> None:
+        # One call issues every node: the host pays one launch, and the nodes are visible to
+        # the device as it returns, each after the one before on the launching stream.
+        self._advance(self.cost.launch_issue_ns)
+        cost = self.cost
+        if self._graph_cost is None or self._graph_cost[0] is not cost:
+            self._graph_cost = (cost, dataclasses.replace(
+                cost, copy_issue_ns=0, launch_issue_ns=0, event_issue_ns=0))
+        self.cost = self._graph_cost[1]
+        try:
+            for node in graph.nodes:
+                getattr(type(self), node.name)(self, *node.on(stream))
+        finally:
+            self.cost = cost
 
     def _do_host_view(self, buf: Buffer) -> np.ndarray:
         self._advance()

@@ -1,0 +1,98 @@
+"""CUDA graphs on the GPU (marker gpu): kvcore builds a real CUDA graph by stream capture and
+launches it, so the graph scenarios give the same verdicts and findings on both devices."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness.executor import TrialExecutor
+from harness.runner import Runner, RunOptions
+from harness.scenario import load_scenario
+from kvcore.device import open_device
+from kvcore.device.kernels import Delay
+from test_graph import CAPTURED, HEAD
+
+pytestmark = pytest.mark.gpu
+
+WRONG_STREAM = HEAD + CAPTURED + """\
+    - {op: host_fill, buffer: args, byte: 0x2A}
+    - {op: host_fill, buffer: expected, byte: 0x2A}
+    - {id: replay, op: graph_replay, graph: g, stream: forward, only: buggy}
+    - {id: replay, op: graph_replay, graph: g, stream: capture, only: fixed}
+    - {op: synchronize, stream: capture}
+    - {id: read, op: check, buffer: result, equals: expected}
+"""
+
+NEXT_INPUTS = (HEAD + CAPTURED + """\
+    - {op: host_fill, buffer: args, byte: 0x11}
+    - {id: replay-1, op: graph_replay, graph: g, stream: forward}
+    - {op: synchronize, stream: forward, only: fixed}
+    - {id: next-inputs, op: host_fill, buffer: args, byte: 0x22}
+    - {id: replay-2, op: graph_replay, graph: g, stream: forward}
+    - {op: synchronize, stream: forward}
+    - {op: host_fill, buffer: expected, byte: 0x22}
+    - {id: check-2, op: check, buffer: result, equals: expected}
+""").replace("  steps:\n", "  amplify: {delay_us: 1000, stream: forward, before: replay-1}\n"
+             "  steps:\n")
+
+
+def _verdicts(tmp_path: Path, text: str, backend: str, trials: int = 20) -> dict[str, tuple]:
+    path = tmp_path / f"graphs-{backend}.yaml"
+    path.write_text(text)
+    result = Runner(RunOptions(backend=backend, trials=trials, out_dir=tmp_path / backend)).run(
+        [load_scenario(path)])
+    return {r.variant: (r.manifested, r.detected, [f["missing"] for f in r.finding_summary(1)])
+            for r in result.results}
+
+
+def test_a_cuda_graph_runs_nothing_at_capture_and_reads_host_inputs_at_launch():
+    device = open_device("cuda")
+    try:
+        dev = device.alloc(1 << 20, name="dev")
+        args = device.alloc_host(1 << 20, name="args")
+        out = device.alloc_host(1 << 20, name="out")
+        capture, launch = device.create_stream("capture"), device.create_stream("launch")
+        device.host_fill(args, 0, 1 << 20, 0x01)
+        device.begin_graph(capture, "g")
+        device.copy(dev, 0, args, 0, 1 << 20, capture)
+        device.copy(out, 0, dev, 0, 1 << 20, capture)
+        graph = device.end_graph()
+        device.synchronize()
+        assert not device.host_read(out, 0, 1 << 20).any()
+        # Held behind a delay on the launching stream, the graph reads what the host wrote
+        # after the launch call returned.
+        device.launch(Delay(2000.0), launch)
+        device.launch_graph(graph, launch)
+        device.host_fill(args, 0, 1 << 20, 0x07)
+        device.synchronize()
+        assert (device.host_read(out, 0, 1 << 20) == 0x07).all()
+    finally:
+        device.close()
+
+
+def test_a_replay_on_the_current_stream_races_the_host_as_on_the_simulated_device(tmp_path):
+    sim, cuda = (_verdicts(tmp_path, WRONG_STREAM, b) for b in ("sim", "cuda"))
+    print("graph wrong-stream sync: sim", sim, "cuda", cuda)
+    assert cuda["buggy"][0] >= 19 and cuda["buggy"][1] == 20  # a kernel of 50 us in the graph
+    assert cuda["fixed"][:2] == (0, 0)
+    assert cuda["buggy"][2] == sim["buggy"][2]
+
+
+def test_inputs_rewritten_under_a_held_replay_are_what_it_copies_on_the_gpu(tmp_path):
+    got = _verdicts(tmp_path, NEXT_INPUTS, "cuda")
+    print("graph next inputs: cuda", got)
+    assert got["buggy"][1] == 20 and got["fixed"][:2] == (0, 0)
+
+
+def test_the_gpus_trials_reissue_the_graph_launch(tmp_path):
+    text = WRONG_STREAM.replace("expect: reproduces, min_rate: 0.9", "expect: clean")
+    path = tmp_path / "reissue.yaml"
+    path.write_text(text)
+    scenario = load_scenario(path)
+    variant = next(v for v in scenario.variants if v.name == "fixed")
+    executor = TrialExecutor(scenario, variant, "cuda")
+    outcomes = [executor.run(i, i).outcome.value for i in range(30)]
+    print("graph reissued on cuda:", executor.reissued, "of 30;", set(outcomes))
+    assert outcomes == ["clean"] * 30 and executor.reissued >= 27
