@@ -472,7 +472,8 @@ pool's and the arena's), so a program captured in one trial is right in the next
 catalogs and tables (their entries carry generations, which grow), event queries (their answer
 is the device's timing), host_alloc and host_free (a deferred free waits on a query),
 record_stream (the caching pool hands the pages out again after a query), and mutexes
-(threads)."""
+(threads). A CUDA graph's capture runs nothing a program holds: a reissued trial launches the
+graph the captured trial built, whose nodes name the pages the kept world hands out again."""
 
 CAPTURES = 5
 """Trials an executor captures before it gives up looking for a program (each costs the

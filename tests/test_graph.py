@@ -41,6 +41,19 @@ CAPTURED = """\
 """
 
 
+# The kernel runs 500 us: under a run's worker the host's time between the replay and its read
+# (the flight recorder writes the trial's records before each wait) is longer than a graph of
+# 66 us (a 50 us kernel) on the H200, where such a read was never early.
+WRONG_STREAM = HEAD + CAPTURED.replace("us: 50", "us: 500") + """\
+    - {op: host_fill, buffer: args, byte: 0x2A}
+    - {op: host_fill, buffer: expected, byte: 0x2A}
+    - {id: replay, op: graph_replay, graph: g, stream: forward, only: buggy}
+    - {id: replay, op: graph_replay, graph: g, stream: capture, only: fixed}
+    - {op: synchronize, stream: capture}
+    - {id: read, op: check, buffer: result, equals: expected}
+"""
+
+
 def _write(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "graphs.yaml"
     path.write_text(text)
@@ -163,15 +176,7 @@ def test_a_replay_is_ordered_as_its_capture_and_after_its_streams_work(tmp_path)
 def test_a_replay_is_unordered_with_the_stream_it_was_captured_on(tmp_path):
     """xpu_graph's GraphRunner: the replay runs on the current stream, the host synchronizes
     the capture stream, and reads the outputs while the replay writes them."""
-    text = HEAD + CAPTURED + """\
-    - {op: host_fill, buffer: args, byte: 0x2A}
-    - {op: host_fill, buffer: expected, byte: 0x2A}
-    - {id: replay, op: graph_replay, graph: g, stream: forward, only: buggy}
-    - {id: replay, op: graph_replay, graph: g, stream: capture, only: fixed}
-    - {op: synchronize, stream: capture}
-    - {id: read, op: check, buffer: result, equals: expected}
-"""
-    got = _run(tmp_path, text)
+    got = _run(tmp_path, WRONG_STREAM)
     buggy, fixed = got["buggy"], got["fixed"]
     assert buggy.manifested == buggy.detected == 20
     assert (fixed.manifested, fixed.detected) == (0, 0)
@@ -327,3 +332,45 @@ def test_a_captured_step_may_belong_to_some_variants(tmp_path):
     assert got["fixed"].manifested == 0
     assert got["buggy"].manifested == 3  # its graph zeroes the outputs before copying them
     assert "read" in got["buggy"].first_manifested.detail
+
+
+# ---- the host's time in a wait's hooks (what made the sim predict the H200 here) --------------
+def test_a_waits_hooks_cost_the_simulated_host_per_record_as_a_flight_recorder_does():
+    """Before a wait the op log's blocking hooks run (a run's flight recorder writes the records
+    since the last wait): the simulated host's clock moves on by the cost model's flush time,
+    per record, only when hooks are there, and a copy in flight meanwhile lands."""
+    from kvcore.device.sim import CostModel
+
+    cost = CostModel(jitter=0.0)
+    for hooked in (False, True):
+        device = open_device("sim")
+        device.cost = cost
+        if hooked:
+            device.oplog.before_blocking(lambda: None)
+        device.oplog.subscribe(lambda record: None)
+        buf, host = device.alloc(1 << 20, name="b"), device.alloc_host(1 << 20, name="h")
+        stream = device.create_stream("s")
+        device.synchronize_stream(stream)  # the records so far are flushed
+        seq = device.oplog.seq
+        for _ in range(3):
+            device.copy(buf, 0, host, 0, 64, stream)
+        before = device.clock_ns()
+        device.synchronize_stream(device.create_stream("idle"))
+        waited = device.clock_ns() - before
+        # Written at this wait: the last wait's own record (after its hooks ran) and the copies.
+        assert device.oplog.seq - seq == 4
+        flush = cost.flush_ns + cost.flush_record_ns * 4 if hooked else 0
+        assert waited == cost.sync_ns + flush, (hooked, waited)
+
+
+def test_a_graphs_short_output_is_read_late_under_a_worker_as_on_the_h200(tmp_path):
+    """xpu-graph-491 with a module of 20 us: on the H200, under a run's worker, the host read the
+    replay's output 110 to 140 us after the launch and never early (0 of 20); the simulated
+    device, counting the flight recorder's writes before the host's wait, agrees (and with a
+    module of 500 us both read it early: 49 of 50 there)."""
+    zoo = Path(__file__).resolve().parent.parent / "scenarios" / "zoo" / "xpu_graph_491.yaml"
+    text = zoo.read_text()
+    for us, manifested in (("20", 0), ("500", 20)):
+        got = _run(tmp_path, text.replace("us: 500,", f"us: {us},"), 20, amplify=False)
+        assert got["buggy"].manifested == manifested, us
+        assert got["buggy"].detected == 20

@@ -47,5 +47,6 @@ def open_device(kind: str = "auto", *, defects: Defects = Defects(), seed: int =
 
 __all__ = [
     "BACKENDS", "HOST", "Access", "Buffer", "BufferInfo", "Device", "DeviceInfo", "Event",
-    "Graph", "OpLog", "OpRecord", "OpRecorder", "Schedule", "Stream", "cuda_available", "open_device",
+    "Graph", "OpLog", "OpRecord", "OpRecorder", "Schedule", "Stream", "cuda_available",
+    "open_device",
 ]

@@ -566,8 +566,6 @@ class Device(ABC):
                                    "the capture first")
         self._do_graph_launch(graph, stream)
         if self.oplog.active:
-            if self._run is not None:
-                self._in_call()
             at = self.oplog.origin
             for i, node in enumerate(graph.nodes):
                 info: dict[str, object] = {**node.detail, "graph": graph.name,

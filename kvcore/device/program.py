@@ -3,10 +3,10 @@
 An engine that runs the same step loop many times does not re-derive its launches every time:
 CUDA graphs capture a stream's work once and launch it again. A :class:`Program` does that for
 the host's side: :meth:`Device.capture` records, in order, every backend action (copy, memset,
-launch, event record and wait, synchronize, host store) that the code inside it made, with the
-op-log record each one wrote; :meth:`Device.reissue` makes the same calls again, and hands the
-observers the same records (numbered and stamped anew), without running the code that decided
-them. What depends on state the capture cannot see (a generation number that grows, a
+launch, event record and wait, synchronize, host store, graph launch) that the code inside it
+made, with the op-log record each one wrote; :meth:`Device.reissue` makes the same calls again,
+and hands the observers the same records (numbered and stamped anew), without running the code
+that decided them. What depends on state the capture cannot see (a generation number that grows, a
 comparison's result) is captured as a call of its own with :meth:`Device.reissued`, and runs
 again in full; a value that changes every time but goes into the same action (the next
 generations a host store copies, a scrub's byte) is given live (``host_write(live=True)``,
