@@ -986,13 +986,15 @@ class _Steps:
         writes = self._spans(s.args.get("writes", ()))
         # Without a byte it writes what it read: whose that is, the check traces back itself.
         value = int(s.args["byte"]) if "byte" in s.args else None  # type: ignore[call-overload]
-        for name in s.args.get("writes", ()) if value is not None else ():  # type: ignore
-            kind = "lease" if str(name) in self.leases else "buffer"
+        for item in s.args.get("writes", ()) if value is not None else ():  # type: ignore
+            name = V.part_name(item)
+            kind = "lease" if name in self.leases else "buffer"
             self.wrote.append((value, "kernel", f"{kind} {name}", s))
         stream = self.w.stream(str(s.args["stream"]))
-        named = dict.fromkeys([*s.args.get("reads", ()), *s.args.get("writes", ())])  # type: ignore
+        named = dict.fromkeys(V.part_name(item) for item in (  # type: ignore[misc]
+            *s.args.get("reads", ()), *s.args.get("writes", ())))  # type: ignore[misc]
         for name in named:  # in the step's order: the same waits every run
-            if str(name) in self.leases:  # after the pages' release fences, as pool ops are
+            if name in self.leases:  # after the pages' release fences, as pool ops are
                 self.w.pool.use(self._handles(name), stream)
         us = float(s.args.get("us", 0.0))  # type: ignore[arg-type]
         label = str(s.id or "kernel")
@@ -1002,17 +1004,40 @@ class _Steps:
                                        us if i == 0 else 0.0, label), stream)
 
     def _spans(self, names: object) -> list[tuple[kvcore.device.Buffer, int, int]]:
-        """The bytes of leases (a span per run of adjacent pages) and pinned buffers."""
+        """The bytes of leases (a span per run of adjacent pages) and pinned buffers, or of
+        the parts named of them (a span per page touched)."""
         spans: list[tuple[kvcore.device.Buffer, int, int]] = []
         pool = self.w.pool
-        for name in names:  # type: ignore[attr-defined]
-            if str(name) in self.leases:
-                spans += [(pool.buffer, off, n) for off, n in pool.byte_runs(self._handles(name))]
+        for item in names:  # type: ignore[attr-defined]
+            if isinstance(item, dict):
+                spans += self._part_spans(item)
+            elif str(item) in self.leases:
+                spans += [(pool.buffer, off, n) for off, n in pool.byte_runs(self._handles(item))]
             else:
-                buf = self._buffer(name)
+                buf = self._buffer(item)
                 spans.append((buf.view.buffer, buf.view.page_offset(0),
                               buf.pages * buf.view.layout.page_stride))
         return spans
+
+    def _part_spans(self, part: dict[str, object]) -> list[tuple[kvcore.device.Buffer, int, int]]:
+        """A part's bytes: its pages, or its byte range cut at the pages it crosses (a lease's
+        pages need not be adjacent in the pool)."""
+        if "lease" in part:
+            pool, handles = self.w.pool, self._handles(part["lease"])
+            buffer, stride = pool.buffer, pool.page_stride
+            starts = [pool.page_offset(h) for h in handles]
+        else:
+            view = self._buffer(part["buffer"]).view
+            buffer, stride = view.buffer, view.layout.page_stride
+            starts = [view.page_offset(p) for p in range(self._buffer(part["buffer"]).pages)]
+        if "page" in part:
+            pages = part["page"] if isinstance(part["page"], tuple) else (part["page"],)
+            return [(buffer, starts[int(p)], stride) for p in pages]  # type: ignore[call-overload]
+        lo = int(part["offset"])  # type: ignore[call-overload]
+        hi = lo + int(part["length"])  # type: ignore[call-overload]
+        return [(buffer, starts[p] + max(lo - p * stride, 0),
+                 min(hi, (p + 1) * stride) - max(lo, p * stride))
+                for p in range(lo // stride, (hi - 1) // stride + 1)]
 
     def _read_pinned(self, s: Step) -> None:
         name = str(s.args["buffer"])

@@ -269,7 +269,8 @@ class StepList:
                 (n, f"{path}[{i}]") for i, n in enumerate(reader.sequence(
                     node, path, "a lease or pinned buffer, or a list of them",
                     limit=L.KERNEL_MEMORY_MAX, what="leases and buffers of one kernel"))]
-            return tuple(self.memory(n, p, runs) for n, p in items)
+            return tuple(self.part(n, p, runs) if isinstance(n, MappingNode)
+                         else self.memory(n, p, runs) for n, p in items)
         if holds == V.EVENTS and isinstance(node, SequenceNode):
             items = reader.sequence(node, path, "an event or a list of events")
             return tuple(self.reference("event", n, f"{path}[{i}]", runs)
@@ -294,6 +295,48 @@ class StepList:
             f"defined so far: {', '.join(known[:20])}" if known else
             f"unknown lease or buffer {echo(name)}; none is defined before this step "
             f"({V.HOW_TO_DEFINE['lease']}; {V.HOW_TO_DEFINE['buffer']})"))
+
+    def part(self, node: Node, path: str, runs: tuple[str, ...]) -> dict[str, object]:
+        """Some of a lease or pinned buffer a kernel touches: pages of it (``page``), or bytes
+        from the start of its first page (``offset``, ``length``), its pages one after another;
+        checked against the lease's pages here, against a world buffer's once every step is
+        read."""
+        reader = self.reader
+        f = reader.fields(node, path, "a part of a lease or pinned buffer ({lease: kv, page: 1} "
+                          "or {buffer: b, offset: 0, length: 64})")
+        reader.allow(f, ("lease", "buffer", "page", "offset", "length"), " for a part")
+        kinds = [k for k in V.MEMORY_KINDS if k in f]
+        if len(kinds) != 1:
+            raise reader.error(node, path, "a part names one lease or one pinned buffer "
+                               f"(`lease:` or `buffer:`); it has {'both' if kinds else 'neither'}")
+        kind = kinds[0]
+        name = self.reference(kind, f.values[kind], f.sub(kind), runs)
+        if ("page" in f) == ("offset" in f) or ("length" in f) != ("offset" in f):
+            raise reader.error(node, path, "a part is some pages (`page:` a number or a list) "
+                               "or a byte range (`offset:` and `length:`), one of them")
+        out: dict[str, object] = {kind: name}
+        if "page" in f:
+            out["page"] = self.arg("host_fill", "page", f.values["page"], f.sub("page"), runs)
+            pages = out["page"] if isinstance(out["page"], tuple) else (out["page"],)
+            end, what = max(pages) + 1, f"page {max(pages)}"  # type: ignore[type-var]
+        else:
+            offset = reader.integer(f.values["offset"], f.sub("offset"), 0,
+                                    limit=L.WORLD_MAX_BYTES, what="bytes of a world (1 GiB)")
+            length = reader.integer(f.values["length"], f.sub("length"), 1,
+                                    limit=L.WORLD_MAX_BYTES, what="bytes of a world (1 GiB)")
+            out.update(offset=offset, length=length)
+            end, what = -(-(offset + length) // self.page_bytes), f"bytes up to {offset + length}"
+        for v in runs:
+            if kind == "lease":
+                have = self.scopes[v].lease_pages[name]
+                if end > have:
+                    raise reader.error(node, path, (
+                        f"{what} is outside lease {name!r}, which has {have} "
+                        f"page{'s' if have != 1 else ''} of {self.page_bytes} bytes"
+                        f"{self._within(v)}; name less of it, or materialize more pages"))
+            else:
+                self.need_pages(node, path, v, name, end, f"a kernel touches {what} of it")
+        return out
 
     def stream(self, node: Node, path: str) -> str:
         if self.reader.value(node, path) is None:  # `stream: null` (or ~, or nothing)

@@ -38,7 +38,9 @@ IN_WORDS = {
     BOOL: "true or false", LEASE: "a lease", CATALOG: "a catalog", BUFFER: "a pinned buffer",
     NEW_BUFFER: "a pinned buffer (made here if new)", ALLOC_BUFFER: "a new pinned buffer",
     EVENT: "an event", EVENTS: "an event or a list", NEW_EVENT: "an event (made here if new)",
-    MUTEX: "a host mutex (a name)", MEMORY: "a lease or pinned buffer, or a list",
+    MUTEX: "a host mutex (a name)",
+    MEMORY: "a lease or pinned buffer, or a part ({lease: x, page: 1}, {buffer: b, offset: 0, "
+            "length: 64}), or a list",
     LIST: "a page list: its pinned buffer, or a lease it was copied into",
     GRAPH: "a graph",
 }
@@ -188,9 +190,9 @@ OPS: dict[str, Op] = {
     "kernel": Op({"stream": _k(STREAM, True), "reads": _k(MEMORY), "writes": _k(MEMORY),
                   "byte": _k(BYTE), "us": _k(MICROS)},
                  "a kernel of the program's own (a forward pass, a normalize, a reduce) on "
-                 "leases and pinned buffers: it runs `us` microseconds, reads all of `reads` "
-                 "and writes the byte (without one, the first byte it read) over all of "
-                 "`writes` (the id names it in findings)"),
+                 "leases and pinned buffers, or parts of them (pages, byte ranges): it runs "
+                 "`us` microseconds, reads all of `reads` and writes the byte (without one, "
+                 "the first byte it read) over all of `writes` (the id names it in findings)"),
     "read_pinned": Op({"buffer": _k(BUFFER, True), "byte": _k(BYTE, True),
                        "stream": _k(STREAM, True)},
                       "a kernel reads a pinned buffer in place (zero-copy, as small-input "
@@ -287,8 +289,15 @@ def uses(op: str, args: dict[str, object]) -> list[tuple[str, str]]:
         if kind is None:
             continue
         names = value if isinstance(value, (list, tuple)) else [value]
-        out += [(kind, str(name)) for name in names]
+        out += [(kind, part_name(name)) for name in names]
     return out
+
+
+def part_name(item: object) -> str:
+    """The lease or buffer a kernel's memory item names: the item itself, or a part's."""
+    if isinstance(item, dict):
+        return str(item.get("lease") or item.get("buffer"))
+    return str(item)
 
 
 def defines(op: str, step_id: str | None, args: dict[str, object]) -> list[tuple[str, str]]:

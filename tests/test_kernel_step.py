@@ -3,6 +3,7 @@ simulated device and in the race detector, and the loader's words for one that i
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -189,3 +190,77 @@ def test_a_kept_trace_of_a_kernel_named_by_its_step_id_checks_again(tmp_path):
     assert any(r["kind"] == "kernel:forward-pass" for r in loaded.ops)
     (finding,) = check_trace(loaded.records).findings
     assert finding.first.kind == "kernel:forward-pass"
+
+
+def parts(writes: str, reads: str) -> str:
+    """Two kernels on unordered streams, the first writing ``writes``, the second reading
+    ``reads`` (parts of lease kv or buffer staging)."""
+    return HEAD.replace("expect: reproduces, min_rate: 0.9", "expect: clean") + f"""\
+    - {{id: kv, op: materialize, pages: 2}}
+    - {{op: host_fill, buffer: inputs, byte: 1}}
+    - {{op: host_fill, buffer: out, byte: 0}}
+    - {{op: host_fill, buffer: staging, byte: 0, pages: 2}}
+    - {{id: forward, op: kernel, stream: compute, reads: inputs, writes: {writes}, byte: 0x33,
+       us: 100}}
+    - {{id: offload, op: kernel, stream: offload, reads: {reads}, writes: out, us: 5}}
+    - {{op: synchronize}}
+"""
+
+
+@pytest.mark.parametrize("writes, reads, races", [
+    ("{lease: kv, page: 1}", "{lease: kv, page: 0}", False),
+    ("{lease: kv, page: 1}", "{lease: kv, page: [0, 1]}", True),
+    ("{buffer: staging, offset: 0, length: 64}", "{buffer: staging, offset: 64, length: 64}",
+     False),
+    ("{buffer: staging, offset: 0, length: 64}", "{buffer: staging, offset: 32, length: 64}",
+     True),
+    ("{lease: kv, offset: 1000, length: 100}", "{lease: kv, page: 1}", True),  # crosses into 1
+    ("{lease: kv, offset: 0, length: 100}", "{lease: kv, page: 1}", False),
+])
+def test_a_kernel_touches_only_the_parts_it_names(tmp_path, writes, reads, races):
+    """Pages of a lease or a byte range (of a lease's pages one after another, or of a pinned
+    buffer): two kernels on unordered streams race only where their parts overlap."""
+    got = _run(tmp_path, parts(writes, reads), 3)
+    findings = got["buggy"].finding_summary(1)
+    assert bool(findings) == races, findings
+    if races:
+        (finding,) = findings
+        assert (finding["first"]["step"], finding["second"]["step"]) == ("forward", "offload")
+        if "staging" in writes:  # the bytes the two parts share, and no more
+            assert (finding["second"]["bytes"][0] - finding["first"]["bytes"][0],
+                    finding["first"]["access"]) == (32, "write")
+
+
+def test_a_kernel_writes_its_byte_over_only_the_pages_it_names(tmp_path):
+    text = HEAD.replace("expect: reproduces, min_rate: 0.9", "expect: clean") + """\
+    - {id: kv, op: materialize, pages: 3}
+    - {op: zero_pages, lease: kv, stream: compute}
+    - {op: kernel, stream: compute, writes: [{lease: kv, page: [0, 2]}], byte: 0x33}
+    - {op: host_fill, buffer: expected, byte: 0, pages: 3}
+    - {op: host_fill, buffer: expected, byte: 0x33, page: [0, 2]}
+    - {op: synchronize}
+    - {op: check, lease: kv, equals: expected}
+"""
+    got = _run(tmp_path, text, 2)
+    assert got["buggy"].manifested == got["fixed"].manifested == 0
+
+
+@pytest.mark.parametrize("part, says", [
+    ("{lease: kv, page: 2}", "page 2 is outside lease 'kv', which has 2 pages of"),
+    ("{lease: kv, offset: 0, length: 5000}", "bytes up to 5000 is outside lease 'kv'"),
+    ("{lease: kv, buffer: b}", "a part names one lease or one pinned buffer"),
+    ("{lease: kv, page: 0, offset: 0, length: 1}", "some pages (`page:` a number or a list) or"),
+    ("{lease: kv, offset: 3}", "some pages (`page:` a number or a list) or a byte range"),
+    ("{lease: kv, pages: 1}", "unknown key"),
+    ("{buffer: b, page: 3}", "buffer 'b' has 1 page, but a kernel touches page 3 of it"),
+])
+def test_the_loader_checks_a_kernels_parts(tmp_path, part, says):
+    text = HEAD + f"""\
+    - {{id: kv, op: materialize, pages: 2}}
+    - {{op: host_fill, buffer: b, byte: 1}}
+    - {{id: k, op: kernel, stream: compute, reads: [{part}], writes: b}}
+"""
+    path = tmp_path / "parts.yaml"
+    path.write_text(text)
+    with pytest.raises(ScenarioError, match=re.escape(says)):
+        load_scenario(path)

@@ -10,7 +10,7 @@ import pytest
 
 from harness.runner import Runner, RunOptions
 from harness.scenario import load_scenario
-from test_kernel_step import FORWARD_OFFLOAD, HEAD
+from test_kernel_step import FORWARD_OFFLOAD, HEAD, parts
 
 pytestmark = pytest.mark.gpu
 
@@ -42,3 +42,14 @@ def test_a_kernel_writes_every_span_it_names_on_the_gpu(tmp_path):
             "byte: 0x33, us: 5}\n    - {op: synchronize}\n") + checks
     got = _verdicts(tmp_path, text, "cuda", 3)
     assert got["buggy"][:2] == (0, 0) and got["fixed"][:2] == (0, 0)
+
+
+@pytest.mark.parametrize("writes, reads", [
+    ("{lease: kv, page: 1}", "{lease: kv, page: 0}"),
+    ("{lease: kv, page: 1}", "{lease: kv, page: [0, 1]}"),
+    ("{lease: kv, offset: 1000, length: 100}", "{lease: kv, page: 1}"),
+])
+def test_a_kernels_parts_race_on_the_gpu_as_on_the_simulated_device(tmp_path, writes, reads):
+    sim, cuda = (_verdicts(tmp_path, parts(writes, reads), b, 3) for b in ("sim", "cuda"))
+    print("kernel parts", writes, reads, "sim", sim["buggy"][1], "cuda", cuda["buggy"][1])
+    assert cuda["buggy"][1:] == sim["buggy"][1:]

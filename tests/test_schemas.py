@@ -105,6 +105,20 @@ def test_the_step_schema_is_the_vocabulary() -> None:
             assert refused("scenario", _scenario([{k: v for k, v in step.items() if k != "id"}]))
 
 
+def test_a_kernels_parts_validate_as_the_loader_reads_them() -> None:
+    """A kernel's memory: names, and parts of a lease or buffer (pages, a byte range); a part
+    names one of them, and nothing the loader would not read."""
+    def kernel(reads: Any) -> dict[str, Any]:
+        return _scenario([{"id": "k", "op": "kernel", "stream": "compute", "reads": reads}])
+
+    assert_valid("scenario", kernel(["kv", {"lease": "kv", "page": [0, 1]},
+                                     {"buffer": "b", "offset": 0, "length": 64}]))
+    assert_valid("scenario", kernel({"lease": "kv", "page": 1}))
+    for bad in ({"lease": "kv", "buffer": "b"}, {"page": 1}, {"lease": "kv", "pages": 1},
+                {"buffer": "b", "offset": 0, "length": 0}):
+        assert refused("scenario", kernel([bad])), bad
+
+
 def _scenario(steps: list[dict[str, Any]], **spec: Any) -> dict[str, Any]:
     return {"apiVersion": "gpurace/v1", "kind": "Scenario",
             "metadata": {"name": "t", "description": "a test"},

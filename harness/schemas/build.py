@@ -555,8 +555,14 @@ def _value(op: str, key: str) -> Schema:
     if holds == V.EVENTS:
         return described({"anyOf": [ref("name"), array(ref("name"), 1)]}, words)
     if holds == V.MEMORY:
-        return described({"anyOf": [ref("name"), array(ref("name"), 1,
-                                                       L.KERNEL_MEMORY_MAX)]}, words)
+        page = integer(0, L.POOL_MAX_PAGES)
+        nbytes = integer(0, L.WORLD_MAX_BYTES)
+        part = closed({"lease": ref("name"), "buffer": ref("name"),
+                       "page": {"anyOf": [page, array(page, 1, L.POOL_MAX_PAGES)]},
+                       "offset": nbytes, "length": integer(1, L.WORLD_MAX_BYTES)}, [],
+                      oneOf=[{"required": ["lease"]}, {"required": ["buffer"]}])
+        item = {"anyOf": [ref("name"), part]}
+        return described({"anyOf": [item, array(item, 1, L.KERNEL_MEMORY_MAX)]}, words)
     return {"description": words, **ref("name")}  # a stream, or a thing's name
 
 
