@@ -90,7 +90,8 @@ def test_gather_through_a_device_index_moves_the_pages_it_names(tmp_path):
 
 @pytest.mark.parametrize("steps, says", [
     ("    - {op: attention, page_list: batch-b, byte: 0xBB, stream: compute}\n",
-     "spec.steps[10].page_list: lease 'batch-b' holds no page list in variant buggy when this attention runs: "
+     "spec.steps[10].page_list: lease 'batch-b' holds no page list in variant buggy when this "
+     "attention runs: "
      "copy one into it first (copy_from_host of a buffer a page_list step wrote)"),
     ("    - {op: copy_from_host, src: b-tokens, dst: table, stream: compute}\n"
      "    - {op: attention, page_list: table, byte: 0xBB, stream: compute}\n",

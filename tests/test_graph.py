@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from harness.errors import ScenarioError
@@ -13,6 +12,7 @@ from harness.executor import TrialExecutor
 from harness.runner import Runner, RunOptions
 from harness.scenario import load_scenario
 from kvcore.device import open_device
+from kvcore.device.kernels import Delay
 from kvcore.errors import DeviceUsageError
 
 HEAD = """\
@@ -77,14 +77,20 @@ def _world():
     return device, records, dev, args, out
 
 
-def test_captured_ops_do_not_run_and_a_launch_reads_the_host_bytes_of_its_time():
-    device, records, dev, args, out = _world()
+def _round_trip(device, dev, args, out):
+    """A graph captured from a stream of its own: the pinned args copied in, and out again;
+    with the stream to launch it on."""
     capture, launch = device.create_stream("capture"), device.create_stream("launch")
-    device.host_fill(args, 0, 4096, 0x01)
     device.begin_graph(capture, "g")
     device.copy(dev, 0, args, 0, 4096, capture)
     device.copy(out, 0, dev, 0, 4096, capture)
-    graph = device.end_graph()
+    return device.end_graph(), launch
+
+
+def test_captured_ops_do_not_run_and_a_launch_reads_the_host_bytes_of_its_time():
+    device, records, dev, args, out = _world()
+    device.host_fill(args, 0, 4096, 0x01)
+    graph, launch = _round_trip(device, dev, args, out)
     device.synchronize()
     seen = len(records)
     assert not device.host_read(out, 0, 4096).any()  # nothing ran at capture
@@ -107,14 +113,8 @@ def test_a_launch_runs_its_nodes_in_order_after_the_streams_earlier_work():
     """A delay on the launching stream holds the whole graph; the nodes keep their order (the
     second reads what the first wrote), and the stream's next op waits for the last."""
     device, _, dev, args, out = _world()
-    capture, launch = device.create_stream("capture"), device.create_stream("launch")
     device.host_fill(args, 0, 4096, 0x05)
-    from kvcore.device.kernels import Delay
-
-    device.begin_graph(capture, "g")
-    device.copy(dev, 0, args, 0, 4096, capture)
-    device.copy(out, 0, dev, 0, 4096, capture)
-    graph = device.end_graph()
+    graph, launch = _round_trip(device, dev, args, out)
     device.launch(Delay(500.0), launch)
     start = device.clock_ns()
     device.launch_graph(graph, launch)

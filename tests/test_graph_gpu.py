@@ -3,16 +3,15 @@ launches it, so the graph scenarios give the same verdicts and findings on both 
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
 from harness.executor import TrialExecutor
-from harness.runner import Runner, RunOptions
 from harness.scenario import load_scenario
 from kvcore.device import open_device
 from kvcore.device.kernels import Delay
 from test_graph import CAPTURED, HEAD, WRONG_STREAM
+from test_kernel_step_gpu import _verdicts
 
 pytestmark = pytest.mark.gpu
 
@@ -27,15 +26,6 @@ NEXT_INPUTS = (HEAD + CAPTURED + """\
     - {id: check-2, op: check, buffer: result, equals: expected}
 """).replace("  steps:\n", "  amplify: {delay_us: 1000, stream: forward, before: replay-1}\n"
              "  steps:\n")
-
-
-def _verdicts(tmp_path: Path, text: str, backend: str, trials: int = 20) -> dict[str, tuple]:
-    path = tmp_path / f"graphs-{backend}.yaml"
-    path.write_text(text)
-    result = Runner(RunOptions(backend=backend, trials=trials, out_dir=tmp_path / backend)).run(
-        [load_scenario(path)])
-    return {r.variant: (r.manifested, r.detected, [f["missing"] for f in r.finding_summary(1)])
-            for r in result.results}
 
 
 def test_a_cuda_graph_runs_nothing_at_capture_and_reads_host_inputs_at_launch():

@@ -172,7 +172,8 @@ def test_all_step_ops_accepted(tmp_path: Path) -> None:
     - {op: attention, catalog: conv, byte: 7, stream: compute, assert: false}
     - {op: host_fill, buffer: small, byte: 7}
     - {op: read_pinned, buffer: small, byte: 7, stream: compute}
-    - {id: forward, op: kernel, stream: compute, reads: [old-page, small], writes: small, byte: 7, us: 5}
+    - {id: forward, op: kernel, stream: compute, reads: [old-page, small], writes: small,
+       byte: 7, us: 5}
     - {op: page_list, buffer: blocks, lease: old-page}
     - {op: attention, page_list: blocks, byte: 7, stream: compute}
     - {op: gather, page_list: blocks, to: gathered, stream: compute}
@@ -329,7 +330,8 @@ CASES = {
     "step-without-op": (
         SYNC, "    - {stream: compute}",
         "17:7: spec.steps[3]: a step needs an op; use one of materialize, record_stream, "
-        "release, host_fill, host_alloc, host_free, copy_from_host, copy_to_host, copy_page, zero_pages, catalog, "
+        "release, host_fill, host_alloc, host_free, copy_from_host, copy_to_host, copy_page, "
+        "zero_pages, catalog, "
         "retain, bind, publish, activate, release_catalog, read_table, page_list, kv_write, "
         "attention, gather, scatter, kernel, read_pinned, record_event, wait_event, "
         "event_query, synchronize, delay, graph_capture, graph_end, graph_replay, lock, unlock, "
