@@ -445,11 +445,22 @@ def _amplify(reader: Reader, node: Node, path: str, steps: tuple[Step, ...],
                                "of a step scenario; a workload has none")
         return Amplify(delay_us=delay, stream=stream, before=before, sweep=sweep)
     before = reader.string(before_node, before_path)
-    for step in _every_variants_step(reader, before_node, before_path, before, steps, variants,
-                                     "delay"):
+    found = _every_variants_step(reader, before_node, before_path, before, steps, variants,
+                                 "delay")
+    for variant, step in zip(variants, found):
         if stream is None and "stream" not in step.args:
             raise reader.error(node, path, f"step {before!r} runs on no stream ({step.op}); "
                                "say which stream to delay with `stream`")
+        captured = _captured_by(steps, variant.name, step)
+        delayed = stream or step.args.get("stream")
+        if captured is not None and delayed != captured.args["stream"]:
+            graph, on = captured.id, captured.args["stream"]
+            raise reader.error(f.values.get("stream", node), f.sub("stream") if "stream" in f
+                               else path, (
+                f"step {before!r} is captured into graph {graph!r} (steps[{captured.index}]): a "
+                f"delay before it on {delayed!r} would run once, at the capture, not at each "
+                f"replay; delay {on!r} (the graph's stream: the delay becomes a node of it), or "
+                "amplify before the graph_replay"))
     held: list[str] = []
     if "hold" in f:
         for item, where in reader.one_or_list(f.values["hold"], f.sub("hold"),
@@ -466,6 +477,21 @@ def _amplify(reader: Reader, node: Node, path: str, steps: tuple[Step, ...],
                         "before one of its steps: name a step with `thread:`"))
             held.append(name)
     return Amplify(delay_us=delay, stream=stream, before=before, sweep=sweep, hold=tuple(held))
+
+
+def _captured_by(steps: tuple[Step, ...], variant: str, step: Step) -> Step | None:
+    """The graph_capture step whose capture ``step`` stands in (in ``variant``), or None."""
+    capture = None
+    for s in steps:
+        if not s.runs_in(variant):
+            continue
+        if s is step:
+            return capture
+        if s.op == "graph_capture":
+            capture = s
+        elif s.op == "graph_end":
+            capture = None
+    return None
 
 
 def _every_variants_step(reader: Reader, node: Node, path: str, name: str,

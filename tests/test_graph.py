@@ -374,3 +374,18 @@ def test_a_graphs_short_output_is_read_late_under_a_worker_as_on_the_h200(tmp_pa
         got = _run(tmp_path, text.replace("us: 500,", f"us: {us},"), 20, amplify=False)
         assert got["buggy"].manifested == manifested, us
         assert got["buggy"].detected == 20
+
+
+def test_a_delay_before_a_captured_step_goes_on_the_graphs_stream(tmp_path):
+    """Amplifying a step inside a capture delays the capture stream (the delay is a node of the
+    graph, run at every replay); a delay on another stream would run once, at the capture."""
+    text = HEAD + CAPTURED + "    - {id: replay, op: graph_replay, graph: g, stream: forward}\n"
+    for stream, ok in (("capture", True), ("forward", False)):
+        amplified = text.replace("  steps:\n", f"  amplify: {{delay_us: 500, stream: {stream}, "
+                                              "before: forward}\n  steps:\n")
+        if ok:
+            load_scenario(_write(tmp_path, amplified))
+            continue
+        with pytest.raises(ScenarioError, match="would run once, at the capture, not at each "
+                                                "replay; delay 'capture'"):
+            load_scenario(_write(tmp_path, amplified))

@@ -528,11 +528,6 @@ class Device(ABC):
                                    "stream of your own")
         self._graph = Graph(name, stream)
 
-    @property
-    def capturing_graph(self) -> Graph | None:
-        """The graph being captured, or None."""
-        return self._graph
-
     def end_graph(self) -> Graph:
         """End the capture (cudaStreamEndCapture, then instantiate): the graph, ready to
         launch."""
