@@ -410,8 +410,9 @@ class RaceDetector:
         self._reported: set[tuple[int, int]] = set()
         self._waits: dict[str, list[_Wait]] = defaultdict(list)
         self._records: dict[str, list[_Record]] = defaultdict(list)
-        # seq of a launched graph's node -> (the graph, the stream it was captured from)
-        self._launched: dict[int, tuple[str, str]] = {}
+        # seq of a launched graph's node -> (the graph, the streams it was captured from and
+        # launched on, the stream that captured the node, its step)
+        self._launched: dict[int, tuple[str, str, str, str, str]] = {}
 
     # ---- what the detector knows of buffers, streams and owners --------------------------------
     def attach(self, device: Device) -> None:
@@ -558,7 +559,9 @@ class RaceDetector:
         graph = detail.get("graph")
         if graph is not None:  # a node of a launched CUDA graph: the step that captured it
             kind = f"{kind}, graph {graph}'s {detail.get('node')},"
-            self._launched[seq] = (str(graph), str(detail.get("captured_on")))
+            self._launched[seq] = (str(graph), str(detail.get("captured_on")),
+                                   str(detail.get("launched_on")), str(detail.get("branch")),
+                                   str(detail.get("node")))
         source = (seq, stream, kind, step, detail.get("site"), detail.get("origin"))
         epoch = vc[stream]
         for buf, off, length in reads:
@@ -631,7 +634,8 @@ class RaceDetector:
             folded.count += 1
             return
         self._name_bytes(finding, buf, start)
-        finding.event_note = self._explain_wait(past[0], past[1], first, second) \
+        finding.event_note = self._in_graph(first, second) \
+            or self._explain_wait(past[0], past[1], first, second) \
             or self._wrong_stream(past[0], past[1], first, second) \
             or self._graph_stream(first, second)
         finding.legacy_note = self._legacy_note(first.stream, second.stream)
@@ -717,18 +721,31 @@ class RaceDetector:
                             f"issue {second.at} on {stream})")
         return None
 
+    def _in_graph(self, first: OpRef, second: OpRef) -> str | None:
+        """Two nodes of one launched graph, on branches its capture left unordered: the edge
+        goes inside the capture, between the steps that captured them."""
+        a, b = self._launched.get(first.seq), self._launched.get(second.seq)
+        if a is None or b is None or a[0] != b[0]:
+            return None
+        return (f"both are nodes of graph {a[0]}, whose capture orders {a[3]}'s {a[4]} and "
+                f"{b[3]}'s {b[4]} by no edge: record an event on {a[3]} after {a[4]} and make "
+                f"{b[3]} wait on it before {b[4]}, inside the capture")
+
     def _graph_stream(self, first: OpRef, second: OpRef) -> str | None:
         """A side that is a node of a graph launched on another stream than the one it was
-        captured from: what orders it is the launching stream (ordering by the capture stream,
-        as if the graph ran there, is a bug of its own)."""
-        for ref in (first, second):
+        captured from, the other side outside the graph: what orders the node is the launching
+        stream (ordering by the capture stream, as if the graph ran there, is a bug of its
+        own)."""
+        for ref, other in ((first, second), (second, first)):
             launched = self._launched.get(ref.seq)
-            if launched is not None and launched[1] != ref.stream:
-                graph, captured = launched
+            # Two nodes of launched graphs race as their branches do, wherever launched.
+            if launched is not None and launched[1] != launched[2] \
+                    and other.seq not in self._launched:
+                graph, captured, on = launched[:3]
                 return (f"graph {graph} was captured from {captured} but launched on "
-                        f"{ref.stream}: a graph's nodes run on the stream it is launched on, "
-                        f"so {ref.stream}'s order covers them (or an event recorded on "
-                        f"{ref.stream} after {ref.at}), not {captured}'s")
+                        f"{on}: a graph's nodes run on the stream it is launched on, "
+                        f"so {on}'s order covers them (or an event recorded on "
+                        f"{on} after {ref.at}), not {captured}'s")
         return None
 
     def _legacy_note(self, first: str, second: str) -> str | None:

@@ -48,6 +48,21 @@ class _Catalog:
 
 
 @dataclass
+class _Capture:
+    """A graph's capture as one variant's steps leave it: the graph, the stream it is captured
+    from and its graph_capture step; per stream capturing (the capture stream and those that
+    forked in) its steps so far and how many were joined back; per event recorded inside it,
+    the stream and that stream's steps then."""
+
+    name: str
+    stream: str
+    began: int
+    streams: dict[str, int] = field(default_factory=dict)
+    back: dict[str, int] = field(default_factory=dict)
+    events: dict[str, tuple[str, int]] = field(default_factory=dict)
+
+
+@dataclass
 class _Scope:
     """What one variant has seen so far, step by step."""
 
@@ -65,8 +80,7 @@ class _Scope:
     bytes: set[int] = field(default_factory=set)  # byte values steps write or expect
     held: dict[tuple[str, str], int] = field(default_factory=dict)  # (thread, mutex) -> lock
     page_lists: dict[str, int] = field(default_factory=dict)  # buffer -> entries last written
-    # The graph being captured: (its name, its stream, the graph_capture step, steps so far).
-    capturing: tuple[str, str, int, int] | None = None
+    capturing: _Capture | None = None  # the graph being captured
     graphs: dict[str, int] = field(default_factory=dict)  # ended graph -> its graph_end step
 
     def host_pages(self) -> int:
@@ -121,7 +135,9 @@ class StepList:
             self.end_section(v, self.nodes[-1], f"{path}[{len(self.nodes) - 1}]", "the last step")
         open_in = [v for v in self.variants if self.scopes[v].capturing is not None]
         if open_in:
-            name, _, began, _ = self.scopes[open_in[0]].capturing  # type: ignore[misc]
+            left = self.scopes[open_in[0]].capturing
+            assert left is not None
+            name, began = left.name, left.began
             within = "" if len(open_in) == len(self.variants) else self._within(open_in[0])
             raise self.reader.error(self.nodes[began], f"{path}[{began}]", (
                 f"graph {name!r} is captured here and never ended{within}: add a graph_end "
@@ -473,60 +489,99 @@ class StepList:
     def graphs(self, f: Fields, op: str, step_id: str | None, args: dict[str, object],
                thread: str | None, runs: tuple[str, ...]) -> None:
         """A graph is captured from one stream of the scenario's own, by the capturable steps
-        on that stream between its graph_capture and its graph_end, on the scenario's thread
-        (a replay inside the capture, before the graph is ended, is refused as a nested
-        graph)."""
-        reader = self.reader
+        between its graph_capture and its graph_end on the streams capturing (that stream, and
+        those that forked in by waiting for an event recorded in the capture), on the
+        scenario's thread; each forked stream joins back before the graph_end (a replay inside
+        the capture, before the graph is ended, is refused as a nested graph)."""
         for v in runs:
-            scope = self.scopes[v]
-            capturing, within = scope.capturing, self._within(v)
-            if capturing is not None and op != "graph_end":
-                name, stream, began, _ = capturing
-                since = f"graph {name!r} is being captured (steps[{began}], {self._at(began)})"
-                if op not in V.CAPTURABLE:
-                    raise reader.error(f.values["op"], f.sub("op"), f"{op} cannot stand inside "
-                                       f"a graph's capture ({since}{within}): "
-                                       f"{V.NOT_CAPTURED[op]}")
-                if thread is not None:
-                    raise reader.error(f.values[V.THREAD_KEY], f.sub(V.THREAD_KEY), (
-                        f"{since}{within} on the scenario's own thread; a step of thread "
-                        f"{thread!r} cannot join it: capture from one thread"))
-                if args["stream"] != stream:
-                    raise reader.error(f.values["stream"], f.sub("stream"), (
-                        f"{since}{within} from stream {stream!r}; this step on "
-                        f"{args['stream']!r} would run now, outside the graph: give it stream "
-                        f"{stream!r}, or move it before graph_capture or after graph_end"))
-                scope.capturing = (name, stream, began, capturing[3] + 1)
+            capture = self.scopes[v].capturing
+            if capture is not None and op != "graph_end":
+                self.captured(f, op, args, thread, capture, self._within(v))
             if op == "graph_capture":
-                stream = str(args["stream"])
-                if self.streams[stream].kind == "legacy":
-                    raise reader.error(f.values["stream"], f.sub("stream"), (
-                        f"{stream!r} is the legacy default stream, which CUDA cannot capture "
-                        "(cudaErrorStreamCaptureUnsupported; PyTorch: \"CUDA graphs must be "
-                        "captured on a non-default stream\"); capture on a stream of your own"))
-                if thread is not None:
-                    raise reader.error(f.values[V.THREAD_KEY], f.sub(V.THREAD_KEY),
-                                       "a graph is captured on the scenario's own thread; "
-                                       "remove the thread")
-                scope.capturing = (str(step_id), stream, self.index, 0)
+                self.capture_begins(f, step_id, args, thread, v)
             elif op == "graph_end":
-                name = str(args["graph"])
-                node, path = f.values["graph"], f.sub("graph")
-                if name in scope.graphs:
-                    ended = scope.graphs[name]
-                    raise reader.error(node, path, f"graph {name!r} was ended at steps[{ended}] "
-                                       f"({self._at(ended)}){within}; remove one graph_end")
-                if capturing is None or capturing[0] != name:
-                    raise reader.error(node, path, f"graph {name!r} is not being captured "
-                                       f"here{within}: graph_end ends the graph_capture before "
-                                       "it" + (f" (now {capturing[0]!r})" if capturing else ""))
-                if not capturing[3]:
-                    raise reader.error(node, path, (
-                        f"graph {name!r} captures nothing{within}: put the stream ops it "
-                        f"replays (on {capturing[1]!r}) between its graph_capture and this "
-                        "graph_end"))
-                scope.capturing = None
-                scope.graphs[name] = self.index
+                self.capture_ends(f, args, v)
+
+    def captured(self, f: Fields, op: str, args: dict[str, object], thread: str | None,
+                 capture: _Capture, within: str) -> None:
+        """A step inside a capture: one a graph holds, on a stream capturing (or a wait that
+        forks one in), on the scenario's thread."""
+        reader = self.reader
+        since = (f"graph {capture.name!r} is being captured (steps[{capture.began}], "
+                 f"{self._at(capture.began)}){within}")
+        if op not in V.CAPTURABLE:
+            raise reader.error(f.values["op"], f.sub("op"), f"{op} cannot stand inside a "
+                               f"graph's capture ({since}): {V.NOT_CAPTURED[op]}")
+        if thread is not None:
+            raise reader.error(f.values[V.THREAD_KEY], f.sub(V.THREAD_KEY), (
+                f"{since} on the scenario's own thread; a step of thread {thread!r} cannot "
+                "join it: capture from one thread"))
+        stream = str(args["stream"])
+        if op == "wait_event":
+            event = str(args["event"])
+            if event not in capture.events:
+                raise reader.error(f.values["event"], f.sub("event"), (
+                    f"event {event!r} was recorded outside the capture ({since}): CUDA "
+                    "refuses a captured wait for it (cudaErrorStreamCaptureIsolation); wait on "
+                    "the replaying stream before graph_replay, or record the event inside"))
+            on, steps = capture.events[event]
+            capture.streams.setdefault(stream, 0)  # a fork, when the stream was not capturing
+            if stream == capture.stream and on != capture.stream:
+                capture.back[on] = steps  # a join of what `on` did until its record
+        elif stream not in capture.streams:
+            forked = ", ".join(s for s in capture.streams if s != capture.stream)
+            raise reader.error(f.values["stream"], f.sub("stream"), (
+                f"{since} from stream {capture.stream!r}"
+                + (f" (and {forked}, forked in)" if forked else "")
+                + f"; this step on {stream!r} would run now, outside the graph: give it a "
+                "capturing stream, fork it in (wait_event on it for an event recorded in the "
+                "capture), or move it before graph_capture or after graph_end"))
+        elif op == "record_event":
+            capture.events[str(args["event"])] = (stream, capture.streams[stream])
+        else:
+            capture.streams[stream] += 1
+
+    def capture_begins(self, f: Fields, step_id: str | None, args: dict[str, object],
+                       thread: str | None, v: str) -> None:
+        reader = self.reader
+        stream = str(args["stream"])
+        if self.streams[stream].kind == "legacy":
+            raise reader.error(f.values["stream"], f.sub("stream"), (
+                f"{stream!r} is the legacy default stream, which CUDA cannot capture "
+                "(cudaErrorStreamCaptureUnsupported; PyTorch: \"CUDA graphs must be captured "
+                "on a non-default stream\"); capture on a stream of your own"))
+        if thread is not None:
+            raise reader.error(f.values[V.THREAD_KEY], f.sub(V.THREAD_KEY),
+                               "a graph is captured on the scenario's own thread; remove the "
+                               "thread")
+        self.scopes[v].capturing = _Capture(str(step_id), stream, self.index, streams={stream: 0})
+
+    def capture_ends(self, f: Fields, args: dict[str, object], v: str) -> None:
+        reader, scope, within = self.reader, self.scopes[v], self._within(v)
+        name = str(args["graph"])
+        node, path = f.values["graph"], f.sub("graph")
+        capture = scope.capturing
+        if name in scope.graphs:
+            ended = scope.graphs[name]
+            raise reader.error(node, path, f"graph {name!r} was ended at steps[{ended}] "
+                               f"({self._at(ended)}){within}; remove one graph_end")
+        if capture is None or capture.name != name:
+            raise reader.error(node, path, f"graph {name!r} is not being captured here{within}: "
+                               "graph_end ends the graph_capture before it"
+                               + (f" (now {capture.name!r})" if capture else ""))
+        if not any(capture.streams.values()):
+            raise reader.error(node, path, (
+                f"graph {name!r} captures nothing{within}: put the stream ops it replays (on "
+                f"{capture.stream!r}) between its graph_capture and this graph_end"))
+        for stream, steps in capture.streams.items():
+            if stream != capture.stream and capture.back.get(stream, 0) < steps:
+                raise reader.error(node, path, (
+                    f"stream {stream!r} forked into graph {name!r}'s capture and is not joined "
+                    f"back{within} (CUDA: cudaErrorStreamCaptureUnjoined): record an event on "
+                    f"{stream!r} after its last step in the capture, and make "
+                    f"{capture.stream!r} wait on it before this graph_end"))
+        scope.capturing = None
+        scope.graphs[name] = self.index
 
     # ---- what a step makes and gives back --------------------------------------------------------
     def effects(self, f: Fields, op: str, step_id: str | None, args: dict[str, object],

@@ -210,8 +210,9 @@ OPS: dict[str, Op] = {
                 "occupy a stream for some microseconds (.inf: never ends)"),
     "graph_capture": Op({"stream": _k(STREAM, True)},
                         "begin capturing a CUDA graph (the id names it) from a stream of the "
-                        "scenario's own: the steps up to its graph_end on that stream become "
-                        "the graph's nodes and do not run",
+                        "scenario's own: the steps up to its graph_end on that stream (and on "
+                        "streams that fork in, waiting for an event recorded in the capture) "
+                        "become the graph's nodes and do not run",
                         id_defines="graph"),
     "graph_end": Op({"graph": _k(GRAPH, True)}, "end a graph's capture"),
     "graph_replay": Op({"graph": _k(GRAPH, True), "stream": _k(STREAM, True)},
@@ -232,9 +233,11 @@ OPS: dict[str, Op] = {
 """Every step op. ``publish`` and ``activate`` are one op under two names."""
 
 CAPTURABLE = frozenset({"copy_from_host", "copy_to_host", "copy_page", "zero_pages", "kernel",
-                        "delay", "kv_write", "attention", "gather", "scatter", "read_pinned"})
-"""The ops a graph captures: stream ops on the capturing stream, whose device work does not
-depend on the host between capture and replay."""
+                        "delay", "kv_write", "attention", "gather", "scatter", "read_pinned",
+                        "record_event", "wait_event"})
+"""The ops a graph captures: stream ops on a capturing stream, whose device work does not
+depend on the host between capture and replay, and the events that fork and join its
+branches."""
 
 NOT_CAPTURED = {
     **dict.fromkeys(("host_fill", "host_alloc", "host_free", "page_list", "check", "lock",
@@ -247,11 +250,6 @@ NOT_CAPTURED = {
                     "a graph keeps the memory it was captured with, and CUDA refuses an "
                     "allocation during a capture; materialize before graph_capture, release "
                     "after the last graph_replay"),
-    **dict.fromkeys(("record_event", "wait_event"),
-                    "events inside a capture (a multi-stream capture's fork and join) are not "
-                    "modelled, and CUDA refuses a captured wait for an event recorded outside "
-                    "it (cudaErrorStreamCaptureIsolation); wait on the replaying stream before "
-                    "graph_replay, or record on it after"),
     **dict.fromkeys(("activate", "publish", "read_table"),
                     "a catalog's table row is host state the executor publishes each time; "
                     "follow a page list (kv_write, attention) inside a graph instead"),

@@ -138,8 +138,6 @@ def test_what_cuda_refuses_during_a_capture_the_device_refuses():
         device.synchronize_stream(other)
     with pytest.raises(DeviceUsageError, match="cudaErrorStreamCaptureIsolation"):
         device.wait_event(capture, event)
-    with pytest.raises(DeviceUsageError, match="events inside a graph"):
-        device.record_event(event, capture)
     with pytest.raises(DeviceUsageError, match="cudaMalloc"):
         device.alloc(64, name="late")
     with pytest.raises(DeviceUsageError, match="being captured already"):
@@ -281,10 +279,10 @@ def test_a_kept_worlds_trials_reissue_the_graph_launch(tmp_path):
                       "    - {op: host_fill, buffer: args, byte: 2}\n"
                       "    - {op: graph_end, graph: g}\n"), "steps[7].op",
      "the host does it once, now, not at each replay"),
-    (CAPTURED.replace("    - {op: graph_end, graph: g}\n",
-                      "    - {op: record_event, event: e, stream: capture}\n"
-                      "    - {op: graph_end, graph: g}\n"), "steps[7].op",
-     "cudaErrorStreamCaptureIsolation"),
+    ("    - {op: record_event, event: e, stream: side}\n" + CAPTURED.replace(
+        "    - {op: graph_end, graph: g}\n", "    - {op: wait_event, event: e, stream: capture}\n"
+        "    - {op: graph_end, graph: g}\n"), "steps[8].event",
+     "event 'e' was recorded outside the capture"),
     (CAPTURED.replace("    - {op: graph_end, graph: g}\n", ""), "steps[3]",
      "graph 'g' is captured here and never ended: add a graph_end step"),
     (CAPTURED + "    - {op: graph_end, graph: g}\n", "steps[8].graph",
@@ -389,3 +387,113 @@ def test_a_delay_before_a_captured_step_goes_on_the_graphs_stream(tmp_path):
         with pytest.raises(ScenarioError, match="would run once, at the capture, not at each "
                                                 "replay; delay 'capture'"):
             load_scenario(_write(tmp_path, amplified))
+
+
+# ---- a capture that forks and joins --------------------------------------------------------------
+def test_a_forked_branch_runs_beside_the_launch_and_joins_before_its_end():
+    """A stream that waits for an event recorded in the capture forks in: its ops are a branch,
+    launched on a stream of its own, after the fork point; the capture stream's wait for the
+    branch's event joins it back, and the launching stream's later work waits for it."""
+    device, records, dev, args, out = _world()
+    capture, side, launch = (device.create_stream(n) for n in ("capture", "side", "launch"))
+    mid = device.alloc(4096, name="mid")
+    forked, joined = device.create_event("forked"), device.create_event("joined")
+    device.host_fill(args, 0, 4096, 0x05)
+    device.begin_graph(capture, "g")
+    device.copy(dev, 0, args, 0, 4096, capture)
+    device.record_event(forked, capture)
+    device.wait_event(side, forked)                 # side forks in after the copy
+    device.launch(Delay(300.0), side)
+    device.copy(mid, 0, dev, 0, 4096, side)
+    device.record_event(joined, side)
+    device.wait_event(capture, joined)              # and joins back
+    device.copy(out, 0, mid, 0, 4096, capture)
+    graph = device.end_graph()
+    seen = len(records)
+    device.launch_graph(graph, launch)
+    device.synchronize()
+    assert (device.host_read(out, 0, 4096) == 0x05).all()  # the delayed branch was waited for
+    branch = "side in graph g on launch"
+    assert [(r.stream, r.kind, r.records or r.waits) for r in records[seen:]
+            if r.stream != "host"] == [
+        ("launch", "copy_htod", None), ("launch", "event_record", "graph g node 0"),
+        (branch, "event_wait", "graph g node 0"), (branch, "kernel:delay", None),
+        (branch, "copy_dtod", None), (branch, "event_record", "graph g node 2"),
+        ("launch", "event_wait", "graph g node 2"), ("launch", "copy_dtoh", None)]
+    assert branch in device.oplog.streams
+
+
+def test_a_branch_not_joined_back_is_refused_at_the_end():
+    device, _, dev, args, _ = _world()
+    capture, side = device.create_stream("capture"), device.create_stream("side")
+    forked = device.create_event("forked")
+    device.begin_graph(capture, "g")
+    device.record_event(forked, capture)
+    device.wait_event(side, forked)
+    device.copy(dev, 0, args, 0, 64, side)
+    with pytest.raises(DeviceUsageError, match="stream side forked into graph 'g'.s capture and "
+                                               "was not joined back.*cudaErrorStreamCapture"
+                                               "Unjoined"):
+        device.end_graph()
+
+
+FORKED = """\
+    - {id: inputs, op: materialize, pages: 1}
+    - {id: outputs, op: materialize, pages: 1}
+    - {op: host_fill, buffer: args, byte: 0x01}
+    - {id: g, op: graph_capture, stream: capture}
+    - {op: record_event, event: start, stream: capture}
+    - {op: wait_event, event: start, stream: side}
+    - {id: load, op: copy_from_host, src: args, dst: inputs, stream: capture}
+    - {op: record_event, event: loaded, stream: capture, only: fixed}
+    - {op: wait_event, event: loaded, stream: side, only: fixed}
+    - {id: expert, op: kernel, reads: inputs, writes: outputs, us: 50, stream: side}
+    - {op: record_event, event: done, stream: side}
+    - {op: wait_event, event: done, stream: capture}
+    - {id: fetch, op: copy_to_host, src: outputs, dst: result, stream: capture}
+    - {op: graph_end, graph: g}
+    - {op: host_fill, buffer: args, byte: 0x2A}
+    - {op: host_fill, buffer: expected, byte: 0x2A}
+    - {id: replay, op: graph_replay, graph: g, stream: forward}
+    - {op: synchronize, stream: forward}
+    - {id: read, op: check, buffer: result, equals: expected}
+"""
+
+
+def test_a_branch_forked_at_the_start_races_the_capture_streams_copy_until_it_waits(tmp_path):
+    """A side stream forked in at the graph's start reads the inputs the capture stream copies
+    in: nothing orders the two branches but an event after the copy (the fixed variant);
+    amplified (the copy held), the branch reads the old inputs."""
+    text = (HEAD + FORKED).replace("  steps:\n", "  amplify: {delay_us: 1000, stream: capture, "
+                                                 "before: load}\n  steps:\n")
+    got = _run(tmp_path, text)
+    buggy, fixed = got["buggy"], got["fixed"]
+    assert buggy.manifested == buggy.detected == 20
+    assert (fixed.manifested, fixed.detected) == (0, 0)
+    (finding,) = buggy.finding_summary(1)
+    assert (finding["first"]["stream"], finding["first"]["kind"]) == (
+        "forward", "copy_htod, graph g's load,")
+    assert (finding["second"]["stream"], finding["second"]["kind"]) == (
+        "side in graph g on forward", "kernel:expert, graph g's expert,")
+    # The fix is the branches' own edge, in the capture's words (where the graph is launched
+    # has no part in it).
+    assert finding["missing"].endswith(
+        "both are nodes of graph g, whose capture orders capture's load and side's expert by "
+        "no edge: record an event on capture after load and make side wait on it before "
+        "expert, inside the capture")
+
+
+def test_the_loader_follows_a_captures_forks_and_joins(tmp_path):
+    unjoined = FORKED.replace("    - {op: wait_event, event: done, stream: capture}\n", "")
+    with pytest.raises(ScenarioError, match="stream 'side' forked into graph 'g'.s capture and "
+                                            "is not joined back"):
+        load_scenario(_write(tmp_path, HEAD + unjoined))
+    # A join before the branch's last step does not cover it.
+    late = FORKED.replace("    - {id: fetch,", "    - {id: more, op: zero_pages, lease: outputs, "
+                          "stream: side}\n    - {id: fetch,")
+    with pytest.raises(ScenarioError, match="is not joined back"):
+        load_scenario(_write(tmp_path, HEAD + late))
+    stray = FORKED.replace("    - {op: wait_event, event: start, stream: side}\n", "")
+    with pytest.raises(ScenarioError, match="this step on 'side' would run now, outside the "
+                                            "graph: give it a capturing stream, fork it in"):
+        load_scenario(_write(tmp_path, HEAD + stray))

@@ -10,7 +10,7 @@ from harness.executor import TrialExecutor
 from harness.scenario import load_scenario
 from kvcore.device import open_device
 from kvcore.device.kernels import Delay
-from test_graph import CAPTURED, HEAD, WRONG_STREAM
+from test_graph import CAPTURED, FORKED, HEAD, WRONG_STREAM
 from test_kernel_step_gpu import _verdicts
 
 pytestmark = pytest.mark.gpu
@@ -77,3 +77,42 @@ def test_the_gpus_trials_reissue_the_graph_launch(tmp_path):
     outcomes = [executor.run(i, i).outcome.value for i in range(30)]
     print("graph reissued on cuda:", executor.reissued, "of 30;", set(outcomes))
     assert outcomes == ["clean"] * 30 and executor.reissued >= 27
+
+
+def test_a_forked_capture_builds_a_cuda_graph_whose_branch_is_waited_for():
+    """The branch (a delay of 2 ms, then a copy) runs beside the capture stream's nodes; the
+    join makes the last copy wait for it, and the host's read after the launching stream's
+    synchronize sees the bytes it carried."""
+    device = open_device("cuda")
+    try:
+        n = 1 << 20
+        dev, mid = device.alloc(n, name="dev"), device.alloc(n, name="mid")
+        args, out = device.alloc_host(n, name="args"), device.alloc_host(n, name="out")
+        capture, side, launch = (device.create_stream(s) for s in ("capture", "side", "launch"))
+        forked, joined = device.create_event("forked"), device.create_event("joined")
+        device.host_fill(args, 0, n, 0x05)
+        device.begin_graph(capture, "g")
+        device.copy(dev, 0, args, 0, n, capture)
+        device.record_event(forked, capture)
+        device.wait_event(side, forked)
+        device.launch(Delay(2000.0), side)
+        device.copy(mid, 0, dev, 0, n, side)
+        device.record_event(joined, side)
+        device.wait_event(capture, joined)
+        device.copy(out, 0, mid, 0, n, capture)
+        graph = device.end_graph()
+        device.launch_graph(graph, launch)
+        device.synchronize_stream(launch)
+        assert (device.host_read(out, 0, n) == 0x05).all()
+    finally:
+        device.close()
+
+
+def test_a_race_between_a_graphs_branches_shows_on_the_gpu_as_on_the_simulated_device(tmp_path):
+    text = (HEAD + FORKED).replace("  steps:\n", "  amplify: {delay_us: 1000, stream: capture, "
+                                                 "before: load}\n  steps:\n")
+    sim, cuda = (_verdicts(tmp_path, text, b) for b in ("sim", "cuda"))
+    print("graph branches: sim", sim, "cuda", cuda)
+    assert cuda["buggy"][0] >= 19 and cuda["buggy"][1] == 20
+    assert cuda["fixed"][:2] == (0, 0)
+    assert cuda["buggy"][2] == sim["buggy"][2]

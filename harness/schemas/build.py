@@ -223,6 +223,8 @@ def _op_record(with_type: bool) -> Schema:
             "graph": described(TEXT, "the CUDA graph whose launch ran this node"),
             "node": described(TEXT, "the step that captured the node into its graph"),
             "captured_on": described(TEXT, "the stream the node's graph was captured from"),
+            "launched_on": described(TEXT, "the stream the node's graph was launched on"),
+            "branch": described(TEXT, "the stream that captured the node"),
             "launched": described(TEXT, "the scenario line that launched the graph")}},
     })
     owner = {"properties": {"detail": {"required": ["range"]}}, "required": ["detail"]}

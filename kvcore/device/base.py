@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from kvcore.defects import Defects
-from kvcore.device.graph import Graph, Node
+from kvcore.device.graph import START, STREAM_AT, Graph, Node
 from kvcore.device.kernels import Kernel
 from kvcore.device.oplog import (
     HOST,
@@ -313,11 +313,12 @@ class Device(ABC):
     def record_event(self, event: Event, stream: Stream) -> None:
         """Record ``event`` on ``stream``: it completes when all work issued before it does."""
         self._check_stream(stream)
-        if self._graph is not None and stream is self._graph.stream:
-            raise DeviceUsageError(
-                f"record_event on {stream.name} while it captures graph {self._graph.name!r}: "
-                "events inside a graph (a multi-stream capture's fork and join) are not "
-                "modelled; record the event on the launching stream after launch_graph")
+        graph = self._graph
+        if graph is not None:
+            if graph.captures(stream):  # a point of the graph, not an op (see kvcore.device.graph)
+                graph.mark(event.id, stream.name)
+                return
+            graph.marks.pop(event.id, None)  # recorded again outside the capture
         times = self._do_record(event, stream)
         if self.oplog.active:
             self._emit(stream.name, "event_record", records=event.name, times=times)
@@ -325,12 +326,17 @@ class Device(ABC):
     def wait_event(self, stream: Stream, event: Event) -> None:
         """Make later work on ``stream`` wait for ``event``'s latest record: the fence."""
         self._check_stream(stream)
-        if self._graph is not None and stream is self._graph.stream:
-            raise DeviceUsageError(
-                f"wait_event on {stream.name} while it captures graph {self._graph.name!r}: "
-                f"CUDA refuses a captured wait for an event recorded outside the capture "
-                "(cudaErrorStreamCaptureIsolation); make the launching stream wait before "
-                "launch_graph")
+        graph = self._graph
+        if graph is not None:
+            if event.id in graph.marks:  # a fork into the capture, or a join within it
+                graph.join(stream, event.id)
+                return
+            if graph.captures(stream):
+                raise DeviceUsageError(
+                    f"wait_event on {stream.name} while it captures graph {graph.name!r} for "
+                    f"event {event.name}, recorded outside the capture: CUDA refuses that "
+                    "(cudaErrorStreamCaptureIsolation); make the launching stream wait before "
+                    "launch_graph")
         times = self._do_wait(stream, event)
         if self.oplog.active:
             self._emit(stream.name, "event_wait", waits=event.name, times=times)
@@ -346,7 +352,7 @@ class Device(ABC):
                 or src_off < 0 or dst_off + nbytes > dst.nbytes or src_off + nbytes > src.nbytes:
             self._check_range(dst, dst_off, nbytes)
             self._check_range(src, src_off, nbytes)
-        if self._graph is not None and stream is self._graph.stream:
+        if self._graph is not None and self._graph.captures(stream):
             self._graph_node("_do_copy", (dst, dst_off, src, src_off, nbytes, stream),
                              _COPY_KIND[src.space, dst.space], (Access(src.id, src_off, nbytes),),
                              (Access(dst.id, dst_off, nbytes),), {})
@@ -373,7 +379,7 @@ class Device(ABC):
             self._check_range(dst, dst_off, dst_pitch * (height - 1) + width)
             self._check_range(src, src_off, src_pitch * (height - 1) + width)
         kind = "copy2d" + _COPY_KIND[src.space, dst.space][4:]
-        if self._graph is not None and stream is self._graph.stream:
+        if self._graph is not None and self._graph.captures(stream):
             self._graph_node(
                 "_do_copy_2d", (dst, dst_off, dst_pitch, src, src_off, src_pitch, width, height,
                                 stream), kind, _rows(src, src_off, src_pitch, width, height),
@@ -428,7 +434,7 @@ class Device(ABC):
             self._live_value = None
 
     def _memset(self, dst: Buffer, off: int, nbytes: int, byte: int, stream: Stream) -> None:
-        if self._graph is not None and stream is self._graph.stream:
+        if self._graph is not None and self._graph.captures(stream):
             if self._live_value is not None:
                 raise DeviceUsageError("a memset of a Live byte cannot be captured into a "
                                        "graph (a graph's memset sets the byte it was given)")
@@ -445,7 +451,7 @@ class Device(ABC):
         self._check_stream(stream)
         for buf, lo, hi in kernel.extents():
             self._check_range(buf, lo, hi - lo)
-        if self._graph is not None and stream is self._graph.stream:
+        if self._graph is not None and self._graph.captures(stream):
             if not kernel.graphable:
                 raise DeviceUsageError(f"the {kernel.name} kernel cannot be captured into a "
                                        "graph: its arguments live in a ring reused after it "
@@ -535,6 +541,12 @@ class Device(ABC):
         graph = self._graph
         if graph is None:
             raise DeviceUsageError("no graph is being captured; begin_graph first")
+        unjoined = graph.unjoined()
+        if unjoined:
+            raise DeviceUsageError(
+                f"stream {unjoined[0]} forked into graph {graph.name!r}'s capture and was not "
+                f"joined back (CUDA: cudaErrorStreamCaptureUnjoined): record an event on it "
+                f"after its last op and make {graph.stream.name} wait on it before end_graph")
         self._graph = None
         graph.handle = self._do_graph_end(graph)
         graph.ended = True
@@ -547,10 +559,10 @@ class Device(ABC):
     def launch_graph(self, graph: Graph, stream: Stream) -> None:
         """cudaGraphLaunch: run ``graph``'s nodes on ``stream`` in capture order, as one unit
         (see :mod:`kvcore.device.graph`). Each node writes its op-log record on ``stream``, at
-        the launching step, its ``origin`` the line that captured it, ``detail.graph``,
-        ``detail.node`` and ``detail.captured_on`` naming the graph, the step that captured
-        the node and the stream it was captured from, ``detail.launched`` the launching
-        line."""
+        the launching step, its ``origin`` the line that captured it; ``detail`` names the
+        ``graph``, the step that captured the ``node``, the stream that did (``branch``), the
+        streams the graph was ``captured_on`` and ``launched_on``, and the line that
+        ``launched`` it."""
         self._check_stream(stream)
         if not graph.ended:
             raise DeviceUsageError(f"graph {graph.name!r} is still being captured; end it "
@@ -561,25 +573,51 @@ class Device(ABC):
                                    "the capture first")
         self._do_graph_launch(graph, stream)
         if self.oplog.active:
-            at = self.oplog.origin
-            for i, node in enumerate(graph.nodes):
-                info: dict[str, object] = {**node.detail, "graph": graph.name,
-                                           "node": node.step or f"node {i}",
-                                           "captured_on": graph.stream.name}
-                if node.origin is not None:
-                    info["origin"] = node.origin
-                if at is not None:
-                    info["launched"] = at
-                self._record(stream.name, node.kind, node.reads, node.writes, None, None, None,
-                             None, info)
+            self._graph_records(graph, stream)
+
+    def _graph_records(self, graph: Graph, stream: Stream) -> None:
+        """A launch's records: each node's on the launching stream, or on a stream of its own
+        for a branch's (``BRANCH in graph G on STREAM``), and the launch's edges between them
+        as event records and waits (``graph G node N``; ``graph G start``)."""
+        plan, origin, at = graph.plan(), graph.stream.name, self.oplog.origin
+        on = {b: stream.name if b == origin else f"{b} in graph {graph.name} on {stream.name}"
+              for b in graph.branches}
+        for name in on.values():
+            if name not in self.oplog.streams:
+                self.oplog.announce_stream(StreamInfo(name, False, False, 0))
+        mark = {i: f"graph {graph.name} node {i}" for i in plan.marked}
+        mark[START] = f"graph {graph.name} start"
+        edge: dict[str, object] = {"graph": graph.name}
+        if START in plan.marked:
+            self._record(stream.name, "event_record", (), (), mark[START], None, None, None,
+                         dict(edge))
+        for i, node in enumerate(graph.nodes):
+            lane = on[node.branch]
+            for dep in plan.waits[i]:
+                self._record(lane, "event_wait", (), (), None, mark[dep], None, None, dict(edge))
+            info: dict[str, object] = {**node.detail, "graph": graph.name,
+                                       "node": node.step or f"node {i}",
+                                       "captured_on": origin, "launched_on": stream.name,
+                                       "branch": node.branch}
+            if node.origin is not None:
+                info["origin"] = node.origin
+            if at is not None:
+                info["launched"] = at
+            self._record(lane, node.kind, node.reads, node.writes, None, None, None, None, info)
+            if i in plan.marked:
+                self._record(lane, "event_record", (), (), mark[i], None, None, None, dict(edge))
+        for dep in plan.tail:
+            self._record(stream.name, "event_wait", (), (), None, mark[dep], None, None,
+                         dict(edge))
 
     def _graph_node(self, name: str, args: tuple[Any, ...], kind: str, reads: tuple[Access, ...],
                     writes: tuple[Access, ...], detail: dict[str, object]) -> None:
         """A stream op on the capturing stream: a node of the graph, not run now."""
         log = self.oplog
         assert self._graph is not None
-        self._graph.nodes.append(Node(name, args, kind, reads, writes, detail, log.step,
-                                      log.origin))
+        stream = args[STREAM_AT[name]]
+        self._graph.add(Node(name, args, kind, reads, writes, detail, log.step, log.origin,
+                             stream.name))
 
     def _not_capturing(self, call: str) -> None:
         if self._graph is not None:

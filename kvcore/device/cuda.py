@@ -20,7 +20,7 @@ import numpy as np
 
 from kvcore.defects import Defects
 from kvcore.device.base import DEVICE, Buffer, Device, DeviceInfo, Event, Stream
-from kvcore.device.graph import Graph
+from kvcore.device.graph import START, Graph
 from kvcore.device.program import ACTION, Item, Live
 from kvcore.device.kernels import (
     TOUCH_READ_VALUE,
@@ -133,7 +133,7 @@ class CudaDevice(Device):
         self._warm_up()
         self.delay_200us_measured_us = self._check_delay()
         self._timing_events: list[Any] = []  # timing events, recycled across trials
-        self._capture_stream: Stream | None = None  # where graphs are captured (_do_graph_end)
+        self._capture_streams: list[Stream] = []  # where graphs are captured (_do_graph_end)
         self._base: tuple[Any, int] | None = None  # the trial's first stamp, its host time
         if timeline:
             self.timeline = True
@@ -400,22 +400,36 @@ class CudaDevice(Device):
         self._args.issued(address, end, stream)
 
     def _do_graph_end(self, graph: Graph) -> object:
-        """The graph's nodes issued to a stream of the device's own under stream capture, then
-        instantiated: a CUDA graph (the capture ran nothing). The class's actions are called,
-        not the instance's: neither a timeline's timing events nor a program's capture belong
-        inside it."""
-        if self._capture_stream is None:
-            with _translated(self):
-                self._capture_stream = Stream(-1, "graph-capture", False, False,
-                                              self._cp.cuda.Stream(non_blocking=True))
-        stand_in = self._capture_stream
+        """The graph's nodes issued under stream capture to streams of the device's own (one a
+        branch, the first the capture's), forked and joined by events as the launch plans
+        them, then instantiated: a CUDA graph (the capture ran nothing). The class's actions
+        are called, not the instance's: neither a timeline's timing events nor a program's
+        capture belong inside it."""
+        plan, origin, cls = graph.plan(), graph.stream.name, type(self)
         with _translated(self):
-            stand_in.handle.begin_capture()
+            while len(self._capture_streams) < len(graph.branches):
+                self._capture_streams.append(Stream(
+                    -1, f"graph-capture-{len(self._capture_streams)}", False, False,
+                    self._cp.cuda.Stream(non_blocking=True)))
+            lanes = dict(zip(graph.branches, self._capture_streams))
+            marks = {i: Event(-1, str(i), self._cp.cuda.Event(disable_timing=True))
+                     for i in (*plan.marked, START)}
+            capture = lanes[origin]
+            capture.handle.begin_capture()
             try:
-                for node in graph.nodes:
-                    getattr(type(self), node.name)(self, *node.on(stand_in))
+                if START in plan.marked:
+                    cls._do_record(self, marks[START], capture)
+                for i, node in enumerate(graph.nodes):
+                    lane = lanes[node.branch]
+                    for dep in plan.waits[i]:
+                        cls._do_wait(self, lane, marks[dep])
+                    getattr(cls, node.name)(self, *node.on(lane))
+                    if i in plan.marked:
+                        cls._do_record(self, marks[i], lane)
+                for dep in plan.tail:
+                    cls._do_wait(self, capture, marks[dep])
             finally:
-                made = stand_in.handle.end_capture()
+                made = capture.handle.end_capture()
         return made
 
     def _do_graph_launch(self, graph: Graph, stream: Stream) -> None:

@@ -26,7 +26,7 @@ import numpy as np
 
 from kvcore.defects import Defects
 from kvcore.device.base import DEVICE, Buffer, Device, DeviceInfo, Event, Stream
-from kvcore.device.graph import Graph
+from kvcore.device.graph import START, Graph
 from kvcore.device.schedule import Schedule
 from kvcore.device.kernels import (
     ATTENTION_ASSERT_LINE,
@@ -422,16 +422,30 @@ class SimDevice(Device):
 
     def _do_graph_launch(self, graph: Graph, stream: Stream) -> None:
         # One call issues every node: the host pays one launch, and the nodes are visible to
-        # the device as it returns, each after the one before on the launching stream.
+        # the device as it returns, each after the one before on its branch; a branch runs on a
+        # stream of its own, ordered with the others by the launch's edges.
         self._advance(self.cost.launch_issue_ns)
         cost = self.cost
         if self._graph_cost is None or self._graph_cost[0] is not cost:
             self._graph_cost = (cost, dataclasses.replace(
                 cost, copy_issue_ns=0, launch_issue_ns=0, event_issue_ns=0))
         self.cost = self._graph_cost[1]
+        plan, origin, cls = graph.plan(), graph.stream.name, type(self)
+        lanes = {b: stream if b == origin else Stream(-1, b, False, False, _Stream())
+                 for b in graph.branches}
+        marks = {i: Event(-1, str(i), _Event()) for i in (*plan.marked, START)}
         try:
-            for node in graph.nodes:
-                getattr(type(self), node.name)(self, *node.on(stream))
+            if START in plan.marked:
+                cls._do_record(self, marks[START], stream)
+            for i, node in enumerate(graph.nodes):
+                lane = lanes[node.branch]
+                for dep in plan.waits[i]:
+                    cls._do_wait(self, lane, marks[dep])
+                getattr(cls, node.name)(self, *node.on(lane))
+                if i in plan.marked:
+                    cls._do_record(self, marks[i], lane)
+            for dep in plan.tail:
+                cls._do_wait(self, stream, marks[dep])
         finally:
             self.cost = cost
 
