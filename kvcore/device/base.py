@@ -610,6 +610,27 @@ class Device(ABC):
             self._record(stream.name, "event_wait", (), (), None, mark[dep], None, None,
                          dict(edge))
 
+    def _issue_nodes(self, graph: Graph, lanes: dict[str, Stream], marks: dict[int, Event],
+                     head: Stream) -> None:
+        """A backend's issue of ``graph``'s nodes, each on its branch's lane, with the launch's
+        edges between them (:meth:`Graph.plan`): the start marked on ``head`` (the launching
+        stream, or the capture's), each marked node's event recorded after it, each wait before
+        the node that needs it, and ``head`` waiting for the branches' tail. The class's
+        actions are called, not the instance's: a program captures the launch, not its
+        nodes."""
+        plan, cls = graph.plan(), type(self)
+        if START in plan.marked:
+            cls._do_record(self, marks[START], head)
+        for i, node in enumerate(graph.nodes):
+            lane = lanes[node.branch]
+            for dep in plan.waits[i]:
+                cls._do_wait(self, lane, marks[dep])
+            getattr(cls, node.name)(self, *node.on(lane))
+            if i in plan.marked:
+                cls._do_record(self, marks[i], lane)
+        for dep in plan.tail:
+            cls._do_wait(self, head, marks[dep])
+
     def _graph_node(self, name: str, args: tuple[Any, ...], kind: str, reads: tuple[Access, ...],
                     writes: tuple[Access, ...], detail: dict[str, object]) -> None:
         """A stream op on the capturing stream: a node of the graph, not run now."""

@@ -402,10 +402,8 @@ class CudaDevice(Device):
     def _do_graph_end(self, graph: Graph) -> object:
         """The graph's nodes issued under stream capture to streams of the device's own (one a
         branch, the first the capture's), forked and joined by events as the launch plans
-        them, then instantiated: a CUDA graph (the capture ran nothing). The class's actions
-        are called, not the instance's: neither a timeline's timing events nor a program's
-        capture belong inside it."""
-        plan, origin, cls = graph.plan(), graph.stream.name, type(self)
+        them, then instantiated: a CUDA graph (the capture ran nothing, and no timeline's
+        timing event is inside it: the class's actions are called, see _issue_nodes)."""
         with _translated(self):
             while len(self._capture_streams) < len(graph.branches):
                 self._capture_streams.append(Stream(
@@ -413,21 +411,11 @@ class CudaDevice(Device):
                     self._cp.cuda.Stream(non_blocking=True)))
             lanes = dict(zip(graph.branches, self._capture_streams))
             marks = {i: Event(-1, str(i), self._cp.cuda.Event(disable_timing=True))
-                     for i in (*plan.marked, START)}
-            capture = lanes[origin]
+                     for i in (*graph.plan().marked, START)}
+            capture = lanes[graph.stream.name]
             capture.handle.begin_capture()
             try:
-                if START in plan.marked:
-                    cls._do_record(self, marks[START], capture)
-                for i, node in enumerate(graph.nodes):
-                    lane = lanes[node.branch]
-                    for dep in plan.waits[i]:
-                        cls._do_wait(self, lane, marks[dep])
-                    getattr(cls, node.name)(self, *node.on(lane))
-                    if i in plan.marked:
-                        cls._do_record(self, marks[i], lane)
-                for dep in plan.tail:
-                    cls._do_wait(self, capture, marks[dep])
+                self._issue_nodes(graph, lanes, marks, capture)
             finally:
                 made = capture.handle.end_capture()
         return made

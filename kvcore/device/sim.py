@@ -430,22 +430,12 @@ class SimDevice(Device):
             self._graph_cost = (cost, dataclasses.replace(
                 cost, copy_issue_ns=0, launch_issue_ns=0, event_issue_ns=0))
         self.cost = self._graph_cost[1]
-        plan, origin, cls = graph.plan(), graph.stream.name, type(self)
+        origin = graph.stream.name
         lanes = {b: stream if b == origin else Stream(-1, b, False, False, _Stream())
                  for b in graph.branches}
-        marks = {i: Event(-1, str(i), _Event()) for i in (*plan.marked, START)}
+        marks = {i: Event(-1, str(i), _Event()) for i in (*graph.plan().marked, START)}
         try:
-            if START in plan.marked:
-                cls._do_record(self, marks[START], stream)
-            for i, node in enumerate(graph.nodes):
-                lane = lanes[node.branch]
-                for dep in plan.waits[i]:
-                    cls._do_wait(self, lane, marks[dep])
-                getattr(cls, node.name)(self, *node.on(lane))
-                if i in plan.marked:
-                    cls._do_record(self, marks[i], lane)
-            for dep in plan.tail:
-                cls._do_wait(self, stream, marks[dep])
+            self._issue_nodes(graph, lanes, marks, stream)
         finally:
             self.cost = cost
 
