@@ -725,7 +725,9 @@ class RaceDetector:
         """Two nodes of one launched graph, on branches its capture left unordered: the edge
         goes inside the capture, between the steps that captured them."""
         a, b = self._launched.get(first.seq), self._launched.get(second.seq)
-        if a is None or b is None or a[0] != b[0]:
+        # One launch: the same graph on the same stream (launches there are in order, so two
+        # of them never race).
+        if a is None or b is None or a[0] != b[0] or a[2] != b[2]:
             return None
         return (f"both are nodes of graph {a[0]}, whose capture orders {a[3]}'s {a[4]} and "
                 f"{b[3]}'s {b[4]} by no edge: record an event on {a[3]} after {a[4]} and make "

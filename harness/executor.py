@@ -1027,9 +1027,9 @@ class _Steps:
             buffer, stride = pool.buffer, pool.page_stride
             starts = [pool.page_offset(h) for h in handles]
         else:
-            view = self._buffer(part["buffer"]).view
-            buffer, stride = view.buffer, view.layout.page_stride
-            starts = [view.page_offset(p) for p in range(self._buffer(part["buffer"]).pages)]
+            held = self._buffer(part["buffer"])
+            buffer, stride = held.view.buffer, held.view.layout.page_stride
+            starts = [held.view.page_offset(p) for p in range(held.pages)]
         if "page" in part:
             pages = part["page"] if isinstance(part["page"], tuple) else (part["page"],)
             return [(buffer, starts[int(p)], stride) for p in pages]  # type: ignore[call-overload]

@@ -497,3 +497,12 @@ def test_the_loader_follows_a_captures_forks_and_joins(tmp_path):
     with pytest.raises(ScenarioError, match="this step on 'side' would run now, outside the "
                                             "graph: give it a capturing stream, fork it in"):
         load_scenario(_write(tmp_path, HEAD + stray))
+
+
+def test_every_op_is_capturable_or_says_why_not():
+    """The loader's word for a step inside a capture: a graph holds it, or it says why not."""
+    from harness import vocabulary as V
+
+    for op in V.OPS:
+        if op != "graph_end":
+            assert (op in V.CAPTURABLE) != (op in V.NOT_CAPTURED), op

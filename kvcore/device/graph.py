@@ -24,6 +24,7 @@ for an event recorded outside the capture (cudaErrorStreamCaptureIsolation).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,8 +97,7 @@ class Graph:
         """A node captured by ``node.branch``, after what that stream waited for."""
         after = tuple(sorted(self._pending.pop(node.branch, ())))
         self._last[node.branch] = len(self.nodes)
-        self.nodes.append(Node(node.name, node.args, node.kind, node.reads, node.writes,
-                               node.detail, node.step, node.origin, node.branch, after))
+        self.nodes.append(dataclasses.replace(node, after=after))
 
     def point(self, branch: str) -> frozenset[int]:
         """What a record on ``branch`` now covers: its last node, and what it waited for."""
