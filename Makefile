@@ -47,7 +47,7 @@ test-pythons:
 # On a GPU machine with CuPy, pytest and the dependencies already installed: no venv, no installs.
 # Two parts, each within ten minutes on an H200: the harness's own GPU tests, and gpurace watch
 # on real PyTorch and CuPy programs (tests/watch_programs).
-WATCH_GPU_TESTS := tests/test_watch_gpu.py tests/test_capture_cupy_gpu.py
+WATCH_GPU_TESTS := tests/test_watch_gpu.py tests/test_capture_cupy_gpu.py tests/test_amplify_gpu.py
 test-gpu: test-gpu-core test-gpu-watch
 
 test-gpu-core:

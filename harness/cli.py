@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -916,14 +917,32 @@ def _print_finding(f: dict) -> None:
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
               show_default=True, help="json: the run document on stdout (the program's own "
                                       "output then goes to stderr).")
+@click.option("--amplify", "amplify", multiple=True, metavar="auto|FILE:LINE",
+              help="Make the race show. auto: after the plain runs, run the program --trials "
+                   "times for each racing pair they found, with a delay queued on the stream of "
+                   "the pair's earlier op just before it. FILE:LINE (repeatable): delay every "
+                   "op that line issues, in --trials runs and no plain ones.")
+@click.option("--delay-us", type=click.FloatRange(min=0, min_open=True, max=DELAY_MAX_US),
+              default=1000.0, show_default=True,
+              help="Microseconds each delay holds its stream (with --amplify).")
+@click.option("--trials", type=click.IntRange(min=1, max=TRIALS_MAX), default=20,
+              show_default=True, help="Runs of the program with each amplified pair's delay, "
+                                      "each in a fresh process.")
+@click.option("--fails-when", metavar="REGEX",
+              help="A run whose output (stdout or stderr) matches this regular expression "
+                   "gave a wrong answer (corruption), whatever its exit status; otherwise a run "
+                   "failed when it exited non-zero, raised, died or hung.")
 def watch_cmd(command: Sequence[str], runs: int, timeout_s: float, sources: str,
-              out_dir: Path, junit: Path | None, fmt: str) -> None:
+              out_dir: Path, junit: Path | None, fmt: str, amplify: tuple[str, ...],
+              delay_us: float, trials: int, fails_when: str | None) -> None:
     """Run your own PyTorch or CuPy program and find its stream races on the first run.
 
     \b
         gpurace watch -- python serve.py --requests 8
         gpurace watch --runs 20 -- python -m mypkg.serve
         gpurace watch --format json -- python tests/watch_programs/torch_record_stream.py
+        gpurace watch --amplify auto --trials 50 -- python serve.py
+        gpurace watch --amplify serve.py:41 --fails-when WRONG -- python serve.py
 
     The program runs as it would alone (its output, its exit status), in a process of its
     own, with capture on: every CUDA op's byte ranges on its stream, pinned host memory read
@@ -933,6 +952,11 @@ def watch_cmd(command: Sequence[str], runs: int, timeout_s: float, sources: str,
     in the program's words (both sides' file:line, the tensor, the streams) with the fix that
     fits, and written as an incident with its op trace (`gpurace check` reads it again).
 
+    A race found is in the program's order whether or not its answers showed it. --amplify
+    makes it show: a delay (a spin kernel) queued on one racing op's stream lets the other op
+    go first, and the run document says, per racing pair, how many of --trials runs then
+    failed, with the Wilson 95% interval.
+
     \b
     Exit 0: every run ended well with no race; 1: a race was found, or the program raised,
     exited non-zero, died or hung; 2: bad input; 77: the program's interpreter has neither
@@ -941,6 +965,13 @@ def watch_cmd(command: Sequence[str], runs: int, timeout_s: float, sources: str,
     from harness.capture.watch import WatchOptions, parse_command, watch
 
     program = parse_command(command)
+    auto, delays = _amplify_sites(amplify, delay_us)
+    if fails_when is not None:
+        try:
+            re.compile(fails_when)
+        except re.error as exc:
+            raise click.BadParameter(f"{fails_when!r} is not a regular expression ({exc})",
+                                     param_hint="--fails-when") from None
     check_folder(out_dir, "--out")
     if junit is not None:
         check_file(junit, "--junit")
@@ -950,7 +981,9 @@ def watch_cmd(command: Sequence[str], runs: int, timeout_s: float, sources: str,
     try:
         result = watch(WatchOptions(program=program, runs=runs, timeout_s=timeout_s,
                                     out_dir=out_dir, sources=sources,
-                                    quiet_program=fmt == "json"), hooks)
+                                    quiet_program=fmt == "json", amplify_auto=auto,
+                                    delays=delays, delay_us=delay_us, trials=trials,
+                                    fails_when=fails_when), hooks)
     finally:
         signal.signal(signal.SIGTERM, previous)
     _write_and_show(result, junit, fmt, show=_print_watch_summary)
@@ -959,6 +992,30 @@ def watch_cmd(command: Sequence[str], runs: int, timeout_s: float, sources: str,
                   f"{Path(result.folder) / 'run.json'} keeps the runs that finished",
                   highlight=False)
     sys.exit(int(result.exit_code))
+
+
+def _amplify_sites(words: tuple[str, ...], delay_us: float) -> tuple[bool, tuple[Any, ...]]:
+    """--amplify's words: auto, or the program's lines to delay (each a file that exists)."""
+    from harness.capture.amplify import parse_site
+
+    if "auto" in words:
+        if len(words) > 1:
+            raise click.BadParameter("auto plans the delays itself: give auto alone, or the "
+                                     "lines to delay (FILE:LINE, repeated)",
+                                     param_hint="--amplify")
+        return True, ()
+    delays = []
+    for word in words:
+        try:
+            delay = parse_site(word, delay_us)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--amplify") from None
+        if not Path(delay.path).is_file():
+            raise click.BadParameter(f"{word}: no such file {delay.path!r} (give the path as "
+                                     "a finding names the line, from this folder)",
+                                     param_hint="--amplify")
+        delays.append(delay)
+    return False, tuple(delays)
 
 
 class _WatchHooks(RunHooks):
@@ -980,7 +1037,37 @@ class _WatchHooks(RunHooks):
 
 
 def _print_watch_summary(result: RunResult) -> None:
-    variant = result.results[0]
+    amplified = {a["variant"]: a for a in result.watch.get("amplified", [])}
+    for variant in result.results:
+        entry = amplified.get(variant.variant)
+        if entry is None:
+            _print_watched(result, variant)
+        else:
+            _print_amplified(variant, entry)
+    out.print(f"  run.json: {Path(result.folder) / 'run.json'}", highlight=False)
+    out.print(f"exit {int(result.exit_code)} ({result.exit_code.name.lower()}), "
+              f"{result.wall_s:.1f} s", highlight=False)
+
+
+def _print_amplified(variant: VariantResult, entry: dict[str, Any]) -> None:
+    lo, hi = entry["interval"]
+    delays = "; ".join(f"{d['us']:g} µs before {d['kind'] + ' at ' if d['kind'] else ''}"
+                       f"{d['path']}:{d['line']}" for d in entry["delays"])
+    against = f" against {entry['second']}" if entry.get("second") else ""
+    out.print(f"gpurace watch: {variant.variant}: {delays}{against}: failed "
+              f"{entry['failed']}/{entry['trials']} (95% {lo:.2f}-{hi:.2f}), "
+              f"{entry['queued']} delays queued, outcomes "
+              + ", ".join(f"{k} {v}" for k, v in variant.outcomes().items() if v),
+              highlight=False, soft_wrap=True)
+    first = variant.first_manifested
+    if first is not None:
+        out.print(f"  run {first.index + 1}: {first.outcome.value}: {escape(first.detail)}",
+                  highlight=False, soft_wrap=True)
+    for path in variant.reports:
+        out.print(f"  incident: {path}", highlight=False)
+
+
+def _print_watched(result: RunResult, variant: VariantResult) -> None:
     out.print(f"gpurace watch: {result.watch.get('command')}: {variant.trials} run(s), "
               f"{variant.detected} with races, outcomes "
               + ", ".join(f"{k} {v}" for k, v in variant.outcomes().items() if v),
@@ -994,9 +1081,6 @@ def _print_watch_summary(result: RunResult) -> None:
                   highlight=False, soft_wrap=True)
     for path in variant.reports:
         out.print(f"  incident: {path}", highlight=False)
-    out.print(f"  run.json: {Path(result.folder) / 'run.json'}", highlight=False)
-    out.print(f"exit {int(result.exit_code)} ({result.exit_code.name.lower()}), "
-              f"{result.wall_s:.1f} s", highlight=False)
 
 
 @main.command("doctor")

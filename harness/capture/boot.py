@@ -1,8 +1,9 @@
 """The watched process: switch the capture sources on, then run the user's program in it.
 
-Run by `gpurace watch` as ``python -m harness.capture.boot --events FILE --sources LIST --
-PROGRAM ARGS`` under the program's own interpreter (the one the user named, which has their
-PyTorch or CuPy). It imports nothing of gpurace but the capture vocabulary and the sources, so
+Run by `gpurace watch` as ``python -m harness.capture.boot --events FILE --sources LIST
+[--delays JSON] -- PROGRAM ARGS`` under the program's own interpreter (the one the user named,
+which has their PyTorch or CuPy); ``--delays`` are the delays :mod:`harness.capture.amplify`
+queues before the program's racing ops. It imports nothing of gpurace but the capture vocabulary and the sources, so
 the program runs as it would alone: its ``__main__``, its ``sys.argv``, its output, its exit
 status. How it ended goes into the events file last (an uncaught exception's traceback
 included), and the process exits with the program's own status.
@@ -25,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from harness.capture import events as E
+from harness.capture.amplify import Amplifier, decode
 
 SOURCES = ("torch", "cupy")
 NOTHING_TO_CAPTURE = 77
@@ -36,6 +38,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--events", required=True)
     parser.add_argument("--sources", default="auto")
     parser.add_argument("--module", action="store_true")
+    parser.add_argument("--delays", default="", help="JSON: the delays to queue (amplify)")
     parser.add_argument("program")
     parser.add_argument("args", nargs=argparse.REMAINDER)
     return parser.parse_args(argv)
@@ -54,8 +57,10 @@ class _InstallOnImport(importlib.abc.MetaPathFinder):
     """Switches a source on the moment the program's import of its framework has finished, so
     a program pays for no framework it does not use, and the source sees all of its work."""
 
-    def __init__(self, sink: E.Sink, names: tuple[str, ...]) -> None:
+    def __init__(self, sink: E.Sink, names: tuple[str, ...],
+                 amplifier: Amplifier | None = None) -> None:
         self.sink = sink
+        self.amplifier = amplifier
         self.waiting = set(names)
         self.stops: list[Callable[[], None]] = []
 
@@ -82,7 +87,7 @@ class _InstallOnImport(importlib.abc.MetaPathFinder):
             version = source.available()
             if version is None:
                 return
-            self.stops.append(source.install(self.sink))
+            self.stops.append(source.install(self.sink, self.amplifier))
             self.sink.emit(["source", name, version])
         except Exception as exc:  # a source that cannot start must not stop the program
             self.sink.emit(["note", f"the {name} source could not start ({exc!r}): its work "
@@ -143,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
             return _end(sink, USAGE, f"no module named {opts.program!r} for {sys.executable}")
     elif not os.path.isfile(opts.program):
         return _end(sink, USAGE, f"{opts.program}: no such file")
-    hook = _InstallOnImport(sink, found)
+    amplifier = Amplifier(decode(opts.delays), sink.emit) if opts.delays else None
+    hook = _InstallOnImport(sink, found, amplifier)
     sys.meta_path.insert(0, hook)
     for name in found:
         if name in sys.modules:  # imported already (a sitecustomize): switch it on now
@@ -176,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
                 off()
             except Exception as exc:  # a source that cannot stop must not hide the exit
                 sink.emit(["note", f"a capture source failed to stop: {exc!r}"])
+        if amplifier is not None:
+            amplifier.report()
     return _end(sink, status, error, tb)
 
 

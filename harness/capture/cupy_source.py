@@ -46,6 +46,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from harness.capture.amplify import Amplifier
 from harness.capture.events import DEVICE, HOST, LEGACY_STREAM, PER_THREAD_STREAM, Sink
 from harness.capture.sites import program_site, thread_name
 
@@ -363,6 +364,9 @@ class _CupySource:
         self._memptr = cupy.cuda.MemoryPointer
         import numpy
         self._np_ndarray = numpy.ndarray
+        self.amplifier: Amplifier | None = None
+        self._spin: Any = None  # the delay's kernel, built at the first delay
+        self._delay_streams: dict[int, Any] = {}
 
     # -- install ----------------------------------------------------------------------------
 
@@ -491,6 +495,8 @@ class _CupySource:
         except Exception as exc:
             self.failed(label, exc)
             return call(*args, **kwargs)
+        if self.amplifier is not None:
+            self.amplify(frame.site, kind, sid)
         self._tls.frame = frame
         try:
             result = call(*args, **kwargs)
@@ -860,6 +866,29 @@ class _CupySource:
         self.patch(self.cp.cuda, "Device", Device)
         self.patch(self.cp.cuda.device, "Device", Device)
 
+    # -- delays -----------------------------------------------------------------------------
+
+    def amplify(self, site: str | None, kind: str, sid: int | None) -> None:
+        """Queue the delay the amplifier wants before this op, on the op's stream: a spin on
+        the GPU's global timer, so its length does not follow the SM clock."""
+        assert self.amplifier is not None
+        delay = self.amplifier.wants(site, kind)
+        if delay is None or sid is None:
+            return
+        try:
+            if self._spin is None:
+                self._spin = self.cp.RawKernel(_SPIN_CODE, "gpurace_delay")
+            stream = self._delay_streams.get(sid)
+            if stream is None:
+                stream = self._delay_streams[sid] = self.cp.cuda.ExternalStream(sid)
+            import numpy
+            ns = numpy.uint64(int(delay.us * 1000))
+            self.opaque(self._spin, (1,), (1,), (ns,), stream=stream)
+        except Exception as exc:  # a delay that cannot be queued must not stop the program
+            self.amplifier.failed(delay, repr(exc))
+            return
+        self.amplifier.queued(delay, sid)
+
     # -- copies -----------------------------------------------------------------------------
 
     def copy_op(self, label: str, kind: str, sid: int, reads: list[Access],
@@ -868,7 +897,10 @@ class _CupySource:
         op), and everything written out before it runs if it waits."""
         self.ordered()
         if reads or writes:
-            self.op(sid, kind, reads, writes, program_site(), label, sync)
+            site = program_site()
+            if self.amplifier is not None:
+                self.amplify(site, kind, sid)
+            self.op(sid, kind, reads, writes, site, label, sync)
         if sync:
             self.before_wait()
 
@@ -1059,12 +1091,14 @@ class _CupySource:
             return call(kernel, grid, block, args, **kwargs)
         try:
             sid, site = self.stream_sid(kwargs.get("stream")), program_site()
+            name = kernel_identifier(kernel.name)
         except Exception as exc:
             self.failed("RawKernel", exc)
             return call(kernel, grid, block, args, **kwargs)
+        if self.amplifier is not None:
+            self.amplify(site, "kernel:" + name, sid)
         result = call(kernel, grid, block, args, **kwargs)
         try:
-            name = kernel_identifier(kernel.name)
             reads, writes = self.kernel_accesses(name, getattr(kernel, "_gpurace_roles", None),
                                                  tuple(args))
             self.op(sid, "kernel:" + name, reads, writes, site, f"RawKernel({kernel.name})")
@@ -1597,11 +1631,25 @@ def available() -> str | None:
     return str(getattr(cupy, "__version__", "unknown"))
 
 
-def install(sink: Sink) -> Callable[[], None]:
+_SPIN_CODE = r'''
+extern "C" __global__ void gpurace_delay(unsigned long long ns) {
+    unsigned long long start, now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    do {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    } while (now - start < ns);
+}
+'''
+"""The delay: one thread spinning on the global timer (nanoseconds, whatever the clock)."""
+
+
+def install(sink: Sink, amplifier: Amplifier | None = None) -> Callable[[], None]:
     """Start reporting the CuPy work of this process to ``sink`` (one ``note`` per thing this
-    source cannot see comes first); the function that stops it."""
+    source cannot see comes first), queueing the delays ``amplifier`` asks for; the function
+    that stops it."""
     import cupy
 
     source = _CupySource(sink, cupy)
+    source.amplifier = amplifier
     source.install()
     return source.uninstall

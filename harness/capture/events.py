@@ -38,6 +38,8 @@ The events, field by field::
     ["sync_stream", sid, site]                   cudaStreamSynchronize
     ["sync_device", site]                        cudaDeviceSynchronize
     ["note", text]                               something the source could not see, in words
+    ["delays", [{"path", "line", "us", "kind", "queued", "streams"}, ...], [failure, ...]]
+        what amplification queued (:mod:`harness.capture.amplify`), written as the program ends
     ["exit", {"status", "error", "traceback"}]   how the program ended, as its process saw it
 
 Every field is optional but the positional ones; a reader ignores keys it does not know, so a

@@ -30,6 +30,7 @@ from types import FrameType
 from typing import Any
 
 from harness.capture import events as E
+from harness.capture.amplify import Amplifier, Delay
 from harness.capture.sites import program_frame, site_of, thread_name, variable_for
 
 RUNS_MAX = 64
@@ -141,6 +142,8 @@ class _Capture:
         self.local = threading.local()  # .inflight: the op being run, not yet emitted
         self.raw_stream = torch._C._cuda_getCurrentRawStream
         self.main_thread = threading.main_thread()
+        self.amplifier: Amplifier | None = None
+        self.cycles_per_us: dict[int, float] = {}  # device index -> the spin kernel's rate
 
     # ---- names -------------------------------------------------------------------------------
     def name_pending(self) -> None:
@@ -219,6 +222,10 @@ class _Capture:
             self._seen_stream(sid, frame)
             if not plan.no_work:
                 event = ["op", sid, self._kind(plan, args), reads, writes, meta]
+                if self.amplifier is not None:
+                    delay = self.amplifier.wants(site, event[2])
+                    if delay is not None:
+                        self.delay(delay, cuda_index, sid)
         elif (reads or writes) and not plan.no_work:
             event = ["op", None, "host_write" if writes else "host_read", reads, writes, meta]
         self.local.inflight = event
@@ -248,6 +255,51 @@ class _Capture:
         if event is not None and not emitted:
             self.emit(event)
         return out
+
+    def delay(self, delay: Delay, index: int, sid: int) -> None:
+        """Queue ``delay`` on the current stream of device ``index`` (the op's own), as
+        ``torch.cuda._sleep``'s spin of clock cycles, counted at the rate measured here."""
+        assert self.amplifier is not None
+        torch = self.torch
+        try:
+            rate = self.cycles_per_us.get(index)
+            if rate is None:
+                rate = self.cycles_per_us[index] = self.calibrate(index)
+                self.emit(["note", f"delays: the spin kernel counts {rate:.0f} clock cycles "
+                                   f"a microsecond on cuda:{index} (measured)"])
+            with torch.cuda.device(index):
+                torch.cuda._sleep(max(1, int(delay.us * rate)))
+        except Exception as exc:  # a delay that cannot be queued must not stop the program
+            self.amplifier.failed(delay, repr(exc))
+            return
+        self.amplifier.queued(delay, sid)
+
+    def calibrate(self, index: int) -> float:
+        """Clock cycles a microsecond of ``torch.cuda._sleep``'s spin, on a stream of its own
+        (the program's queued work is not waited for) and unwatched. The fastest of three
+        rounds: a round the program's kernels held back reads slow."""
+        torch = self.torch
+        self.on = False
+        try:
+            with torch.cuda.device(index):
+                stream = torch.cuda.Stream()
+                best = 0.0
+                with torch.cuda.stream(stream):
+                    for cycles in (100_000, 1_000_000, 1_000_000):
+                        begin = torch.cuda.Event(enable_timing=True)
+                        end = torch.cuda.Event(enable_timing=True)
+                        begin.record(stream)
+                        torch.cuda._sleep(cycles)
+                        end.record(stream)
+                        end.synchronize()
+                        us = begin.elapsed_time(end) * 1000.0
+                        if us > 0:
+                            best = max(best, cycles / us)
+        finally:
+            self.on = True
+        if best <= 0:
+            raise RuntimeError("the spin kernel took no measurable time")
+        return best
 
     def _kind(self, plan: _Plan, args: tuple[Any, ...]) -> str:
         if plan.kind == "kernel":
@@ -387,13 +439,15 @@ def _pins(plan: _Plan, t: Any) -> bool:
     return plan.name.startswith(("empty", "zeros", "ones", "full", "new_"))
 
 
-def install(sink: E.Sink) -> Callable[[], None]:
-    """Capture the program's PyTorch work into ``sink`` from now on; returns what stops it."""
+def install(sink: E.Sink, amplifier: Amplifier | None = None) -> Callable[[], None]:
+    """Capture the program's PyTorch work into ``sink`` from now on, queueing the delays
+    ``amplifier`` asks for; returns what stops it."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
     import torch.cuda._gpu_trace as trace
 
     cap = _Capture(sink)
+    cap.amplifier = amplifier
 
     class _Mode(TorchDispatchMode):
         def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),

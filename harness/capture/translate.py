@@ -66,6 +66,7 @@ class Translator:
         self.hello: dict[str, Any] = {}
         self.exit: dict[str, Any] | None = None
         self.notes: list[str] = []
+        self.delays: list[dict[str, Any]] = []  # what amplification queued, delay by delay
         self.ops = 0  # stream and host accesses translated (not allocations, not edges)
         self._buffers: dict[tuple[str, int], int] = {}
         self._streams: dict[int, str] = {}
@@ -83,6 +84,7 @@ class Translator:
             "wait": self._wait, "sync_event": self._sync_event, "query": self._query,
             "sync_stream": self._sync_stream, "sync_device": self._sync_device,
             "note": self._note, "exit": self._exit, "source": self._source,
+            "delays": self._delays,
         }
 
     # ---- the events --------------------------------------------------------------------------
@@ -101,6 +103,11 @@ class Translator:
     def _note(self, text: str) -> None:
         if text not in self.notes:
             self.notes.append(str(text))
+
+    def _delays(self, delays: list[dict[str, Any]], failures: list[str] | None = None) -> None:
+        self.delays = [dict(d) for d in delays]
+        for why in failures or ():
+            self._note(f"a delay could not be queued: {why}")
 
     def _exit(self, info: dict[str, Any]) -> None:
         self.exit = dict(info)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from harness.capture import amplify as A
 from harness.capture.analysis import RunAnalysis
 from harness.capture.events import LOST, read_events
 from harness.errors import CaptureFailed, NothingToCapture, WatchError
@@ -34,6 +35,7 @@ from harness.gpu.nvml import health_snapshot
 from harness.incidents import trace_tail
 from harness.outcome import Outcome, TrialResult, VariantResult
 from harness.outputs import RunFolder
+from harness.rates import wilson
 from harness.runner import VERSION, RunHooks, RunResult
 from reports import write_incident
 
@@ -121,6 +123,15 @@ class WatchOptions:
     max_incidents: int = 3
     quiet_program: bool = False  # the program's stdout goes to our stderr (--format json)
     env: dict[str, str] = field(default_factory=dict)
+    amplify_auto: bool = False  # after the runs, delay each racing pair's earlier op
+    delays: tuple[A.Delay, ...] = ()  # the user's own sites to delay (no plain runs then)
+    delay_us: float = A.DELAY_US
+    trials: int = 20  # runs of the program with each plan's delays
+    fails_when: str | None = None  # a regex over the program's output that means it failed
+
+    @property
+    def amplifying(self) -> bool:
+        return self.amplify_auto or bool(self.delays)
 
 
 @dataclass(frozen=True)
@@ -156,31 +167,95 @@ def watch(options: WatchOptions, hooks: RunHooks | None = None) -> RunResult:
     notes: list[str] = []
     runs: list[dict[str, Any]] = []
     faults = WriteFaults(note=hooks.note)
+    amplified: list[dict[str, Any]] = []
+    variants = [] if options.delays else [variant]
     try:
-        _runs(options, folder.path, variant, hooks, notes, runs, faults)
+        if not options.delays:
+            _runs(options, folder.path, variant, hooks, notes, runs, faults)
+        if options.amplifying:
+            _amplify(options, folder.path, variant, hooks, notes, runs, faults, amplified,
+                     variants)
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM through the CLI: keep what ended
         result.interrupted = signal.Signals(getattr(exc, "signum", signal.SIGINT)).name
     except WriteStop:
         pass  # a run's own files could not be made: said, and the runs before it are kept
     result.write_errors = faults.records
-    variant.judge()
-    hooks.variant_finished(variant)
-    result.results.append(variant)
+    for v in variants:
+        v.judge()
+        hooks.variant_finished(v)
+    result.results.extend(variants)
     result.watch_notes = notes
     result.health = {"before": before, "after": health_snapshot()}
     result.wall_s = time.monotonic() - start
     result.plan = {"digest": "0" * 64, "version": VERSION, "backend": "cuda", "seed": 0,
                    "sources": {}}
     result.watch = {"command": shlex.join(program.argv), "runs": runs}
+    if options.amplifying:
+        result.watch["amplified"] = amplified
     return result
 
 
+def _amplify(options: WatchOptions, folder: Path, watched: VariantResult, hooks: RunHooks,
+             notes: list[str], runs: list[dict[str, Any]], faults: WriteFaults,
+             amplified: list[dict[str, Any]], variants: list[VariantResult]) -> None:
+    """The amplified runs: for each racing pair the plain runs found (or the user's sites),
+    ``trials`` runs with a delay before the pair's earlier op, as a variant of its own."""
+    if options.delays:
+        plans = [(options.delays, None)]
+    else:
+        findings = watched.finding_summary()
+        plans = [((t.delay,), t) for t in A.plan(findings, options.delay_us)]
+        for f in A.unplanned(findings):
+            first, second = f["first"], f["second"]
+            _say(notes, hooks, f"not amplified: {first.get('kind')} at {first.get('step')} "
+                               f"against {second.get('kind')} at {second.get('step')}: the "
+                               "earlier op is the host's own, which no delay on a stream moves")
+        if not plans:
+            _say(notes, hooks, "nothing to amplify: the runs found no race")
+    for number, (delays, target) in enumerate(plans, 1):
+        variant = VariantResult(scenario=options.program.name, variant=f"amplified-{number}",
+                                expect="clean", path=options.program.target, dangerous=False,
+                                amplified=True, delay_us=max(d.us for d in delays))
+        variants.append(variant)
+        entry: dict[str, Any] = {
+            "variant": variant.variant, "delays": [d.to_json() for d in delays],
+            "first": target.first if target else None,
+            "second": target.second if target else None,
+            "stream": target.stream if target else None, "trials": 0, "failed": 0,
+            "interval": [0.0, 1.0], "queued": 0}
+        amplified.append(entry)
+        hooks.variant_started(variant, options.trials)
+        _say(notes, hooks, f"{variant.variant}: {options.trials} run(s) with a delay of "
+                           + "; ".join(d.describe() for d in delays)
+                           + (f" (against {target.second})" if target else ""))
+        _runs(options, folder, variant, hooks, notes, runs, faults, delays=delays,
+              label=variant.variant, count=options.trials, entry=entry)
+        if options.delays and not entry["queued"]:
+            _say(notes, hooks, "no delay was queued: no op of the program's ran from "
+                               + ", ".join(d.site for d in delays)
+                               + " (check the file and line: a finding's side names them)")
+
+
+def _say(notes: list[str], hooks: RunHooks, text: str) -> None:
+    if text not in notes:
+        notes.append(text)
+        hooks.note(text)
+
+
 def _runs(options: WatchOptions, folder: Path, variant: VariantResult, hooks: RunHooks,
-          notes: list[str], runs: list[dict[str, Any]], faults: WriteFaults) -> None:
-    """The program's runs, one after another, each folded into ``variant`` as it ends."""
-    for index in range(options.runs):
-        trial, info = _one_run(options, folder, index, hooks, faults)
+          notes: list[str], runs: list[dict[str, Any]], faults: WriteFaults,
+          delays: tuple[A.Delay, ...] = (), label: str = "", count: int | None = None,
+          entry: dict[str, Any] | None = None) -> None:
+    """The program's runs, one after another, each folded into ``variant`` as it ends (with
+    ``delays`` queued, counted into ``entry``)."""
+    for index in range(options.runs if count is None else count):
+        trial, info = _one_run(options, folder, index, hooks, faults, delays, label)
         variant.add(trial)
+        if entry is not None:
+            entry["trials"] = variant.trials
+            entry["failed"] = variant.trials - variant.counts[Outcome.CLEAN.value]
+            entry["interval"] = [round(x, 4) for x in wilson(entry["failed"], variant.trials)]
+            entry["queued"] += sum(int(d.get("queued", 0)) for d in info["delays"])
         for note in info["notes"]:
             if note not in notes:
                 notes.append(note)
@@ -189,16 +264,17 @@ def _runs(options: WatchOptions, folder: Path, variant: VariantResult, hooks: Ru
         if (trial.outcome.manifested or trial.race) and \
                 len(variant.reports) < options.max_incidents:
             try:
-                variant.reports.append(str(_incident(folder, options, trial, info)))
+                variant.reports.append(str(_incident(folder, options, trial, info, delays)))
             except OSError as exc:  # the run is counted; its report is what is lost
                 faults.failed("incident", folder, exc)
         hooks.trial_finished(variant, trial)
 
 
 def _one_run(options: WatchOptions, folder: Path, index: int, hooks: RunHooks,
-             faults: WriteFaults) -> tuple[TrialResult, dict[str, Any]]:
+             faults: WriteFaults, delays: tuple[A.Delay, ...] = (),
+             label: str = "") -> tuple[TrialResult, dict[str, Any]]:
     program = options.program
-    work = folder / "watch" / f"run-{index + 1:03d}"
+    work = folder / "watch" / label / f"run-{index + 1:03d}"
     events_path = work / "events.jsonl"
     try:
         work.mkdir(parents=True, exist_ok=True)
@@ -209,7 +285,7 @@ def _one_run(options: WatchOptions, folder: Path, index: int, hooks: RunHooks,
     analysis = RunAnalysis(trace_path, {"scenario": program.name, "path": program.target,
                                         "variant": "watched", "backend": "cuda",
                                         "trial": index, "seed": 0})
-    end = _run_program(options, events_path, work, analysis, index, hooks)
+    end = _run_program(options, events_path, work, analysis, index, hooks, delays)
     analysis.close()
     notes: list[str] = []
     if end.events_lost:  # the findings cover the program up to where its capture stopped
@@ -228,6 +304,12 @@ def _one_run(options: WatchOptions, folder: Path, index: int, hooks: RunHooks,
     if end.status == said == 2 and end.error:
         raise WatchError(end.error)
     outcome, detail, cuda_error = _judge(end)
+    if options.fails_when and outcome in (Outcome.CLEAN, Outcome.CRASH) and not cuda_error \
+            and end.signal is None:
+        said = _failure_line(work / "program.log", options.fails_when)
+        if said is not None:
+            outcome = Outcome.CORRUPTION
+            detail = f"the program's output matched --fails-when: {said}"[:2000]
     trial = TrialResult(index=index, seed=0, outcome=outcome, detail=detail,
                         cuda_error=cuda_error, duration_s=end.duration_s,
                         race=bool(findings), worker_pid=translator.hello.get("pid"),
@@ -239,12 +321,26 @@ def _one_run(options: WatchOptions, folder: Path, index: int, hooks: RunHooks,
                             f"interpreter (exit {end.status}): "
                             + (end.stderr_tail.strip().splitlines() or ["no output"])[-1])
     notes = [*translator.notes, *notes]
-    run = {"index": index, "status": end.status, "signal": end.signal,
+    run = {"index": index, **({"variant": label} if label else {}), "status": end.status, "signal": end.signal,
            "timed_out": end.timed_out, "error": end.error, "ops": translator.ops,
            "records": translator.seq, "sources": translator.hello.get("sources", {}),
            "events": str(events_path), "trace": str(trace_path),
            "log": str(work / "program.log")}
-    return trial, {"notes": notes, "run": run, "end": end}
+    return trial, {"notes": notes, "run": run, "end": end, "delays": translator.delays}
+
+
+def _failure_line(log: Path, pattern: str) -> str | None:
+    """The first line of the program's output that ``pattern`` matches, or None."""
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return None
+    match = re.search(pattern, text, re.MULTILINE)
+    if match is None:
+        return None
+    start = text.rfind("\n", 0, match.start()) + 1
+    end = text.find("\n", match.end())
+    return text[start:end if end >= 0 else len(text)].strip()
 
 
 def _judge(end: ProgramEnd) -> tuple[Outcome, str, str | None]:
@@ -267,12 +363,13 @@ def _judge(end: ProgramEnd) -> tuple[Outcome, str, str | None]:
 
 
 def _run_program(options: WatchOptions, events: Path, work: Path, analysis: RunAnalysis,
-                 index: int, hooks: RunHooks) -> ProgramEnd:
+                 index: int, hooks: RunHooks, delays: tuple[A.Delay, ...] = ()) -> ProgramEnd:
     """Run the program once under the boot, feeding ``analysis`` as its events come."""
     program = options.program
     argv = [program.python, *program.flags, "-m", "harness.capture.boot", "--events",
             str(events),
             "--sources", options.sources, *(["--module"] if program.module else []),
+            *(["--delays", A.encode(delays)] if delays else []),
             "--", program.target, *program.args]
     env = dict(os.environ)
     env.update(options.env)
@@ -442,13 +539,13 @@ def _shim() -> Path:
 
 
 def _incident(folder: Path, options: WatchOptions, trial: TrialResult,
-              info: dict[str, Any]) -> Path:
+              info: dict[str, Any], delays: tuple[A.Delay, ...] = ()) -> Path:
     """The incident folder of a run that raced or ended badly."""
     program = options.program
     end: ProgramEnd = info["end"]
     last_ops, buffers, _ = trace_tail(trial)
     trace = Path(trial.trace) if trial.trace else None
-    argv = ["gpurace", "watch", "--", *program.argv]
+    argv = ["gpurace", "watch", *_amplify_argv(options, delays), "--", *program.argv]
     report = {
         "schema": "gpurace.report/1",
         "scenario": {"name": program.name, "path": program.target,
@@ -461,7 +558,11 @@ def _incident(folder: Path, options: WatchOptions, trial: TrialResult,
         "outcome": trial.outcome.value, "detail": trial.detail,
         "cuda_error": trial.cuda_error, "step": None, "request": None, "xids": [],
         "xid_note": "", "kernel_log": [], "device_log": end.traceback or "",
-        "amplification": None, "findings": trial.findings, "last_ops": last_ops,
+        "amplification": {"stream": None,
+                          "before": "; ".join(f"{d.kind + ' at ' if d.kind else ''}{d.site}"
+                                              for d in delays),
+                          "delay_us": max(d.us for d in delays)} if delays else None,
+        "findings": trial.findings, "last_ops": last_ops,
         "buffers": buffers,
         "ops_total": trial.ops_total, "trace": "trace.jsonl",
         "reproduce": {"command": shlex.join(argv), "argv": argv},
@@ -472,3 +573,14 @@ def _incident(folder: Path, options: WatchOptions, trial: TrialResult,
     if info["notes"]:
         extra["notes.txt"] = "\n".join(info["notes"]) + "\n"
     return write_incident(folder, report, trace, extra)
+
+
+def _amplify_argv(options: WatchOptions, delays: tuple[A.Delay, ...]) -> list[str]:
+    """The `gpurace watch` options that run the program again with these delays."""
+    if not delays:
+        return []
+    words = [w for d in delays for w in ("--amplify", d.site)]
+    words += ["--delay-us", f"{max(d.us for d in delays):g}", "--trials", str(options.trials)]
+    if options.fails_when:
+        words += ["--fails-when", options.fails_when]
+    return words

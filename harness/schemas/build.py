@@ -327,13 +327,28 @@ def run_schema() -> Schema:
         "watch": described(closed({
             "command": string(),
             "runs": array(closed({
-                "index": integer(0), "status": nullable(integer(0)),
+                "index": integer(0), "variant": described(NAME, "the amplified variant the "
+                                                                "run belongs to"),
+                "status": nullable(integer(0)),
                 "signal": nullable(integer(1)), "timed_out": BOOLEAN,
                 "error": nullable(string()), "ops": integer(0), "records": integer(0),
                 "sources": {"type": "object", "additionalProperties": nullable(string())},
-                "events": string(), "trace": string(), "log": string()})),
-        }), "`gpurace watch`: the program's command, and how each run of it ended (its exit "
-            "status or signal, the ops captured, its events, op trace and output)"),
+                "events": string(), "trace": string(), "log": string()},
+                required=["index", "status", "signal", "timed_out", "error", "ops", "records",
+                          "sources", "events", "trace", "log"])),
+            "amplified": described(array(closed({
+                "variant": NAME,
+                "delays": array(closed({"path": string(), "line": integer(1),
+                                        "us": number(0, L.DELAY_MAX_US),
+                                        "kind": nullable(string())})),
+                "first": nullable(string()), "second": nullable(string()),
+                "stream": nullable(string()), "trials": integer(0), "failed": integer(0),
+                "interval": array(number(0, 1)), "queued": integer(0)})),
+                "--amplify: each plan's delays, the racing pair it opens (auto), how many "
+                "of its runs failed, with the Wilson 95% interval, and the delays queued"),
+        }, required=["command", "runs"]), "`gpurace watch`: the program's command, and how "
+            "each run of it ended (its exit status or signal, the ops captured, its events, op "
+            "trace and output)"),
     }, required=["schema", "run_id", "folder", "interrupted", "backend", "device", "seed",
                  "poison", "wall_s", "exit_code", "stopped", "health", "watch_notes",
                  "version", "shard", "plan", "shards", "lanes", "retired", "results"])

@@ -1,0 +1,187 @@
+"""`gpurace watch --amplify` without a GPU: what a delay names, which racing op it is planned
+before (on the recorded captures of the real programs), which of a recording's ops a source would
+queue it before, how the watched process says what it queued, and what the command refuses."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.capture import amplify as A
+from harness.capture.analysis import RunAnalysis
+from harness.capture.events import iter_file
+from harness.capture.translate import Translator
+from harness.capture.watch import _failure_line
+
+ROOT = Path(__file__).resolve().parent.parent
+CORPUS = ROOT / "tests" / "capture_recorded"
+PROGRAMS = ROOT / "tests" / "watch_programs"
+BUGGY = sorted(CORPUS.glob("*-buggy.jsonl"))
+
+
+def _findings(path: Path) -> list[dict]:
+    analysis = RunAnalysis(None, {})
+    analysis.feed(list(iter_file(path)))
+    analysis.close()
+    return [f.to_json() for f in analysis.findings]
+
+
+def _race_lines(program: Path) -> set[int]:
+    """The lines a program marks ``# RACE``: its racing ops."""
+    return {n for n, text in enumerate(program.read_text().splitlines(), 1) if "# RACE" in text}
+
+
+def test_a_site_is_file_and_line_and_says_what_is_wrong_otherwise():
+    d = A.parse_site("tests/watch_programs/torch_views.py:68", 250.0)
+    assert (d.path, d.line, d.us, d.kind) == ("tests/watch_programs/torch_views.py", 68, 250.0,
+                                              None)
+    assert A.parse_site("C:/x/serve.py:7").path == "C:/x/serve.py"  # the last colon splits
+    for bad, words in (("serve.py", "not FILE:LINE"), ("serve.py:x", "not FILE:LINE"),
+                       ("serve.py:0", "count from 1"), (":3", "not FILE:LINE")):
+        with pytest.raises(ValueError, match=words):
+            A.parse_site(bad)
+    delays = (d, A.Delay("a.py", 3, 10.0, "kernel:mm"))
+    assert A.decode(A.encode(delays)) == delays
+
+
+def test_a_site_names_the_captured_file_by_its_path_or_its_tail(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "pkg").mkdir()
+    assert A.same_file("pkg/serve.py", "pkg/serve.py")
+    assert A.same_file("pkg/serve.py", str(tmp_path / "pkg" / "serve.py"))
+    assert A.same_file("pkg/serve.py", "serve.py")  # the tail of its path
+    assert A.same_file("/elsewhere/pkg/serve.py", "pkg/serve.py")
+    assert not A.same_file("pkg/myserve.py", "serve.py")  # a tail at a folder's edge only
+    assert not A.same_file("other/serve.py", "pkg/serve.py")
+
+
+@pytest.mark.parametrize("path", BUGGY, ids=lambda p: p.stem)
+def test_auto_plans_a_delay_before_the_earlier_racing_op_of_each_pair(path):
+    """On each real program's recorded capture: every racing pair whose earlier op is a
+    stream's gets a delay at that op's line (one the program marks as racing) and of its kind,
+    and a source replaying the capture would queue it before exactly those ops."""
+    findings = _findings(path)
+    targets = A.plan(findings, 500.0)
+    program = PROGRAMS / (path.stem.rsplit("-", 1)[0] + ".py")
+    assert targets, (findings, A.unplanned(findings))
+    assert len(targets) + len(A.unplanned(findings)) >= 1
+    for t in targets:
+        first = min((t.finding["first"], t.finding["second"]), key=lambda op: op["seq"])
+        assert t.delay.site == first["step"] and t.delay.kind == first["kind"]
+        assert t.delay.us == 500.0 and t.stream == first["stream"] != "host"
+    assert {t.delay.line for t in targets} & _race_lines(program), (
+        [t.delay for t in targets], sorted(_race_lines(program)))
+    # What the sources would ask the amplifier, op by op, as the capture has them.
+    emitted: list[list] = []
+    amp = A.Amplifier([t.delay for t in targets], emitted.append)
+    delayed = []
+    for event in iter_file(path):
+        if event[0] == "op" and event[1] is not None:
+            delay = amp.wants(event[5].get("site"), event[2])
+            if delay is not None:
+                amp.queued(delay, event[1])
+                delayed.append((event[5]["site"], event[2]))
+    assert delayed and all((site, kind) in {(t.delay.site, t.delay.kind) for t in targets}
+                           for site, kind in delayed)
+    amp.report()
+    (kind, counts, failures), = emitted
+    assert kind == "delays" and failures == []
+    assert sum(c["queued"] for c in counts) == len(delayed)
+
+
+def test_a_pair_that_begins_with_the_hosts_own_access_is_not_planned():
+    host = {"seq": 3, "stream": "host", "kind": "host_write", "step": "a.py:5"}
+    copy = {"seq": 9, "stream": "upload", "kind": "copy_htod", "step": "a.py:9"}
+    f = {"first": host, "second": copy}
+    assert A.plan([f]) == [] and A.unplanned([f]) == [f]
+    g = {"first": copy | {"seq": 12}, "second": host | {"seq": 2}}  # the earlier by seq
+    assert A.plan([g]) == []
+    (t,) = A.plan([{"first": host | {"seq": 20}, "second": copy}])
+    assert (t.delay.site, t.delay.kind, t.stream) == ("a.py:9", "copy_htod", "upload")
+
+
+def test_one_delay_per_site_and_kind_however_many_pairs_begin_there():
+    w = {"seq": 1, "stream": "prefill", "kind": "kernel:mm", "step": "a.py:5"}
+    pairs = [{"first": w, "second": {"seq": s, "stream": "decode", "kind": "copy_dtod",
+                                     "step": f"a.py:{s}"}} for s in (7, 8)]
+    assert [t.second for t in A.plan(pairs)] == ["copy_dtod on decode at a.py:7"]
+
+
+def test_a_delay_of_a_kind_waits_for_that_kind_only_and_a_bare_line_for_every_op():
+    emitted: list[list] = []
+    amp = A.Amplifier([A.Delay("a.py", 5, kind="kernel:mm"), A.Delay("b.py", 2)],
+                      emitted.append)
+    assert amp.wants("a.py:5", "kernel:mm") is not None
+    assert amp.wants("a.py:5", "kernel:add") is None
+    assert amp.wants("a.py:6", "kernel:mm") is None
+    assert amp.wants("b.py:2", "copy_htod") == amp.wants("b.py:2", "kernel:x") is not None
+    assert amp.wants(None, "kernel:mm") is None
+    d = amp.wants("b.py:2", "copy_htod")
+    amp.failed(d, "RuntimeError('no NVRTC')")
+    assert amp.wants("b.py:2", "copy_htod") is None  # not asked for again
+    amp.report()
+    translator = Translator(lambda r: None, lambda b: None, lambda s: None)
+    translator.feed(emitted)
+    assert [d["line"] for d in translator.delays] == [5, 2]
+    assert any("b.py:2: RuntimeError('no NVRTC')" in n for n in translator.notes)
+
+
+def test_fails_when_finds_the_line_of_the_programs_output_that_says_it_failed(tmp_path):
+    log = tmp_path / "program.log"
+    log.write_text("work_s=0.01\nWRONG: request 3: decode read page 6 early (1 of 8)\nbye\n")
+    assert _failure_line(log, "^WRONG") == "WRONG: request 3: decode read page 6 early (1 of 8)"
+    assert _failure_line(log, "page \\d+ early") == \
+        "WRONG: request 3: decode read page 6 early (1 of 8)"
+    assert _failure_line(log, "^RIGHT") is None
+    assert _failure_line(tmp_path / "gone.log", "x") is None
+
+
+def _cli(tmp_path: Path, *words: str) -> subprocess.CompletedProcess[str]:
+    prog = tmp_path / "prog.py"
+    prog.write_text("print('hi')\n")
+    return subprocess.run([sys.executable, "-m", "harness.cli", "watch", "--out",
+                           str(tmp_path / "out"), *words, "--", sys.executable, str(prog)],
+                          capture_output=True, text=True, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+@pytest.mark.parametrize("words, said", [
+    (("--amplify", "auto", "--amplify", "prog.py:1"), "give auto alone"),
+    (("--amplify", "prog.py"), "is not FILE:LINE"),
+    (("--amplify", "nothere.py:3"), "no such file 'nothere.py'"),
+    (("--amplify", "prog.py:0"), "lines count from 1"),
+    (("--amplify", "auto", "--fails-when", "(unclosed"), "is not a regular expression"),
+    (("--amplify", "auto", "--delay-us", "0"), "--delay-us"),
+])
+def test_watch_refuses_a_bad_amplify_before_running_anything(tmp_path, words, said):
+    done = _cli(tmp_path, *words)
+    assert done.returncode == 2, done.stderr
+    assert said in done.stderr, done.stderr
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").glob("run-*"))
+
+
+def test_the_run_document_schema_takes_an_amplified_watch():
+    import jsonschema
+
+    from harness import schemas
+    schema = schemas.load("run")
+    watch = schema["properties"]["watch"]
+    entry = {"variant": "amplified-1", "delays": [A.Delay("a.py", 5, 1000.0,
+                                                          "kernel:mm").to_json()],
+             "first": "kernel:mm on prefill at a.py:5", "second": "copy_dtod on decode at a.py:7",
+             "stream": "prefill", "trials": 20, "failed": 19, "interval": [0.76, 0.99],
+             "queued": 160}
+    run = {"index": 0, "variant": "amplified-1", "status": 1, "signal": None,
+           "timed_out": False, "error": None, "ops": 10, "records": 12, "sources": {},
+           "events": "e", "trace": "t", "log": "l"}
+    validator = jsonschema.Draft202012Validator({**watch, "$defs": schema.get("$defs", {})})
+    assert not list(validator.iter_errors({"command": "python a.py", "runs": [run],
+                                           "amplified": [entry]}))
+    assert list(validator.iter_errors({"command": "x", "runs": [],
+                                       "amplified": [{**entry, "variant": "Amplified 1"}]}))
+    assert re.fullmatch(r"[a-z0-9][a-z0-9_-]*", entry["variant"])

@@ -1,0 +1,98 @@
+"""`gpurace watch --amplify` on the real programs, on a GPU: the delay before each buggy
+program's racing op makes its answer wrong in at least 95% of its runs, and the same delays,
+queued before the same lines of its fixed twin, never do.
+
+GPURACE_AMPLIFY_TRIALS sets the runs per program and twin (50 by default, as the acceptance
+asks; fewer for a quick look).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from tests.test_watch_gpu import PROGRAMS, ROOT, _framework_ok
+
+TRIALS = int(os.environ.get("GPURACE_AMPLIFY_TRIALS", "50"))
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not _framework_ok(), reason="needs PyTorch and CuPy on a GPU")]
+
+
+def _watch(out: Path, options: list[str], command: list[str]) -> dict:
+    done = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "watch", "--format", "json", "--out", str(out),
+         "--trials", str(TRIALS), "--fails-when", "^WRONG", *options, "--", *command],
+        capture_output=True, text=True, cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=3000)
+    try:
+        doc = json.loads(done.stdout)
+    except ValueError:
+        raise AssertionError(f"exit {done.returncode}: {done.stderr[-3000:]}") from None
+    doc["_exit"] = done.returncode
+    return doc
+
+
+@pytest.fixture(scope="module")
+def amplified(tmp_path_factory) -> dict[str, tuple[dict, dict]]:
+    """Each program's buggy run with --amplify auto, then its fixed twin with the delays auto
+    planned for the buggy one (the same lines), programs side by side."""
+    out = tmp_path_factory.mktemp("amplify")
+
+    def one(prog: Path) -> tuple[str, tuple[dict, dict]]:
+        command = [sys.executable, str(prog.relative_to(ROOT))]
+        buggy = _watch(out / f"{prog.stem}-buggy", ["--amplify", "auto"], command)
+        sites = sorted({f"{d['path']}:{d['line']}" for a in buggy["watch"]["amplified"]
+                        for d in a["delays"]})
+        words = [w for site in sites for w in ("--amplify", site)]
+        fixed = _watch(out / f"{prog.stem}-fixed", words, [*command, "--fixed"]) if sites \
+            else {}
+        return prog.stem, (buggy, fixed)
+
+    with ThreadPoolExecutor(max_workers=12) as pool:
+        found = dict(pool.map(one, PROGRAMS))
+    print("\nprogram                | pairs | buggy failed (best pair), 95% | fixed failed, "
+          "delays queued | s per run")
+    for name, (buggy, fixed) in sorted(found.items()):
+        entries = buggy["watch"]["amplified"]
+        best = max(entries, key=lambda a: a["failed"], default=None)
+        runs = len(buggy["watch"]["runs"]) + len(fixed.get("watch", {}).get("runs", []))
+        wall = buggy["wall_s"] + fixed.get("wall_s", 0.0)
+        fixed_cells = ", ".join(f"{a['failed']}/{a['trials']} {a['queued']}"
+                                for a in fixed.get("watch", {}).get("amplified", []))
+        cell = f"{best['failed']}/{best['trials']} {best['interval']}" if best else "none"
+        print(f"{name:22} | {len(entries):5} | {cell:29} | {fixed_cells:27} | "
+              f"{wall / max(runs, 1):.2f}")
+    return found
+
+
+def test_each_buggy_program_fails_amplified(amplified):
+    failures = []
+    for name, (buggy, _) in amplified.items():
+        entries = buggy["watch"]["amplified"]
+        if not entries:
+            failures.append(f"{name}: nothing planned ({buggy['watch_notes']})")
+            continue
+        best = max(entries, key=lambda a: a["failed"])
+        if best["failed"] < 0.95 * best["trials"] or best["queued"] < best["trials"]:
+            failures.append(f"{name}: {best}")
+    assert not failures, failures
+
+
+def test_each_fixed_twin_stays_right_under_the_same_delays(amplified):
+    failures = []
+    for name, (buggy, fixed) in amplified.items():
+        if not fixed:
+            continue  # reported by the buggy test
+        for entry, result in zip(fixed["watch"]["amplified"], fixed["results"]):
+            # The delays ran (a fixed twin that queued none would prove nothing) and the
+            # answers stayed right, with no race found.
+            if entry["failed"] or entry["queued"] < entry["trials"] or result["detected"]:
+                failures.append(f"{name}: {entry}, detected {result['detected']}")
+    assert not failures, failures
