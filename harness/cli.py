@@ -928,13 +928,21 @@ def _print_finding(f: dict) -> None:
 @click.option("--trials", type=click.IntRange(min=1, max=TRIALS_MAX), default=20,
               show_default=True, help="Runs of the program with each amplified pair's delay, "
                                       "each in a fresh process.")
+@click.option("--sweep", "sweep", is_flag=True,
+              help="With --amplify: map each pair's race window, --trials runs at each delay of "
+                   "--sweep-us; window.csv (and window.png, with matplotlib) go into the run's "
+                   "folder, as `gpurace run --sweep` draws a scenario's.")
+@click.option("--sweep-us", default="0,20,50,100,200,500,1000", show_default=True,
+              metavar="US,US,...", help="The delays of --sweep, in microseconds (0: the program "
+                                        "as it is).")
 @click.option("--fails-when", metavar="REGEX",
               help="A run whose output (stdout or stderr) matches this regular expression "
                    "gave a wrong answer (corruption), whatever its exit status; otherwise a run "
                    "failed when it exited non-zero, raised, died or hung.")
 def watch_cmd(command: Sequence[str], runs: int, timeout_s: float, sources: str,
               out_dir: Path, junit: Path | None, fmt: str, amplify: tuple[str, ...],
-              delay_us: float, trials: int, fails_when: str | None) -> None:
+              delay_us: float, trials: int, sweep: bool, sweep_us: str,
+              fails_when: str | None) -> None:
     """Run your own PyTorch or CuPy program and find its stream races on the first run.
 
     \b
@@ -966,6 +974,10 @@ def watch_cmd(command: Sequence[str], runs: int, timeout_s: float, sources: str,
 
     program = parse_command(command)
     auto, delays = _amplify_sites(amplify, delay_us)
+    sweep_delays = _sweep_delays(sweep_us) if sweep else ()
+    if sweep and not amplify:
+        raise click.BadParameter("a sweep maps the window of a delayed op: give --amplify "
+                                 "auto, or the line to delay (FILE:LINE)", param_hint="--sweep")
     if fails_when is not None:
         try:
             re.compile(fails_when)
@@ -983,7 +995,7 @@ def watch_cmd(command: Sequence[str], runs: int, timeout_s: float, sources: str,
                                     out_dir=out_dir, sources=sources,
                                     quiet_program=fmt == "json", amplify_auto=auto,
                                     delays=delays, delay_us=delay_us, trials=trials,
-                                    fails_when=fails_when), hooks)
+                                    fails_when=fails_when, sweep=sweep_delays), hooks)
     finally:
         signal.signal(signal.SIGTERM, previous)
     _write_and_show(result, junit, fmt, show=_print_watch_summary)
@@ -1018,6 +1030,19 @@ def _amplify_sites(words: tuple[str, ...], delay_us: float) -> tuple[bool, tuple
     return False, tuple(delays)
 
 
+def _sweep_delays(text: str) -> tuple[float, ...]:
+    """--sweep-us: distinct delays in µs, ascending, each from 0 to the delay limit."""
+    try:
+        values = sorted({float(w) for w in text.split(",") if w.strip()})
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: give microseconds separated by commas "
+                                 "(0,50,200,1000)", param_hint="--sweep-us") from None
+    if not values or values[0] < 0 or values[-1] > DELAY_MAX_US:
+        raise click.BadParameter(f"{text!r}: each delay from 0 to {DELAY_MAX_US:g} µs",
+                                 param_hint="--sweep-us")
+    return tuple(values)
+
+
 class _WatchHooks(RunHooks):
     """One line as each run of the watched program ends, and the notes as they come."""
 
@@ -1037,13 +1062,12 @@ class _WatchHooks(RunHooks):
 
 
 def _print_watch_summary(result: RunResult) -> None:
-    amplified = {a["variant"]: a for a in result.watch.get("amplified", [])}
+    entries = iter(result.watch.get("amplified", []))  # in the amplified variants' order
     for variant in result.results:
-        entry = amplified.get(variant.variant)
-        if entry is None:
-            _print_watched(result, variant)
+        if variant.amplified:
+            _print_amplified(variant, next(entries))
         else:
-            _print_amplified(variant, entry)
+            _print_watched(result, variant)
     out.print(f"  run.json: {Path(result.folder) / 'run.json'}", highlight=False)
     out.print(f"exit {int(result.exit_code)} ({result.exit_code.name.lower()}), "
               f"{result.wall_s:.1f} s", highlight=False)

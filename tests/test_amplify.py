@@ -157,6 +157,9 @@ def _cli(tmp_path: Path, *words: str) -> subprocess.CompletedProcess[str]:
     (("--amplify", "prog.py:0"), "lines count from 1"),
     (("--amplify", "auto", "--fails-when", "(unclosed"), "is not a regular expression"),
     (("--amplify", "auto", "--delay-us", "0"), "--delay-us"),
+    (("--sweep",), "give --amplify auto, or the line to delay"),
+    (("--amplify", "auto", "--sweep", "--sweep-us", "0,x"), "microseconds separated by commas"),
+    (("--amplify", "auto", "--sweep", "--sweep-us", "-5,10"), "each delay from 0"),
 ])
 def test_watch_refuses_a_bad_amplify_before_running_anything(tmp_path, words, said):
     done = _cli(tmp_path, *words)
@@ -185,3 +188,69 @@ def test_the_run_document_schema_takes_an_amplified_watch():
     assert list(validator.iter_errors({"command": "x", "runs": [],
                                        "amplified": [{**entry, "variant": "Amplified 1"}]}))
     assert re.fullmatch(r"[a-z0-9][a-z0-9_-]*", entry["variant"])
+
+
+def test_a_sweep_gives_each_plan_one_curve_of_points_and_each_point_a_folder():
+    from harness.capture.watch import points
+    (target,) = A.plan(_findings(CORPUS / "torch_views-buggy.jsonl"))
+    plain = points([((target.delay,), target)], ())
+    assert [(p.variant, p.folder, p.us) for p in plain] == [
+        ("amplified-1", "amplified-1", 1000.0)]
+    swept = points([((target.delay,), target), ((A.Delay("b.py", 3),), None)], (0, 50, 1000))
+    assert [(p.variant, p.folder, p.us) for p in swept] == [
+        ("amplified-1", "amplified-1-0us", 0), ("amplified-1", "amplified-1-50us", 50),
+        ("amplified-1", "amplified-1-1000us", 1000), ("amplified-2", "amplified-2-0us", 0),
+        ("amplified-2", "amplified-2-50us", 50), ("amplified-2", "amplified-2-1000us", 1000)]
+    assert all(d.us == p.us and d.site == target.delay.site and d.kind == "kernel:mm"
+               for p in swept[:3] for d in p.delays)
+
+
+def test_an_amplified_watch_writes_a_run_document_of_the_schema_and_its_window(tmp_path):
+    """The writing end of `gpurace watch --amplify --sweep`: results of the shape the watch
+    makes (a plain run that raced, and a plan's points), through the command's own writer."""
+    import json
+
+    import jsonschema
+
+    from harness import cli, schemas
+    from harness.capture.watch import points
+    from harness.outcome import Outcome, TrialResult, VariantResult
+    from harness.outputs import RunFolder
+    from harness.rates import wilson
+    from harness.runner import RunResult
+    (target,) = A.plan(_findings(CORPUS / "torch_views-buggy.jsonl"))
+    folder = RunFolder.create(tmp_path)
+    result = RunResult(backend="cuda", device={"backend": "cuda"}, seed=0,
+                       folder=str(folder.path), run_id=folder.run_id)
+    watched = VariantResult("torch_views", "watched", "clean", "torch_views.py", False, False,
+                            None)
+    watched.add(TrialResult(0, 0, Outcome.CLEAN, race=True, findings=[target.finding]))
+    watched.judge()
+    result.results.append(watched)
+    entries = []
+    for point, failed in zip(points([((target.delay,), target)], (0, 100, 1000)), (0, 3, 4)):
+        v = VariantResult("torch_views", point.variant, "clean", "torch_views.py", False, True,
+                          point.us, sweep=True)
+        for i in range(4):
+            v.add(TrialResult(i, 0, Outcome.CORRUPTION if i < failed else Outcome.CLEAN,
+                              detail="the program's output matched --fails-when: WRONG"))
+        v.judge()
+        result.results.append(v)
+        entries.append({"variant": v.variant, "delays": [d.to_json() for d in point.delays],
+                        "first": target.first, "second": target.second,
+                        "stream": target.stream, "trials": 4, "failed": failed,
+                        "interval": list(wilson(failed, 4)), "queued": 8 * 4 if point.us else 0})
+    result.watch = {"command": "python torch_views.py", "runs": [], "amplified": entries}
+    from harness.gpu.nvml import health_snapshot
+    from harness.runner import VERSION
+    result.health = {"before": health_snapshot(), "after": health_snapshot()}
+    result.plan = {"digest": "0" * 64, "version": VERSION, "backend": "cuda", "seed": 0,
+                   "sources": {}}
+    cli._write_and_show(result, None, "text", show=cli._print_watch_summary)
+    doc = json.loads((folder.path / "run.json").read_text())
+    errors = list(jsonschema.Draft202012Validator(schemas.load("run")).iter_errors(doc))
+    assert not errors, [e.message for e in errors]
+    assert doc["exit_code"] == 1  # the race the plain run found; a sweep's points map it
+    rows = (folder.path / "window.csv").read_text().splitlines()
+    assert [r.split(",")[2:5] for r in rows[1:]] == [["0", "4", "0"], ["100", "4", "3"],
+                                                       ["1000", "4", "4"]]

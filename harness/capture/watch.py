@@ -22,7 +22,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -128,6 +128,7 @@ class WatchOptions:
     delay_us: float = A.DELAY_US
     trials: int = 20  # runs of the program with each plan's delays
     fails_when: str | None = None  # a regex over the program's output that means it failed
+    sweep: tuple[float, ...] = ()  # map each plan's window: its runs at each of these delays
 
     @property
     def amplifying(self) -> bool:
@@ -212,10 +213,11 @@ def _amplify(options: WatchOptions, folder: Path, watched: VariantResult, hooks:
                                "earlier op is the host's own, which no delay on a stream moves")
         if not plans:
             _say(notes, hooks, "nothing to amplify: the runs found no race")
-    for number, (delays, target) in enumerate(plans, 1):
-        variant = VariantResult(scenario=options.program.name, variant=f"amplified-{number}",
+    for point in points(plans, options.sweep):
+        delays, target = point.delays, point.target
+        variant = VariantResult(scenario=options.program.name, variant=point.variant,
                                 expect="clean", path=options.program.target, dangerous=False,
-                                amplified=True, delay_us=max(d.us for d in delays))
+                                amplified=True, delay_us=point.us, sweep=bool(options.sweep))
         variants.append(variant)
         entry: dict[str, Any] = {
             "variant": variant.variant, "delays": [d.to_json() for d in delays],
@@ -228,12 +230,38 @@ def _amplify(options: WatchOptions, folder: Path, watched: VariantResult, hooks:
         _say(notes, hooks, f"{variant.variant}: {options.trials} run(s) with a delay of "
                            + "; ".join(d.describe() for d in delays)
                            + (f" (against {target.second})" if target else ""))
-        _runs(options, folder, variant, hooks, notes, runs, faults, delays=delays,
-              label=variant.variant, count=options.trials, entry=entry)
-        if options.delays and not entry["queued"]:
+        queued = tuple(d for d in delays if d.us > 0)  # a sweep's 0: the program as it is
+        _runs(options, folder, variant, hooks, notes, runs, faults, delays=queued,
+              label=point.folder, count=options.trials, entry=entry)
+        if options.delays and queued and not entry["queued"]:
             _say(notes, hooks, "no delay was queued: no op of the program's ran from "
                                + ", ".join(d.site for d in delays)
                                + " (check the file and line: a finding's side names them)")
+
+
+@dataclass(frozen=True)
+class Point:
+    """One amplified variant: a plan's delays at one length (of a sweep, or the plan's own)."""
+
+    variant: str
+    folder: str  # under the run's watch/ folder
+    delays: tuple[A.Delay, ...]
+    target: A.Target | None
+    us: float
+
+
+def points(plans: list[tuple[tuple[A.Delay, ...], A.Target | None]],
+           sweep: tuple[float, ...]) -> list[Point]:
+    """The amplified variants of ``plans``: one each, or with a ``sweep`` one per delay, a
+    plan's points sharing its variant name (so the race window draws them as one curve)."""
+    out = []
+    for number, (delays, target) in enumerate(plans, 1):
+        name = f"amplified-{number}"
+        for us in sweep or (None,):
+            at = delays if us is None else tuple(replace(d, us=us) for d in delays)
+            folder = name if us is None else f"{name}-{us:g}us"
+            out.append(Point(name, folder, at, target, max(d.us for d in at)))
+    return out
 
 
 def _say(notes: list[str], hooks: RunHooks, text: str) -> None:
