@@ -787,13 +787,44 @@ def explore_cmd(target: str, variants: Sequence[str], strategy: str, bound: int,
               help="For a ticket SOURCE: the defect that makes it fail (repeatable).")
 @click.option("--amplify/--no-amplify", default=None,
               help="Keep the amplification (default: as the incident had it).")
+@click.option("--finding", "finding_number", type=click.IntRange(min=1), default=1,
+              show_default=True, help="For a watched run: which of its races (as its summary "
+                                      "lists them) to write.")
 def minimize_cmd(source: Path, output: Path, defects: Sequence[str],
-                 amplify: bool | None) -> None:
+                 amplify: bool | None, finding_number: int) -> None:
     """Shrink a failure to the smallest scenario that still fails. SOURCE is an incident folder
     (or its report.json), an op trace (a trial-*.jsonl that --record kept, or an incident's
     trace.jsonl), or a ticket with --defect. Delta debugging over the requests, then over the
     kvcore steps they perform, on the simulated device; the scenario written to --output runs
-    with `gpurace run`."""
+    with `gpurace run`.
+
+    A watched program's race (its incident folder from `gpurace watch`, its trace.jsonl, or a
+    run's capture events, watch/run-001/events.jsonl) becomes the scenario of the racing pair
+    and what orders or fails to order it, in the program's names, with a fixed variant that
+    carries the suggested fix and the delay `--amplify` would queue."""
+    from harness.capture.reproducer import reproducer, watched_source
+
+    watched = watched_source(source)
+    if watched is not None:
+        if defects:
+            raise click.BadParameter("a watched run has no kvcore defects to switch on",
+                                     param_hint="--defect")
+        if not watched.findings:
+            raise click.UsageError(f"{source}: the watched run found no race: nothing to write")
+        if finding_number > len(watched.findings):
+            raise click.BadParameter(f"the run found {len(watched.findings)} race(s)",
+                                     param_hint="--finding")
+        made = reproducer(watched.records, watched.findings[finding_number - 1],
+                          program=watched.program, command=watched.command)
+        try:
+            output.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(output, made.text)
+        except OSError as exc:
+            raise click.FileError(str(output), hint=str(exc)) from None
+        out.print(f"{output}: scenario {made.name}, {made.steps} steps: {made.shape}, "
+                  f"{made.finding['missing'].split(';')[0]}; `gpurace run {output}` runs it "
+                  "amplified and fixed", highlight=False, soft_wrap=True)
+        return
     result = minimize(source, defects=tuple(defects), amplify=amplify,
                       progress=lambda text: err.print(f"  {escape(text)}"))
     write_minimized(result, output)

@@ -1,6 +1,7 @@
 """`gpurace watch --amplify` on the real programs, on a GPU: the delay before each buggy
 program's racing op makes its answer wrong in at least 95% of its runs, and the same delays,
-queued before the same lines of its fixed twin, never do.
+queued before the same lines of its fixed twin, never do; and `gpurace minimize` of each
+buggy program's incident is a scenario that reproduces amplified on the GPU and is clean fixed.
 
 GPURACE_AMPLIFY_TRIALS sets the runs per program and twin (50 by default, as the acceptance
 asks; fewer for a quick look).
@@ -99,4 +100,38 @@ def test_each_fixed_twin_stays_right_under_the_same_delays(amplified):
             # answers stayed right, with no race found.
             if entry["failed"] or entry["queued"] < entry["trials"] or result["detected"]:
                 failures.append(f"{name}: {entry}, detected {result['detected']}")
+    assert not failures, failures
+
+
+def test_each_buggy_programs_incident_shrinks_to_a_scenario_that_reproduces_on_the_gpu(
+        amplified, tmp_path):
+    """`gpurace minimize` of the plain run's incident: a scenario that reproduces amplified in
+    at least 95% of its trials on the GPU, and is clean fixed."""
+    failures, rows = [], []
+    for name, (buggy, _) in sorted(amplified.items()):
+        watched = next(r for r in buggy["results"] if r["variant"] == "watched")
+        if not watched["reports"]:
+            failures.append(f"{name}: no incident")
+            continue
+        out = tmp_path / f"{name}.yaml"
+        made = subprocess.run([sys.executable, "-m", "harness.cli", "minimize",
+                               watched["reports"][0], "-o", str(out)], capture_output=True,
+                              text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        if made.returncode:
+            failures.append(f"{name}: minimize exit {made.returncode}: {made.stderr[-500:]}")
+            continue
+        ran = subprocess.run([sys.executable, "-m", "harness.cli", "run", str(out), "--backend",
+                              "cuda", "--trials", str(TRIALS), "--format", "json", "--out",
+                              str(tmp_path / name)], capture_output=True, text=True, cwd=ROOT,
+                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+        results = {r["variant"]: r for r in json.loads(ran.stdout)["results"]}
+        b, f = results["buggy"], results["fixed"]
+        steps = out.read_text().count("\n    - {")
+        rows.append(f"{name:22} | {steps:5} | {b['manifested']}/{b['trials']} | "
+                    f"{f['manifested']}/{f['trials']} {f['detected']}")
+        if b["manifested"] < 0.95 * b["trials"] or f["manifested"] or f["detected"]:
+            failures.append(f"{name}: buggy {b['manifested']}/{b['trials']}, fixed "
+                            f"{f['manifested']}/{f['trials']} detected {f['detected']}")
+    print("\nprogram                | steps | scenario amplified | fixed, detected\n"
+          + "\n".join(rows))
     assert not failures, failures
