@@ -966,13 +966,17 @@ def _print_finding(f: dict) -> None:
 @click.option("--sweep-us", default="0,20,50,100,200,500,1000", show_default=True,
               metavar="US,US,...", help="The delays of --sweep, in microseconds (0: the program "
                                         "as it is).")
+@click.option("--fresh", is_flag=True,
+              help="Start every run as a fresh interpreter. By default the runs after the "
+                   "first fork from a process that has imported the framework the first used "
+                   "(PyTorch's import is most of a short program's start), CUDA untouched.")
 @click.option("--fails-when", metavar="REGEX",
               help="A run whose output (stdout or stderr) matches this regular expression "
                    "gave a wrong answer (corruption), whatever its exit status; otherwise a run "
                    "failed when it exited non-zero, raised, died or hung.")
 def watch_cmd(command: Sequence[str], runs: int, timeout_s: float, sources: str,
               out_dir: Path, junit: Path | None, fmt: str, amplify: tuple[str, ...],
-              delay_us: float, trials: int, sweep: bool, sweep_us: str,
+              delay_us: float, trials: int, sweep: bool, sweep_us: str, fresh: bool,
               fails_when: str | None) -> None:
     """Run your own PyTorch or CuPy program and find its stream races on the first run.
 
@@ -1026,7 +1030,8 @@ def watch_cmd(command: Sequence[str], runs: int, timeout_s: float, sources: str,
                                     out_dir=out_dir, sources=sources,
                                     quiet_program=fmt == "json", amplify_auto=auto,
                                     delays=delays, delay_us=delay_us, trials=trials,
-                                    fails_when=fails_when, sweep=sweep_delays), hooks)
+                                    fails_when=fails_when, sweep=sweep_delays,
+                                    fresh=fresh), hooks)
     finally:
         signal.signal(signal.SIGTERM, previous)
     _write_and_show(result, junit, fmt, show=_print_watch_summary)

@@ -191,3 +191,27 @@ def test_pytest_gpurace_watch_fails_a_racing_test_with_the_finding(tmp_path):
     assert "1 failed, 1 passed" in done.stdout
     assert "race: nothing orders" in done.stdout and "test_streams.py:6" in done.stdout and \
         "test_streams.py:8" in done.stdout, done.stdout[-3000:]
+
+
+@pytest.mark.parametrize("name", ["torch_views", "cupy_stream_race"])
+def test_runs_forked_from_the_fork_server_are_runs_of_the_program(name, tmp_path):
+    """Six runs of a fixed twin, forked after the first and all fresh, side by side: every run
+    clean and race-free either way; the cost of a run, start-up included, printed for both."""
+    prog = ROOT / "tests" / "watch_programs" / f"{name}.py"
+    costs = {}
+    for how in ("forked", "fresh"):
+        done = subprocess.run(
+            [sys.executable, "-m", "harness.cli", "watch", "--format", "json", "--out",
+             str(tmp_path / how), "--runs", "6", *(["--fresh"] if how == "fresh" else []),
+             "--", sys.executable, str(prog), "--fixed"],
+            capture_output=True, text=True, cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=900)
+        doc = json.loads(done.stdout)
+        result = doc["results"][0]
+        assert done.returncode == 0 and result["outcomes"]["clean"] == 6, done.stderr[-2000:]
+        assert result["detected"] == 0
+        starts = [r["start"] for r in doc["watch"]["runs"]]
+        assert starts == (["fresh"] + ["forked"] * 5 if how == "forked" else ["fresh"] * 6)
+        costs[how] = result["wall_s"] / result["trials"]
+    print(f"\n{name}: a run, start-up included (the mean of six, the first fresh in both): "
+          f"forked {costs['forked']:.2f} s, fresh {costs['fresh']:.2f} s")

@@ -12,6 +12,7 @@ folder, run.json, the exit codes and incident folders are the ones `gpurace run`
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
@@ -28,6 +29,7 @@ from typing import IO, Any
 
 from harness.capture import amplify as A
 from harness.capture.analysis import RunAnalysis
+from harness.capture.forkserver import ForkServer
 from harness.capture.events import LOST, read_events
 from harness.errors import CaptureFailed, NothingToCapture, WatchError
 from harness.faults.writes import WriteFaults, WriteStop, reason
@@ -128,6 +130,7 @@ class WatchOptions:
     delay_us: float = A.DELAY_US
     trials: int = 20  # runs of the program with each plan's delays
     fails_when: str | None = None  # a regex over the program's output that means it failed
+    fresh: bool = False  # every run a fresh interpreter: no fork server after the first
     sweep: tuple[float, ...] = ()  # map each plan's window: its runs at each of these delays
 
     @property
@@ -170,16 +173,19 @@ def watch(options: WatchOptions, hooks: RunHooks | None = None) -> RunResult:
     faults = WriteFaults(note=hooks.note)
     amplified: list[dict[str, Any]] = []
     variants = [] if options.delays else [variant]
+    launcher = _Launcher(options, lambda text: _say(notes, hooks, text))
     try:
         if not options.delays:
-            _runs(options, folder.path, variant, hooks, notes, runs, faults)
+            _runs(options, folder.path, variant, hooks, notes, runs, faults, launcher=launcher)
         if options.amplifying:
             _amplify(options, folder.path, variant, hooks, notes, runs, faults, amplified,
-                     variants)
+                     variants, launcher)
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM through the CLI: keep what ended
         result.interrupted = signal.Signals(getattr(exc, "signum", signal.SIGINT)).name
     except WriteStop:
         pass  # a run's own files could not be made: said, and the runs before it are kept
+    finally:
+        launcher.close()
     result.write_errors = faults.records
     for v in variants:
         v.judge()
@@ -198,7 +204,8 @@ def watch(options: WatchOptions, hooks: RunHooks | None = None) -> RunResult:
 
 def _amplify(options: WatchOptions, folder: Path, watched: VariantResult, hooks: RunHooks,
              notes: list[str], runs: list[dict[str, Any]], faults: WriteFaults,
-             amplified: list[dict[str, Any]], variants: list[VariantResult]) -> None:
+             amplified: list[dict[str, Any]], variants: list[VariantResult],
+             launcher: _Launcher) -> None:
     """The amplified runs: for each racing pair the plain runs found (or the user's sites),
     ``trials`` runs with a delay before the pair's earlier op, as a variant of its own."""
     if options.delays:
@@ -232,7 +239,7 @@ def _amplify(options: WatchOptions, folder: Path, watched: VariantResult, hooks:
                            + (f" (against {target.second})" if target else ""))
         queued = tuple(d for d in delays if d.us > 0)  # a sweep's 0: the program as it is
         _runs(options, folder, variant, hooks, notes, runs, faults, delays=queued,
-              label=point.folder, count=options.trials, entry=entry)
+              label=point.folder, count=options.trials, entry=entry, launcher=launcher)
         if options.delays and queued and not entry["queued"]:
             _say(notes, hooks, "no delay was queued: no op of the program's ran from "
                                + ", ".join(d.site for d in delays)
@@ -271,13 +278,14 @@ def _say(notes: list[str], hooks: RunHooks, text: str) -> None:
 
 
 def _runs(options: WatchOptions, folder: Path, variant: VariantResult, hooks: RunHooks,
-          notes: list[str], runs: list[dict[str, Any]], faults: WriteFaults,
-          delays: tuple[A.Delay, ...] = (), label: str = "", count: int | None = None,
-          entry: dict[str, Any] | None = None) -> None:
+          notes: list[str], runs: list[dict[str, Any]], faults: WriteFaults, *,
+          launcher: _Launcher, delays: tuple[A.Delay, ...] = (), label: str = "",
+          count: int | None = None, entry: dict[str, Any] | None = None) -> None:
     """The program's runs, one after another, each folded into ``variant`` as it ends (with
     ``delays`` queued, counted into ``entry``)."""
     for index in range(options.runs if count is None else count):
-        trial, info = _one_run(options, folder, index, hooks, faults, delays, label)
+        trial, info = _one_run(options, folder, index, hooks, faults, launcher, delays,
+                               label)
         variant.add(trial)
         if entry is not None:
             entry["trials"] = variant.trials
@@ -299,7 +307,7 @@ def _runs(options: WatchOptions, folder: Path, variant: VariantResult, hooks: Ru
 
 
 def _one_run(options: WatchOptions, folder: Path, index: int, hooks: RunHooks,
-             faults: WriteFaults, delays: tuple[A.Delay, ...] = (),
+             faults: WriteFaults, launcher: _Launcher, delays: tuple[A.Delay, ...] = (),
              label: str = "") -> tuple[TrialResult, dict[str, Any]]:
     program = options.program
     work = folder / "watch" / label / f"run-{index + 1:03d}"
@@ -313,7 +321,9 @@ def _one_run(options: WatchOptions, folder: Path, index: int, hooks: RunHooks,
     analysis = RunAnalysis(trace_path, {"scenario": program.name, "path": program.target,
                                         "variant": "watched", "backend": "cuda",
                                         "trial": index, "seed": 0})
-    end = _run_program(options, events_path, work, analysis, index, hooks, delays)
+    end, how = _run_program(options, events_path, work, analysis, index, hooks, delays,
+                            launcher)
+    launcher.learn(analysis.translator.hello.get("sources", {}))
     analysis.close()
     notes: list[str] = []
     if end.events_lost:  # the findings cover the program up to where its capture stopped
@@ -353,7 +363,7 @@ def _one_run(options: WatchOptions, folder: Path, index: int, hooks: RunHooks,
            "timed_out": end.timed_out, "error": end.error, "ops": translator.ops,
            "records": translator.seq, "sources": translator.hello.get("sources", {}),
            "events": str(events_path), "trace": str(trace_path),
-           "log": str(work / "program.log")}
+           "log": str(work / "program.log"), "start": how}
     return trial, {"notes": notes, "run": run, "end": end, "delays": translator.delays}
 
 
@@ -390,29 +400,74 @@ def _judge(end: ProgramEnd) -> tuple[Outcome, str, str | None]:
     return Outcome.CLEAN, "", None
 
 
+class _Launcher:
+    """Starts the program's runs: the first (and every one, with ``fresh``) as a fresh
+    interpreter, the others forked from a fork server that has imported what the first run's
+    capture switched on (:mod:`harness.capture.forkserver`)."""
+
+    def __init__(self, options: WatchOptions, note: Any) -> None:
+        self.options = options
+        self.note = note
+        self.server: ForkServer | None = None
+        self.modules: tuple[str, ...] | None = None  # what the first run used
+        self.tried = False
+        env = dict(os.environ)
+        env.update(options.env)
+        # The program's interpreter finds gpurace's capture package where this one has it,
+        # without the rest of this environment's packages.
+        env["PYTHONPATH"] = os.pathsep.join([str(_shim()),
+                                             *filter(None, [env.get("PYTHONPATH")])])
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        self.env = env
+
+    def learn(self, sources: dict[str, Any]) -> None:
+        if self.modules is None:
+            self.modules = tuple(sorted(s for s in sources if s in ("torch", "cupy")))
+
+    def start(self, boot_args: list[str]) -> tuple[Any, str]:
+        """The run's process (as a Popen) and how it started: "forked" or "fresh"."""
+        if not self.tried and self.modules and not self.options.fresh and hasattr(os, "fork"):
+            self.tried = True
+            program = self.options.program
+            try:
+                self.server = ForkServer(program.python, program.flags, self.env,
+                                         self.modules)
+            except OSError as exc:
+                self.note(f"runs start as fresh interpreters: the fork server did not start "
+                          f"({exc})")
+        if self.server is not None:
+            try:
+                return self.server.start(boot_args, self.env, os.getcwd()), "forked"
+            except OSError as exc:
+                self.note(f"runs start as fresh interpreters from here: the fork server "
+                          f"failed ({exc})")
+                self.close()
+        program = self.options.program
+        argv = [program.python, *program.flags, "-m", "harness.capture.boot", *boot_args]
+        # Its own session: a timeout ends the program and whatever it started, and a Ctrl-C
+        # reaches it through us. Its input is ours, as if it ran alone.
+        return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                env=self.env, start_new_session=True), "fresh"
+
+    def close(self) -> None:
+        if self.server is not None:
+            server, self.server = self.server, None
+            server.close()
+
+
 def _run_program(options: WatchOptions, events: Path, work: Path, analysis: RunAnalysis,
-                 index: int, hooks: RunHooks, delays: tuple[A.Delay, ...] = ()) -> ProgramEnd:
+                 index: int, hooks: RunHooks, delays: tuple[A.Delay, ...],
+                 launcher: _Launcher) -> tuple[ProgramEnd, str]:
     """Run the program once under the boot, feeding ``analysis`` as its events come."""
     program = options.program
-    argv = [program.python, *program.flags, "-m", "harness.capture.boot", "--events",
-            str(events),
-            "--sources", options.sources, *(["--module"] if program.module else []),
-            *(["--delays", A.encode(delays)] if delays else []),
-            "--", program.target, *program.args]
-    env = dict(os.environ)
-    env.update(options.env)
-    # The program's interpreter finds gpurace's capture package where this one has it,
-    # without the rest of this environment's packages.
-    shim = _shim()
-    env["PYTHONPATH"] = os.pathsep.join([str(shim), *filter(None, [env.get("PYTHONPATH")])])
-    env.setdefault("PYTHONUNBUFFERED", "1")
+    boot_args = ["--events", str(events), "--sources", options.sources,
+                 *(["--module"] if program.module else []),
+                 *(["--delays", A.encode(delays)] if delays else []),
+                 "--", program.target, *program.args]
     log = _Log(work / "program.log")
     started = time.monotonic()
     try:
-        # Its own session: a timeout ends the program and whatever it started, and a Ctrl-C
-        # reaches it through us. Its input is ours, as if it ran alone.
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                env=env, start_new_session=True)
+        proc, how = launcher.start(boot_args)
     except OSError as exc:
         log.close()
         raise WatchError(f"{program.python}: cannot start it ({exc.strerror or exc})") \
@@ -465,9 +520,12 @@ def _run_program(options: WatchOptions, events: Path, work: Path, analysis: RunA
     if timed_out:
         status, sig = None, None
     exit_info = analysis.translator.exit or {}
+    for pipe in (proc.stdout, proc.stderr):
+        with contextlib.suppress(OSError):
+            pipe.close()
     return ProgramEnd(status, sig, exit_info.get("error"), exit_info.get("traceback"),
                       timed_out, duration, b"".join(tail).decode("utf-8", "replace")[-4000:],
-                      log.events_lost, log.lost)
+                      log.events_lost, log.lost), how
 
 
 class _Log:

@@ -333,7 +333,9 @@ def run_schema() -> Schema:
                 "signal": nullable(integer(1)), "timed_out": BOOLEAN,
                 "error": nullable(string()), "ops": integer(0), "records": integer(0),
                 "sources": {"type": "object", "additionalProperties": nullable(string())},
-                "events": string(), "trace": string(), "log": string()},
+                "events": string(), "trace": string(), "log": string(),
+                "start": described({"enum": ["fresh", "forked"]}, "a fresh interpreter, or "
+                                   "forked from the fork server that imported the framework")},
                 required=["index", "status", "signal", "timed_out", "error", "ops", "records",
                           "sources", "events", "trace", "log"])),
             "amplified": described(array(closed({

@@ -1,0 +1,80 @@
+"""The watch's fork server without a GPU: it imports what it is asked to, forks a run of the
+boot for each request with the run's output, folder and environment, and reports each run's
+pid and exit status as a Popen would."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.capture.events import iter_file
+from harness.capture.forkserver import ForkServer
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="a fork server needs fork")
+
+
+def test_a_forked_run_is_the_boot_run_as_a_fresh_interpreter_would_run_it(tmp_path):
+    prog = tmp_path / "prog.py"
+    prog.write_text("print('hi')\n")
+    server = ForkServer(sys.executable, (), ENV, ["json", "no_such_module_here"])
+    try:
+        assert server.preloaded == ["json"]  # what will not import is the run's to say
+        runs = []
+        for n in range(2):
+            events = tmp_path / f"events-{n}.jsonl"
+            proc = server.start(["--events", str(events), "--", str(prog)],
+                                {**ENV, "GPURACE_TEST_RUN": str(n)}, str(tmp_path))
+            code = proc.wait(timeout=60)
+            err = proc.stderr.read().decode()
+            runs.append((proc.pid, code, err, list(iter_file(events))))
+        fresh = subprocess.run([sys.executable, "-m", "harness.capture.boot", "--events",
+                                str(tmp_path / "fresh.jsonl"), "--", str(prog)],
+                               capture_output=True, text=True, env=ENV, cwd=tmp_path)
+    finally:
+        server.close()
+    fresh_events = list(iter_file(tmp_path / "fresh.jsonl"))
+    for pid, code, err, events in runs:
+        # This interpreter has neither PyTorch nor CuPy: each run says so and exits 77, as the
+        # fresh interpreter does, from its own process, in the run's folder.
+        assert code == fresh.returncode == 77
+        hello = events[0][1]
+        assert hello["pid"] == pid and hello["cwd"] == str(tmp_path)
+        assert [e[0] for e in events] == [e[0] for e in fresh_events] == ["hello", "exit"]
+        assert events[-1][1]["error"] == fresh_events[-1][1]["error"]
+    assert runs[0][0] != runs[1][0]
+
+
+@pytest.mark.parametrize("fresh", [False, True])
+def test_the_runs_after_the_first_fork_from_what_the_first_used_unless_fresh(tmp_path, fresh):
+    from harness.capture.watch import Program, WatchOptions, _Launcher
+    prog = tmp_path / "prog.py"
+    prog.write_text("print('hi')\n")
+    notes: list[str] = []
+    launcher = _Launcher(WatchOptions(Program(sys.executable, str(prog), ()), fresh=fresh),
+                         notes.append)
+    hows, codes = [], []
+    try:
+        for n in range(3):
+            proc, how = launcher.start(["--events", str(tmp_path / f"e{n}.jsonl"), "--",
+                                        str(prog)])
+            codes.append(proc.wait(timeout=60))
+            proc.stdout.close()
+            proc.stderr.close()
+            hows.append(how)
+            # What the run's capture switched on: here nothing imports, so say it as a
+            # run that used PyTorch would (the server then tries to import it, and cannot).
+            launcher.learn({"torch": "2.11"})
+        server = launcher.server
+    finally:
+        launcher.close()
+    assert codes == [77, 77, 77] and notes == []
+    assert hows == (["fresh"] * 3 if fresh else ["fresh", "forked", "forked"])
+    assert fresh or (server is not None and server.preloaded == [] and not server.alive)
