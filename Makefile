@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 RUN_STAMP  := $(VENV)/.run-stamp
 TEST_STAMP := $(VENV)/.test-stamp
 
-.PHONY: install run test test-gpu test-gpu-core test-gpu-watch test-pythons bench clean
+.PHONY: install run test test-gpu test-gpu-core test-gpu-watch test-gpu-amplify test-pythons bench clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -45,17 +45,22 @@ test-pythons:
 	done
 
 # On a GPU machine with CuPy, pytest and the dependencies already installed: no venv, no installs.
-# Two parts, each within ten minutes on an H200: the harness's own GPU tests, and gpurace watch
-# on real PyTorch and CuPy programs (tests/watch_programs).
-WATCH_GPU_TESTS := tests/test_watch_gpu.py tests/test_capture_cupy_gpu.py tests/test_amplify_gpu.py
-test-gpu: test-gpu-core test-gpu-watch
+# Three parts, each within ten minutes on an H200: the harness's own GPU tests, gpurace watch
+# on real PyTorch and CuPy programs (tests/watch_programs), and those programs amplified and
+# shrunk to scenarios (GPURACE_AMPLIFY_TRIALS runs a program, 50 by default).
+WATCH_GPU_TESTS := tests/test_watch_gpu.py tests/test_capture_cupy_gpu.py
+AMPLIFY_GPU_TESTS := tests/test_amplify_gpu.py
+test-gpu: test-gpu-core test-gpu-watch test-gpu-amplify
 
 test-gpu-core:
 	PYTHONPATH=$(CURDIR) $(PYTHON) -m pytest -q -s -m gpu -p no:cacheprovider tests \
-	  $(addprefix --ignore=,$(WATCH_GPU_TESTS))
+	  $(addprefix --ignore=,$(WATCH_GPU_TESTS) $(AMPLIFY_GPU_TESTS))
 
 test-gpu-watch:
 	PYTHONPATH=$(CURDIR) $(PYTHON) -m pytest -q -s -m gpu -p no:cacheprovider $(WATCH_GPU_TESTS)
+
+test-gpu-amplify:
+	PYTHONPATH=$(CURDIR) $(PYTHON) -m pytest -q -s -m gpu -p no:cacheprovider $(AMPLIFY_GPU_TESTS)
 
 # On a GPU machine: copy batching, and the harness's trial rate against a bare CuPy loop.
 bench:

@@ -177,8 +177,8 @@ def test_the_run_document_schema_takes_an_amplified_watch():
     entry = {"variant": "amplified-1", "delays": [A.Delay("a.py", 5, 1000.0,
                                                           "kernel:mm").to_json()],
              "first": "kernel:mm on prefill at a.py:5", "second": "copy_dtod on decode at a.py:7",
-             "stream": "prefill", "trials": 20, "failed": 19, "interval": [0.76, 0.99],
-             "queued": 160}
+             "stream": "prefill", "gap_us": 41.5, "trials": 20, "failed": 19,
+             "interval": [0.76, 0.99], "queued": 160}
     run = {"index": 0, "variant": "amplified-1", "status": 1, "signal": None,
            "timed_out": False, "error": None, "ops": 10, "records": 12, "sources": {},
            "events": "e", "trace": "t", "log": "l"}
@@ -238,7 +238,8 @@ def test_an_amplified_watch_writes_a_run_document_of_the_schema_and_its_window(t
         result.results.append(v)
         entries.append({"variant": v.variant, "delays": [d.to_json() for d in point.delays],
                         "first": target.first, "second": target.second,
-                        "stream": target.stream, "trials": 4, "failed": failed,
+                        "stream": target.stream, "gap_us": target.gap_us, "trials": 4,
+                        "failed": failed,
                         "interval": list(wilson(failed, 4)), "queued": 8 * 4 if point.us else 0})
     result.watch = {"command": "python torch_views.py", "runs": [], "amplified": entries}
     from harness.gpu.nvml import health_snapshot
@@ -254,3 +255,35 @@ def test_an_amplified_watch_writes_a_run_document_of_the_schema_and_its_window(t
     rows = (folder.path / "window.csv").read_text().splitlines()
     assert [r.split(",")[2:5] for r in rows[1:]] == [["0", "4", "0"], ["100", "4", "3"],
                                                        ["1000", "4", "4"]]
+
+
+def test_a_delay_outlasts_three_times_the_hosts_way_from_the_first_op_to_the_second(tmp_path):
+    """Issue times in the capture (the sources' ``t``) reach the trace, and the plan lengthens
+    a pair's delay to three times the host's gap between its ops where that is longer; a
+    trace without them, or of another run, leaves --delay-us."""
+    from harness.capture.watch import _issue_times
+    from tests.test_capture import PINNED, S1, _alloc, _op, _streams
+
+    def events(gap_ns: int) -> list[list]:
+        copy = _op(S1, "copy_htod", 68, r=[("h", PINNED, 64)], w=[("d", 0x7000_0000, 64)])
+        rewrite = _op(None, "host_write", 63, w=[("h", PINNED, 64)])
+        copy[5]["t"], rewrite[5]["t"] = 5_000_000, 5_000_000 + gap_ns
+        return _streams() + [_alloc(PINNED, 64, "ids", "h"), _alloc(0x7000_0000, 64, "dev"),
+                             copy, rewrite]
+
+    for gap_ns, planned in ((2_500_000, 7500.0), (100_000, 1000.0),
+                            (10_000_000_000, A.PLANNED_MAX_US)):
+        trace = tmp_path / f"trace-{gap_ns}.jsonl"
+        analysis = RunAnalysis(trace, {"scenario": "p", "variant": "watched"})
+        analysis.feed(events(gap_ns))
+        analysis.close()
+        findings = [f.to_json() for f in analysis.findings]
+        issued = _issue_times([str(trace)])
+        (t,) = A.plan(findings, 1000.0, issued)
+        assert t.gap_us == gap_ns / 1000 and t.delay.us == planned
+        assert t.delay.site == "prog.py:68" and t.delay.kind == "copy_htod"
+        # The same findings against a trace of other ops (another run's): no gap, --delay-us.
+        other = {seq: (when, "elsewhere.py:1") for seq, (when, _) in issued.items()}
+        (u,) = A.plan(findings, 1000.0, other)
+        assert u.gap_us is None and u.delay.us == 1000.0
+    assert _issue_times([str(tmp_path / "gone.jsonl")]) == {}

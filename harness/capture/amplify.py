@@ -26,6 +26,14 @@ DELAY_US = 1000.0
 """The delay's length by default: a millisecond outlasts a launch's latency and most kernels
 of a small program, and is short enough to queue before every occurrence of a site."""
 
+GAP_FACTOR = 3.0
+"""A planned delay lasts at least this many times the host's time, in the run that found the
+race, from issuing the pair's first op to its second: the delay must outlast the host's way to
+the second op, and a host slowed by other work takes longer than it did then."""
+
+PLANNED_MAX_US = 1_000_000.0
+"""The longest delay a plan lengthens to: a second, queued before each occurrence."""
+
 _SITE = re.compile(r"^(?P<path>.+):(?P<line>[0-9]+)$")
 
 
@@ -86,13 +94,20 @@ class Target:
     first: str  # the earlier op, in the finding's words: "kernel:mm on prefill at x.py:60"
     second: str
     finding: dict[str, Any]
+    gap_us: float | None = None  # the host's time from the first op's issue to the second's
 
 
-def plan(findings: Iterable[dict[str, Any]], us: float = DELAY_US) -> list[Target]:
+def plan(findings: Iterable[dict[str, Any]], us: float = DELAY_US,
+         issued: dict[int, tuple[int, str | None]] | None = None) -> list[Target]:
     """One target per racing pair of a run's folded findings, in their order, a site and kind
     delayed once however many pairs it begins. A pair whose earlier op is the host's own
     access has no stream to delay: the host's later op cannot be made to come first by a
-    delay queued on a stream, so it is left out (:func:`unplanned` says which)."""
+    delay queued on a stream, so it is left out (:func:`unplanned` says which).
+
+    ``issued`` (seq -> the host's clock at the op's issue, in ns, and its step, from the trace
+    of a run that found the races) lengthens a delay to :data:`GAP_FACTOR` times the pair's gap
+    where that is longer than ``us`` (at most :data:`PLANNED_MAX_US`); a pair whose ops are not
+    that trace's (found in another run) keeps ``us``."""
     targets: list[Target] = []
     seen: set[tuple[str, int, str | None]] = set()
     for f in findings:
@@ -104,9 +119,21 @@ def plan(findings: Iterable[dict[str, Any]], us: float = DELAY_US) -> list[Targe
         if key in seen:
             continue
         seen.add(key)
+        gap = _gap_us(issued or {}, first, second)
+        if gap is not None and GAP_FACTOR * gap > delay.us:
+            delay = Delay(delay.path, delay.line,
+                          round(min(GAP_FACTOR * gap, PLANNED_MAX_US), 1), delay.kind)
         targets.append(Target(delay, str(first.get("stream")), _said(first), _said(second),
-                              f))
+                              f, gap))
     return targets
+
+
+def _gap_us(issued: dict[int, tuple[int, str | None]], first: dict[str, Any],
+            second: dict[str, Any]) -> float | None:
+    a, b = issued.get(int(first.get("seq", 0))), issued.get(int(second.get("seq", 0)))
+    if a is None or b is None or a[1] != first.get("step") or b[1] != second.get("step"):
+        return None
+    return (b[0] - a[0]) / 1000.0 if b[0] >= a[0] else None
 
 
 def unplanned(findings: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:

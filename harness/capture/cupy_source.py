@@ -43,6 +43,7 @@ import re
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from time import perf_counter_ns
 from dataclasses import dataclass
 from typing import Any
 
@@ -468,7 +469,8 @@ class _CupySource:
            site: str | None, label: str, sync: bool = False) -> None:
         self.emit(["op", sid, kind, reads, writes, {"site": site, "op": label,
                                                     "thread": thread_name(),
-                                                    "source": SOURCE, "sync": sync}])
+                                                    "source": SOURCE, "sync": sync,
+                                                    "t": perf_counter_ns()}])
 
     def before_wait(self) -> None:
         """The host is about to wait on the device: write everything out first, since a dead

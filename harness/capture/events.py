@@ -26,11 +26,12 @@ The events, field by field::
     ["free", space, address, {"site", "streams", "source"}]
         streams: the streams the block was recorded on (``record_stream``) beyond its own:
         the allocator hands the bytes out again only once the work queued on them is done
-    ["op", sid, kind, reads, writes, {"site", "op", "thread", "source", "sync"}]
+    ["op", sid, kind, reads, writes, {"site", "op", "thread", "source", "sync", "t"}]
         sid None: the host's own access (kind ``host_read`` / ``host_write``); a stream op's
         kind is ``kernel:NAME``, ``copy_htod``/``copy_dtoh``/``copy_dtod``/``copy_htoh`` or
         ``memset``; ``sync`` true: the host waited for the stream after issuing it (a
-        synchronous copy, ``.item()``)
+        synchronous copy, ``.item()``); ``t`` the host's clock when it was issued, in ns
+        (``time.perf_counter_ns``: only differences between one run's ops mean anything)
     ["record", event, sid, site]                 cudaEventRecord
     ["wait", event, sid, site]                   cudaStreamWaitEvent
     ["sync_event", event, site]                  cudaEventSynchronize

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+from time import perf_counter_ns
 from collections.abc import Callable, Iterable
 from types import FrameType
 from typing import Any
@@ -213,7 +214,8 @@ class _Capture:
         frame = program_frame(2)
         site = site_of(frame)
         sid = None
-        meta: dict[str, Any] = {"site": site, "op": plan.name, "source": "torch"}
+        meta: dict[str, Any] = {"site": site, "op": plan.name, "source": "torch",
+                                "t": perf_counter_ns()}
         if threading.current_thread() is not self.main_thread:
             meta["thread"] = thread_name()
         event = None
@@ -430,6 +432,7 @@ class _Capture:
             self.flush_inflight()
             frame = program_frame(depth)
             meta: dict[str, Any] = {"site": site_of(frame), "op": "host read",
+                                    "t": perf_counter_ns(),
                                     "source": "torch"}
             self.emit(["op", None, "host_read", _spans(E.HOST, t), [], meta])
 

@@ -251,8 +251,10 @@ class Translator:
                     or kind.startswith("kernel:")):
                 kind = kernel_kind(kind)
         self.ops += 1
+        t = meta.get("t")
         self._record_op(stream, kind, reads=self._accesses(reads),
-                        writes=self._accesses(writes), step=site, detail=detail)
+                        writes=self._accesses(writes), step=site, detail=detail,
+                        t_issue_ns=t if isinstance(t, int) else None)
         if sid is not None and meta.get("sync"):
             self._record_op(HOST, "sync_stream", syncs=stream, step=site, detail={"site": site})
 
@@ -282,10 +284,11 @@ class Translator:
     def _record_op(self, stream: str, kind: str, *, reads: tuple[Access, ...] = (),
                    writes: tuple[Access, ...] = (), records: str | None = None,
                    waits: str | None = None, syncs: str | None = None,
-                   step: str | None = None, detail: dict[str, Any] | None = None) -> None:
+                   step: str | None = None, detail: dict[str, Any] | None = None,
+                   t_issue_ns: int | None = None) -> None:
         self.seq += 1
         self._emit(OpRecord(self.seq, stream, kind, reads, writes, records, waits, syncs,
-                            step, None, None, None,
+                            step, t_issue_ns, None, None,
                             {k: v for k, v in (detail or {}).items() if v is not None}))
 
     def finish(self) -> None:

@@ -31,13 +31,14 @@ from harness.capture import amplify as A
 from harness.capture.analysis import RunAnalysis
 from harness.capture.forkserver import ForkServer
 from harness.capture.events import LOST, read_events
-from harness.errors import CaptureFailed, NothingToCapture, WatchError
+from harness.errors import CaptureFailed, NothingToCapture, TraceError, WatchError
 from harness.faults.writes import WriteFaults, WriteStop, reason
 from harness.gpu.nvml import health_snapshot
 from harness.incidents import trace_tail
 from harness.outcome import Outcome, TrialResult, VariantResult
 from harness.outputs import RunFolder
 from harness.rates import wilson
+from harness.traces.optrace import load_trace
 from harness.runner import VERSION, RunHooks, RunResult
 from reports import write_incident
 
@@ -212,7 +213,8 @@ def _amplify(options: WatchOptions, folder: Path, watched: VariantResult, hooks:
         plans = [(options.delays, None)]
     else:
         findings = watched.finding_summary()
-        plans = [((t.delay,), t) for t in A.plan(findings, options.delay_us)]
+        plans = [((t.delay,), t) for t in A.plan(findings, options.delay_us,
+                                                 _issue_times(watched.traces))]
         for f in A.unplanned(findings):
             first, second = f["first"], f["second"]
             _say(notes, hooks, f"not amplified: {first.get('kind')} at {first.get('step')} "
@@ -230,13 +232,18 @@ def _amplify(options: WatchOptions, folder: Path, watched: VariantResult, hooks:
             "variant": variant.variant, "delays": [d.to_json() for d in delays],
             "first": target.first if target else None,
             "second": target.second if target else None,
-            "stream": target.stream if target else None, "trials": 0, "failed": 0,
+            "stream": target.stream if target else None,
+            "gap_us": None if target is None or target.gap_us is None else round(
+                target.gap_us, 3), "trials": 0, "failed": 0,
             "interval": [0.0, 1.0], "queued": 0}
         amplified.append(entry)
         hooks.variant_started(variant, options.trials)
+        gap = target.gap_us if target else None
         _say(notes, hooks, f"{variant.variant}: {options.trials} run(s) with a delay of "
                            + "; ".join(d.describe() for d in delays)
-                           + (f" (against {target.second})" if target else ""))
+                           + (f" (against {target.second})" if target else "")
+                           + (f"; the host took {gap:.0f} µs from the first op to the second "
+                              "in the run that found it" if gap is not None else ""))
         queued = tuple(d for d in delays if d.us > 0)  # a sweep's 0: the program as it is
         _runs(options, folder, variant, hooks, notes, runs, faults, delays=queued,
               label=point.folder, count=options.trials, entry=entry, launcher=launcher)
@@ -269,6 +276,19 @@ def points(plans: list[tuple[tuple[A.Delay, ...], A.Target | None]],
             folder = name if us is None else f"{name}-{us:g}us"
             out.append(Point(name, folder, at, target, max(d.us for d in at)))
     return out
+
+
+def _issue_times(traces: Sequence[str]) -> dict[int, tuple[int, str | None]]:
+    """The host's clock at each op's issue, and its step, from the first readable trace of the
+    plain runs (a trace too long to load gives none: the delays keep --delay-us)."""
+    for path in traces:
+        try:
+            records = load_trace(path).records
+        except (TraceError, OSError):
+            continue
+        return {int(r["seq"]): (int(r["t_issue_ns"]), r.get("step")) for r in records
+                if r.get("type", "op") == "op" and isinstance(r.get("t_issue_ns"), int)}
+    return {}
 
 
 def _say(notes: list[str], hooks: RunHooks, text: str) -> None:

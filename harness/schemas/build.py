@@ -344,7 +344,10 @@ def run_schema() -> Schema:
                                         "us": number(0, L.DELAY_MAX_US),
                                         "kind": nullable(string())})),
                 "first": nullable(string()), "second": nullable(string()),
-                "stream": nullable(string()), "trials": integer(0), "failed": integer(0),
+                "stream": nullable(string()),
+                "gap_us": described(nullable(number(0)), "the host's time from the first "
+                                    "op's issue to the second's, in the run that found it"),
+                "trials": integer(0), "failed": integer(0),
                 "interval": array(number(0, 1)), "queued": integer(0)})),
                 "--amplify: each plan's delays, the racing pair it opens (auto), how many "
                 "of its runs failed, with the Wilson 95% interval, and the delays queued"),
