@@ -822,8 +822,8 @@ def minimize_cmd(source: Path, output: Path, defects: Sequence[str],
         except OSError as exc:
             raise click.FileError(str(output), hint=str(exc)) from None
         out.print(f"{output}: scenario {made.name}, {made.steps} steps: {made.shape}, "
-                  f"{made.finding['missing'].split(';')[0]}; `gpurace run {output}` runs it "
-                  "amplified and fixed", highlight=False, soft_wrap=True)
+                  f"{made.finding['missing'].split(';')[0]}", highlight=False, soft_wrap=True)
+        _check_reproducer(output)
         return
     result = minimize(source, defects=tuple(defects), amplify=amplify,
                       progress=lambda text: err.print(f"  {escape(text)}"))
@@ -833,6 +833,30 @@ def minimize_cmd(source: Path, output: Path, defects: Sequence[str],
     out.print(f"{output}: {result.steps} steps ({kept}{result.steps_from} steps -> "
               f"{result.steps}; {result.tries} trial runs); it {result.failure.describe()}",
               highlight=False)
+
+
+def _check_reproducer(path: Path, trials: int = 5) -> None:
+    """A few trials of a written reproducer on the simulated device: said, and a warning when
+    it does not do what it was written for."""
+    from harness.minimize import HowRun, sim_trial
+    from harness.outcome import Outcome
+    from harness.scenario import load_scenario
+
+    scenario = load_scenario(path)
+    variants = {v.name: v for v in scenario.variants}
+    got = {}
+    for name, amplified in (("buggy", True), ("fixed", True)):
+        runs = [sim_trial(scenario, variants[name], HowRun(amplified, None, seed))
+                for seed in range(trials)]
+        got[name] = (sum(o is not Outcome.CLEAN for o, _ in runs), sum(bool(f) for _, f in runs))
+    (b, bf), (f, ff) = got["buggy"], got["fixed"]
+    out.print(f"  on the simulated device, amplified: buggy manifested {b}/{trials} (race found "
+              f"{bf}/{trials}), fixed {f}/{trials} (found {ff}/{trials}); `gpurace run {path}` "
+              "runs it on the GPU", highlight=False, soft_wrap=True)
+    if b < trials or f or ff:
+        err.print("[yellow]warning:[/] the scenario does not show this race as it should on the "
+                  "simulated device; the race detector's finding above is still the program's",
+                  highlight=False)
 
 
 @main.command("check")

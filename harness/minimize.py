@@ -97,7 +97,7 @@ class _Judge:
     wrote, say), or has lost the fix, not this one."""
 
     def __init__(self, variant: Variant, clean: tuple[Variant, ...], failure: Failure,
-                 how: _HowRun) -> None:
+                 how: HowRun) -> None:
         self.variant = variant
         self.clean = clean or (dataclasses.replace(variant, defects=kvcore.Defects()),)
         self.failure = failure
@@ -118,13 +118,13 @@ class _Judge:
     def _run(self, scenario: Scenario,
              variant: Variant) -> tuple[Outcome, list[dict[str, Any]]] | None:
         try:
-            return _trial(scenario, variant, self.how)
+            return sim_trial(scenario, variant, self.how)
         except (kvcore.KVCoreError, KeyError, IndexError, ValueError):
             return None  # a candidate that cannot even run (pool exhausted, a dangling name)
 
 
 @dataclass(frozen=True)
-class _HowRun:
+class HowRun:
     """How the failing trial ran, and so how every candidate runs: its amplification, its seed
     and whether released pages were poisoned."""
 
@@ -134,8 +134,8 @@ class _HowRun:
     poison: bool = False
 
 
-def _trial(scenario: Scenario, variant: Variant,
-           how: _HowRun) -> tuple[Outcome, list[dict[str, Any]]]:
+def sim_trial(scenario: Scenario, variant: Variant,
+              how: HowRun) -> tuple[Outcome, list[dict[str, Any]]]:
     """One sim trial with the detector on: its outcome and its findings."""
     detector = RaceDetector()
     executor = TrialExecutor(scenario, variant, "sim", amplify=how.amplified,
@@ -342,7 +342,7 @@ class _Origin:
 
     scenario: Scenario
     variant: Variant
-    how: _HowRun
+    how: HowRun
     failure: Failure
 
 
@@ -456,7 +456,7 @@ def _from_incident(source: Path, amplify: bool | None) -> _Origin:
     scenario = _scenario_at(path, replayed, defects, f"{file}: scenario.path")
     variant = _variant(scenario, _field(report, "variant.name", str, file),
                        f"{file}: variant.name")
-    how = _HowRun(amp is not None if amplify is None else amplify, delay,
+    how = HowRun(amp is not None if amplify is None else amplify, delay,
                   _field(report, "trial.seed", int, file), poison="--poison" in argv)
     return _Origin(scenario, variant, how, _failure(report, file))
 
@@ -505,7 +505,7 @@ def _from_op_trace(source: Path, amplify: bool | None) -> _Origin:
     delay = header.get("delay_us")
     if amplified and delay is None and scenario.amplify is not None:
         delay = scenario.amplify.delay_us
-    how = _HowRun(amplified, delay, int(header["seed"]), bool(header.get("poison", False)))
+    how = HowRun(amplified, delay, int(header["seed"]), bool(header.get("poison", False)))
     # The trial again on sim says whether it manifests; the trace itself may hold a race the
     # detector finds even when the run did not manifest it.
     try:
@@ -526,7 +526,7 @@ def _from_ticket(source: Path, defects: tuple[str, ...], amplify: bool | None) -
                           "makes it fail with --defect (e.g. publish_on_legacy_stream)")
     scenario = replay_scenario(source, defects)
     variant = scenario.variants[0]
-    how = _HowRun(True if amplify is None else amplify,
+    how = HowRun(True if amplify is None else amplify,
                   scenario.amplify.delay_us if scenario.amplify else None, 0)
     return _Origin(scenario, variant, how, _observe(scenario, variant, how))
 
@@ -594,8 +594,8 @@ def _failure(report: dict[str, Any], file: Path) -> Failure:
                           "trial again for a new one") from None
 
 
-def _observe(scenario: Scenario, variant: Variant, how: _HowRun) -> Failure:
-    outcome, findings = _trial(scenario, variant, how)
+def _observe(scenario: Scenario, variant: Variant, how: HowRun) -> Failure:
+    outcome, findings = sim_trial(scenario, variant, how)
     if outcome is not Outcome.CLEAN:
         return Failure(outcome, None)
     if findings:

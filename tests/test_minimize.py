@@ -147,8 +147,9 @@ def test_a_poisoned_trial_is_minimized_with_poison(tmp_path: Path,
     import harness.minimize as m
 
     seen: list[bool] = []
-    real = m._trial
-    monkeypatch.setattr(m, "_trial", lambda s, v, how: seen.append(how.poison) or real(s, v, how))
+    real = m.sim_trial
+    monkeypatch.setattr(m, "sim_trial",
+                        lambda s, v, how: seen.append(how.poison) or real(s, v, how))
     incident = _incident(tmp_path, "run", "cross-stream-race", "--dangerous", "--variant",
                          "buggy", "--poison")
     _minimize(incident, tmp_path / "small.yaml")
