@@ -46,7 +46,6 @@ OLD, FIRST, SECOND = 0x5A, 0x11, 0x22
 writes, what the second writes. None is the byte a fresh page holds."""
 
 _EDGES = ("event_record", "event_wait", "sync_event")
-_SYNCS = ("sync_device", "sync_stream", "sync_event")
 
 
 @dataclass
