@@ -1112,7 +1112,8 @@ class _WatchHooks(RunHooks):
     def trial_finished(self, result: VariantResult, trial: TrialResult) -> None:
         if self.text:
             races = f", {len(trial.findings)} race(s)" if trial.findings else ", no race"
-            _log(f"gpurace watch: run {trial.index + 1} of {result.scenario}: "
+            which = f" {result.variant} ({result.delay_us:g} µs)" if result.amplified else ""
+            _log(f"gpurace watch: run {trial.index + 1} of {result.scenario}{which}: "
                  f"{trial.outcome.value}{races}, {trial.ops_total} ops, "
                  f"{trial.duration_s:.2f} s")
 

@@ -287,3 +287,16 @@ def test_a_delay_outlasts_three_times_the_hosts_way_from_the_first_op_to_the_sec
         (u,) = A.plan(findings, 1000.0, other)
         assert u.gap_us is None and u.delay.us == 1000.0
     assert _issue_times([str(tmp_path / "gone.jsonl")]) == {}
+
+
+def test_each_amplified_runs_line_says_its_plan_and_delay(capsys):
+    from harness import cli
+    from harness.outcome import Outcome, TrialResult, VariantResult
+    hooks = cli._WatchHooks(True)
+    plain = VariantResult("p", "watched", "clean", "p.py", False, False, None)
+    swept = VariantResult("p", "amplified-2", "clean", "p.py", False, True, 50.0, sweep=True)
+    hooks.trial_finished(plain, TrialResult(0, 0, Outcome.CLEAN, duration_s=1.5))
+    hooks.trial_finished(swept, TrialResult(3, 0, Outcome.CORRUPTION, duration_s=2.0))
+    err = capsys.readouterr().err
+    assert "run 1 of p: clean, no race" in err
+    assert "run 4 of p amplified-2 (50 µs): corruption, no race" in err
