@@ -152,3 +152,27 @@ def test_a_stale_event_the_host_synchronized_is_kept_before_the_hosts_read(tmp_p
     results = _run(out, tmp_path / "runs")
     assert results["buggy"]["manifested"] >= 0.95 * TRIALS, results["buggy"]
     assert results["fixed"]["manifested"] == results["fixed"]["detected"] == 0
+
+
+def test_two_streams_writing_the_same_bytes_become_a_check_of_what_they_hold(tmp_path):
+    """A write against a write: the scenario checks the bytes hold the second write's at the
+    end, which the delayed first write overwrites amplified, and the fix orders."""
+    from tests.test_capture import BASE, S1, S2, _alloc, _op, _streams
+    events = _streams() + [_alloc(BASE, 4096, "kv"),
+                           _op(S1, "kernel:fill_", 10, w=[("d", BASE, 4096)]),
+                           _op(S2, "kernel:copy_", 11, w=[("d", BASE, 4096)])]
+    trace = tmp_path / "trace.jsonl"
+    analysis = RunAnalysis(trace, {"scenario": "prog", "variant": "watched"})
+    analysis.feed(events)
+    analysis.close()
+    (finding,) = [f.to_json() for f in analysis.findings]
+    made = reproducer(load_trace(trace).records, finding, program="prog")
+    assert made.shape == "write then write"
+    out = tmp_path / "waw.yaml"
+    out.write_text(made.text)
+    scenario = load_scenario(out)
+    assert {s.name for s in scenario.streams} == {"s1", "s2"}
+    assert scenario.steps[-1].op == "check" and scenario.steps[-1].args.get("lease") == "kv"
+    results = _run(out, tmp_path / "runs")
+    assert results["buggy"]["manifested"] >= 0.95 * TRIALS, results["buggy"]
+    assert results["fixed"]["manifested"] == results["fixed"]["detected"] == 0

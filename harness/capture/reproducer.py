@@ -170,7 +170,7 @@ def reproducer(records: Sequence[dict[str, Any]], finding: dict[str, Any], *, pr
         between = [e for e in edges if e[2] > int(first["seq"])]
         steps += [(s, c) for s, c, _ in before]
         seen = names.new(f"{owner}-seen")
-        if shape == "write then read":
+        if first["access"] == "write":
             steps.append(({"id": first_id, "op": "kernel", "stream": sa, "writes": owner,
                            "byte": f"0x{FIRST:02X}"}, _said(a)))
         else:
@@ -366,8 +366,8 @@ def _event_word(event: str) -> str:
 
 
 def _op_word(op: dict[str, Any]) -> str:
-    kind = str(op.get("kind", "op")).split(":")[-1].replace("_", "-")
-    return f"{kind}-{_line(op)}"
+    kind = str(op.get("kind", "op")).split(":")[-1].replace("_", "-").strip("-")
+    return f"{kind or 'op'}-{_line(op)}"
 
 
 def _line(op: dict[str, Any]) -> str:
