@@ -7,7 +7,8 @@ stream's op, which nothing orders against it, runs first, and the program's answ
 the race does. Only the stream the delay is queued on waits; the host goes on at once.
 
 Both sides of the watch use this module. The watching side plans delays from a run's findings
-(:func:`plan`: the earlier op of each racing pair, at its ``file:line`` and of its kind) or
+(:func:`plan`: the earlier op of each racing pair, at its ``file:line`` and of its kind, for at
+least :data:`GAP_FACTOR` times the host's time between the pair's ops in that run) or
 parses the user's ``--amplify FILE:LINE`` (:func:`parse_site`), and hands them to the watched
 process as JSON. There a source asks :class:`Amplifier` before each op it sees whether to queue
 a delay before it, and says how many it queued. Nothing here imports PyTorch or CuPy.
