@@ -1144,6 +1144,10 @@ def _print_amplified(variant: VariantResult, entry: dict[str, Any]) -> None:
               f"{entry['queued']} delays queued, outcomes "
               + ", ".join(f"{k} {v}" for k, v in variant.outcomes().items() if v),
               highlight=False, soft_wrap=True)
+    _print_first_and_incidents(variant)
+
+
+def _print_first_and_incidents(variant: VariantResult) -> None:
     first = variant.first_manifested
     if first is not None:
         out.print(f"  run {first.index + 1}: {first.outcome.value}: {escape(first.detail)}",
@@ -1160,12 +1164,7 @@ def _print_watched(result: RunResult, variant: VariantResult) -> None:
     for f in variant.finding_summary():
         _print_finding(f)
         out.print(f"    in {f['trials']} of {variant.trials} run(s)", highlight=False)
-    first = variant.first_manifested
-    if first is not None:
-        out.print(f"  run {first.index + 1}: {first.outcome.value}: {escape(first.detail)}",
-                  highlight=False, soft_wrap=True)
-    for path in variant.reports:
-        out.print(f"  incident: {path}", highlight=False)
+    _print_first_and_incidents(variant)
 
 
 @main.command("doctor")

@@ -18,17 +18,10 @@ from harness.capture.events import iter_file
 from harness.capture.translate import Translator
 from harness.capture.watch import _failure_line
 
-ROOT = Path(__file__).resolve().parent.parent
-CORPUS = ROOT / "tests" / "capture_recorded"
-PROGRAMS = ROOT / "tests" / "watch_programs"
+from tests.test_capture_recorded import CORPUS, PROGRAMS, ROOT
+from tests.test_capture_recorded import _replay as _findings
+
 BUGGY = sorted(CORPUS.glob("*-buggy.jsonl"))
-
-
-def _findings(path: Path) -> list[dict]:
-    analysis = RunAnalysis(None, {})
-    analysis.feed(list(iter_file(path)))
-    analysis.close()
-    return [f.to_json() for f in analysis.findings]
 
 
 def _race_lines(program: Path) -> set[int]:

@@ -24,6 +24,16 @@ BUGGY = sorted(CORPUS.glob("*-buggy.jsonl"))
 TRIALS = 20
 
 
+def _traced(events: list[list], trace: Path, program: str = "prog",
+            ) -> tuple[list[dict], list[dict]]:
+    """Capture events through the watch's analysis: the trace it wrote, read back, and its
+    findings."""
+    analysis = RunAnalysis(trace, {"scenario": program, "variant": "watched"})
+    analysis.feed(events)
+    analysis.close()
+    return load_trace(trace).records, [f.to_json() for f in analysis.findings]
+
+
 def _run(path: Path, out: Path, *more: str) -> dict[str, dict]:
     got = CliRunner().invoke(main, ["run", str(path), "--backend", "sim", "--trials",
                                     str(TRIALS), "--format", "json", "--out", str(out), *more])
@@ -79,9 +89,7 @@ def test_the_scenario_names_streams_and_memory_as_the_program_does(tmp_path):
 def test_an_incident_folder_and_a_trace_of_a_watched_run_give_the_same_scenario(tmp_path):
     events = CORPUS / "torch_record_stream-buggy.jsonl"
     trace = tmp_path / "trace.jsonl"
-    analysis = RunAnalysis(trace, {"scenario": "torch_record_stream", "variant": "watched"})
-    analysis.feed(list(iter_file(events)))
-    analysis.close()
+    _traced(list(iter_file(events)), trace, "torch_record_stream")
     incident = tmp_path / "incident"
     incident.mkdir()
     (incident / "trace.jsonl").write_text(trace.read_text())
@@ -111,12 +119,9 @@ def test_a_clean_watched_run_has_nothing_to_write(tmp_path):
 
 
 def test_a_race_that_begins_with_the_hosts_access_is_refused_with_why(tmp_path):
-    trace = tmp_path / "trace.jsonl"
-    analysis = RunAnalysis(trace, {"scenario": "p", "variant": "watched"})
-    analysis.feed(list(iter_file(CORPUS / "torch_pinned_rewrite-buggy.jsonl")))
-    analysis.close()
-    records = load_trace(trace).records
-    f = analysis.findings[0].to_json()
+    records, findings = _traced(list(iter_file(CORPUS / "torch_pinned_rewrite-buggy.jsonl")),
+                                tmp_path / "trace.jsonl", "p")
+    f = findings[0]
     host = dict(f["second"], seq=0)  # the host's write, taken as if it came first
     with pytest.raises(TraceError, match="begins with the host's own access"):
         reproducer(records, {**f, "second": host}, program="p")
@@ -132,12 +137,8 @@ def test_a_stale_event_the_host_synchronized_is_kept_before_the_hosts_read(tmp_p
         _op(S1, "copy_dtoh", 40, r=[("d", BASE, 256)], w=[("h", PINNED, 256)]),
         ["sync_event", 7, "prog.py:41"],
         _op(None, "host_read", 42, r=[("h", PINNED, 256)])]
-    trace = tmp_path / "trace.jsonl"
-    analysis = RunAnalysis(trace, {"scenario": "prog", "variant": "watched"})
-    analysis.feed(events)
-    analysis.close()
-    (finding,) = [f.to_json() for f in analysis.findings]
-    made = reproducer(load_trace(trace).records, finding, program="prog")
+    records, (finding,) = _traced(events, tmp_path / "trace.jsonl")
+    made = reproducer(records, finding, program="prog")
     out = tmp_path / "stale.yaml"
     out.write_text(made.text)
     steps = load_scenario(out).steps
@@ -161,12 +162,8 @@ def test_two_streams_writing_the_same_bytes_become_a_check_of_what_they_hold(tmp
     events = _streams() + [_alloc(BASE, 4096, "kv"),
                            _op(S1, "kernel:fill_", 10, w=[("d", BASE, 4096)]),
                            _op(S2, "kernel:copy_", 11, w=[("d", BASE, 4096)])]
-    trace = tmp_path / "trace.jsonl"
-    analysis = RunAnalysis(trace, {"scenario": "prog", "variant": "watched"})
-    analysis.feed(events)
-    analysis.close()
-    (finding,) = [f.to_json() for f in analysis.findings]
-    made = reproducer(load_trace(trace).records, finding, program="prog")
+    records, (finding,) = _traced(events, tmp_path / "trace.jsonl")
+    made = reproducer(records, finding, program="prog")
     assert made.shape == "write then write"
     out = tmp_path / "waw.yaml"
     out.write_text(made.text)

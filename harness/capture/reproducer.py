@@ -421,16 +421,16 @@ def watched_source(source: Path) -> Watched | None:
         argv = reproduce.get("argv") if isinstance(reproduce, dict) else None
         command = " ".join(str(w) for w in argv) if isinstance(argv, list) else ""
         trace_path = folder / "trace.jsonl"
-    elif _is_capture(source):
+    elif isinstance(head := _first_line(source), list) and head[:1] == ["hello"]:
         from harness.capture.analysis import RunAnalysis
         from harness.capture.events import iter_file
         trace_path = Path(tempfile.mkdtemp(prefix="gpurace-minimize-")) / "trace.jsonl"
-        analysis = RunAnalysis(trace_path, {"scenario": _program_of(source),
+        analysis = RunAnalysis(trace_path, {"scenario": _program_of(head),
                                             "variant": "watched"})
         analysis.feed(list(iter_file(source)))
         analysis.close()
-    elif is_op_trace(source):
-        trace_path = source
+    elif is_op_trace(source) and isinstance(head, dict) and head.get("variant") == "watched":
+        trace_path = source  # a scenario's trace is minimize's own: not loaded here
     else:
         return None
     trace = load_trace(trace_path)
@@ -441,17 +441,16 @@ def watched_source(source: Path) -> Watched | None:
     return Watched(tuple(trace.records), findings, program, command)
 
 
-def _is_capture(path: Path) -> bool:
+def _first_line(path: Path) -> Any:
+    """The JSON of a file's first line (a capture's hello, a trace's header), or None."""
     try:
-        head = read_input(path, HEAD_BYTES, "capture events", head=True)
-        first = json.loads(head.split(b"\n", 1)[0].decode("utf-8"))
+        head = read_input(path, HEAD_BYTES, "a watched run's file", head=True)
+        return json.loads(head.split(b"\n", 1)[0].decode("utf-8"))
     except (Unreadable, UnicodeDecodeError, ValueError, RecursionError):
-        return False
-    return isinstance(first, list) and first[:1] == ["hello"]
+        return None
 
 
-def _program_of(events: Path) -> str:
-    head = read_input(events, HEAD_BYTES, "capture events", head=True)
-    hello = json.loads(head.split(b"\n", 1)[0].decode("utf-8"))[1]
+def _program_of(hello_event: list[Any]) -> str:
+    hello = hello_event[1] if len(hello_event) > 1 else None
     argv = hello.get("argv") or ["program"] if isinstance(hello, dict) else ["program"]
     return re.sub(r"[^A-Za-z0-9_.-]", "-", Path(str(argv[0])).stem)[:64] or "program"
