@@ -44,6 +44,19 @@ def _watch(out: Path, options: list[str], command: list[str]) -> dict:
     return doc
 
 
+def _row(name: str, buggy: dict, fixed: dict) -> str:
+    """One program's line of the table: its best pair's failures, its twin's, the run cost."""
+    entries = buggy["watch"]["amplified"]
+    best = max(entries, key=lambda a: a["failed"], default=None)
+    runs = len(buggy["watch"]["runs"]) + len(fixed.get("watch", {}).get("runs", []))
+    wall = buggy["wall_s"] + fixed.get("wall_s", 0.0)
+    fixed_cells = ", ".join(f"{a['failed']}/{a['trials']} {a['queued']}"
+                            for a in fixed.get("watch", {}).get("amplified", []))
+    cell = f"{best['failed']}/{best['trials']} {best['interval']}" if best else "none"
+    return (f"{name:22} | {len(entries):5} | {cell:29} | {fixed_cells:27} | "
+            f"{wall / max(runs, 1):.2f}")
+
+
 @pytest.fixture(scope="module")
 def amplified(tmp_path_factory) -> dict[str, tuple[dict, dict]]:
     """Each program's buggy run with --amplify auto, then its fixed twin with the delays auto
@@ -58,22 +71,13 @@ def amplified(tmp_path_factory) -> dict[str, tuple[dict, dict]]:
         words = [w for site in sites for w in ("--amplify", site)]
         fixed = _watch(out / f"{prog.stem}-fixed", words, [*command, "--fixed"]) if sites \
             else {}
+        print(_row(prog.stem, buggy, fixed), flush=True)
         return prog.stem, (buggy, fixed)
 
+    print("\nprogram                | pairs | buggy failed (best pair), 95% | fixed failed, "
+          "delays queued | s per run", flush=True)
     with ThreadPoolExecutor(max_workers=12) as pool:
         found = dict(pool.map(one, PROGRAMS))
-    print("\nprogram                | pairs | buggy failed (best pair), 95% | fixed failed, "
-          "delays queued | s per run")
-    for name, (buggy, fixed) in sorted(found.items()):
-        entries = buggy["watch"]["amplified"]
-        best = max(entries, key=lambda a: a["failed"], default=None)
-        runs = len(buggy["watch"]["runs"]) + len(fixed.get("watch", {}).get("runs", []))
-        wall = buggy["wall_s"] + fixed.get("wall_s", 0.0)
-        fixed_cells = ", ".join(f"{a['failed']}/{a['trials']} {a['queued']}"
-                                for a in fixed.get("watch", {}).get("amplified", []))
-        cell = f"{best['failed']}/{best['trials']} {best['interval']}" if best else "none"
-        print(f"{name:22} | {len(entries):5} | {cell:29} | {fixed_cells:27} | "
-              f"{wall / max(runs, 1):.2f}")
     return found
 
 
