@@ -58,12 +58,13 @@ def _row(name: str, buggy: dict, fixed: dict) -> str:
 
 
 @pytest.fixture(scope="module")
-def amplified(tmp_path_factory) -> dict[str, tuple[dict, dict]]:
-    """Each program's buggy run with --amplify auto, then its fixed twin with the delays auto
-    planned for the buggy one (the same lines), programs side by side."""
+def amplified(tmp_path_factory) -> dict[str, tuple[dict, dict, dict]]:
+    """Each program's buggy run with --amplify auto, its fixed twin with the delays auto
+    planned for the buggy one (the same lines), and the scenario `gpurace minimize` makes of
+    the buggy run's incident, run on the GPU; programs side by side."""
     out = tmp_path_factory.mktemp("amplify")
 
-    def one(prog: Path) -> tuple[str, tuple[dict, dict]]:
+    def one(prog: Path) -> tuple[str, tuple[dict, dict, dict]]:
         command = [sys.executable, str(prog.relative_to(ROOT))]
         buggy = _watch(out / f"{prog.stem}-buggy", ["--amplify", "auto"], command)
         sites = sorted({MOVED.get(site, site) for site in (
@@ -72,7 +73,7 @@ def amplified(tmp_path_factory) -> dict[str, tuple[dict, dict]]:
         fixed = _watch(out / f"{prog.stem}-fixed", words, [*command, "--fixed"]) if sites \
             else {}
         print(_row(prog.stem, buggy, fixed), flush=True)
-        return prog.stem, (buggy, fixed)
+        return prog.stem, (buggy, fixed, _shrunk(prog.stem, buggy, out))
 
     print("\nprogram                | pairs | buggy failed (best pair), 95% | fixed failed, "
           "delays queued | s per run", flush=True)
@@ -83,7 +84,7 @@ def amplified(tmp_path_factory) -> dict[str, tuple[dict, dict]]:
 
 def test_each_buggy_program_fails_amplified(amplified):
     failures = []
-    for name, (buggy, _) in amplified.items():
+    for name, (buggy, _, _) in amplified.items():
         entries = buggy["watch"]["amplified"]
         if not entries:
             failures.append(f"{name}: nothing planned ({buggy['watch_notes']})")
@@ -96,7 +97,7 @@ def test_each_buggy_program_fails_amplified(amplified):
 
 def test_each_fixed_twin_stays_right_under_the_same_delays(amplified):
     failures = []
-    for name, (buggy, fixed) in amplified.items():
+    for name, (buggy, fixed, _) in amplified.items():
         if not fixed:
             continue  # reported by the buggy test
         for entry, result in zip(fixed["watch"]["amplified"], fixed["results"]):
@@ -107,31 +108,41 @@ def test_each_fixed_twin_stays_right_under_the_same_delays(amplified):
     assert not failures, failures
 
 
+def _shrunk(name: str, buggy: dict, out: Path) -> dict:
+    """`gpurace minimize` of the plain run's incident, then `gpurace run` of the scenario on the
+    GPU: its steps and each variant's result, or why there is none (``error``)."""
+    watched = next(r for r in buggy["results"] if r["variant"] == "watched")
+    if not watched["reports"]:
+        return {"error": "no incident"}
+    scenario = out / f"{name}.yaml"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    made = subprocess.run([sys.executable, "-m", "harness.cli", "minimize",
+                           watched["reports"][0], "-o", str(scenario)], capture_output=True,
+                          text=True, cwd=ROOT, env=env)
+    if made.returncode:
+        return {"error": f"minimize exit {made.returncode}: {made.stderr[-500:]}"}
+    ran = subprocess.run([sys.executable, "-m", "harness.cli", "run", str(scenario),
+                          "--backend", "cuda", "--trials", str(TRIALS), "--format", "json",
+                          "--out", str(out / f"{name}-run")], capture_output=True, text=True,
+                         cwd=ROOT, env=env)
+    try:
+        results = {r["variant"]: r for r in json.loads(ran.stdout)["results"]}
+    except ValueError:
+        return {"error": f"run exit {ran.returncode}: {ran.stderr[-500:]}"}
+    return {"steps": scenario.read_text().count("\n    - {"), **results}
+
+
 def test_each_buggy_programs_incident_shrinks_to_a_scenario_that_reproduces_on_the_gpu(
-        amplified, tmp_path):
+        amplified):
     """`gpurace minimize` of the plain run's incident: a scenario that reproduces amplified in
     at least 95% of its trials on the GPU, and is clean fixed."""
     failures, rows = [], []
-    for name, (buggy, _) in sorted(amplified.items()):
-        watched = next(r for r in buggy["results"] if r["variant"] == "watched")
-        if not watched["reports"]:
-            failures.append(f"{name}: no incident")
+    for name, (_, _, shrunk) in sorted(amplified.items()):
+        if "error" in shrunk:
+            failures.append(f"{name}: {shrunk['error']}")
             continue
-        out = tmp_path / f"{name}.yaml"
-        made = subprocess.run([sys.executable, "-m", "harness.cli", "minimize",
-                               watched["reports"][0], "-o", str(out)], capture_output=True,
-                              text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
-        if made.returncode:
-            failures.append(f"{name}: minimize exit {made.returncode}: {made.stderr[-500:]}")
-            continue
-        ran = subprocess.run([sys.executable, "-m", "harness.cli", "run", str(out), "--backend",
-                              "cuda", "--trials", str(TRIALS), "--format", "json", "--out",
-                              str(tmp_path / name)], capture_output=True, text=True, cwd=ROOT,
-                             env={**os.environ, "PYTHONPATH": str(ROOT)})
-        results = {r["variant"]: r for r in json.loads(ran.stdout)["results"]}
-        b, f = results["buggy"], results["fixed"]
-        steps = out.read_text().count("\n    - {")
-        rows.append(f"{name:22} | {steps:5} | {b['manifested']}/{b['trials']} | "
+        b, f = shrunk["buggy"], shrunk["fixed"]
+        rows.append(f"{name:22} | {shrunk['steps']:5} | {b['manifested']}/{b['trials']} | "
                     f"{f['manifested']}/{f['trials']} {f['detected']}")
         if b["manifested"] < 0.95 * b["trials"] or f["manifested"] or f["detected"]:
             failures.append(f"{name}: buggy {b['manifested']}/{b['trials']}, fixed "

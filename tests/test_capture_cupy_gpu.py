@@ -2,7 +2,7 @@
 
 Each test installs the source on a Sink over a StringIO, runs a snippet, and compares the events
 it made (notes, and allocations, frees and queries of memory or events the snippet did not make,
-left out) with what the snippet did: streams and their blocking flag, byte ranges from the
+left out; each op's issue time checked apart) with what the snippet did: streams and their blocking flag, byte ranges from the
 arrays' own ``.data.ptr`` and ``.nbytes``, the stream each op was issued on, ``sync`` flags, and
 the program's own line as each event's site.
 
@@ -63,8 +63,17 @@ class Capture:
         self.ptrs: set[int] = set()
 
     def written(self) -> list[list[Any]]:
-        """What reached the StringIO without a flush of ours (a host wait flushes)."""
-        return [json.loads(line) for line in self.out.getvalue().splitlines()]
+        """What reached the StringIO without a flush of ours (a host wait flushes). Each op's
+        issue time (``t``, the host's nanosecond clock) is checked, never going back, and taken
+        out: the rest of each event is what the tests compare exactly."""
+        events = [json.loads(line) for line in self.out.getvalue().splitlines()]
+        last = 0
+        for e in events:
+            if e[0] == "op":
+                issued = e[5].pop("t")
+                assert isinstance(issued, int) and issued >= last, (issued, last, e)
+                last = issued
+        return events
 
     def events(self) -> list[list[Any]]:
         self.sink.flush()

@@ -69,12 +69,52 @@ def test_the_runs_after_the_first_fork_from_what_the_first_used_unless_fresh(tmp
             proc.stdout.close()
             proc.stderr.close()
             hows.append(how)
-            # What the run's capture switched on: here nothing imports, so say it as a
-            # run that used PyTorch would (the server then tries to import it, and cannot).
-            launcher.learn({"torch": "2.11"})
+            # What the run's capture switched on and imported: here nothing imports, so say
+            # it as a run that used PyTorch would (the server then tries to import them).
+            launcher.learn({"torch": "2.11"}, ["torch", "json"])
         server = launcher.server
     finally:
         launcher.close()
     assert codes == [77, 77, 77] and notes == []
     assert hows == (["fresh"] * 3 if fresh else ["fresh", "forked", "forked"])
-    assert fresh or (server is not None and server.preloaded == [] and not server.alive)
+    assert fresh or (server is not None and server.preloaded == ["json"] and not server.alive)
+
+
+def test_a_library_that_kills_the_server_leaves_one_of_the_frameworks_only(tmp_path):
+    from harness.capture.watch import Program, WatchOptions, _Launcher
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "exits_on_import.py").write_text("import os\nos._exit(3)\n")
+    prog = tmp_path / "prog.py"
+    prog.write_text("print('hi')\n")
+    notes: list[str] = []
+    launcher = _Launcher(WatchOptions(Program(sys.executable, str(prog), ()),
+                                      env={"PYTHONPATH": str(tmp_path / "lib")}), notes.append)
+    assert launcher.learning
+    launcher.learn({"torch": "2.11"}, ["json", "exits_on_import"])
+    assert not launcher.learning
+    try:
+        proc, how = launcher.start(["--events", str(tmp_path / "e.jsonl"), "--", str(prog)])
+        assert proc.wait(timeout=60) == 77
+        proc.stdout.close()
+        proc.stderr.close()
+        server = launcher.server
+    finally:
+        launcher.close()
+    assert how == "forked" and server is not None and server.preloaded == []
+    (note,) = notes
+    assert note.startswith("the fork server of 2 library module(s) did not start") and \
+        note.endswith("trying one of torch only"), note
+
+
+def test_the_libraries_a_run_names_are_installed_and_standard_modules_not_the_programs(
+        tmp_path, monkeypatch):
+    from harness.capture.boot import _libraries
+    (tmp_path / "programs_own_helper.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import programs_own_helper  # noqa: F401  (the program's own module, imported as it would)
+    import json.decoder  # noqa: F401
+    import yaml  # noqa: F401  (an installed package)
+    names = _libraries()
+    assert {"json", "json.decoder", "yaml"} <= set(names)
+    assert "programs_own_helper" not in names and "__main__" not in names
+    assert not any(n.split(".")[0] == "harness" for n in names)

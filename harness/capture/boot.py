@@ -21,6 +21,7 @@ import importlib.util
 import os
 import runpy
 import sys
+import sysconfig
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -39,6 +40,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--sources", default="auto")
     parser.add_argument("--module", action="store_true")
     parser.add_argument("--delays", default="", help="JSON: the delays to queue (amplify)")
+    parser.add_argument("--libraries", action="store_true",
+                        help="name the library modules the run imported, in its exit event")
     parser.add_argument("program")
     parser.add_argument("args", nargs=argparse.REMAINDER)
     return parser.parse_args(argv)
@@ -184,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
                 sink.emit(["note", f"a capture source failed to stop: {exc!r}"])
         if amplifier is not None:
             amplifier.report()
-    return _end(sink, status, error, tb)
+    return _end(sink, status, error, tb, libraries=opts.libraries)
 
 
 def _exit_status(code: object) -> int:
@@ -196,8 +199,24 @@ def _exit_status(code: object) -> int:
     return 1
 
 
-def _end(sink: E.Sink, status: int, error: str | None, tb: str | None = None) -> int:
-    sink.emit(["exit", {"status": status, "error": error, "traceback": tb}])
+def _libraries() -> list[str]:
+    """The modules loaded now, in sys.modules' order, that are the interpreter's libraries (its
+    standard library and installed packages), not the program's own code nor gpurace's."""
+    paths = sysconfig.get_paths()
+    # A module's file is named as its sys.path entry names it: the roots as written and as
+    # resolved both, so that no module's path needs resolving.
+    roots = tuple(sorted({os.path.join(form(paths[key]), "") for key in
+                          ("stdlib", "platstdlib", "purelib", "platlib") if key in paths
+                          for form in (os.path.abspath, os.path.realpath)}))
+    return [name for name, module in list(sys.modules.items())
+            if name != "__main__" and name.split(".")[0] != "harness"
+            and str(getattr(module, "__file__", None) or "").startswith(roots)]
+
+
+def _end(sink: E.Sink, status: int, error: str | None, tb: str | None = None,
+         libraries: bool = False) -> int:
+    sink.emit(["exit", {"status": status, "error": error, "traceback": tb,
+                        **({"libraries": _libraries()} if libraries else {})}])
     sink.close()
     return status
 

@@ -1,13 +1,15 @@
-"""Runs of a watched program forked from a process that has its framework imported already.
+"""Runs of a watched program forked from a process that has its libraries imported already.
 
 Each run of a watched program is a process of its own, and most of a PyTorch program's start is
-not the program: the interpreter and ``import torch`` take seconds before its first line runs.
-Runs after the first start from a *fork server*: a process of the program's own interpreter
-(with its flags and the watch's environment) that imports the frameworks the first run used, and
-nothing else, without touching CUDA (a CUDA context does not survive a fork; each run makes its
-own, as a process of its own does). For each run the server forks a child that becomes its own
-session, takes the run's standard output and error (pipes the watch passes it) and the watch's
-standard input, and runs
+not the program: the interpreter, ``import torch`` and what PyTorch imports lazily take seconds
+before the program's first line runs. Runs after the first start from a *fork server*: a
+process of the program's own interpreter (with its flags and the watch's environment) that
+imports the library modules the first run imported (its standard library and installed
+packages; never the program's own modules), without
+touching CUDA (a CUDA context does not survive a fork; each run makes its own, as a process of
+its own does). A server whose imports initialised the CUDA driver says so, and is not used.
+For each run the server forks a child that becomes its own session, takes the run's standard
+output and error (pipes the watch passes it) and the watch's standard input, and runs
 :mod:`harness.capture.boot` as a fresh interpreter would; the server reports the child's pid at
 once and its exit status when it ends.
 
@@ -16,8 +18,9 @@ the same command does for the watch (``pid``, ``wait``, ``returncode``, ``stdout
 the child's process group is its pid, so a timeout stops it and what it started). A server that
 cannot start, or dies, is said once, and the runs go on as fresh processes.
 
-Run as ``python -m harness.capture.forkserver FD [MODULE ...]`` with ``FD`` one end of a Unix
-socket pair; it imports nothing of gpurace but the boot.
+Run as ``python -m harness.capture.forkserver FD`` with ``FD`` one end of a Unix socket pair,
+whose first line names the modules to import (``{"preload": [...]}``); it imports nothing of
+gpurace but the boot.
 """
 
 from __future__ import annotations
@@ -35,16 +38,27 @@ from collections.abc import Sequence
 from typing import IO, Any
 
 _MAX_MESSAGE = 1 << 20
+_CUDA_ERROR_NOT_INITIALIZED = 3
 
 
 # ---- the server, in the program's interpreter ------------------------------------------------
 
-def serve(fd: int, modules: Sequence[str]) -> int:
-    """Import ``modules``, say ready, then fork a run for each request until the socket
-    closes."""
+def serve(fd: int) -> int:
+    """Import the modules the first message names, say ready, then fork a run for each request
+    until the socket closes."""
     sock = socket.socket(fileno=fd)
+    buffered = b""
+    while b"\n" not in buffered:
+        data = sock.recv(_MAX_MESSAGE)
+        if not data:
+            return 0
+        buffered += data
+    line, buffered = buffered.split(b"\n", 1)
     preloaded = []
-    for name in modules:
+    for name in json.loads(line)["preload"]:
+        if name in sys.modules:  # a package's import brought it in already
+            preloaded.append(name)
+            continue
         try:
             importlib.import_module(name)
             preloaded.append(name)
@@ -67,9 +81,8 @@ def serve(fd: int, modules: Sequence[str]) -> int:
             send({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
 
     stop = threading.Event()
-    send({"ready": preloaded, "pid": os.getpid()})
+    send({"ready": preloaded, "pid": os.getpid(), "cuda_initialized": _cuda_initialized()})
     threading.Thread(target=reap, daemon=True).start()
-    buffered = b""
     while True:
         try:
             data, fds, _, _ = socket.recv_fds(sock, _MAX_MESSAGE, 3)
@@ -99,6 +112,19 @@ def serve(fd: int, modules: Sequence[str]) -> int:
         send({"pid": pid})
     stop.set()
     return 0
+
+
+def _cuda_initialized() -> bool:
+    """Whether this process has initialised the CUDA driver (which a forked child cannot
+    use): a driver call before ``cuInit`` answers CUDA_ERROR_NOT_INITIALIZED, and asking
+    initialises nothing. False where there is no driver."""
+    import ctypes
+    try:
+        driver = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    count = ctypes.c_int(0)
+    return driver.cuDeviceGetCount(ctypes.byref(count)) != _CUDA_ERROR_NOT_INITIALIZED
 
 
 def _child(sock: socket.socket, fds: list[int], request: dict[str, Any]) -> None:
@@ -166,16 +192,22 @@ class ForkServer:
         self._closed = False
         try:
             self._proc = subprocess.Popen(
-                [python, *flags, "-m", "harness.capture.forkserver", str(theirs.fileno()),
-                 *modules], pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL,
+                [python, *flags, "-m", "harness.capture.forkserver", str(theirs.fileno())],
+                pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL,
                 start_new_session=True)
         finally:
             theirs.close()
         threading.Thread(target=self._read, daemon=True).start()
+        with contextlib.suppress(OSError):  # a server already gone is said just below
+            self._sock.sendall(json.dumps({"preload": list(modules)}).encode() + b"\n")
         ready = self._reply(ready_s)
         if ready is None or "ready" not in ready:
             self.close()
             raise OSError(f"the fork server did not start ({ready or 'no answer'})")
+        if ready.get("cuda_initialized"):
+            self.close()
+            raise OSError("a module the fork server imported initialised CUDA, which a "
+                          "forked run cannot use")
         self.preloaded: list[str] = list(ready["ready"])
 
     def _read(self) -> None:
@@ -265,4 +297,4 @@ def _usable(fd: int) -> bool:
 
 
 if __name__ == "__main__":
-    sys.exit(serve(int(sys.argv[1]), sys.argv[2:]))
+    sys.exit(serve(int(sys.argv[1])))

@@ -343,7 +343,8 @@ def _one_run(options: WatchOptions, folder: Path, index: int, hooks: RunHooks,
                                         "trial": index, "seed": 0})
     end, how = _run_program(options, events_path, work, analysis, index, hooks, delays,
                             launcher)
-    launcher.learn(analysis.translator.hello.get("sources", {}))
+    launcher.learn(analysis.translator.hello.get("sources", {}),
+                   (analysis.translator.exit or {}).get("libraries", ()))
     analysis.close()
     notes: list[str] = []
     if end.events_lost:  # the findings cover the program up to where its capture stopped
@@ -422,14 +423,16 @@ def _judge(end: ProgramEnd) -> tuple[Outcome, str, str | None]:
 
 class _Launcher:
     """Starts the program's runs: the first (and every one, with ``fresh``) as a fresh
-    interpreter, the others forked from a fork server that has imported what the first run's
-    capture switched on (:mod:`harness.capture.forkserver`)."""
+    interpreter, the others forked from a fork server that has imported the libraries the first
+    run imported (:mod:`harness.capture.forkserver`); where that server cannot serve, one that
+    imported only the frameworks the capture switched on, and where neither can, fresh."""
 
     def __init__(self, options: WatchOptions, note: Any) -> None:
         self.options = options
         self.note = note
         self.server: ForkServer | None = None
-        self.modules: tuple[str, ...] | None = None  # what the first run used
+        self.modules: tuple[str, ...] | None = None  # what the first run imported
+        self.frameworks: tuple[str, ...] = ()  # what its capture switched on
         self.tried = False
         env = dict(os.environ)
         env.update(options.env)
@@ -440,21 +443,33 @@ class _Launcher:
         env.setdefault("PYTHONUNBUFFERED", "1")
         self.env = env
 
-    def learn(self, sources: dict[str, Any]) -> None:
+    @property
+    def learning(self) -> bool:
+        """Whether the next run should name the libraries it imports (the boot's
+        ``--libraries``): a server will be made from them."""
+        return self.modules is None and not self.options.fresh and hasattr(os, "fork")
+
+    def learn(self, sources: dict[str, Any], libraries: Sequence[str]) -> None:
+        """What a run's capture switched on, and the libraries it imported."""
         if self.modules is None:
-            self.modules = tuple(sorted(s for s in sources if s in ("torch", "cupy")))
+            self.frameworks = tuple(sorted(s for s in sources if s in ("torch", "cupy")))
+            self.modules = (tuple(libraries) or self.frameworks) if self.frameworks else ()
 
     def start(self, boot_args: list[str]) -> tuple[Any, str]:
         """The run's process (as a Popen) and how it started: "forked" or "fresh"."""
         if not self.tried and self.modules and not self.options.fresh and hasattr(os, "fork"):
             self.tried = True
             program = self.options.program
-            try:
-                self.server = ForkServer(program.python, program.flags, self.env,
-                                         self.modules)
-            except OSError as exc:
-                self.note(f"runs start as fresh interpreters: the fork server did not start "
-                          f"({exc})")
+            for modules in dict.fromkeys([self.modules, self.frameworks]):
+                try:
+                    self.server = ForkServer(program.python, program.flags, self.env, modules)
+                    break
+                except OSError as exc:
+                    fallback = modules != self.frameworks
+                    self.note(f"the fork server of {len(modules)} library module(s) did not "
+                              f"start ({exc}); trying one of {', '.join(self.frameworks)} only"
+                              if fallback else "runs start as fresh interpreters: the fork "
+                              f"server did not start ({exc})")
         if self.server is not None:
             try:
                 return self.server.start(boot_args, self.env, os.getcwd()), "forked"
@@ -483,6 +498,7 @@ def _run_program(options: WatchOptions, events: Path, work: Path, analysis: RunA
     boot_args = ["--events", str(events), "--sources", options.sources,
                  *(["--module"] if program.module else []),
                  *(["--delays", A.encode(delays)] if delays else []),
+                 *(["--libraries"] if launcher.learning else []),
                  "--", program.target, *program.args]
     log = _Log(work / "program.log")
     started = time.monotonic()
