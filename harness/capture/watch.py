@@ -148,10 +148,12 @@ class ProgramEnd:
     error: str | None
     traceback: str | None
     timed_out: bool
-    duration_s: float
+    duration_s: float  # from its start to its end, the start included
     stderr_tail: str
     events_lost: str = ""  # why the program's capture stopped writing events, or ""
     log_lost: str = ""  # why its program.log could not be written, or ""
+    launch_s: float = 0.0  # of that, the launch: a spawn, or a fork (and, for the run that
+    # started the fork server, the server's start: its imports)
 
 
 def watch(options: WatchOptions, hooks: RunHooks | None = None) -> RunResult:
@@ -384,7 +386,8 @@ def _one_run(options: WatchOptions, folder: Path, index: int, hooks: RunHooks,
            "timed_out": end.timed_out, "error": end.error, "ops": translator.ops,
            "records": translator.seq, "sources": translator.hello.get("sources", {}),
            "events": str(events_path), "trace": str(trace_path),
-           "log": str(work / "program.log"), "start": how}
+           "log": str(work / "program.log"), "start": how,
+           "duration_s": round(end.duration_s, 4), "launch_s": round(end.launch_s, 4)}
     return trial, {"notes": notes, "run": run, "end": end, "delays": translator.delays}
 
 
@@ -504,6 +507,7 @@ def _run_program(options: WatchOptions, events: Path, work: Path, analysis: RunA
     started = time.monotonic()
     try:
         proc, how = launcher.start(boot_args)
+        launch_s = time.monotonic() - started
     except OSError as exc:
         log.close()
         raise WatchError(f"{program.python}: cannot start it ({exc.strerror or exc})") \
@@ -561,7 +565,7 @@ def _run_program(options: WatchOptions, events: Path, work: Path, analysis: RunA
             pipe.close()
     return ProgramEnd(status, sig, exit_info.get("error"), exit_info.get("traceback"),
                       timed_out, duration, b"".join(tail).decode("utf-8", "replace")[-4000:],
-                      log.events_lost, log.lost), how
+                      log.events_lost, log.lost, launch_s), how
 
 
 class _Log:

@@ -335,7 +335,13 @@ def run_schema() -> Schema:
                 "sources": {"type": "object", "additionalProperties": nullable(string())},
                 "events": string(), "trace": string(), "log": string(),
                 "start": described({"enum": ["fresh", "forked"]}, "a fresh interpreter, or "
-                                   "forked from the fork server that imported the framework")},
+                                   "forked from the fork server that imported the libraries "
+                                   "the first run imported"),
+                "duration_s": described(number(0), "seconds from the run's launch to its "
+                                        "end, the launch included"),
+                "launch_s": described(number(0), "of duration_s, the launch: a spawn or a "
+                                      "fork, and for the run that started the fork server, "
+                                      "the server's start (its imports)")},
                 required=["index", "status", "signal", "timed_out", "error", "ops", "records",
                           "sources", "events", "trace", "log"])),
             "amplified": described(array(closed({
