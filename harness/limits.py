@@ -184,6 +184,14 @@ TRACE_MAX_STREAMS = 256
 """Stream records of an op trace: the detector keeps a clock per stream and looks at every
 stream at each legacy-stream op."""
 
+TRACE_MAX_OPS = 1 << 20
+"""Ops of one op trace, its reissued runs expanded: a run record of a few bytes stands for a
+whole program piece, so the file's size alone does not bound the detector's work over it (an
+8 MiB trace of op lines holds about 100,000)."""
+
+TRACE_MAX_PROGRAM_OPS = 65_536
+"""Ops of one program record (a piece of a reissued trial)."""
+
 TRACE_MAX_ACCESSES = 2 * POOL_MAX_PAGES
 """Byte ranges one op reads or writes: a scatter of every page of the largest pool writes one
 range per page."""

@@ -31,6 +31,7 @@ import kvcore
 from harness.faults.writes import FOLDER_GONE, WriteFault, WriteFaults, WriteStop
 from harness.errors import BackendUnavailable, HarnessError, TargetError
 from harness.traces.flight import CURRENT, cut_torn_tail, trace_path
+from harness.traces.optrace import plain_file
 from harness.incidents import build_report, reproduce_argv
 from harness.model import Scenario, Variant
 from harness.outputs import RunFolder
@@ -447,7 +448,10 @@ class Runner:
                                  str(folder), header, opts.detect, opts.schedule, opts.record,
                                  opts.poison, gpu,
                                  traces_kept=None if opts.record else opts.max_incidents,
-                                 timeline=opts.timeline, reissue=opts.reissue)
+                                 timeline=opts.timeline, reissue=opts.reissue,
+                                 # A sweep's window plot reads the host's gap between
+                                 # the racing ops: every op with its own issue time.
+                                 issue_times=sweep_delay is not None)
             return job
 
         spares = SPARES_DEFAULT[self.backend] if opts.spares is None else opts.spares
@@ -774,7 +778,9 @@ class Runner:
         extra = {"worker.log": log + "\n"} if log.strip() else {}
         if said.kernel_log:
             extra["kernel-log.txt"] = "\n".join(said.kernel_log) + "\n"
-        trace = Path(trial.trace) if trial.trace else None
+        # Its reissued runs written out as op lines: the incident's trace is for people and
+        # other tools too.
+        trace = plain_file(Path(trial.trace)) if trial.trace else None
         return write_incident(self.out_dir, report, trace, extra)
 
 

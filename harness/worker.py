@@ -51,6 +51,9 @@ class WorkerJob:
     traces_kept: int | None = None
     timeline: bool = False  # time the stream ops with CUDA events (cuda)
     reissue: bool = True  # issue a captured clean trial's device calls again (cuda)
+    # Every op's own issue time in the trace (a sweep's window plot reads them): the flight
+    # recorder takes records, not a reissued trial's segments with one time each.
+    issue_times: bool = False
     # The parent's environment when the job was made: a worker forked by the fork server would
     # otherwise have the server's, as it was when the server started.
     env: dict[str, str] = dataclasses.field(default_factory=lambda: dict(os.environ))
@@ -125,7 +128,7 @@ class TrialRunner:
 
         self.job = job
         scenario = job.scenario
-        self.recorder = FlightRecorder(Path(job.trace_dir))
+        self.recorder = FlightRecorder(Path(job.trace_dir), issue_times=job.issue_times)
         self.detector = RaceDetector() if job.detect else None
 
         def on_device(device: Any) -> None:
@@ -144,7 +147,7 @@ class TrialRunner:
     def run(self, index: int, seed: int) -> dict[str, Any]:
         """One trial, as the JSON the parent records."""
         job, recorder, detector = self.job, self.recorder, self.detector
-        recorder.start_trial({**job.header, "trial": index, "seed": seed, "pid": os.getpid()})
+        recorder.start_trial(job.header, trial=index, seed=seed, pid=os.getpid())
         if detector is not None:
             detector.reset()
         result = self.executor.run(index, seed)

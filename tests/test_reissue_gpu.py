@@ -68,3 +68,57 @@ def test_a_gpu_run_says_how_many_trials_it_reissued(tmp_path) -> None:
         [variant] = json.loads(result.stdout)["results"]
         counts[flag] = variant["reissued"]
     assert counts == {"--reissue": 18, "--no-reissue": 0}
+
+
+def _run(tmp_path, name: str, *args: str) -> dict:
+    import json
+
+    from click.testing import CliRunner
+
+    from harness.cli import main
+
+    result = CliRunner().invoke(main, [
+        "run", str(SCENARIO_ROOT / "cross_stream_race.yaml"), "--dangerous", "--backend",
+        "cuda", "--format", "json", "--out", str(tmp_path / name), *args])
+    assert result.exit_code in (0, 1), result.output
+    return json.loads(result.stdout)
+
+
+def test_a_gpu_worker_writes_reissued_trials_compactly_and_incidents_in_full(tmp_path) -> None:
+    """The buggy variant unamplified, every trial racing (an incident each, the first ten):
+    the worker's traces of reissued trials are program and run records, each loads strictly,
+    `gpurace check` of it finds the race the worker found online; the incidents' copies are
+    op lines only, the same ops."""
+    from pathlib import Path
+
+    from harness.detector import check_trace
+    from harness.traces.optrace import load_trace
+
+    doc = _run(tmp_path, "buggy", "--variant", "buggy", "--no-amplify", "--trials", "12",
+               "--record")
+    [variant] = doc["results"]
+    assert variant["reissued"] == 10 and variant["detected"] == 12
+    traces = sorted((tmp_path / "buggy").rglob("trial-0000*.jsonl"))
+    compact = [t for t in traces if '"type":"run"' in t.read_text()]
+    assert len(compact) == 10, traces
+    for trace in compact:
+        records = load_trace(trace).records
+        assert check_trace(records).findings, trace
+    incidents = [Path(r) / "trace.jsonl" for r in variant["reports"]]
+    assert incidents and all('"type":"run"' not in t.read_text() for t in incidents)
+    by_trial = {load_trace(t).header["trial"]: load_trace(t).ops for t in traces}
+    for incident in incidents:
+        kept = load_trace(incident)
+        assert kept.ops == by_trial[kept.header["trial"]], incident
+
+
+def test_a_gpu_sweep_keeps_its_window_s_gap(tmp_path) -> None:
+    """A sweep's workers record every op's own issue time (a reissued trial's runs carry one
+    each): the window plot's interpreter gap comes from the sweep's incidents."""
+    from reports.window import trace_gaps
+
+    doc = _run(tmp_path, "sweep", "--variant", "buggy", "--sweep", "--trials", "10")
+    gaps = trace_gaps(doc["results"])
+    assert gaps.get("cross-stream-race"), gaps
+    print(f"\ncross-stream-race sweep on the GPU: interpreter gaps "
+          f"{[round(g, 1) for g in gaps['cross-stream-race']]} µs")

@@ -464,13 +464,36 @@ def trace_record_schema() -> Schema:
                          "[seq, t_start_ns, t_end_ns] of ops above: device times measured "
                          "once the trial ended (--timeline)"),
     }, ["type", "ops"])
+    piece_op = _op_record(with_type=False)
+    for key in ("seq", "t_issue_ns", "t_start_ns", "t_end_ns"):
+        del piece_op["properties"][key]
+    piece_op["required"] = ["stream", "kind"]
+    program = closed({
+        "type": const("program"), "id": integer(0, L.COUNT_MAX),
+        "ops": described(array(piece_op, min_items=1, max_items=L.TRACE_MAX_PROGRAM_OPS),
+                         "a piece of a reissued program: its ops as op records have them, "
+                         "without seq and times"),
+        "live": described(array(integer(0, L.TRACE_MAX_PROGRAM_OPS)),
+                          "the ops whose detail takes a value from each run"),
+    }, ["type", "id", "ops"])
+    run = closed({
+        "type": const("run"), "program": described(integer(0, L.COUNT_MAX),
+                                                    "a program record above"),
+        "seq": described(integer(1, L.COUNT_MAX), "the seq of the program's first op"),
+        "t_issue_ns": described(integer(0, L.COUNT_MAX),
+                                "the run's one issue time, its last op's"),
+        "values": described(array(integer(0, 255)),
+                            "the bytes the program's live ops set, in order"),
+    }, ["type", "program", "seq"], description="the ops of a program record issued again")
     records = {"header": header, "buffer": buffer, "stream": stream, "label": label,
-               "op": _op_record(with_type=True), "times": times}
+               "op": _op_record(with_type=True), "times": times, "program": program,
+               "run": run}
     return document(
         "gpurace op trace record", f"One line of an op trace ({TRACE_SCHEMA}, JSON Lines): "
         "the header first, then buffer and stream records before their first use, label "
         "records, an op record per device-visible action in issue order, and with --timeline "
-        "a times record giving ops their device times. What a schema "
+        "a times record giving ops their device times; a reissued trial's ops as program "
+        "records (each piece once) and run records (each time it ran). What a schema "
         "cannot see of a line (declared before use, seq increasing, a range inside its "
         "buffer) `gpurace check` checks.",
         {"type": "object", "required": ["type"],

@@ -16,6 +16,12 @@ not a SIGBUS at a copy into the map), and the recorder then drops that trial's t
 why (:attr:`FlightRecorder.error`), the next trial trying again.
 
 The trace file is versioned JSON Lines (:mod:`harness.traces.optrace` describes and reads it).
+A trial the device reissued from a captured program comes as segments (its records unbuilt):
+the recorder writes each piece of the program once per trace, as a "program" record, and each
+time it runs, one short "run" record (its first seq, one issue time, the bytes its live memsets
+set), rather than an op line per op. Readers expand the runs into their ops (:func:`plain`
+writes a trace's ops out in full, as the parent does for an incident). A recorder made with
+``issue_times`` takes the records instead, each op with its own issue time.
 A worker killed in the middle of a write leaves a torn last line; :func:`cut_torn_tail` is how
 the parent takes such a file in, so every reader after it can be strict.
 """
@@ -23,6 +29,7 @@ the parent takes such a file in, so every reader after it can be strict.
 from __future__ import annotations
 
 import errno
+import itertools
 import json
 import mmap
 import operator
@@ -33,7 +40,7 @@ from typing import Any
 from harness.faults.writes import reason
 from harness.traces.optrace import TRACE_SCHEMA
 from kvcore.device import Device, OpRecord
-from kvcore.device.oplog import Access, Label
+from kvcore.device.oplog import Access, Label, Segment
 
 CURRENT = "trial-current.jsonl"
 TRACE_MAP_BYTES = 1 << 16
@@ -49,21 +56,29 @@ def trace_path(folder: Path, index: int) -> Path:
 class FlightRecorder:
     """Records every op of the devices it is attached to into ``folder/trial-current.jsonl``."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, issue_times: bool = False) -> None:
         self.folder = folder
+        self.issue_times = issue_times  # every op its own issue time: records, not segments
         folder.mkdir(parents=True, exist_ok=True)
         self.path = folder / CURRENT
         self._map: mmap.mmap | None = None
         self._fd = -1
         self._used = 0  # bytes of the file the trial has written
-        self._pending: list[OpRecord] = []
+        self._pending: list[OpRecord | Segment] = []
         self._times: list[tuple[int, int, int]] = []  # device times measured after the ops
         self._first_seq = 0  # the trial's first op
         self._device: Device | None = None
-        self._announced: set[int] = set()
-        self._streams: set[str] = set()
-        self._labels: list[Label] = []
+        # The trial's labels until its first flush declares them (then None), the buffers and
+        # streams its trace has declared (counts), and the last trial's declarations.
+        self._labels: list[Label] | None = []
+        self._told = (0, 0)
+        self._preamble: tuple[Any, list[str]] = (None, [])
+        self._header: tuple[dict[str, Any] | None, str] = (None, "")  # the last, encoded
         self._lines: dict[tuple[Any, ...], str] = {}
+        # Pieces of reissued programs, by their templates' identity: (templates, id, line),
+        # the templates held so that no other tuple takes their id; and those in this trace.
+        self._programs: dict[int, tuple[tuple[Any, ...], int, str]] = {}
+        self._written: set[int] = set()
         self.total = 0
         self.error = ""  # why this trial's trace could not be written, or ""
 
@@ -72,23 +87,23 @@ class FlightRecorder:
         if device is self._device:
             return
         self._device = device
-        self._announced = set()
-        self._streams = set()
+        self._preamble = (None, [])  # another device's declarations, whatever their count
         self._labels = device.oplog.labels.live()
-        device.oplog.subscribe(self._pending.append)
+        device.oplog.subscribe(self._pending.append,
+                               segments=None if self.issue_times else self._pending.append)
         device.oplog.before_blocking(self.flush)
         device.oplog.on_times(self._timed)
 
-    def start_trial(self, header: dict[str, Any]) -> None:
+    def start_trial(self, header: dict[str, Any], **numbers: int) -> None:
         """Begin a trial's trace: the file emptied (or made, when the last one was kept) and
-        its header line written."""
+        its header line written: ``header``'s keys, then ``numbers`` (the trial's own: its
+        index, seed, pid). A worker passes the same ``header`` every trial, encoded once."""
         self._pending.clear()
         self._times.clear()
         self._first_seq = self._device.oplog.seq + 1 if self._device is not None else 0
         self.total = 0
-        self._announced = set()
-        self._streams = set()
         self._labels = self._device.oplog.labels.live() if self._device is not None else []
+        self._written = set()
         self.error = ""
         if self._map is None:
             try:
@@ -101,8 +116,12 @@ class FlightRecorder:
             # than the rest of a trial's recording.
             self._map[:self._used] = bytes(self._used)
             self._used = 0
-        self._write(json.dumps({"type": "header", "schema": TRACE_SCHEMA, "level": "ops",
-                                **header}, separators=(",", ":")) + "\n")
+        if self._header[0] is not header:
+            text = json.dumps({"type": "header", "schema": TRACE_SCHEMA, "level": "ops",
+                               **header}, separators=(",", ":"))
+            self._header = (header, text[:-1])  # held: no other dict takes its id meanwhile
+        tail = "".join(f',"{key}":{int(value)}' for key, value in numbers.items())
+        self._write(f"{self._header[1]}{tail}}}\n")
 
     def _open(self) -> None:
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -151,28 +170,69 @@ class FlightRecorder:
             return
         lines = []
         if self._device is not None:
-            log = self._device.oplog
-            for info in log.buffers.values():
-                if info.id not in self._announced:
-                    self._announced.add(info.id)
-                    lines.append(self._line(("buffer", info, log.page_bytes.get(info.id, 0))))
-            for stream in log.streams.values():
-                if stream.name not in self._streams:
-                    self._streams.add(stream.name)
-                    lines.append(self._line(("stream", stream)))
-            # Who owned which bytes when the trial began (a world's buffers outlive trials);
-            # later changes are the trace's alloc and free ops.
-            lines.extend(self._line(("label", label)) for label in self._labels)
-            self._labels = []
-        lines.extend(map(op_line, self._pending))
+            self._declare(lines)
+        ops = 0
+        for entry in self._pending:
+            if type(entry) is Segment:
+                lines.extend(self._run_lines(entry))
+                ops += len(entry.templates)
+            else:
+                lines.append(op_line(entry))
+                ops += 1
         if self._times:  # after the ops they time (--timeline, read once the trial ended)
             lines.append(json.dumps({"type": "times", "ops": self._times},
                                     separators=(",", ":")))
             self._times.clear()
-        self.total += len(self._pending)
+        self.total += ops
         self._pending.clear()
         # Into the kernel's page cache: enough to outlive this process (not a machine crash).
         self._write("\n".join(lines) + "\n")
+
+    def _declare(self, lines: list[str]) -> None:
+        """The buffer and stream records this trace has not declared yet, and at its first
+        flush who owned which bytes when the trial began (a world's buffers outlive trials;
+        later changes are the trace's alloc and free ops). The op log's buffers and streams
+        are only ever added to, in order: what is new is what lies past the count declared."""
+        log = self._device.oplog  # type: ignore[union-attr]
+        buffers, streams = log.buffers, log.streams
+        if self._labels is not None:  # the trial's first flush: most often the last's block
+            key = (len(buffers), len(streams), len(log.page_bytes), tuple(self._labels))
+            if key != self._preamble[0]:
+                block = [self._line(("buffer", info, log.page_bytes.get(info.id, 0)))
+                         for info in buffers.values()]
+                block += [self._line(("stream", stream)) for stream in streams.values()]
+                block += [self._line(("label", label)) for label in self._labels]
+                self._preamble = (key, block)
+            lines.extend(self._preamble[1])
+            self._labels = None
+            self._told = (len(buffers), len(streams))
+            return
+        told_buffers, told_streams = self._told
+        if len(buffers) > told_buffers:
+            lines.extend(self._line(("buffer", info, log.page_bytes.get(info.id, 0)))
+                         for info in itertools.islice(buffers.values(), told_buffers, None))
+        if len(streams) > told_streams:
+            lines.extend(self._line(("stream", stream))
+                         for stream in itertools.islice(streams.values(), told_streams, None))
+        self._told = (len(buffers), len(streams))
+
+    def _run_lines(self, segment: Segment) -> list[str]:
+        """A reissued piece of a program: its "program" record, the first time this trace
+        has it, then its "run" record."""
+        templates = segment.templates
+        known = self._programs.get(id(templates))
+        if known is None or known[0] is not templates:
+            line = program_line(len(self._programs), templates)
+            known = self._programs[id(templates)] = (templates, len(self._programs), line)
+        number = known[1]
+        lines = [] if number in self._written else [known[2]]
+        self._written.add(number)
+        values = f',"values":[{",".join(map(str, segment.values))}]' if segment.values else ""
+        issued = f',"t_issue_ns":{segment.t_issue_ns}' if segment.t_issue_ns is not None \
+            else ""
+        lines.append(f'{{"type":"run","program":{number},"seq":{segment.first_seq}'
+                     f'{issued}{values}}}')
+        return lines
 
     def _timed(self, times: list[tuple[int, int, int]]) -> None:
         """Device times measured once the trial ended: of this trial's ops only (the first
@@ -287,6 +347,20 @@ def op_line(record: OpRecord) -> str:
                   '{"origin":' + _quoted(origin) + "}"]
     parts.append(',"type":"op"}')
     return "".join(parts)
+
+
+def program_line(number: int, templates: tuple[tuple[Any, ...], ...]) -> str:
+    """A reissued program's piece as its trace record: each op as its op line has it, without
+    its seq and times, and which ops take a live value (their detail's ``value``, from the
+    run)."""
+    ops = []
+    for t in templates:
+        middle = _middle(*t[:8])
+        detail = t[8]
+        ops.append("{" + middle[1:] + (',"detail":' + _JSON(detail) if detail else "") + "}")
+    live = [k for k, t in enumerate(templates) if t[10] is not None]
+    return (f'{{"type":"program","id":{number},"ops":[{",".join(ops)}]'
+            + (f',"live":[{",".join(map(str, live))}]' if live else "") + "}")
 
 
 _middle_of = operator.itemgetter(1, 2, 3, 4, 5, 6, 7, 8)

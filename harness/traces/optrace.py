@@ -10,6 +10,18 @@ action, in the order the host issued them::
     {"seq":8,"stream":"stream","kind":"copy_htod","reads":[[6,0,4096]],"writes":[[3,0,4096]],
      "step":"write-new","type":"op"}
 
+A trial the device reissued from a captured program is written compactly: a "program" record
+holds a piece of the program once (its ops as op records have them, without seq and times;
+``live``: the ops whose detail takes a ``value``), and each "run" record stands for that
+piece's ops issued again, numbered from its ``seq``, the last carrying the run's one
+``t_issue_ns``, the ``values`` (bytes set by live memsets) in order::
+
+    {"type":"program","id":0,"ops":[{"stream":"transfer","kind":"copy_htod",...},...]}
+    {"type":"run","program":0,"seq":41,"t_issue_ns":1894022,"values":[171]}
+
+:func:`load_trace` expands each run into its op records, checked as any op is, and
+:func:`plain` writes a trace with its runs expanded, as op lines only.
+
 :func:`load_trace` reads one and checks every record: a trace is evidence another engineer
 replays, so one it cannot vouch for is refused, at its line and field, rather than half-read.
 Every size and count is bounded (:mod:`harness.limits`): the race detector's work over a trace
@@ -42,6 +54,10 @@ _STREAM_KEYS = ("type", "name", "blocking", "legacy", "priority")
 _LABEL_KEYS = ("type", "buffer", "offset", "length", "name")
 _OP_KEYS = ("type", "seq", "stream", "kind", "reads", "writes", "records", "waits", "syncs",
             "step", "t_issue_ns", "t_start_ns", "t_end_ns", "detail")
+_PROGRAM_KEYS = ("type", "id", "ops", "live")
+_PROGRAM_OP_KEYS = tuple(k for k in _OP_KEYS if k not in ("type", "seq", "t_issue_ns",
+                                                          "t_start_ns", "t_end_ns"))
+_RUN_KEYS = ("type", "program", "seq", "t_issue_ns", "values")
 _SPACES = ("device", "host")
 
 
@@ -82,6 +98,64 @@ def is_op_trace(path: Path) -> bool:
     return isinstance(first, dict) and str(first.get("schema", "")).startswith(_SCHEMA_FAMILY)
 
 
+def run_ops(program: dict[str, Any], run: dict[str, Any]) -> list[dict[str, Any]]:
+    """The op records a "run" record stands for, keys in an op line's order: the program's
+    ops numbered from the run's seq, the last with the run's issue time, each live op's detail
+    with its byte from the run's values."""
+    ops, live = program["ops"], program.get("live", ())
+    values = dict(zip(live, run.get("values", ())))
+    issued = run.get("t_issue_ns")
+    last = len(ops) - 1
+    out = []
+    for i, op in enumerate(ops):
+        record: dict[str, Any] = {"seq": run["seq"] + i}
+        record.update((k, v) for k, v in op.items() if k != "detail")
+        if i == last and issued is not None:
+            record["t_issue_ns"] = issued
+        detail = op.get("detail")
+        if i in values:
+            detail = {**(detail or {}), "value": values[i]}
+        if detail:
+            record["detail"] = detail
+        record["type"] = "op"
+        out.append(record)
+    return out
+
+
+def plain(text: str) -> str:
+    """An op trace's text with its runs expanded into op lines and its program records left
+    out; a trace without runs comes back as it is. Lines it cannot read stay as they are (the
+    trace's reader says what is wrong with them)."""
+    if '"type":"run"' not in text:
+        return text
+    programs: dict[Any, dict[str, Any]] = {}
+    lines = []
+    for line in text.splitlines(keepends=True):
+        if '"type":"program"' in line or '"type":"run"' in line:
+            try:
+                record = json.loads(line)
+                if record.get("type") == "program":
+                    programs[record["id"]] = record
+                    continue
+                if record.get("type") == "run":
+                    lines.extend(json.dumps(op, separators=(",", ":")) + "\n"
+                                 for op in run_ops(programs[record["program"]], record))
+                    continue
+            except (ValueError, KeyError, TypeError, AttributeError):
+                pass
+        lines.append(line)
+    return "".join(lines)
+
+
+def plain_file(path: Path) -> Path | list[str]:
+    """The trace at ``path`` as an incident keeps it: the file itself when it holds no runs,
+    else its lines with the runs expanded (:func:`plain`)."""
+    with open(path, encoding="utf-8", errors="replace") as file:
+        text = file.read(L.TRACE_MAX_BYTES + 1)
+    expanded = plain(text)
+    return path if expanded is text else expanded.splitlines(keepends=True)
+
+
 class _Parser(LineParser):
     reads = "an op trace"
     remedy = "the trace was cut or edited; record it again (`gpurace run --record`)"
@@ -94,6 +168,8 @@ class _Parser(LineParser):
         self.seq = 0
         self.seq_line = 0
         self.by_seq: dict[int, dict[str, Any]] = {}  # the ops above, for a times record
+        self.programs: dict[int, tuple[dict[str, Any], int]] = {}  # id -> (record, line)
+        self.ops = 0
 
     def finish(self, text: str) -> OpTrace:
         for record in self.records(text):
@@ -118,15 +194,22 @@ class _Parser(LineParser):
             self.label(record)
         elif kind == "times":
             self.times(record)
+        elif kind == "program":
+            self.program(record)
+            return  # its ops are kept where a run issues them
+        elif kind == "run":
+            self.kept.extend(map(self.op, run_ops(self.run(record), record)))
+            return
         elif kind == "header":
             raise self.fail("type", "a second header (the first is on line 1); an op trace "
                                     "holds one trial: split concatenated traces into files")
         elif "type" not in record:
             raise self.fail("type", 'missing; every record needs "type": "header", "buffer", '
-                                    '"stream", "label", "op" or "times"')
+                                    '"stream", "label", "op", "times", "program" or "run"')
         else:
             raise self.fail("type", f"unknown record type {show(kind)}; an op trace has "
-                                    "header, buffer, stream, label, op and times records")
+                                    "header, buffer, stream, label, op, times, program and "
+                                    "run records")
         self.kept.append(record)
 
     def header(self, record: dict[str, Any]) -> None:
@@ -243,7 +326,58 @@ class _Parser(LineParser):
                 raise self.fail(f"ops[{i}]", f"op {seq} ends ({end}) before it starts ({start})")
             self.by_seq[seq]["t_start_ns"], self.by_seq[seq]["t_end_ns"] = start, end
 
-    def op(self, record: dict[str, Any]) -> None:
+    def program(self, record: dict[str, Any]) -> None:
+        """A piece of a reissued program: its ops are checked where a run issues them."""
+        self.check_keys(record, _PROGRAM_KEYS, ("type", "id", "ops"), "program record")
+        number = self.integer(record, "id", minimum=0)
+        if number in self.programs:
+            raise self.fail("id", f"program {number} is already declared on line "
+                                  f"{self.programs[number][1]}; each program once")
+        ops = record["ops"]
+        if not (isinstance(ops, list) and 0 < len(ops) <= L.TRACE_MAX_PROGRAM_OPS):
+            raise self.fail("ops", f"must be an array of 1 to {L.TRACE_MAX_PROGRAM_OPS:,} op "
+                                   f"records without seq and times, not {show(ops)}")
+        for i, op in enumerate(ops):
+            if not isinstance(op, dict):
+                raise self.fail(f"ops[{i}]", f"must be an op record, not {show(op)}")
+            self.check_keys(op, _PROGRAM_OP_KEYS, ("stream", "kind"), "program's op",
+                            prefix=f"ops[{i}].")
+        live = record.get("live", [])
+        if not (isinstance(live, list) and all(
+                isinstance(k, int) and not isinstance(k, bool) for k in live)
+                and live == sorted(set(live)) and all(0 <= k < len(ops) for k in live)):
+            raise self.fail("live", f"must be the positions of ops in ops (ascending, each "
+                                    f"once), not {show(live)}")
+        self.programs[number] = (record, self.line)
+
+    def run(self, record: dict[str, Any]) -> dict[str, Any]:
+        """A program piece issued again: its program record (the run's ops are checked by
+        the caller, each as an op record at this line)."""
+        self.check_keys(record, _RUN_KEYS, ("type", "program", "seq"), "run record")
+        number = self.integer(record, "program", minimum=0)
+        if number not in self.programs:
+            raise self.fail("program", f"program {number} is not declared above; a program "
+                                       "record must come before its first run")
+        self.integer(record, "seq", minimum=1)
+        if "t_issue_ns" in record:
+            self.integer(record, "t_issue_ns", minimum=0)
+        program = self.programs[number][0]
+        values, live = record.get("values", []), program.get("live", [])
+        if not (isinstance(values, list) and len(values) == len(live) and all(
+                isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 255
+                for v in values)):
+            raise self.fail("values", f"must be {len(live)} byte(s), one for each live op of "
+                                      f"program {number}, not {show(values)}")
+        if self.ops + len(program["ops"]) > L.TRACE_MAX_OPS:
+            raise self.fail("program", f"more than {L.TRACE_MAX_OPS:,} ops, the most an op "
+                                       "trace may hold; record a shorter trial")
+        return program
+
+    def op(self, record: dict[str, Any]) -> dict[str, Any]:
+        if self.ops >= L.TRACE_MAX_OPS:
+            raise self.fail("seq", f"more than {L.TRACE_MAX_OPS:,} ops, the most an op trace "
+                                   "may hold; record a shorter trial")
+        self.ops += 1
         self.check_keys(record, _OP_KEYS, ("type", "seq", "stream", "kind"), "op record")
         seq = self.integer(record, "seq", minimum=1)
         if seq <= self.seq:
@@ -292,6 +426,7 @@ class _Parser(LineParser):
             self.string(detail, "name", prefix="detail.")
             if detail.get("stream") is not None:
                 self.string(detail, "stream", prefix="detail.")
+        return record
 
     def accesses(self, record: dict[str, Any], key: str) -> None:
         ranges = record[key]

@@ -941,10 +941,8 @@ class Device(ABC):
         if run is None or upto <= sent:
             return
         self._run_sent = upto
-        templates = run.templates
-        whole = not sent and upto == len(templates)
-        if not whole:
-            templates = templates[sent:upto]
+        whole = not sent and upto == len(run.templates)
+        templates = run.piece(sent, upto)
         values: tuple[int, ...] = ()
         if run.live:  # the bytes the run's Live memsets set, for their records
             issued = self._live_issued
@@ -956,7 +954,7 @@ class Device(ABC):
                 values = tuple(issued[:m])
                 del issued[:m]
         log = self.oplog
-        segment = _new(Segment, (templates, log.seq + 1, values))
+        segment = _new(Segment, (templates, log.seq + 1, values, self._clock_ns()))
         log.seq += upto - sent
         for observer in log.segment_observers:
             observer(segment)

@@ -182,14 +182,16 @@ class Segment(NamedTuple):
     """Records of a reissued device program, not yet built: one per template, numbered from
     ``first_seq`` (see ``Device.reissue``). An observer that subscribed for segments gets
     these instead of the records, and builds them (:meth:`records`) only if it reads them.
-    They carry no times: a program is never issued with ``--timeline``, and an observer that
-    wants each op's issue time subscribes for records. ``values``: what the templates that
-    take a live value (``kvcore.device.program.Live``, a template's last field) set, in
-    order."""
+    They carry one time, ``t_issue_ns``: the host's clock when the device handed the segment
+    over, its last op issued. A program is never issued with ``--timeline``, and an observer
+    that wants each op's issue time subscribes for records. ``values``: what the templates
+    that take a live value (``kvcore.device.program.Live``, a template's last field) set, in
+    order. The same piece of the same program comes as the same ``templates`` tuple."""
 
     templates: tuple[tuple[Any, ...], ...]  # (stream, kind, reads, ..., step, detail, ..., live)
     first_seq: int
     values: tuple[int, ...] = ()
+    t_issue_ns: int | None = None
 
     def records(self) -> list[OpRecord]:
         seq, values = self.first_seq, iter(self.values)

@@ -99,6 +99,17 @@ class Run:
     live: tuple[int, ...]
     chunks: list[tuple[list[tuple[Any, ...]], tuple[Any, ...] | None]]
     before: dict[int, int]
+    _pieces: dict[tuple[int, int], tuple[tuple[Any, ...], ...]] = field(default_factory=dict)
+
+    def piece(self, start: int, stop: int) -> tuple[tuple[Any, ...], ...]:
+        """Templates ``start`` to ``stop``: the same tuple each time, so that observers can
+        know a piece of a run they saw before by its identity, as they know a whole run."""
+        if not start and stop == len(self.templates):
+            return self.templates
+        got = self._pieces.get((start, stop))
+        if got is None:
+            got = self._pieces[start, stop] = self.templates[start:stop]
+        return got
 
 
 @dataclass(eq=False)

@@ -1,0 +1,220 @@
+"""The flight recorder on reissued trials: each piece of the device program written once, each
+run of it one short record, and what readers make of that the same ops, byte for byte, that a
+recorder taking every record writes (times aside); whole at every blocking call, as a
+killed worker leaves it; refused, at its line and field, where it does not hold together."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from harness import limits as L
+from harness.detector import RaceDetector, check_trace
+from harness.errors import TraceError
+from harness.executor import TrialExecutor
+from harness.scenario import load_scenario
+from harness.traces.flight import CURRENT, FlightRecorder, cut_torn_tail
+from harness.traces.optrace import load_trace, plain, plain_file
+from tests.test_reissue import CASES
+
+HEADER = {"scenario": "s", "variant": "v"}
+
+
+def _recorded(path: str, variant: str, folder: Path, issue_times: bool, trials: int = 8,
+              on_blocking=None) -> tuple[TrialExecutor, list[Path], list[list[dict]]]:
+    """``trials`` amplified trials on a simulated device that keeps its world, as a run's
+    worker records them (the recorder and the detector on the device): each trial's kept
+    trace, and the detector's findings online."""
+    scenario = load_scenario(path)
+    recorder = FlightRecorder(folder, issue_times=issue_times)
+    detector = RaceDetector()
+
+    def attach(device) -> None:
+        recorder.attach(device)
+        detector.attach(device)
+        if on_blocking is not None:
+            device.oplog.before_blocking(lambda: on_blocking(recorder))
+
+    executor = TrialExecutor(scenario, scenario.variant(variant), "sim", amplify=True,
+                             on_device=attach, keep_world=True)
+    traces, findings = [], []
+    for index in range(trials):
+        recorder.start_trial(HEADER, trial=index, seed=index)
+        detector.reset()
+        executor.run(index, index)
+        findings.append([f.to_json() for f in detector.findings])
+        traces.append(Path(recorder.end_trial(index, keep=True)))
+    return executor, traces, findings
+
+
+TIMES = ("t_issue_ns", "t_start_ns", "t_end_ns")
+
+
+def _without_times(text: str) -> list[str]:
+    """The lines, each without its times: a run has one issue time, and no device times (the
+    simulated device knows its delays' times; a GPU's are measured only with --timeline,
+    whose trials are never reissued)."""
+    lines = []
+    for line in text.splitlines():
+        record = json.loads(line)
+        for key in TIMES:
+            record.pop(key, None)
+        lines.append(json.dumps(record, separators=(",", ":")))
+    return lines
+
+
+def test_a_reissued_trial_s_trace_is_the_trace_of_its_records(tmp_path):
+    """Every reissuable variant of the catalog and the zoo: trial by trial, the compact trace
+    written out (as an incident keeps it) is the per-record trace line for line, keys in the
+    same order, but for times (see _without_times); both load strictly with the same ops;
+    `gpurace check` of the compact trace finds what the detector found online."""
+    compact_seen = 0
+    for n, (path, variant) in enumerate(CASES):
+        fast, compact, online = _recorded(path, variant, tmp_path / f"{n}-c", False)
+        _, full, _ = _recorded(path, variant, tmp_path / f"{n}-r", True)
+        for index, (c, r) in enumerate(zip(compact, full)):
+            where = (path, variant, index)
+            text = c.read_text()
+            compact_seen += '"type":"run"' in text
+            assert _without_times(plain(text)) == _without_times(r.read_text()), where
+            got, want = load_trace(c).records, load_trace(r).records
+            assert [{k: v for k, v in x.items() if k not in TIMES} for x in got] == \
+                [{k: v for k, v in x.items() if k not in TIMES} for x in want], where
+            assert [f.to_json() for f in check_trace(got).findings] == online[index], where
+        if fast.reissued:
+            # Each piece of the program once a trace, one run record each time it ran.
+            text = compact[-1].read_text()
+            programs = text.count('"type":"program"')
+            assert programs and text.count('"type":"run"') == programs, (path, variant)
+    assert compact_seen >= len(CASES)  # reissued trials were recorded compactly
+
+
+def test_a_run_s_ops_carry_the_bytes_its_live_memsets_set(tmp_path):
+    """store-before-write's memsets set the byte the host chose that trial (a live value): a
+    reissued trial's trace says each trial's own byte."""
+    path = next(p for p, v in CASES if load_scenario(p).name == "store-before-write")
+    _, compact, _ = _recorded(path, "fixed", tmp_path / "c", False)
+    _, full, _ = _recorded(path, "fixed", tmp_path / "r", True)
+    text = compact[-1].read_text()
+    assert '"live":[' in text and '"values":[' in text
+    values = [op["detail"]["value"] for op in load_trace(compact[-1]).ops
+              if "value" in op.get("detail", {})]
+    assert values == [op["detail"]["value"] for op in load_trace(full[-1]).ops
+                      if "value" in op.get("detail", {})] and values
+
+
+def test_at_every_blocking_call_the_trial_s_trace_is_whole(tmp_path):
+    """What a worker killed in a wait leaves: at each blocking call, the trace file as it is
+    then (cut where the parent cuts it) loads strictly, and its ops begin the trial's ops."""
+    path = next(p for p, v in CASES if load_scenario(p).name == "cross-stream-race")
+    snapshots: list[Path] = []
+
+    def snapshot(recorder: FlightRecorder) -> None:
+        if not recorder.path.exists():  # between trials (the world being made): no trace
+            return
+        copy = tmp_path / f"snap-{len(snapshots)}.jsonl"
+        shutil.copyfile(recorder.path, copy)
+        cut_torn_tail(copy)
+        # The map is longer than its lines, zeros beyond: what the parent's cut leaves.
+        copy.write_bytes(copy.read_bytes().rstrip(b"\0"))
+        snapshots.append(copy)
+
+    executor, traces, _ = _recorded(path, "fixed", tmp_path / "c", False,
+                                    on_blocking=snapshot)
+    assert executor.reissued
+    last = load_trace(traces[-1]).ops
+    taken = [s for s in snapshots if s.read_text().count("\n") > 1]
+    final = [s for s in taken if '"trial":7' in s.read_text().split("\n", 1)[0]]
+    assert final and any('"type":"run"' in s.read_text() for s in final)
+    for snap in final:
+        ops = load_trace(snap).ops
+        assert ops == last[:len(ops)], snap
+
+
+def test_a_trace_without_runs_is_kept_as_it_is(tmp_path):
+    path = next(p for p, v in CASES if load_scenario(p).name == "cross-stream-race")
+    _, full, _ = _recorded(path, "fixed", tmp_path / "r", True, trials=3)
+    assert plain_file(full[-1]) == full[-1]
+    text = full[-1].read_text()
+    assert plain(text) is text
+
+
+def _compact(*records: dict) -> str:
+    head = [{"type": "header", "schema": "gpurace.trace/1", "level": "ops"},
+            {"type": "buffer", "id": 1, "name": "page", "space": "device", "nbytes": 4096},
+            {"type": "stream", "name": "s", "blocking": False, "legacy": False}]
+    return "".join(json.dumps(r) + "\n" for r in (*head, *records))
+
+
+PROGRAM = {"type": "program", "id": 0, "ops": [
+    {"stream": "s", "kind": "memset", "writes": [[1, 0, 4096]], "detail": {"origin": "x"}},
+    {"stream": "s", "kind": "copy_dtod", "reads": [[1, 0, 64]], "writes": [[1, 64, 64]]}],
+    "live": [0]}
+
+
+@pytest.mark.parametrize("records, where, says", [
+    ([{"type": "run", "program": 0, "seq": 1, "values": [1]}], ":4: program",
+     "not declared above"),
+    ([PROGRAM, {"type": "run", "program": 0, "seq": 1}], ":5: values", "must be 1 byte"),
+    ([PROGRAM, {"type": "run", "program": 0, "seq": 1, "values": [256]}], ":5: values",
+     "must be 1 byte"),
+    ([PROGRAM, PROGRAM], ":5: id", "already declared on line 4"),
+    ([{**PROGRAM, "live": [2]}], ":4: live", "positions of ops"),
+    ([{**PROGRAM, "ops": [{"stream": "s", "kind": "memset", "seq": 3}]}], ":4: ops[0].seq",
+     "unknown key"),
+    ([PROGRAM, {"type": "run", "program": 0, "seq": 1, "values": [7], "when": 3}],
+     ":5: when", "unknown key"),
+    ([{**PROGRAM, "ops": [{"stream": "t", "kind": "memset"}], "live": []},
+      {"type": "run", "program": 0, "seq": 1}], ":5: stream", "not declared above"),
+    ([PROGRAM, {"type": "run", "program": 0, "seq": 5, "values": [7]},
+      {"type": "run", "program": 0, "seq": 6, "values": [7]}], ":6: seq", "does not follow"),
+])
+def test_program_and_run_records_that_do_not_hold_together_are_refused(tmp_path, records,
+                                                                       where, says):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(_compact(*records))
+    with pytest.raises(TraceError) as err:
+        load_trace(trace)
+    line, field = where[1:].split(": ", 1)
+    assert re.search(rf":{line}:\d+: {re.escape(field)}: ", str(err.value)) and \
+        says in str(err.value), str(err.value)
+
+
+def test_a_run_expands_to_its_program_s_ops_numbered_from_its_seq(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(_compact(PROGRAM, {"type": "run", "program": 0, "seq": 5, "values": [171],
+                                        "t_issue_ns": 90},
+                              {"type": "run", "program": 0, "seq": 7, "values": [205]}))
+    ops = load_trace(trace).ops
+    assert [(o["seq"], o["kind"], o.get("t_issue_ns"), o.get("detail")) for o in ops] == [
+        (5, "memset", None, {"origin": "x", "value": 171}), (6, "copy_dtod", 90, None),
+        (7, "memset", None, {"origin": "x", "value": 205}), (8, "copy_dtod", None, None)]
+
+
+def test_a_trace_may_not_stand_for_more_ops_than_the_limit(tmp_path, monkeypatch):
+    monkeypatch.setattr(L, "TRACE_MAX_OPS", 3)
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(_compact(PROGRAM, {"type": "run", "program": 0, "seq": 1, "values": [1]},
+                              {"type": "run", "program": 0, "seq": 3, "values": [1]}))
+    with pytest.raises(TraceError, match=r":6:\d+: program: more than 3 ops"):
+        load_trace(trace)
+
+
+def test_the_worker_s_scratch_trace_is_the_current_trial_s(tmp_path):
+    """The file a dead worker leaves is trial-current.jsonl, compact or not."""
+    path = next(p for p, v in CASES if load_scenario(p).name == "cross-stream-race")
+    recorder = FlightRecorder(tmp_path)
+    executor = TrialExecutor(load_scenario(path), load_scenario(path).variant("fixed"), "sim",
+                             on_device=recorder.attach, keep_world=True)
+    for index in range(4):
+        recorder.start_trial(HEADER, trial=index)
+        executor.run(index, index)
+        recorder.flush()
+    assert executor.reissued and (tmp_path / CURRENT).exists()
+    copy = tmp_path / "dead.jsonl"
+    copy.write_bytes((tmp_path / CURRENT).read_bytes().rstrip(b"\0"))
+    assert load_trace(copy).header["trial"] == 3 and load_trace(copy).ops
