@@ -189,9 +189,15 @@ class _Owners:
             self.free(buf, off, off + length, seq, step)
 
     def replay(self, records: list[OpRecord | Segment]) -> None:
-        """The ownership changes among ``records``, and nothing else of them."""
-        for r in expanded(records):
-            if r.kind in _OWNER_KINDS and r.stream == HOST:
+        """The ownership changes among ``records``, and nothing else of them: of a segment,
+        only its alloc and free templates are read (its records are not built)."""
+        for r in records:
+            if type(r) is Segment:
+                templates = r.templates
+                for k in _owner_places(templates):
+                    t = templates[k]
+                    self.apply(t[1], t[8] or {}, r.first_seq + k, t[7])
+            elif r.kind in _OWNER_KINDS and r.stream == HOST:
                 self.apply(r.kind, r.detail or {}, r.seq, r.step)
 
     def snapshot(self) -> tuple[tuple[int, int, int, str], ...]:
@@ -782,6 +788,22 @@ class RaceDetector:
 
 
 _OWNER_KINDS = frozenset({"alloc", "free"})
+_PLACES: dict[int, tuple[tuple[Any, ...], tuple[int, ...]]] = {}
+_PLACES_MAX = 4096
+
+
+def _owner_places(templates: tuple[tuple[Any, ...], ...]) -> tuple[int, ...]:
+    """Where a segment's templates hand out or give back bytes (the host's alloc and free),
+    by the templates' identity: a piece of a program recurs trial after trial. The templates
+    are held with their places, so no other tuple takes their id meanwhile."""
+    known = _PLACES.get(id(templates))
+    if known is None or known[0] is not templates:
+        places = tuple(k for k, t in enumerate(templates)
+                       if t[1] in _OWNER_KINDS and t[0] == HOST)
+        if len(_PLACES) >= _PLACES_MAX:
+            _PLACES.clear()
+        known = _PLACES[id(templates)] = (templates, places)
+    return known[1]
 _EVENT_KINDS = frozenset({"event_record", "event_wait", "sync_event", "event_query"})
 
 _shape_of = operator.itemgetter(1, 2, 3, 4, 5, 6, 7, 8)
