@@ -3,6 +3,7 @@
     python -m harness.bench [--trials 2000] [--variant buggy|fixed|both] [--delays 0,1000]
     python -m harness.bench --detector [--backend cuda|sim]
     python -m harness.bench --timeline
+    python -m harness.bench --profile [--backend cuda|sim] [--trials 2000]
     python -m harness.bench --gpus 2 --trials 300 [--scenario catalog-reactivation]
 
 One trial of cross_stream_race, run by the harness's TrialExecutor (the pool, its bookkeeping,
@@ -19,6 +20,10 @@ race detector), each against the same bare loop.
 
 ``--timeline`` measures what timing every stream op with CUDA events costs a run's worker:
 trials with ``--timeline`` against trials without, alternating.
+
+``--profile`` says where a trial's host time goes, by part (the executor, the device layer, the
+flight recorder, the detector, the worker's record, CuPy): a run's worker, and the executor step
+by step (:mod:`harness.speed.profile`).
 
 ``--detector`` measures the race detector's cost: trials with it on against trials with it off,
 in the executor alone (on: the detector is the op log's only reader, so a reissued trial hands it
@@ -259,8 +264,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeline", action="store_true",
                         help="measure --timeline's cost instead: a run's worker timing every "
                              "stream op with CUDA events against one that does not")
+    parser.add_argument("--profile", action="store_true",
+                        help="say where a trial's host time goes instead, by part: a run's "
+                             "worker, and the executor step by step")
     parser.add_argument("--backend", default="cuda", choices=["cuda", "sim"],
-                        help="backend for --detector and --gpus (the bare loop needs cuda)")
+                        help="backend for --detector, --profile and --gpus (the bare loop "
+                             "needs cuda)")
     parser.add_argument("--gpus",
                         help="measure runs on these GPUs (all, N, or 0,2) against runs on one "
                              "instead: the trial rate ratio, and the restart times of dying "
@@ -275,6 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.detector:
         return _detector_main(args)
+    if args.profile:
+        return _profile_main(args)
     if args.timeline:
         return _timeline_main(args)
     if args.gpus:
@@ -318,6 +329,42 @@ def _timeline_main(args: argparse.Namespace) -> int:
         print(f"  {r['variant']:>5}, delay {r['delay_us']:6.0f} us: timeline {r['on_us']:8.1f} "
               f"us, without {r['off_us']:8.1f} us, ratio {r['ratio']:.3f}  (manifested with "
               f"timeline: {r['manifested']}/{r['trials']})")
+    return 0
+
+
+def measure_profile(backend: str, trials: int, variant: str,
+                    delay_us: float) -> dict[str, Any]:
+    """Where a trial's host time goes: a run's worker, and the executor step by step."""
+    from harness.speed.profile import profile
+
+    scenario = load_scenario(SCENARIO_ROOT / "cross_stream_race.yaml")
+    stepped = TrialExecutor(scenario, scenario.variant(variant), backend, amplify=delay_us > 0,
+                            delay_us=delay_us or None, reissue=False)
+    with tempfile.TemporaryDirectory(prefix="gpurace-bench-") as tmp:
+        worker = _worker(scenario, variant, backend, delay_us, True, Path(tmp))
+        for index in range(10):  # past the capture: the trials a run's worker mostly runs
+            worker.run(index, index)
+        got = {"worker": profile(lambda i: worker.run(i, i), trials, first=10),
+               "stepped": profile(lambda i: stepped.run(i, i), trials, first=10),
+               "reissued": worker.executor.reissued}
+    return {"variant": variant, "delay_us": delay_us, **got}
+
+
+def _profile_main(args: argparse.Namespace) -> int:
+    try:
+        rows = [measure_profile(args.backend, args.trials, v, float(d))
+                for v in _variants(args.variant) for d in args.delays.split(",")]
+    except kvcore.KVCoreError as exc:
+        print(f"harness.bench: {exc}", file=sys.stderr)
+        return 77 if isinstance(exc, kvcore.DeviceUnavailableError) else 1
+    print(f"cross_stream_race on {args.backend}: where a trial's host time goes, by part "
+          "(shares from cProfile, microseconds from the same trials unprofiled):")
+    for r in rows:
+        print(f"  {r['variant']}, delay {r['delay_us']:g} us: a run's worker ({r['reissued']} "
+              f"of its trials reissued):")
+        print(r["worker"].table())
+        print(f"  {r['variant']}, delay {r['delay_us']:g} us: the executor step by step:")
+        print(r["stepped"].table())
     return 0
 
 

@@ -75,9 +75,11 @@ class FlightRecorder:
         self._preamble: tuple[Any, list[str]] = (None, [])
         self._header: tuple[dict[str, Any] | None, str] = (None, "")  # the last, encoded
         self._lines: dict[tuple[Any, ...], str] = {}
-        # Pieces of reissued programs, by their templates' identity: (templates, id, line),
-        # the templates held so that no other tuple takes their id; and those in this trace.
-        self._programs: dict[int, tuple[tuple[Any, ...], int, str]] = {}
+        # Pieces of reissued programs, by their templates' identity: (templates, number,
+        # program line, run line's start), the templates held so that no other tuple takes
+        # their id; the next number; the numbers this trace has written.
+        self._programs: dict[int, tuple[tuple[Any, ...], int, str, str]] = {}
+        self._numbered = 0
         self._written: set[int] = set()
         self.total = 0
         self.error = ""  # why this trial's trace could not be written, or ""
@@ -222,16 +224,18 @@ class FlightRecorder:
         templates = segment.templates
         known = self._programs.get(id(templates))
         if known is None or known[0] is not templates:
-            line = program_line(len(self._programs), templates)
-            known = self._programs[id(templates)] = (templates, len(self._programs), line)
-        number = known[1]
-        lines = [] if number in self._written else [known[2]]
-        self._written.add(number)
+            if len(self._programs) >= _QUOTED_MAX:  # a bound; numbers are never reused
+                self._programs.clear()
+            number, self._numbered = self._numbered, self._numbered + 1
+            known = self._programs[id(templates)] = (
+                templates, number, program_line(number, templates),
+                f'{{"type":"run","program":{number},"seq":')
+        lines = [] if known[1] in self._written else [known[2]]
+        self._written.add(known[1])
         values = f',"values":[{",".join(map(str, segment.values))}]' if segment.values else ""
         issued = f',"t_issue_ns":{segment.t_issue_ns}' if segment.t_issue_ns is not None \
             else ""
-        lines.append(f'{{"type":"run","program":{number},"seq":{segment.first_seq}'
-                     f'{issued}{values}}}')
+        lines.append(f"{known[3]}{segment.first_seq}{issued}{values}}}")
         return lines
 
     def _timed(self, times: list[tuple[int, int, int]]) -> None:

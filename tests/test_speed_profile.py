@@ -1,0 +1,50 @@
+"""Where a trial's time goes (harness.speed.profile), on the simulated device: the parts of a
+run's worker add up to its unprofiled trial, the built-ins' time goes to their callers, and a
+worker without the detector spends nothing in it."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from harness.bench import _worker
+from harness.scenario import load_scenario
+from harness.speed.profile import OTHER, _by_part, part_of, profile
+from harness.targets import SCENARIO_ROOT
+
+
+@pytest.mark.parametrize("path, part", [
+    ("/repo/harness/traces/flight.py", "flight recorder"),
+    ("/repo/harness/detector.py", "race detector"),
+    ("/repo/kvcore/device/cuda.py", "CUDA device (kvcore's calls into CuPy)"),
+    ("/repo/kvcore/pool.py", "device layer (reissue, op log, pool)"),
+    ("/venv/site-packages/cupy/_core/core.py", "CuPy and the CUDA runtime"),
+    ("/repo/tests/test_x.py", OTHER),
+])
+def test_each_file_belongs_to_its_part(path, part):
+    assert part_of(path) == part
+
+
+def test_a_built_in_s_time_goes_to_its_callers_as_they_called_it():
+    detector, recorder = ("/r/harness/detector.py", 1, "f"), ("/r/harness/traces/flight.py", 2, "g")
+    builtin = ("~", 0, "<built-in method builtins.sorted>")
+    stats = {detector: (1, 1, 1.0, 4.0, {}), recorder: (1, 1, 0.5, 1.5, {}),
+             builtin: (2, 2, 4.0, 4.0, {detector: (1, 1, 3.0, 3.0), recorder: (1, 1, 1.0, 1.0)})}
+    spent = _by_part(stats)
+    assert spent == pytest.approx({"race detector": 1.0 + 3.0, "flight recorder": 0.5 + 1.0})
+
+
+@pytest.mark.parametrize("detect", [True, False])
+def test_a_worker_s_parts_add_up_to_its_trial(tmp_path: Path, detect: bool):
+    scenario = load_scenario(SCENARIO_ROOT / "cross_stream_race.yaml")
+    worker = _worker(scenario, "fixed", "sim", 0, detect, tmp_path)
+    got = profile(lambda i: worker.run(i, i), 200)
+    parts = {p.name: p for p in got.parts}
+    assert math.isclose(sum(p.us for p in got.parts), got.trial_us, rel_tol=1e-9)
+    assert math.isclose(sum(p.share for p in got.parts), 1.0, rel_tol=1e-9)
+    assert parts["flight recorder"].share > 0.02 and parts["executor (steps, checks, world)"]
+    assert ("race detector" in parts and parts["race detector"].share > 0.02) == detect
+    assert [p.us for p in got.parts] == sorted((p.us for p in got.parts), reverse=True)
+    assert got.table().splitlines()[-1].strip().startswith("a trial, unprofiled")
