@@ -118,3 +118,28 @@ def test_the_libraries_a_run_names_are_installed_and_standard_modules_not_the_pr
     assert {"json", "json.decoder", "yaml"} <= set(names)
     assert "programs_own_helper" not in names and "__main__" not in names
     assert not any(n.split(".")[0] == "harness" for n in names)
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc")
+def test_the_server_forks_with_one_thread(tmp_path):
+    """A process that forks with threads running may hand its child a lock held for ever (and
+    Python 3.12 and later warn at each such fork): the server hears of its children's ends
+    through a signal, never a thread, so it has one thread while it forks, and each run ends
+    reported."""
+    prog = tmp_path / "prog.py"
+    prog.write_text("print('hi')\n")
+    server = ForkServer(sys.executable, (), ENV, ["json"])
+    try:
+        codes, threads = [], []
+        for n in range(3):
+            proc = server.start(["--events", str(tmp_path / f"e{n}.jsonl"), "--", str(prog)],
+                                ENV, str(tmp_path))
+            codes.append(proc.wait(timeout=60))
+            proc.stdout.close()
+            proc.stderr.close()
+            status = Path(f"/proc/{server._proc.pid}/status").read_text()
+            threads.append(int(status.split("Threads:")[1].split()[0]))
+        assert server.alive
+    finally:
+        server.close()
+    assert codes == [77, 77, 77] and threads == [1, 1, 1]

@@ -30,6 +30,8 @@ import contextlib
 import importlib
 import json
 import os
+import select
+import signal
 import socket
 import subprocess
 import sys
@@ -64,26 +66,39 @@ def serve(fd: int) -> int:
             preloaded.append(name)
         except Exception:  # the run imports it itself, and says why if it cannot
             pass
-    lock = threading.Lock()
+    # One thread only: a process that forks with threads running may hand its children a
+    # lock held for ever (and Python says so, at every fork). A child's end wakes the loop
+    # through the signal's wake-up pipe instead.
+    wake_r, wake_w = os.pipe()
+    for end in (wake_r, wake_w):
+        os.set_blocking(end, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # handled, so that its byte is written
 
     def send(message: dict[str, Any]) -> None:
-        with lock, contextlib.suppress(OSError):
+        with contextlib.suppress(OSError):
             sock.sendall(json.dumps(message).encode() + b"\n")
 
     def reap() -> None:
+        with contextlib.suppress(OSError):
+            while os.read(wake_r, 4096):
+                pass
         while True:
             try:
-                pid, status = os.wait()
+                pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
-                if stop.wait(0.05):
-                    return
-                continue
+                return
+            if not pid:
+                return
             send({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
 
-    stop = threading.Event()
     send({"ready": preloaded, "pid": os.getpid(), "cuda_initialized": _cuda_initialized()})
-    threading.Thread(target=reap, daemon=True).start()
     while True:
+        ready, _, _ = select.select([sock, wake_r], [], [])
+        if wake_r in ready:
+            reap()
+        if sock not in ready:
+            continue
         try:
             data, fds, _, _ = socket.recv_fds(sock, _MAX_MESSAGE, 3)
         except OSError:
@@ -106,11 +121,10 @@ def serve(fd: int) -> int:
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
-            _child(sock, fds, request)  # never returns
+            _child(sock, fds, request, (wake_r, wake_w))  # never returns
         for extra in fds:
             os.close(extra)
         send({"pid": pid})
-    stop.set()
     return 0
 
 
@@ -127,12 +141,18 @@ def _cuda_initialized() -> bool:
     return driver.cuDeviceGetCount(ctypes.byref(count)) != _CUDA_ERROR_NOT_INITIALIZED
 
 
-def _child(sock: socket.socket, fds: list[int], request: dict[str, Any]) -> None:
+def _child(sock: socket.socket, fds: list[int], request: dict[str, Any],
+           wake: tuple[int, int]) -> None:
     """The forked run: its own session, its own output, the run's environment and folder, and
     the boot's main, ending as the boot's ``__main__`` ends."""
     code = 1
     try:
         sock.close()
+        # The server's way of hearing of its children is not the run's.
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for end in wake:
+            os.close(end)
         os.setsid()
         os.dup2(fds[0], 1)
         os.dup2(fds[1], 2)
