@@ -234,6 +234,7 @@ def measure_lanes(backend: str, target: str, variant: str, trials: int, gpus: st
 
 def _lanes_main(args: argparse.Namespace) -> int:
     variant = "fixed" if args.variant == "both" else args.variant
+    args.scenario = args.scenario or "catalog-reactivation"
     try:
         got = measure_lanes(args.backend, args.scenario, variant, args.trials, args.gpus,
                             args.rounds, args.spares)
@@ -274,9 +275,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="measure runs on these GPUs (all, N, or 0,2) against runs on one "
                              "instead: the trial rate ratio, and the restart times of dying "
                              "workers")
-    parser.add_argument("--scenario", default="catalog-reactivation",
-                        help="the scenario for --gpus (with --variant buggy, "
-                             "catalog-reactivation is a crash soak)")
+    parser.add_argument("--scenario",
+                        help="the scenario for --gpus (default catalog-reactivation: with "
+                             "--variant buggy, a crash soak) and --profile (default "
+                             "cross-stream-race)")
     parser.add_argument("--rounds", type=int, default=2,
                         help="for --gpus: runs of each kind, alternating (the median counts)")
     parser.add_argument("--spares", type=int,
@@ -332,12 +334,13 @@ def _timeline_main(args: argparse.Namespace) -> int:
     return 0
 
 
-def measure_profile(backend: str, trials: int, variant: str,
-                    delay_us: float) -> dict[str, Any]:
+def measure_profile(backend: str, trials: int, variant: str, delay_us: float,
+                    target: str = "cross-stream-race") -> dict[str, Any]:
     """Where a trial's host time goes: a run's worker, and the executor step by step."""
     from harness.speed.profile import profile
+    from harness.targets import resolve_targets
 
-    scenario = load_scenario(SCENARIO_ROOT / "cross_stream_race.yaml")
+    [scenario] = resolve_targets([target], ())
     stepped = TrialExecutor(scenario, scenario.variant(variant), backend, amplify=delay_us > 0,
                             delay_us=delay_us or None, reissue=False)
     with tempfile.TemporaryDirectory(prefix="gpurace-bench-") as tmp:
@@ -347,18 +350,20 @@ def measure_profile(backend: str, trials: int, variant: str,
         got = {"worker": profile(lambda i: worker.run(i, i), trials, first=10),
                "stepped": profile(lambda i: stepped.run(i, i), trials, first=10),
                "reissued": worker.executor.reissued}
-    return {"variant": variant, "delay_us": delay_us, **got}
+    return {"scenario": scenario.name, "variant": variant, "delay_us": delay_us, **got}
 
 
 def _profile_main(args: argparse.Namespace) -> int:
     try:
-        rows = [measure_profile(args.backend, args.trials, v, float(d))
+        rows = [measure_profile(args.backend, args.trials, v, float(d),
+                                args.scenario or "cross-stream-race")
                 for v in _variants(args.variant) for d in args.delays.split(",")]
     except kvcore.KVCoreError as exc:
         print(f"harness.bench: {exc}", file=sys.stderr)
         return 77 if isinstance(exc, kvcore.DeviceUnavailableError) else 1
-    print(f"cross_stream_race on {args.backend}: where a trial's host time goes, by part "
-          "(shares from cProfile, microseconds from the same trials unprofiled):")
+    print(f"{rows[0]['scenario'] if rows else args.scenario} on {args.backend}: where a "
+          "trial's host time goes, by part (shares from cProfile, microseconds from the same "
+          "trials unprofiled):")
     for r in rows:
         print(f"  {r['variant']}, delay {r['delay_us']:g} us: a run's worker ({r['reissued']} "
               f"of its trials reissued):")

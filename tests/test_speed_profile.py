@@ -48,3 +48,15 @@ def test_a_worker_s_parts_add_up_to_its_trial(tmp_path: Path, detect: bool):
     assert ("race detector" in parts and parts["race detector"].share > 0.02) == detect
     assert [p.us for p in got.parts] == sorted((p.us for p in got.parts), reverse=True)
     assert got.table().splitlines()[-1].strip().startswith("a trial, unprofiled")
+
+
+def test_the_bench_profiles_a_named_scenario_step_by_step_and_in_a_worker():
+    from harness.bench import measure_profile
+
+    got = measure_profile("sim", 50, "fixed", 0.0, "cudf-22284")
+    assert got["scenario"] == "cudf-22284"
+    for where in ("worker", "stepped"):
+        names = {p.name for p in got[where].parts}
+        assert "executor (steps, checks, world)" in names and got[where].trial_us > 0
+    assert "flight recorder" in {p.name for p in got["worker"].parts}
+    assert "flight recorder" not in {p.name for p in got["stepped"].parts}
