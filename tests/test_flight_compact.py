@@ -25,9 +25,10 @@ HEADER = {"scenario": "s", "variant": "v"}
 
 
 def _recorded(path: str, variant: str, folder: Path, issue_times: bool, trials: int = 8,
-              on_blocking=None) -> tuple[TrialExecutor, list[Path], list[list[dict]]]:
-    """``trials`` amplified trials on a simulated device that keeps its world, as a run's
-    worker records them (the recorder and the detector on the device): each trial's kept
+              on_blocking=None, amplify: bool = True,
+              ) -> tuple[TrialExecutor, list[Path], list[list[dict]]]:
+    """``trials`` trials on a simulated device that keeps its world, as a run's worker records
+    them (the recorder and the detector on the device): each trial's kept
     trace, and the detector's findings online."""
     scenario = load_scenario(path)
     recorder = FlightRecorder(folder, issue_times=issue_times)
@@ -39,7 +40,7 @@ def _recorded(path: str, variant: str, folder: Path, issue_times: bool, trials: 
         if on_blocking is not None:
             device.oplog.before_blocking(lambda: on_blocking(recorder))
 
-    executor = TrialExecutor(scenario, scenario.variant(variant), "sim", amplify=True,
+    executor = TrialExecutor(scenario, scenario.variant(variant), "sim", amplify=amplify,
                              on_device=attach, keep_world=True)
     traces, findings = [], []
     for index in range(trials):
@@ -67,19 +68,23 @@ def _without_times(text: str) -> list[str]:
     return lines
 
 
-def test_a_reissued_trial_s_trace_is_the_trace_of_its_records(tmp_path):
+@pytest.mark.parametrize("amplify", [False, True], ids=["unamplified", "amplified"])
+def test_a_reissued_trial_s_trace_is_the_trace_of_its_records(tmp_path, amplify):
     """Every reissuable variant of the catalog and the zoo: trial by trial, the compact trace
     written out (as an incident keeps it) is the per-record trace line for line, keys in the
     same order, but for times (see _without_times); both load strictly with the same ops;
-    `gpurace check` of the compact trace finds what the detector found online."""
-    compact_seen = 0
+    `gpurace check` of the compact trace finds what the detector found online (unamplified,
+    the buggy variants race in their reissued trials)."""
+    compact_seen = racing_seen = 0
     for n, (path, variant) in enumerate(CASES):
-        fast, compact, online = _recorded(path, variant, tmp_path / f"{n}-c", False)
-        _, full, _ = _recorded(path, variant, tmp_path / f"{n}-r", True)
+        fast, compact, online = _recorded(path, variant, tmp_path / f"{n}-c", False,
+                                          amplify=amplify)
+        _, full, _ = _recorded(path, variant, tmp_path / f"{n}-r", True, amplify=amplify)
         for index, (c, r) in enumerate(zip(compact, full)):
             where = (path, variant, index)
             text = c.read_text()
             compact_seen += '"type":"run"' in text
+            racing_seen += '"type":"run"' in text and bool(online[index])
             assert _without_times(plain(text)) == _without_times(r.read_text()), where
             got, want = load_trace(c).records, load_trace(r).records
             assert [{k: v for k, v in x.items() if k not in TIMES} for x in got] == \
@@ -91,6 +96,20 @@ def test_a_reissued_trial_s_trace_is_the_trace_of_its_records(tmp_path):
             programs = text.count('"type":"program"')
             assert programs and text.count('"type":"run"') == programs, (path, variant)
     assert compact_seen >= len(CASES)  # reissued trials were recorded compactly
+    assert racing_seen or amplify  # and unamplified, racing ones among them
+
+
+def test_gpurace_check_of_a_compact_trace_says_the_race_found_online(tmp_path):
+    from click.testing import CliRunner
+
+    from harness.cli import main
+
+    path = next(p for p, v in CASES if load_scenario(p).name == "cross-stream-race")
+    executor, traces, online = _recorded(path, "buggy", tmp_path / "c", False, amplify=False)
+    assert executor.reissued and '"type":"run"' in traces[-1].read_text() and online[-1]
+    result = CliRunner().invoke(main, ["check", "--format", "json", str(traces[-1])])
+    assert result.exit_code == 1, result.output
+    assert json.loads(result.stdout)["findings"] == online[-1]
 
 
 def test_a_run_s_ops_carry_the_bytes_its_live_memsets_set(tmp_path):
