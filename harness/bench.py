@@ -353,14 +353,23 @@ def measure_profile(backend: str, trials: int, variant: str, delay_us: float,
     return {"scenario": scenario.name, "variant": variant, "delay_us": delay_us, **got}
 
 
-def _profile_main(args: argparse.Namespace) -> int:
+def _each_point(args: argparse.Namespace,
+                measure: Callable[[str, float], dict[str, Any]]) -> list[dict[str, Any]] | int:
+    """``measure(variant, delay_us)`` for each variant and delay asked for; the exit code
+    instead when the device cannot be had or fails."""
     try:
-        rows = [measure_profile(args.backend, args.trials, v, float(d),
-                                args.scenario or "cross-stream-race")
-                for v in _variants(args.variant) for d in args.delays.split(",")]
+        return [measure(v, float(d)) for v in _variants(args.variant)
+                for d in args.delays.split(",")]
     except kvcore.KVCoreError as exc:
         print(f"harness.bench: {exc}", file=sys.stderr)
         return 77 if isinstance(exc, kvcore.DeviceUnavailableError) else 1
+
+
+def _profile_main(args: argparse.Namespace) -> int:
+    rows = _each_point(args, lambda v, d: measure_profile(
+        args.backend, args.trials, v, d, args.scenario or "cross-stream-race"))
+    if isinstance(rows, int):
+        return rows
     print(f"{rows[0]['scenario'] if rows else args.scenario} on {args.backend}: where a "
           "trial's host time goes, by part (shares from cProfile, microseconds from the same "
           "trials unprofiled):")
@@ -374,12 +383,9 @@ def _profile_main(args: argparse.Namespace) -> int:
 
 
 def _detector_main(args: argparse.Namespace) -> int:
-    try:
-        rows = [measure_detector(args.backend, args.trials, v, float(d))
-                for v in _variants(args.variant) for d in args.delays.split(",")]
-    except kvcore.KVCoreError as exc:
-        print(f"harness.bench: {exc}", file=sys.stderr)
-        return 77 if isinstance(exc, kvcore.DeviceUnavailableError) else 1
+    rows = _each_point(args, lambda v, d: measure_detector(args.backend, args.trials, v, d))
+    if isinstance(rows, int):
+        return rows
     print(f"cross_stream_race on {args.backend}, per trial, median of blocks of 100, race "
           "detector on vs off, same process; in the executor alone (off: no op log at all) and "
           "in a run's worker (its flight recorder builds the op log either way):")
