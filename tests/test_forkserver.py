@@ -143,3 +143,27 @@ def test_the_server_forks_with_one_thread(tmp_path):
     finally:
         server.close()
     assert codes == [77, 77, 77] and threads == [1, 1, 1]
+
+
+def test_a_library_s_own_threads_are_not_warned_of_into_the_watch_s_output(tmp_path, capfd):
+    """A library that starts a thread when imported (a BLAS's pool does): Python 3.12 and
+    later warn at a fork with threads running, and the server's standard error is the watch's;
+    the server, which forks after imports by design, says nothing of it."""
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "starts_a_thread.py").write_text(
+        "import threading, time\n"
+        "threading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n")
+    prog = tmp_path / "prog.py"
+    prog.write_text("print('hi')\n")
+    env = {**ENV, "PYTHONPATH": os.pathsep.join([str(tmp_path / "lib"), ENV["PYTHONPATH"]])}
+    server = ForkServer(sys.executable, (), env, ["starts_a_thread"])
+    try:
+        assert server.preloaded == ["starts_a_thread"]
+        proc = server.start(["--events", str(tmp_path / "e.jsonl"), "--", str(prog)], env,
+                            str(tmp_path))
+        assert proc.wait(timeout=60) == 77
+        proc.stdout.close()
+        proc.stderr.close()
+    finally:
+        server.close()
+    assert "DeprecationWarning" not in capfd.readouterr().err

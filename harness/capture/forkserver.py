@@ -36,6 +36,7 @@ import socket
 import subprocess
 import sys
 import threading
+import warnings
 from collections.abc import Sequence
 from typing import IO, Any
 
@@ -66,9 +67,13 @@ def serve(fd: int) -> int:
             preloaded.append(name)
         except Exception:  # the run imports it itself, and says why if it cannot
             pass
-    # One thread only: a process that forks with threads running may hand its children a
-    # lock held for ever (and Python says so, at every fork). A child's end wakes the loop
-    # through the signal's wake-up pipe instead.
+    # One thread of ours only: a process that forks with threads running may hand its
+    # children a lock held for ever. A child's end wakes the loop through the signal's wake-up
+    # pipe instead. Threads a library starts when imported (a BLAS's pool) are its own to make
+    # safe across a fork, as they do with at-fork handlers; Python 3.12 and later would warn
+    # of them at every fork, into the watch's output.
+    warnings.filterwarnings("ignore", message=r".*use of fork\(\) may lead to deadlocks",
+                            category=DeprecationWarning)
     wake_r, wake_w = os.pipe()
     for end in (wake_r, wake_w):
         os.set_blocking(end, False)
