@@ -84,18 +84,21 @@ def serve(fd: int) -> int:
         with contextlib.suppress(OSError):
             sock.sendall(json.dumps(message).encode() + b"\n")
 
+    runs: set[int] = set()  # only the runs are reaped: a library's own children are its own
+
     def reap() -> None:
         with contextlib.suppress(OSError):
             while os.read(wake_r, 4096):
                 pass
-        while True:
+        for pid in list(runs):
             try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
+                done, status = os.waitpid(pid, os.WNOHANG)
             except ChildProcessError:
-                return
-            if not pid:
-                return
-            send({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+                runs.discard(pid)
+                continue
+            if done:
+                runs.discard(pid)
+                send({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
 
     send({"ready": preloaded, "pid": os.getpid(), "cuda_initialized": _cuda_initialized()})
     while True:
@@ -127,9 +130,11 @@ def serve(fd: int) -> int:
         pid = os.fork()
         if pid == 0:
             _child(sock, fds, request, (wake_r, wake_w))  # never returns
+        runs.add(pid)
         for extra in fds:
             os.close(extra)
         send({"pid": pid})
+        reap()  # a run that ended at once: its signal came before it was a run of ours
     return 0
 
 
