@@ -436,6 +436,7 @@ class _Launcher:
         self.server: ForkServer | None = None
         self.modules: tuple[str, ...] | None = None  # what the first run imported
         self.frameworks: tuple[str, ...] = ()  # what its capture switched on
+        self.forks = not options.fresh and hasattr(os, "fork")  # runs after the first may
         self.tried = False
         env = dict(os.environ)
         env.update(options.env)
@@ -450,7 +451,7 @@ class _Launcher:
     def learning(self) -> bool:
         """Whether the next run should name the libraries it imports (the boot's
         ``--libraries``): a server will be made from them."""
-        return self.modules is None and not self.options.fresh and hasattr(os, "fork")
+        return self.modules is None and self.forks
 
     def learn(self, sources: dict[str, Any], libraries: Sequence[str]) -> None:
         """What a run's capture switched on, and the libraries it imported."""
@@ -460,9 +461,9 @@ class _Launcher:
 
     def start(self, boot_args: list[str]) -> tuple[Any, str]:
         """The run's process (as a Popen) and how it started: "forked" or "fresh"."""
-        if not self.tried and self.modules and not self.options.fresh and hasattr(os, "fork"):
+        program = self.options.program
+        if not self.tried and self.modules and self.forks:
             self.tried = True
-            program = self.options.program
             for modules in dict.fromkeys([self.modules, self.frameworks]):
                 try:
                     self.server = ForkServer(program.python, program.flags, self.env, modules)
@@ -480,7 +481,6 @@ class _Launcher:
                 self.note(f"runs start as fresh interpreters from here: the fork server "
                           f"failed ({exc})")
                 self.close()
-        program = self.options.program
         argv = [program.python, *program.flags, "-m", "harness.capture.boot", *boot_args]
         # Its own session: a timeout ends the program and whatever it started, and a Ctrl-C
         # reaches it through us. Its input is ours, as if it ran alone.
