@@ -989,7 +989,7 @@ def _print_finding(f: dict) -> None:
                    "folder, as `gpurace run --sweep` draws a scenario's.")
 @click.option("--sweep-us", default="0,20,50,100,200,500,1000", show_default=True,
               metavar="US,US,...", help="The delays of --sweep, in microseconds (0: the program "
-                                        "as it is).")
+                                        "as it is); each pair's own planned delay is run too.")
 @click.option("--fresh", is_flag=True,
               help="Start every run as a fresh interpreter. By default the runs after the "
                    "first fork from a process that has imported the framework the first used "

@@ -196,6 +196,13 @@ def test_a_sweep_gives_each_plan_one_curve_of_points_and_each_point_a_folder():
         ("amplified-2", "amplified-2-50us", 50), ("amplified-2", "amplified-2-1000us", 1000)]
     assert all(d.us == p.us and d.site == target.delay.site and d.kind == "kernel:mm"
                for p in swept[:3] for d in p.delays)
+    # A plan whose delay outlasts the sweep (a slow host's, three times its gap) ends its
+    # curve there; the others' points stay the sweep's.
+    slow = A.Delay("a.py", 7, 7500.0)
+    swept = points([((slow,), None), ((A.Delay("b.py", 3),), None)], (0, 50))
+    assert [(p.variant, p.us) for p in swept] == [
+        ("amplified-1", 0), ("amplified-1", 50), ("amplified-1", 7500.0),
+        ("amplified-2", 0), ("amplified-2", 50), ("amplified-2", 1000.0)]
 
 
 def test_an_amplified_watch_writes_a_run_document_of_the_schema_and_its_window(tmp_path):

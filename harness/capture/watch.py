@@ -269,11 +269,15 @@ class Point:
 def points(plans: list[tuple[tuple[A.Delay, ...], A.Target | None]],
            sweep: tuple[float, ...]) -> list[Point]:
     """The amplified variants of ``plans``: one each, or with a ``sweep`` one per delay, a
-    plan's points sharing its variant name (so the race window draws them as one curve)."""
+    plan's points sharing its variant name (so the race window draws them as one curve). A
+    sweep runs each plan's own delay too: a host slow to reach the second op gets a planned
+    delay past the sweep's last point (three times its gap), and the curve would otherwise end
+    before the window is open."""
     out = []
     for number, (delays, target) in enumerate(plans, 1):
         name = f"amplified-{number}"
-        for us in sweep or (None,):
+        own = max(d.us for d in delays)
+        for us in sorted({*sweep, own}) if sweep else (None,):
             at = delays if us is None else tuple(replace(d, us=us) for d in delays)
             folder = name if us is None else f"{name}-{us:g}us"
             out.append(Point(name, folder, at, target, max(d.us for d in at)))
