@@ -16,7 +16,8 @@ in blocks, and the figure is the ratio of their times (absolute times on a share
 drift). The executor reissues the device program its first clean trial captured, as a run's
 workers do; a second column runs the same executor step by step (``--no-reissue``), a third is
 a run's worker (TrialRunner: the executor, the flight recorder writing the trial's trace, the
-race detector), each against the same bare loop.
+race detector), a fourth the worker step by step (what it does for every scenario it cannot
+reissue: host threads, tables, catalogs), each against the same bare loop.
 
 ``--timeline`` measures what timing every stream op with CUDA events costs a run's worker:
 trials with ``--timeline`` against trials without, alternating.
@@ -97,7 +98,7 @@ def _bare_trial(page_bytes: int, delay_us: float, fence: bool) -> Callable[[], b
 
 
 def _worker(scenario: Any, variant: str, backend: str, delay_us: float, detect: bool,
-            folder: Path, timeline: bool = False) -> Any:
+            folder: Path, timeline: bool = False, reissue: bool = True) -> Any:
     """A run's worker, in this process: what it does per trial (TrialRunner.run)."""
     from harness.runner import RunOptions
     from harness.worker import TrialRunner, WorkerJob
@@ -107,7 +108,7 @@ def _worker(scenario: Any, variant: str, backend: str, delay_us: float, detect: 
                     log_path=str(folder / "worker.log"), trace_dir=str(folder / "traces"),
                     header={"scenario": scenario.name, "variant": variant}, detect=detect,
                     traces_kept=RunOptions.max_incidents,  # as a run's workers keep them
-                    timeline=timeline)
+                    timeline=timeline, reissue=reissue)
     return TrialRunner(job)
 
 
@@ -121,17 +122,22 @@ def measure(trials: int, variant: str, delay_us: float, block: int = 100) -> dic
     bare = _bare_trial(scenario.pool.geometry().page_stride, delay_us,
                        fence=chosen.defects.release_fence)
     with tempfile.TemporaryDirectory(prefix="gpurace-bench-") as tmp:
-        worker = _worker(scenario, variant, backend, delay_us, True, Path(tmp))
-        (h, st, w, b), manifested = _alternate([
+        worker = _worker(scenario, variant, backend, delay_us, True, Path(tmp) / "reissued")
+        # What a run's worker does for scenarios it cannot reissue (host threads among them).
+        worker_stepped = _worker(scenario, variant, backend, delay_us, True,
+                                 Path(tmp) / "stepped", reissue=False)
+        (h, st, w, ws, b), manifested = _alternate([
             lambda i: executor.run(i, i).outcome.manifested,
             lambda i: stepped.run(i, i).outcome.manifested,
             lambda i: worker.run(i, i)["outcome"] != "clean",
+            lambda i: worker_stepped.run(i, i)["outcome"] != "clean",
             lambda i: not bare()], trials, block)
     return {"variant": variant, "delay_us": delay_us, "harness_us": h * 1e6,
-            "stepped_us": st * 1e6, "worker_us": w * 1e6, "bare_us": b * 1e6, "ratio": h / b,
-            "stepped_ratio": st / b, "worker_ratio": w / b, "reissued": executor.reissued,
-            **{f"{k}_manifested": v for k, v in zip(("harness", "stepped", "worker", "bare"),
-                                                     manifested)},
+            "stepped_us": st * 1e6, "worker_us": w * 1e6, "worker_stepped_us": ws * 1e6,
+            "bare_us": b * 1e6, "ratio": h / b, "stepped_ratio": st / b, "worker_ratio": w / b,
+            "worker_stepped_ratio": ws / b, "reissued": executor.reissued,
+            **{f"{k}_manifested": v for k, v in zip(
+                ("harness", "stepped", "worker", "worker_stepped", "bare"), manifested)},
             "trials": max(1, trials // block) * block}
 
 
@@ -300,16 +306,19 @@ def main(argv: list[str] | None = None) -> int:
         return 77 if "cuda" in str(exc).lower() else 1
     print("cross_stream_race per trial, median of blocks of 100, same process: the executor "
           "(TrialExecutor, reissuing its captured program), the executor step by step (no "
-          "program), a run's worker (executor, flight recorder, detector), and a bare CuPy loop "
-          "doing that variant's work; ratios against the bare loop:")
+          "program), a run's worker (executor, flight recorder, detector), the worker step by "
+          "step (as for scenarios it cannot reissue), and a bare CuPy loop doing that "
+          "variant's work; ratios against the bare loop:")
     for r in rows:
         n = r["trials"]
         print(f"  {r['variant']:>5}, delay {r['delay_us']:6.0f} us: executor "
               f"{r['harness_us']:7.1f} us ({r['ratio']:.3f}), stepped {r['stepped_us']:7.1f} "
               f"us ({r['stepped_ratio']:.3f}), worker {r['worker_us']:7.1f} us "
-              f"({r['worker_ratio']:.3f}), bare {r['bare_us']:7.1f} us; reissued "
+              f"({r['worker_ratio']:.3f}), worker stepped {r['worker_stepped_us']:7.1f} us "
+              f"({r['worker_stepped_ratio']:.3f}), bare {r['bare_us']:7.1f} us; reissued "
               f"{r['reissued']} trials; manifested: executor {r['harness_manifested']}/{n}, "
               f"stepped {r['stepped_manifested']}/{n}, worker {r['worker_manifested']}/{n}, "
+              f"worker stepped {r['worker_stepped_manifested']}/{n}, "
               f"bare {r['bare_manifested']}/{n}")
     return 0
 

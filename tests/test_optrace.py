@@ -174,7 +174,11 @@ def test_the_recorders_op_lines_are_what_the_json_encoder_writes() -> None:
                           {"done": True, "polls": 3}, {"name": "lease a", "range": [1, 0, 64]},
                           {"value": 171, "site": "x.py:1"}, {"us": 1000.0}, {"path": Path("p")},
                           {"entries": 3, "assert": False, "origin": None, "thread": "t\u00e9"},
-                          {"us": float("inf")}, {"range": [1, True, 3]}, {"pieces": [[1]]}]
+                          {"us": float("inf")}, {"range": [1, True, 3]}, {"pieces": [[1]]},
+                          # Equal as dict keys, not as JSON: the encoded details are kept by
+                          # their items, and must not be taken for each other.
+                          {"range": [1, 1, 3]}, {"value": 1}, {"value": True}, {"value": 1.0},
+                          {"range": [1, 1.0, 3]}, {"name": {"a": 1}}, {"value": float("nan")}]
     for seq in range(1, 400):
         accesses = tuple(Access(rng.randrange(9), rng.randrange(4096), rng.randrange(1, 99))
                          for _ in range(rng.randrange(3)))

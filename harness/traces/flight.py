@@ -338,19 +338,56 @@ def op_line(record: OpRecord) -> str:
         text = _middle(*middle)
         if len(_MIDDLES) < _QUOTED_MAX:
             _MIDDLES[middle] = text
-    parts = ['{"seq":', str(record.seq), text]
-    for key, number in (("t_issue_ns", record.t_issue_ns), ("t_start_ns", record.t_start_ns),
-                        ("t_end_ns", record.t_end_ns)):
-        if number is not None:
-            parts += [',"', key, '":', str(number)]
-    detail = record.detail
-    if detail:
-        # Most ops' detail is only the scenario line that issued them.
-        origin = detail.get("origin") if len(detail) == 1 else None
-        parts += [',"detail":', _JSON(detail) if origin is None else
-                  '{"origin":' + _quoted(origin) + "}"]
-    parts.append(',"type":"op"}')
-    return "".join(parts)
+    seq, issued, start, end, detail = _numbers_of(record)
+    times = "" if issued is None else f',"t_issue_ns":{issued}'
+    if start is not None:  # the simulated device's (or a timeline's) device times
+        times += f',"t_start_ns":{start}'
+    if end is not None:
+        times += f',"t_end_ns":{end}'
+    if not detail:
+        return f'{{"seq":{seq}{text}{times},"type":"op"}}'
+    # Most ops' detail is only the scenario line that issued them.
+    origin = detail.get("origin") if len(detail) == 1 else None
+    if origin is None:
+        return f'{{"seq":{seq}{text}{times},"detail":{_detail(detail)},"type":"op"}}'
+    tail = _ORIGINS.get(origin)
+    if tail is None:
+        tail = f',"detail":{{"origin":{_JSON(origin)}}},"type":"op"}}'
+        if len(_ORIGINS) < _QUOTED_MAX:
+            _ORIGINS[origin] = tail
+    return f'{{"seq":{seq}{text}{times}{tail}'
+
+
+_numbers_of = operator.itemgetter(0, 9, 10, 11, 12)
+_ORIGINS: dict[str, str] = {}  # a detail of the origin only: the line's end, by the origin
+
+
+_DETAILS: dict[tuple[Any, ...], str] = {}
+
+
+def _detail(detail: dict[str, object]) -> str:
+    """An op's detail as JSON. The same few recur trial after trial (a fill's byte and line, a
+    lease's name and range), and the general encoder cost more than the rest of the op's
+    line: each is encoded once, found again by its items, each with its type (True is 1 to a
+    dict, not to JSON), a list of ints as a tuple. Other lists are encoded every time."""
+    items = []
+    for key, value in detail.items():
+        kind = value.__class__
+        if kind is list:
+            if not all(x.__class__ is int for x in value):  # type: ignore[attr-defined]
+                return _JSON(detail)
+            value = tuple(value)  # type: ignore[arg-type]
+        items.append((key, kind, value))
+    found = tuple(items)
+    try:
+        text = _DETAILS.get(found)
+    except TypeError:  # a value that cannot be a key (a dict): encoded every time
+        return _JSON(detail)
+    if text is None:
+        text = _JSON(detail)
+        if len(_DETAILS) < _QUOTED_MAX:
+            _DETAILS[found] = text
+    return text
 
 
 def program_line(number: int, templates: tuple[tuple[Any, ...], ...]) -> str:
