@@ -21,10 +21,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # the ticket loader checks a ticket with this plan: no import cycle at runtime
-    from harness.traces.ticket import Request, Ticket
+from harness.traces.requests import Request, Ticket
 
 DECODE_STEPS_CAP = 16
 """Decode steps per request at most: each reads the row again; more add time, not cover."""

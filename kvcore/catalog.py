@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from kvcore.device.base import Stream
+from kvcore.device.handles import Stream
 from kvcore.errors import TableError
 from kvcore.pool import DeviceKVPageHandle, DeviceKVPageLease
 from kvcore.table import KVExecutionTablePool

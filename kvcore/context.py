@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from kvcore.device.base import Buffer, Device, Stream
+from kvcore.device.base import Device
+from kvcore.device.handles import Buffer, Stream
 
 
 class DeviceContext:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvcore.context import DeviceContext
-from kvcore.device.base import Buffer, Event
+from kvcore.device.handles import Buffer, Event
 from kvcore.errors import GeometryError
 from kvcore.freeruns import FreeRuns
 from kvcore.geometry import HostKVPageLayout

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvcore.context import DeviceArena, DeviceContext
-from kvcore.device.base import Buffer, Event, Stream
+from kvcore.device.handles import Buffer, Event, Stream
 from kvcore.device.kernels import GENERATION_BYTES, Gather, Scatter
 from kvcore.errors import DeviceUsageError, GeometryError, PoolExhaustedError, StaleHandleError
 from kvcore.freeruns import FreeRuns

@@ -14,7 +14,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable
 
-from kvcore.device.base import Event
+from kvcore.device.handles import Event
 
 
 class StreamFreeLists:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from kvcore.device.base import Buffer, Stream
+from kvcore.device.handles import Buffer, Stream
 from kvcore.device.kernels import (
     FIRST_BYTES,
     RESULT_BYTES,

@@ -2,9 +2,9 @@
 
 Each test installs the source on a Sink over a StringIO, runs a snippet, and compares the events
 it made (notes, and allocations, frees and queries of memory or events the snippet did not make,
-left out; each op's issue time checked apart) with what the snippet did: streams and their blocking flag, byte ranges from the
-arrays' own ``.data.ptr`` and ``.nbytes``, the stream each op was issued on, ``sync`` flags, and
-the program's own line as each event's site.
+left out; each op's issue time checked apart) with what the snippet did: streams and their
+blocking flag, byte ranges from the arrays' own ``.data.ptr`` and ``.nbytes``, the stream each
+op was issued on, ``sync`` flags, and the program's own line as each event's site.
 
 Run on the GPU machine: ``PYTHONPATH=. python -m pytest -q -m gpu tests/test_capture_cupy_gpu.py``
 """

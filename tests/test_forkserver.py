@@ -4,7 +4,6 @@ pid and exit status as a Popen would."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -41,7 +40,7 @@ def test_a_forked_run_is_the_boot_run_as_a_fresh_interpreter_would_run_it(tmp_pa
     finally:
         server.close()
     fresh_events = list(iter_file(tmp_path / "fresh.jsonl"))
-    for pid, code, err, events in runs:
+    for pid, code, _, events in runs:
         # This interpreter has neither PyTorch nor CuPy: each run says so and exits 77, as the
         # fresh interpreter does, from its own process, in the run's folder.
         assert code == fresh.returncode == 77

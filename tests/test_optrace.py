@@ -56,6 +56,9 @@ BAD: dict[str, tuple[Callable[[], str], int, str, str]] = {
                              "gpurace.trace/1"),
     "a ticket": (replaced(0, schema="gpurace.ticket/1"), 1, "schema",
                  "replay it with `gpurace replay`"),
+    # A control character in the schema is said as an escape, not written into the message.
+    "a later schema with a newline": (replaced(0, schema="gpurace.trace/2\nx"), 1, "schema",
+                                      "gpurace.trace/2\\nx is not supported"),
     "no header": (lambda: lines(GOOD[1:]), 1, "type", "this is not a gpurace op trace"),
     "second header": (lambda: lines(GOOD + [HEADER]), 8, "type", "a second header"),
     "wrong level": (replaced(0, level="requests"), 1, "level", 'must be "ops"'),

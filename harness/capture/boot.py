@@ -3,10 +3,10 @@
 Run by `gpurace watch` as ``python -m harness.capture.boot --events FILE --sources LIST
 [--delays JSON] -- PROGRAM ARGS`` under the program's own interpreter (the one the user named,
 which has their PyTorch or CuPy); ``--delays`` are the delays :mod:`harness.capture.amplify`
-queues before the program's racing ops. It imports nothing of gpurace but the capture vocabulary and the sources, so
-the program runs as it would alone: its ``__main__``, its ``sys.argv``, its output, its exit
-status. How it ended goes into the events file last (an uncaught exception's traceback
-included), and the process exits with the program's own status.
+queues before the program's racing ops. It imports nothing of gpurace but the capture vocabulary
+and the sources, so the program runs as it would alone: its ``__main__``, its ``sys.argv``, its
+output, its exit status. How it ended goes into the events file last (an uncaught exception's
+traceback included), and the process exits with the program's own status.
 
 Exit 77, without running the program, when no source asked for can be switched on (neither
 PyTorch nor CuPy imports in this interpreter); exit 2 when the program or module is not there.

@@ -386,11 +386,11 @@ def _one_run(options: WatchOptions, folder: Path, index: int, hooks: RunHooks,
                             f"interpreter (exit {end.status}): "
                             + (end.stderr_tail.strip().splitlines() or ["no output"])[-1])
     notes = [*translator.notes, *notes]
-    run = {"index": index, **({"variant": label} if label else {}), "status": end.status, "signal": end.signal,
-           "timed_out": end.timed_out, "error": end.error, "ops": translator.ops,
-           "records": translator.seq, "sources": translator.hello.get("sources", {}),
-           "events": str(events_path), "trace": str(trace_path),
-           "log": str(work / "program.log"), "start": how,
+    run = {"index": index, **({"variant": label} if label else {}), "status": end.status,
+           "signal": end.signal, "timed_out": end.timed_out, "error": end.error,
+           "ops": translator.ops, "records": translator.seq,
+           "sources": translator.hello.get("sources", {}), "events": str(events_path),
+           "trace": str(trace_path), "log": str(work / "program.log"), "start": how,
            "duration_s": round(end.duration_s, 4), "launch_s": round(end.launch_s, 4)}
     return trial, {"notes": notes, "run": run, "end": end, "delays": translator.delays}
 

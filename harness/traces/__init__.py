@@ -1,3 +1,3 @@
 """What reads and writes traces: op traces (``optrace``: one device action a line), the flight
 recorder that writes them from a worker that may die (``flight``), request-level tickets
-(``ticket``), and the JSON Lines checks they share (``jsonl``)."""
+(``ticket``, their records in ``requests``), and the JSON Lines checks they share (``jsonl``)."""

@@ -38,7 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from harness import limits as L
-from harness.inputs import Unreadable, clip, echo, plain, read_input
+from harness.inputs import Unreadable, clip, echo, read_input
+from harness.inputs import plain as one_line  # this module's plain() expands a trace's runs
 from harness.traces.jsonl import LineParser, read_text, show
 from kvcore.device.oplog import HOST, HOST_KINDS, is_stream_kind
 
@@ -222,11 +223,11 @@ class _Parser(LineParser):
         # version is not supported" is the useful thing to say about it.
         if schema != TRACE_SCHEMA:
             if schema.startswith(_SCHEMA_FAMILY):
-                raise self.fail("schema", f"{clip(plain(schema))} is not supported; this "
+                raise self.fail("schema", f"{clip(one_line(schema))} is not supported; this "
                                           f"gpurace reads {TRACE_SCHEMA}: record the trace "
                                           "again with it")
             if schema.startswith("gpurace.ticket/"):
-                raise self.fail("schema", f"{clip(plain(schema))} is a request-level ticket, "
+                raise self.fail("schema", f"{clip(one_line(schema))} is a request-level ticket, "
                                           "not an op trace; replay it with `gpurace replay`")
             raise self.fail("schema", f"{echo(schema)} is not an op trace schema; this gpurace "
                                       f"reads {TRACE_SCHEMA}")

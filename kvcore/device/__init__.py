@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from kvcore.defects import Defects
-from kvcore.device.base import Buffer, Device, DeviceInfo, Event, Stream
+from kvcore.device.base import Device, DeviceInfo
 from kvcore.device.graph import Graph
+from kvcore.device.handles import Buffer, Event, Stream
 from kvcore.device.oplog import HOST, Access, BufferInfo, OpLog, OpRecord, OpRecorder
 from kvcore.device.schedule import Schedule
 from kvcore.errors import DeviceUnavailableError, DeviceUsageError

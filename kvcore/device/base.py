@@ -26,12 +26,13 @@ import numpy as np
 
 from kvcore.defects import Defects
 from kvcore.device.graph import START, STREAM_AT, Graph, Node
+# What a device hands out, in a module of its own that the kernels import too.
+from kvcore.device.handles import DEVICE, PINNED, Buffer, Event, Stream
 from kvcore.device.kernels import Kernel
 from kvcore.device.oplog import (
     HOST,
     KERNEL_PREFIX,
     Access,
-    BufferInfo,
     OpLog,
     OpRecord,
     Segment,
@@ -52,73 +53,6 @@ from kvcore.device.program import (
     Run,
 )
 from kvcore.errors import DeviceFaultError, DeviceUsageError
-
-DEVICE = "device"
-PINNED = "host"
-
-
-class Buffer:
-    """A device allocation or a pinned host allocation, as the op log and backends know it."""
-
-    __slots__ = ("id", "name", "space", "nbytes", "role", "handle", "address", "owner",
-                 "__weakref__")
-
-    def __init__(self, id: int, name: str, space: str, nbytes: int, role: str, handle: object):
-        self.id = id
-        self.name = name
-        self.space = space
-        self.nbytes = nbytes
-        self.role = role
-        self.handle = handle
-        # The CUDA address (device pointer, or the pinned host pointer, which kernels can use
-        # through unified addressing); 0 on the simulated device.
-        self.address = int(getattr(handle, "ptr", 0) or 0)
-        # The device that allocated it (set by the device): checked on every op, so a plain
-        # identity test rather than a lookup.
-        self.owner: object = None
-
-    def info(self) -> BufferInfo:
-        return BufferInfo(self.id, self.name, self.space, self.nbytes, self.role)
-
-    def __repr__(self) -> str:
-        return f"Buffer({self.name!r}, {self.space}, {self.nbytes} B)"
-
-
-class Stream:
-    """A CUDA stream. ``blocking`` streams synchronize implicitly with the legacy stream;
-    non-blocking ones (what engines use) do not. ``priority`` follows CUDA (lower numbers run
-    first when both have work ready); it changes no ordering guarantee."""
-
-    __slots__ = ("id", "name", "blocking", "legacy", "handle", "priority", "owner")
-
-    def __init__(self, id: int, name: str, blocking: bool, legacy: bool, handle: object,
-                 priority: int = 0):
-        self.id = id
-        self.name = name
-        self.blocking = blocking
-        self.legacy = legacy
-        self.handle = handle
-        self.priority = priority
-        self.owner: object = None  # the device it was registered with
-
-    def __repr__(self) -> str:
-        flavour = "legacy" if self.legacy else ("blocking" if self.blocking else "non-blocking")
-        return f"Stream({self.name!r}, {flavour})"
-
-
-class Event:
-    """A CUDA event: recorded on one stream, waited on by another stream or the host."""
-
-    __slots__ = ("id", "name", "handle")
-
-    def __init__(self, id: int, name: str, handle: object):
-        self.id = id
-        self.name = name
-        self.handle = handle
-
-    def __repr__(self) -> str:
-        return f"Event({self.name!r})"
-
 
 @dataclass(frozen=True)
 class DeviceInfo:

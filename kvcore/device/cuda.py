@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 
 from kvcore.defects import Defects
-from kvcore.device.base import DEVICE, Buffer, Device, DeviceInfo, Event, Stream
+from kvcore.device.base import Device, DeviceInfo
+from kvcore.device.handles import DEVICE, Buffer, Event, Stream
 from kvcore.device.graph import START, Graph
 from kvcore.device.program import ACTION, Item, Live
 from kvcore.device.kernels import (

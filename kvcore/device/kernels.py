@@ -8,14 +8,11 @@ learns each call's byte ranges from :meth:`Kernel.reads` / :meth:`Kernel.writes`
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
+from kvcore.device.handles import Buffer
 from kvcore.device.oplog import Access
-
-if TYPE_CHECKING:
-    from kvcore.device.base import Buffer
 
 TABLE_ENTRY_BYTES = 8
 """An execution-table entry: int32 physical page index, int32 page generation."""

@@ -25,7 +25,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from kvcore.defects import Defects
-from kvcore.device.base import DEVICE, Buffer, Device, DeviceInfo, Event, Stream
+from kvcore.device.base import Device, DeviceInfo
+from kvcore.device.handles import DEVICE, Buffer, Event, Stream
 from kvcore.device.graph import START, Graph
 from kvcore.device.schedule import Schedule
 from kvcore.device.kernels import (
