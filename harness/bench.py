@@ -4,6 +4,7 @@
     python -m harness.bench --detector [--backend cuda|sim]
     python -m harness.bench --timeline
     python -m harness.bench --profile [--backend cuda|sim] [--trials 2000]
+    python -m harness.bench --split [--backend cuda|sim] [--scenario NAME]
     python -m harness.bench --gpus 2 --trials 300 [--scenario catalog-reactivation]
 
 One trial of cross_stream_race, run by the harness's TrialExecutor (the pool, its bookkeeping,
@@ -25,6 +26,10 @@ trials with ``--timeline`` against trials without, alternating.
 ``--profile`` says where a trial's host time goes, by part (the executor, the device layer, the
 flight recorder, the detector, the worker's record, CuPy): a run's worker, and the executor step
 by step (:mod:`harness.speed.profile`).
+
+``--split`` takes a run's worker apart: the same trials with the op log, the flight recorder
+and the detector switched on one at a time (:mod:`harness.speed.split`), reissued and step by
+step, measured rather than profiled.
 
 ``--detector`` measures the race detector's cost: trials with it on against trials with it off,
 in the executor alone (on: the detector is the op log's only reader, so a reissued trial hands it
@@ -274,16 +279,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", action="store_true",
                         help="say where a trial's host time goes instead, by part: a run's "
                              "worker, and the executor step by step")
+    parser.add_argument("--split", action="store_true",
+                        help="take a run's worker apart instead: the same trials with the op "
+                             "log, the flight recorder and the detector switched on one at a "
+                             "time, reissued and step by step")
     parser.add_argument("--backend", default="cuda", choices=["cuda", "sim"],
-                        help="backend for --detector, --profile and --gpus (the bare loop "
-                             "needs cuda)")
+                        help="backend for --detector, --profile, --split and --gpus (the bare "
+                             "loop needs cuda)")
     parser.add_argument("--gpus",
                         help="measure runs on these GPUs (all, N, or 0,2) against runs on one "
                              "instead: the trial rate ratio, and the restart times of dying "
                              "workers")
     parser.add_argument("--scenario",
                         help="the scenario for --gpus (default catalog-reactivation: with "
-                             "--variant buggy, a crash soak) and --profile (default "
+                             "--variant buggy, a crash soak), --profile and --split (default "
                              "cross-stream-race)")
     parser.add_argument("--rounds", type=int, default=2,
                         help="for --gpus: runs of each kind, alternating (the median counts)")
@@ -294,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
         return _detector_main(args)
     if args.profile:
         return _profile_main(args)
+    if args.split:
+        return _split_main(args)
     if args.timeline:
         return _timeline_main(args)
     if args.gpus:
@@ -363,7 +374,7 @@ def measure_profile(backend: str, trials: int, variant: str, delay_us: float,
 
 
 def _each_point(args: argparse.Namespace,
-                measure: Callable[[str, float], dict[str, Any]]) -> list[dict[str, Any]] | int:
+                measure: Callable[[str, float], Any]) -> list[Any] | int:
     """``measure(variant, delay_us)`` for each variant and delay asked for; the exit code
     instead when the device cannot be had or fails."""
     try:
@@ -388,6 +399,28 @@ def _profile_main(args: argparse.Namespace) -> int:
         print(r["worker"].table())
         print(f"  {r['variant']}, delay {r['delay_us']:g} us: the executor step by step:")
         print(r["stepped"].table())
+    return 0
+
+
+def _split_main(args: argparse.Namespace) -> int:
+    from harness.speed.split import split
+    from harness.targets import resolve_targets
+
+    [scenario] = resolve_targets([args.scenario or "cross-stream-race"], ())
+    rows = _each_point(args, lambda v, d: [split(scenario, v, args.backend, reissue=r,
+                                                 trials=args.trials, delay_us=d)
+                                           for r in (True, False)])
+    if isinstance(rows, int):
+        return rows
+    print(f"{scenario.name} on {args.backend}, per trial, median of blocks of 100, the world "
+          "kept from trial to trial: the executor, then with each part a run's worker "
+          "attaches:")
+    for pair in rows:
+        for got in pair:
+            how = "reissued" if got.reissued else "step by step"
+            print(f"  {got.variant}, {how} (went wrong: {'/'.join(map(str, got.manifested))} "
+                  f"of {got.trials} each):")
+            print(got.table())
     return 0
 
 

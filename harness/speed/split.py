@@ -1,0 +1,130 @@
+"""A run's worker taken apart: the same trials with its parts switched on one at a time.
+
+A profile (:mod:`harness.speed.profile`) says where a trial's time goes by the functions that
+spent it, and the profiler's own cost per call bends the shares toward code of many small
+calls. This measures instead: the executor alone, then with the op log built for a reader that
+does nothing (records, and the segments a reissued trial hands out instead), the flight
+recorder, the race detector, and both, as a worker attaches and calls them (the recorder's
+trace begun and ended, the detector reset and asked for its findings). Each kind runs its own
+executor on its own device, blocks of trials in turn, so drift touches all alike; a kind's
+figure is its median block. The world is kept from trial to trial on every backend, as a GPU
+worker keeps it, so reissued trials are measured on the simulated device too.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+KINDS = ("executor alone", "+ op log, records", "+ op log, segments", "+ flight recorder",
+         "+ race detector", "+ recorder and detector")
+"""What each measured kind adds to the executor: the last is what a run's worker attaches."""
+
+
+@dataclass(frozen=True)
+class Split:
+    """One variant's trials, each kind's median microseconds a trial (:data:`KINDS` order)."""
+
+    scenario: str
+    variant: str
+    reissued: bool  # the trials were reissued from a captured program
+    trials: int  # of each kind
+    us: tuple[float, ...]
+    manifested: tuple[int, ...]  # trials that went wrong, of each kind
+
+    def table(self, indent: str = "    ") -> str:
+        """Each kind's time, its cost over the executor alone and its ratio to it."""
+        width = max(len(k) for k in KINDS)
+        base = self.us[0]
+        return "\n".join(f"{indent}{kind:<{width}}  {us:7.1f} us  +{us - base:6.1f} us  "
+                         f"{us / base:5.2f}x" for kind, us in zip(KINDS, self.us))
+
+
+def split(scenario: Any, variant: str, backend: str, *, reissue: bool, trials: int,
+          block: int = 100, delay_us: float = 0.0) -> Split:
+    """Measure ``trials`` trials of each kind of ``scenario``'s ``variant`` (reissued from a
+    captured program when ``reissue`` and the scenario allows it, else step by step)."""
+    with tempfile.TemporaryDirectory(prefix="gpurace-split-") as tmp:
+        kinds = [_kind(k, scenario, variant, backend, reissue, delay_us, Path(tmp) / str(k))
+                 for k in range(len(KINDS))]
+        try:
+            for kind in kinds:  # past the capture: the trials a worker mostly runs
+                for index in range(10):
+                    kind.run(index)
+            seconds: list[list[float]] = [[] for _ in kinds]
+            manifested = [0] * len(kinds)
+            index = 10
+            for _ in range(max(1, trials // block)):
+                for k, kind in enumerate(kinds):
+                    start = time.perf_counter()
+                    for _ in range(block):
+                        manifested[k] += kind.run(index)
+                        index += 1
+                    seconds[k].append((time.perf_counter() - start) / block)
+        finally:
+            for kind in kinds:
+                kind.close()
+        reissued = all(kind.executor.reissued for kind in kinds)
+    return Split(scenario.name, variant, reissued, max(1, trials // block) * block,
+                 tuple(statistics.median(s) * 1e6 for s in seconds), tuple(manifested))
+
+
+def _kind(kind: int, scenario: Any, variant: str, backend: str, reissue: bool,
+          delay_us: float, folder: Path) -> _Kind:
+    """A trial function of one kind (whether the trial went wrong), its executor, and what
+    ends it."""
+    from harness.detector import RaceDetector
+    from harness.executor import TrialExecutor
+    from harness.traces.flight import FlightRecorder
+
+    recorder = FlightRecorder(folder) if kind in (3, 5) else None
+    detector = RaceDetector() if kind in (4, 5) else None
+
+    def on_device(device: Any) -> None:
+        if kind == 1:
+            device.oplog.subscribe(_nothing)
+        elif kind == 2:
+            device.oplog.subscribe(_nothing, segments=_nothing)
+        if recorder is not None:
+            recorder.attach(device)
+        if detector is not None:
+            detector.attach(device)
+
+    executor = TrialExecutor(scenario, scenario.variant(variant), backend,
+                             amplify=delay_us > 0, delay_us=delay_us or None,
+                             on_device=on_device, reissue=reissue, keep_world=True)
+    header = {"scenario": scenario.name, "variant": variant}
+
+    def trial(index: int) -> bool:
+        if recorder is not None:
+            recorder.start_trial(header, trial=index, seed=index)
+        if detector is not None:
+            detector.reset()
+        bad = executor.run(index, index).outcome.manifested
+        if detector is not None:
+            detector.findings  # noqa: B018 - asked for, as a worker does: the analysis runs
+        if recorder is not None:
+            recorder.end_trial(index, keep=False)
+        return bad
+
+    def close() -> None:
+        if recorder is not None:
+            recorder.close(discard=True)
+
+    return _Kind(trial, executor, close)
+
+
+@dataclass(frozen=True)
+class _Kind:
+    run: Callable[[int], bool]
+    executor: Any
+    close: Callable[[], None]
+
+
+def _nothing(_: object) -> None:
+    """A reader of the op log that reads nothing: what building the log costs by itself."""
