@@ -181,7 +181,8 @@ def test_the_recorders_op_lines_are_what_the_json_encoder_writes() -> None:
                           # Equal as dict keys, not as JSON: the encoded details are kept by
                           # their items, and must not be taken for each other.
                           {"range": [1, 1, 3]}, {"value": 1}, {"value": True}, {"value": 1.0},
-                          {"range": [1, 1.0, 3]}, {"name": {"a": 1}}, {"value": float("nan")}]
+                          {"range": [1, 1.0, 3]}, {"name": {"a": 1}}, {"value": float("nan")},
+                          {"pair": (1, True)}, {"pair": (1, 1)}, {"pair": [1, 1]}]
     for seq in range(1, 400):
         accesses = tuple(Access(rng.randrange(9), rng.randrange(4096), rng.randrange(1, 99))
                          for _ in range(rng.randrange(3)))

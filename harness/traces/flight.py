@@ -384,11 +384,12 @@ def _detail(detail: dict[str, object]) -> str:
     """An op's detail as JSON. The same few recur trial after trial (a fill's byte and line, a
     lease's name and range), and the general encoder cost more than the rest of the op's
     line: each is encoded once, found again by its items, each with its type (True is 1 to a
-    dict, not to JSON), a list of ints as a tuple. Other lists are encoded every time."""
+    dict, not to JSON), a list of ints as a tuple. Other lists and tuples are encoded every
+    time (their items' types would be part of the key too)."""
     items = []
     for key, value in detail.items():
         kind = value.__class__
-        if kind is list:
+        if kind is list or kind is tuple:
             if not all(x.__class__ is int for x in value):  # type: ignore[attr-defined]
                 return _JSON(detail)
             value = tuple(value)  # type: ignore[arg-type]
