@@ -212,7 +212,9 @@ def test_an_amplified_watch_writes_a_run_document_of_the_schema_and_its_window(t
 
     import jsonschema
 
-    from harness import cli, schemas
+    from harness import schemas
+    from harness.cli.runs import write_and_show
+    from harness.cli.watch import _print_watch_summary
     from harness.capture.watch import points
     from harness.outcome import Outcome, TrialResult, VariantResult
     from harness.outputs import RunFolder
@@ -247,7 +249,7 @@ def test_an_amplified_watch_writes_a_run_document_of_the_schema_and_its_window(t
     result.health = {"before": health_snapshot(), "after": health_snapshot()}
     result.plan = {"digest": "0" * 64, "version": VERSION, "backend": "cuda", "seed": 0,
                    "sources": {}}
-    cli._write_and_show(result, None, "text", show=cli._print_watch_summary)
+    write_and_show(result, None, "text", show=_print_watch_summary)
     doc = json.loads((folder.path / "run.json").read_text())
     errors = list(jsonschema.Draft202012Validator(schemas.load("run")).iter_errors(doc))
     assert not errors, [e.message for e in errors]
@@ -290,9 +292,9 @@ def test_a_delay_outlasts_three_times_the_hosts_way_from_the_first_op_to_the_sec
 
 
 def test_each_amplified_runs_line_says_its_plan_and_delay(capsys):
-    from harness import cli
+    from harness.cli.watch import _WatchHooks
     from harness.outcome import Outcome, TrialResult, VariantResult
-    hooks = cli._WatchHooks(True)
+    hooks = _WatchHooks(True)
     plain = VariantResult("p", "watched", "clean", "p.py", False, False, None)
     swept = VariantResult("p", "amplified-2", "clean", "p.py", False, True, 50.0, sweep=True)
     hooks.trial_finished(plain, TrialResult(0, 0, Outcome.CLEAN, duration_s=1.5))

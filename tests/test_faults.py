@@ -154,7 +154,7 @@ def test_stop_on_write_error_ends_the_run_at_the_first(tmp_path):
 
 
 def test_a_run_whose_folder_is_removed_ends_with_what_it_knows(tmp_path, monkeypatch):
-    from harness.cli import _write_and_show
+    from harness.cli.runs import write_and_show
     from harness.faults.writes import FOLDER_GONE
     from harness.runner import ExitCode, RunHooks, Runner, RunOptions
     from harness.targets import resolve_targets
@@ -177,7 +177,7 @@ def test_a_run_whose_folder_is_removed_ends_with_what_it_knows(tmp_path, monkeyp
     assert "stopped (the run's folder " in result.results[-1].reason
     assert result.exit_code is ExitCode.WRITE_FAILED
     assert [f.what for f in result.write_errors] == [FOLDER_GONE]
-    _write_and_show(result, None, "json")
+    write_and_show(result, None, "json")
     doc = json.loads((tmp_path / "tmp" / "gpurace-fallback" / result.run_id / "run.json")
                      .read_text())
     assert doc["exit_code"] == 4 and doc["write_errors"][0]["what"] == FOLDER_GONE
@@ -261,7 +261,7 @@ def test_a_worker_whose_log_cannot_be_made_runs_its_trials(tmp_path):
 
 
 def test_run_json_goes_where_it_can_and_says_so(tmp_path, monkeypatch, capsys):
-    from harness.cli import _write_and_show
+    from harness.cli.runs import write_and_show
     from harness.faults.writes import FOLDER_GONE
     from harness.runner import ExitCode, Runner, RunOptions
     from harness.targets import resolve_targets
@@ -272,7 +272,7 @@ def test_run_json_goes_where_it_can_and_says_so(tmp_path, monkeypatch, capsys):
     nowhere = tmp_path / "file"
     nowhere.write_text("")
     monkeypatch.setattr(tempfile, "tempdir", str(nowhere))  # and the fallback under a file
-    _write_and_show(result, None, "json")
+    write_and_show(result, None, "json")
     out, err = capsys.readouterr()
     doc = json.loads(out)  # --format json prints the whole document all the same
     assert doc["exit_code"] == 4 and result.exit_code is ExitCode.WRITE_FAILED

@@ -210,17 +210,17 @@ def test_a_summary_lists_ten_incidents_and_says_how_many_more_and_where(monkeypa
 
     from rich.console import Console
 
-    from harness import cli
+    from harness.cli import output
     from harness.outcome import VariantResult
     from harness.runner import RunResult
     text = io.StringIO()
-    monkeypatch.setattr(cli, "out", Console(file=text, width=200))
+    monkeypatch.setattr(output, "out", Console(file=text, width=200))
     variant = VariantResult(scenario="s", variant="buggy", expect="reproduces", path="s.yaml",
                             dangerous=False, amplified=True, delay_us=100.0)
     variant.reports = [str(tmp_path / f"incident-{i:02d}") for i in range(13)]
     result = RunResult(backend="sim", device={"backend": "sim"}, seed=0,
                        folder=str(tmp_path), results=[variant])
-    cli._print_summary(result, tmp_path)
+    output.print_summary(result, tmp_path)
     lines = text.getvalue().splitlines()
     assert any(line.strip() == f"13 incident reports (gpurace report list {tmp_path}):"
                for line in lines)
@@ -251,9 +251,9 @@ def test_a_line_to_a_log_is_never_wrapped(monkeypatch, capsys) -> None:
     """#29: output to a pipe was wrapped mid-word at 160 columns."""
     import io
 
-    from harness import cli
+    from harness.cli.output import _console
     monkeypatch.delenv("COLUMNS", raising=False)
-    console = cli._console(io.StringIO())  # not a terminal: a log
+    console = _console(io.StringIO())  # not a terminal: a log
     words = " ".join(f"word{i}" for i in range(60)) + " /a/very/long/path/" + "x" * 80
     console.print(words, highlight=False)
     assert capsys.readouterr().out == words + "\n"

@@ -22,7 +22,8 @@ from typing import Any
 import kvcore
 from harness import limits as L
 from harness import vocabulary as V
-from harness.cli import CHECK_SCHEMA, LIST_SCHEMA
+from harness.cli.catalog import LIST_SCHEMA
+from harness.cli.traces import CHECK_SCHEMA
 from harness.explore import StopReason, Strategy
 from harness.model import EXPECTATIONS, STREAM_KINDS, WORKLOAD_PHASES
 from harness.outcome import Outcome, Status
@@ -41,7 +42,7 @@ DRAFT = "https://json-schema.org/draft/2020-12/schema"
 FOLDER = Path(__file__).resolve().parent
 
 EXPLORE_SCHEMA = "gpurace.explore/1"
-"""What `gpurace explore --format json` writes as its ``schema`` (harness.cli)."""
+"""What `gpurace explore --format json` writes as its ``schema`` (harness.cli.explore)."""
 
 NAME_REGEX = "^[a-z0-9][a-z0-9_-]*$"
 """harness.yamlnodes.NAME_PATTERN and harness.traces.ticket.NAME_PATTERN, matched whole."""

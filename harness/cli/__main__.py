@@ -1,0 +1,5 @@
+"""``python -m harness.cli``: the console script ``gpurace``."""
+
+from harness.cli import main
+
+main()
