@@ -20,7 +20,7 @@ from harness.model import Scenario, Suite
 from harness.runner import ExitCode
 from harness.targets import catalog
 from harness.cli.app import main
-from harness.cli.options import PATH_OPTION
+from harness.cli.options import PATH_OPTION, format_option
 from harness.cli.output import _echo, err, out
 
 
@@ -29,8 +29,7 @@ LIST_SCHEMA = "gpurace.list/1"
 
 @main.command("list")
 @PATH_OPTION
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
-              show_default=True)
+@format_option()
 def list_cmd(paths: Sequence[Path], fmt: str) -> None:
     """List the scenarios and suites gpurace knows: the built-in ones, and those of --path and
     GPURACE_PATH folders (run them by name). Files that do not load are listed with their
@@ -72,8 +71,7 @@ def schema_cmd(name: str | None) -> None:
 
 
 @main.command("steps")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
-              show_default=True)
+@format_option()
 def steps_cmd(fmt: str) -> None:
     """The step vocabulary of scenario files: every op, its keys (required ones marked *), and
     what it does. Any step may also carry `id`, `only` or `unless` (a variant name or a list)

@@ -7,19 +7,18 @@ from __future__ import annotations
 import json
 import sys
 
-import click
 from rich import box
 from rich.markup import escape
 from rich.table import Table
 
 from harness.doctor import diagnose
 from harness.cli.app import main
+from harness.cli.options import format_option
 from harness.cli.output import _echo, out
 
 
 @main.command("doctor")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
-              show_default=True)
+@format_option()
 def doctor_cmd(fmt: str) -> None:
     """What works here: GPU, driver, CUDA, CuPy, NVML events, kernel log, and a verdict."""
     report = diagnose()

@@ -15,6 +15,7 @@ from rich.markup import escape
 from harness.explore import Strategy, explore
 from harness.targets import resolve_targets, shown_target
 from harness.cli.app import main
+from harness.cli.options import format_option
 from harness.cli.output import _echo, out
 from harness.cli.runs import check_variants
 
@@ -37,8 +38,7 @@ from harness.cli.runs import check_variants
               help="Schedules to try with random and pct.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--first", is_flag=True, help="Stop at the first failing schedule.")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
-              show_default=True)
+@format_option()
 def explore_cmd(target: str, variants: Sequence[str], strategy: str, bound: int, depth: int,
                 runs: int, seed: int, first: bool, fmt: str) -> None:
     """Explore orderings of a scenario's unordered ops, and interleavings of its host threads,

@@ -55,6 +55,26 @@ class _GpusType(click.ParamType):
                   "0,2 (each once)", param, ctx)
 
 
+def format_option(help: str | None = None, choices: tuple[str, ...] = ("text", "json")
+                  ) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """``--format``, as every command that has one spells it: its first choice the default,
+    passed as ``fmt``."""
+    return click.option("--format", "fmt", type=click.Choice(list(choices)), default=choices[0],
+                        show_default=True, help=help)
+
+
+def out_option(help: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """``--out``, the folder a run's own folder goes below (``out_dir``; gpurace-reports)."""
+    return click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
+                        default=Path("gpurace-reports"), show_default=True, help=help)
+
+
+def junit_option(help: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """``--junit``, a file the run is also written to as JUnit XML (``junit``)."""
+    return click.option("--junit", "junit", type=click.Path(dir_okay=False, path_type=Path),
+                        help=help)
+
+
 _SHARED_RUN_OPTIONS = [
     click.option("--dangerous", is_flag=True,
                  help="Run what may crash the CUDA context (dangerous scenarios, a replay with "
@@ -82,12 +102,9 @@ _SHARED_RUN_OPTIONS = [
     click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.1, max=TIMEOUT_MAX_S),
                  help="Seconds a trial may take before the watchdog kills its worker (default: "
                       "the scenario's own; 120 for a replay)."),
-    click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
-                 default=Path("gpurace-reports"), show_default=True,
-                 help="Folder for the run: each run writes run.json, its incidents and its "
-                      "workers' logs into a folder of its own below it."),
-    click.option("--junit", "junit", type=click.Path(dir_okay=False, path_type=Path),
-                 help="Also write JUnit XML here: a testcase per scenario variant."),
+    out_option("Folder for the run: each run writes run.json, its incidents and its workers' "
+               "logs into a folder of its own below it."),
+    junit_option("Also write JUnit XML here: a testcase per scenario variant."),
     click.option("--poison", is_flag=True,
                  help="Fill every released page with a poison byte as soon as the pool's "
                       "ordering allows: a stale reader sees poison, not plausible data. A "
@@ -142,8 +159,7 @@ _SHARED_RUN_OPTIONS = [
                       "seeds the whole run gives them: N machines or array tasks with the same "
                       "command but for K run together exactly what one run would, and "
                       "`gpurace merge` makes their run.json files one."),
-    click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
-                 show_default=True, help="json: one gpurace.run/1 document on stdout."),
+    format_option("json: one gpurace.run/1 document on stdout."),
 ]
 
 

@@ -16,6 +16,7 @@ from reports import ReportError, list_incidents, load_report, render_markdown
 from harness.outputs import check_file
 from reports.window import plot_png, sweep_window, trace_gaps
 from harness.cli.app import main
+from harness.cli.options import format_option
 from harness.cli.output import _echo, out
 
 
@@ -58,8 +59,7 @@ def report_window(run: Path, output: Path) -> None:
 @report_group.command("list")
 @click.argument("folder", type=click.Path(file_okay=False, path_type=Path),
                 default=Path("gpurace-reports"))
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
-              show_default=True)
+@format_option()
 def report_list(folder: Path, fmt: str) -> None:
     """List the incidents under FOLDER (a run's --out, default gpurace-reports)."""
     if not folder.is_dir():
@@ -83,8 +83,7 @@ def report_list(folder: Path, fmt: str) -> None:
 
 @report_group.command("show")
 @click.argument("path", type=click.Path(exists=True, path_type=Path))
-@click.option("--format", "fmt", type=click.Choice(["markdown", "json"]), default="markdown",
-              show_default=True)
+@format_option(choices=("markdown", "json"))
 def report_show(path: Path, fmt: str) -> None:
     """Show one incident (its folder or its report.json): what to paste into a ticket."""
     report = load_report(path)

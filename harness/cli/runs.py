@@ -32,7 +32,8 @@ from reports.window import Window, plot_png, render_terminal, sweep_window, trac
 from harness.runner import Interrupted, RunHooks, RunOptions, RunResult, Runner
 from harness.targets import resolve_targets
 from harness.cli.app import main
-from harness.cli.options import PATH_OPTION, run_options, shared_run_options
+from harness.cli.options import (PATH_OPTION, format_option, junit_option, run_options,
+                                 shared_run_options)
 from harness.cli.output import _echo, _log, print_summary, err, out
 
 
@@ -176,10 +177,8 @@ def stop_on_sigterm(signum: int, frame: object) -> None:
 @click.argument("runs", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
               required=True, help="Folder for the merged run.json.")
-@click.option("--junit", "junit", type=click.Path(dir_okay=False, path_type=Path),
-              help="Also write the merged run as JUnit XML here.")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
-              show_default=True, help="json: the merged gpurace.run/1 document on stdout.")
+@junit_option("Also write the merged run as JUnit XML here.")
+@format_option("json: the merged gpurace.run/1 document on stdout.")
 def merge_cmd(runs: Sequence[Path], out_dir: Path, junit: Path | None, fmt: str) -> None:
     """Merge the run.json files of a sharded run (`gpurace run ... --shard K/N`, K = 1..N,
     each its own machine or array task) into the one run they add up to: the same counts,

@@ -16,6 +16,7 @@ from reports import write_atomic
 from harness.outputs import check_file
 from reports.timeline import chrome_trace, svg_timeline
 from harness.cli.app import main
+from harness.cli.options import format_option
 from harness.cli.output import _echo, print_finding, out
 
 
@@ -24,8 +25,7 @@ CHECK_SCHEMA = "gpurace.check/1"
 
 @main.command("check")
 @click.argument("trace", type=click.Path(exists=True, dir_okay=True, path_type=Path))
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
-              show_default=True)
+@format_option()
 def check_cmd(trace: Path, fmt: str) -> None:
     """Run the race detector over a recorded op trace (a trace.jsonl, or an incident folder):
     exit 1 when it finds races, 0 when none."""

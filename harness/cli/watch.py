@@ -19,6 +19,7 @@ from harness.outcome import TrialResult, VariantResult
 from harness.outputs import check_file, check_folder, sweep_dead_runs
 from harness.runner import RunHooks, RunResult
 from harness.cli.app import main
+from harness.cli.options import format_option, junit_option, out_option
 from harness.cli.output import _log, print_finding, err, out
 from harness.cli.runs import stop_on_sigterm, write_and_show
 
@@ -36,15 +37,11 @@ from harness.cli.runs import stop_on_sigterm, write_and_show
               default="auto", show_default=True,
               help="What to capture with: PyTorch's dispatcher and trace callbacks, CuPy's "
                    "hooks, or each that the program's interpreter can import.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
-              default=Path("gpurace-reports"), show_default=True,
-              help="Folder for the run: run.json, the incidents, each run's events, op trace "
-                   "and output.")
-@click.option("--junit", type=click.Path(dir_okay=False, path_type=Path),
-              help="Also write the run as JUnit XML here.")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
-              show_default=True, help="json: the run document on stdout (the program's own "
-                                      "output then goes to stderr).")
+@out_option("Folder for the run: run.json, the incidents, each run's events, op trace and "
+            "output.")
+@junit_option("Also write the run as JUnit XML here.")
+@format_option("json: the run document on stdout (the program's own output then goes to "
+               "stderr).")
 @click.option("--amplify", "amplify", multiple=True, metavar="auto|FILE:LINE",
               help="Make the race show. auto: after the plain runs, run the program --trials "
                    "times for each racing pair they found, with a delay queued on the stream of "
