@@ -57,6 +57,7 @@ from harness.executor import TrialExecutor
 from harness.runner import choose_backend
 from harness.targets import SCENARIO_ROOT
 from harness.scenario import load_scenario
+from harness.speed.blocks import alternate
 
 _SPIN = r"""
 extern "C" __global__ void spin(long long ns) {
@@ -131,7 +132,7 @@ def measure(trials: int, variant: str, delay_us: float, block: int = 100) -> dic
         # What a run's worker does for scenarios it cannot reissue (host threads among them).
         worker_stepped = _worker(scenario, variant, backend, delay_us, True,
                                  Path(tmp) / "stepped", reissue=False)
-        (h, st, w, ws, b), manifested = _alternate([
+        (h, st, w, ws, b), manifested = alternate([
             lambda i: executor.run(i, i).outcome.manifested,
             lambda i: stepped.run(i, i).outcome.manifested,
             lambda i: worker.run(i, i)["outcome"] != "clean",
@@ -173,7 +174,7 @@ def measure_detector(backend: str, trials: int, variant: str, delay_us: float,
                        lambda i: bool(off_worker.run(i, i).get("findings"))),
         }
         for name, (on, off) in pairs.items():
-            (on_s, off_s), (found, _) = _alternate([on, off], trials, block)
+            (on_s, off_s), (found, _) = alternate([on, off], trials, block)
             out[name] = {"on_us": on_s * 1e6, "off_us": off_s * 1e6, "ratio": on_s / off_s,
                          "found": found}
     out["trials"] = max(1, trials // block) * block
@@ -188,29 +189,12 @@ def measure_timeline(trials: int, variant: str, delay_us: float,
         timed = _worker(scenario, variant, "cuda", delay_us, True, Path(tmp) / "on",
                         timeline=True)
         plain = _worker(scenario, variant, "cuda", delay_us, True, Path(tmp) / "off")
-        (on_s, off_s), (found, _) = _alternate(
+        (on_s, off_s), (found, _) = alternate(
             [lambda i: timed.run(i, i)["outcome"] != "clean",
              lambda i: plain.run(i, i)["outcome"] != "clean"], trials, block)
     return {"variant": variant, "delay_us": delay_us, "on_us": on_s * 1e6,
             "off_us": off_s * 1e6, "ratio": on_s / off_s, "manifested": found,
             "trials": max(1, trials // block) * block}
-
-
-def _alternate(kinds: list[Callable[[int], bool]], trials: int,
-               block: int) -> tuple[list[float], list[int]]:
-    """Blocks of trials of each kind (given a trial's index, whether it counts) in turn: the
-    median seconds a trial of each kind, and how many of each counted."""
-    seconds: list[list[float]] = [[] for _ in kinds]
-    counts = [0] * len(kinds)
-    index = 0
-    for _ in range(max(1, trials // block)):
-        for k, run in enumerate(kinds):
-            start = time.perf_counter()
-            for _ in range(block):
-                counts[k] += run(index)
-                index += 1
-            seconds[k].append((time.perf_counter() - start) / block)
-    return [statistics.median(times) for times in seconds], counts
 
 
 def measure_lanes(backend: str, target: str, variant: str, trials: int, gpus: str,

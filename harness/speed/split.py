@@ -13,13 +13,13 @@ worker keeps it, so reissued trials are measured on the simulated device too.
 
 from __future__ import annotations
 
-import statistics
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from harness.speed.blocks import alternate
 
 KINDS = ("executor alone", "+ op log, records", "+ op log, segments", "+ flight recorder",
          "+ race detector", "+ recorder and detector")
@@ -56,22 +56,14 @@ def split(scenario: Any, variant: str, backend: str, *, reissue: bool, trials: i
             for kind in kinds:  # past the capture: the trials a worker mostly runs
                 for index in range(10):
                     kind.run(index)
-            seconds: list[list[float]] = [[] for _ in kinds]
-            manifested = [0] * len(kinds)
-            index = 10
-            for _ in range(max(1, trials // block)):
-                for k, kind in enumerate(kinds):
-                    start = time.perf_counter()
-                    for _ in range(block):
-                        manifested[k] += kind.run(index)
-                        index += 1
-                    seconds[k].append((time.perf_counter() - start) / block)
+            seconds, manifested = alternate([kind.run for kind in kinds], trials, block,
+                                            first=10)
         finally:
             for kind in kinds:
                 kind.close()
         reissued = all(kind.executor.reissued for kind in kinds)
     return Split(scenario.name, variant, reissued, max(1, trials // block) * block,
-                 tuple(statistics.median(s) * 1e6 for s in seconds), tuple(manifested))
+                 tuple(s * 1e6 for s in seconds), tuple(manifested))
 
 
 def _kind(kind: int, scenario: Any, variant: str, backend: str, reissue: bool,
