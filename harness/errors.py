@@ -2,7 +2,21 @@
 
 from __future__ import annotations
 
-from harness.model import Location
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where something was written: file, 1-based line and column, and its path in the
+    document (``spec.steps[3].stream``). What an error about a file says first."""
+
+    file: str
+    line: int
+    column: int
+    path: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.column}: {self.path}"
 
 
 class HarnessError(Exception):

@@ -12,6 +12,9 @@ from functools import cached_property
 from pathlib import Path
 
 import kvcore
+# Where a scenario said something: the errors' record, kept here too for the code that reads
+# it from the model.
+from harness.errors import Location
 
 STREAM_KINDS = ("non-blocking", "blocking", "legacy")
 """What a declared stream can be: non-blocking (what engines create; no implicit ordering with
@@ -24,20 +27,6 @@ hang is no reproduction of a race; a scenario that means to hang says so)."""
 
 WORKLOAD_PHASES = ("churn", "prefill", "activate", "decode")
 """The phases of a workload's request, in the order they run; ``amplify.before`` names one."""
-
-
-@dataclass(frozen=True)
-class Location:
-    """Where something was written: file, 1-based line and column, and its path in the
-    document (``spec.steps[3].stream``)."""
-
-    file: str
-    line: int
-    column: int
-    path: str
-
-    def __str__(self) -> str:
-        return f"{self.file}:{self.line}:{self.column}: {self.path}"
 
 
 @dataclass(frozen=True)
