@@ -21,8 +21,15 @@ from typing import Any
 
 from harness.speed.blocks import alternate
 
-KINDS = ("executor alone", "+ op log, records", "+ op log, segments", "+ flight recorder",
-         "+ race detector", "+ recorder and detector")
+_SPECS = (  # (name, the op log's reader that does nothing, recorder, detector)
+    ("executor alone", None, False, False),
+    ("+ op log, records", "records", False, False),
+    ("+ op log, segments", "segments", False, False),
+    ("+ flight recorder", None, True, False),
+    ("+ race detector", None, False, True),
+    ("+ recorder and detector", None, True, True),
+)
+KINDS = tuple(spec[0] for spec in _SPECS)
 """What each measured kind adds to the executor: the last is what a run's worker attaches."""
 
 
@@ -50,8 +57,8 @@ def split(scenario: Any, variant: str, backend: str, *, reissue: bool, trials: i
     """Measure ``trials`` trials of each kind of ``scenario``'s ``variant`` (reissued from a
     captured program when ``reissue`` and the scenario allows it, else step by step)."""
     with tempfile.TemporaryDirectory(prefix="gpurace-split-") as tmp:
-        kinds = [_kind(k, scenario, variant, backend, reissue, delay_us, Path(tmp) / str(k))
-                 for k in range(len(KINDS))]
+        kinds = [_kind(spec, scenario, variant, backend, reissue, delay_us, Path(tmp) / str(k))
+                 for k, spec in enumerate(_SPECS)]
         try:
             for kind in kinds:  # past the capture: the trials a worker mostly runs
                 for index in range(10):
@@ -66,22 +73,21 @@ def split(scenario: Any, variant: str, backend: str, *, reissue: bool, trials: i
                  tuple(s * 1e6 for s in seconds), tuple(manifested))
 
 
-def _kind(kind: int, scenario: Any, variant: str, backend: str, reissue: bool,
-          delay_us: float, folder: Path) -> _Kind:
+def _kind(spec: tuple[str, str | None, bool, bool], scenario: Any, variant: str, backend: str,
+          reissue: bool, delay_us: float, folder: Path) -> _Kind:
     """A trial function of one kind (whether the trial went wrong), its executor, and what
     ends it."""
     from harness.detector import RaceDetector
     from harness.executor import TrialExecutor
     from harness.traces.flight import FlightRecorder
 
-    recorder = FlightRecorder(folder) if kind in (3, 5) else None
-    detector = RaceDetector() if kind in (4, 5) else None
+    _, reader, recording, detecting = spec
+    recorder = FlightRecorder(folder) if recording else None
+    detector = RaceDetector() if detecting else None
 
     def on_device(device: Any) -> None:
-        if kind == 1:
-            device.oplog.subscribe(_nothing)
-        elif kind == 2:
-            device.oplog.subscribe(_nothing, segments=_nothing)
+        if reader is not None:
+            device.oplog.subscribe(_nothing, segments=_nothing if reader == "segments" else None)
         if recorder is not None:
             recorder.attach(device)
         if detector is not None:
