@@ -55,8 +55,8 @@ import kvcore
 from harness.detector import RaceDetector
 from harness.executor import TrialExecutor
 from harness.runner import choose_backend
-from harness.targets import SCENARIO_ROOT
-from harness.scenario import load_scenario
+from harness.lang.targets import SCENARIO_ROOT
+from harness.lang.scenario import load_scenario
 from harness.speed.blocks import alternate
 
 _SPIN = r"""
@@ -203,7 +203,7 @@ def measure_lanes(backend: str, target: str, variant: str, trials: int, gpus: st
     ``gpus`` lanes, alternating, ``rounds`` times each: trials a second (median of the rounds)
     and, where workers died, the restart times (worker death to the next hand-over)."""
     from harness.runner import RunOptions, Runner
-    from harness.targets import resolve_targets
+    from harness.lang.targets import resolve_targets
 
     scenarios = resolve_targets([target], ())
     walls: dict[str, list[float]] = {"one": [], "many": []}
@@ -342,7 +342,7 @@ def measure_profile(backend: str, trials: int, variant: str, delay_us: float,
                     target: str = "cross-stream-race") -> dict[str, Any]:
     """Where a trial's host time goes: a run's worker, and the executor step by step."""
     from harness.speed.profile import profile
-    from harness.targets import resolve_targets
+    from harness.lang.targets import resolve_targets
 
     [scenario] = resolve_targets([target], ())
     stepped = TrialExecutor(scenario, scenario.variant(variant), backend, amplify=delay_us > 0,
@@ -388,7 +388,7 @@ def _profile_main(args: argparse.Namespace) -> int:
 
 def _split_main(args: argparse.Namespace) -> int:
     from harness.speed.split import split
-    from harness.targets import resolve_targets
+    from harness.lang.targets import resolve_targets
 
     [scenario] = resolve_targets([args.scenario or "cross-stream-race"], ())
     rows = _each_point(args, lambda v, d: [split(scenario, v, args.backend, reissue=r,

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import kvcore
 from harness.errors import TargetError
 from harness.executor import TrialExecutor, sections
-from harness.model import Scenario, Variant
+from harness.lang.model import Scenario, Variant
 from harness.outcome import Outcome, TrialResult
 from kvcore.device.schedule import Schedule
 

@@ -14,8 +14,8 @@ from typing import Any
 
 from harness.errors import TraceError
 from harness.traces.optrace import load_trace
-from harness.model import Scenario, Variant
-from harness.targets import shown_target
+from harness.lang.model import Scenario, Variant
+from harness.lang.targets import shown_target
 from harness.outcome import TrialResult
 
 LAST_OPS = 300

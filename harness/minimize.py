@@ -30,7 +30,7 @@ import yaml
 
 import kvcore
 from harness import batching
-from harness import vocabulary as V
+from harness.lang import vocabulary as V
 from harness.detector import RaceDetector, check_trace
 from harness.errors import ScenarioError, TargetError, TraceError
 from harness.executor import TrialExecutor, pool_for
@@ -42,12 +42,12 @@ from harness.limits import (
     SEED_MAX,
     TEXT_MAX_CHARS,
 )
-from harness.model import Amplify, PoolSpec, Scenario, Step, Variant, Workload
+from harness.lang.model import Amplify, PoolSpec, Scenario, Step, Variant, Workload
 from harness.traces.optrace import is_op_trace, load_trace
 from harness.outcome import Outcome
 from harness.replay import replay_scenario
 from harness.inputs import Unreadable, clip, echo, plain, read_input, show_path
-from harness.scenario import is_file, load_scenario
+from harness.lang.scenario import is_file, load_scenario
 from harness.traces.jsonl import column_of
 from harness.traces.ticket import Request, Ticket, load_ticket, write_ticket
 from reports import load_report, write_atomic

@@ -27,10 +27,10 @@ from typing import Any
 import pytest
 
 from harness.errors import BackendUnavailable, ScenarioError
-from harness.model import Scenario, Suite
+from harness.lang.model import Scenario, Suite
 from harness.outcome import Status, VariantResult
 from harness.runner import Runner, RunOptions
-from harness.scenario import load_document
+from harness.lang.scenario import load_document
 
 SUFFIX = ".gpurace.yaml"
 

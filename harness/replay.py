@@ -11,7 +11,7 @@ from pathlib import Path
 
 import kvcore
 from harness.executor import pool_for
-from harness.model import Amplify, Scenario, Variant, Workload
+from harness.lang.model import Amplify, Scenario, Variant, Workload
 from harness.traces.ticket import load_ticket
 
 REPLAY_DELAY_US = 1000.0

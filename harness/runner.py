@@ -33,7 +33,7 @@ from harness.errors import BackendUnavailable, HarnessError, TargetError
 from harness.traces.flight import CURRENT, cut_torn_tail, trace_path
 from harness.traces.optrace import plain_file
 from harness.incidents import build_report, reproduce_argv
-from harness.model import Scenario, Variant
+from harness.lang.model import Scenario, Variant
 from harness.outputs import RunFolder
 from harness.outcome import Outcome, Status, TrialResult, VariantResult
 from harness.gpu.probe import cuda_state, cuda_usable, gpu_uuids

@@ -31,7 +31,7 @@ from harness.faults.writes import reason
 class WorkerJob:
     """What a worker is to do: trials of one scenario variant, handed to it once it is ready."""
 
-    scenario: Any  # harness.model.Scenario, pickled whole: a replay's scenario has no file
+    scenario: Any  # harness.lang.model.Scenario, pickled whole: a replay's scenario has no file
     variant: str
     backend: str
     parent_pid: int

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from harness import batching
 from harness.cli import main
 from harness.minimize import steps_for
-from harness.targets import SCENARIO_ROOT
+from harness.lang.targets import SCENARIO_ROOT
 from harness.traces.ticket import Request, Ticket, TicketHeader, load_ticket
 
 TICKET = SCENARIO_ROOT / "tickets" / "ninfer-210.jsonl"

@@ -16,7 +16,7 @@ from harness.cli import main
 from harness.detector import Finding, RaceDetector, check_trace
 from harness.traces.flight import FlightRecorder
 from harness.traces.optrace import load_trace
-from harness.targets import SCENARIO_ROOT
+from harness.lang.targets import SCENARIO_ROOT
 from kvcore.device.kernels import Fill, Verify
 from seed_port import page_release_race
 

@@ -9,7 +9,7 @@ import pytest
 
 from harness.errors import ScenarioError
 from harness.runner import Runner, RunOptions
-from harness.scenario import load_scenario
+from harness.lang.scenario import load_scenario
 
 HEAD = """\
 apiVersion: gpurace/v1

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from harness.cli import main
 from harness.explore import Strategy, explore
-from harness.targets import resolve_targets
+from harness.lang.targets import resolve_targets
 from kvcore.device.schedule import Schedule
 
 
@@ -81,7 +81,7 @@ def test_a_schedule_met_in_many_runs_is_listed_once_with_its_count() -> None:
 
 def test_a_built_in_scenario_of_an_installed_gpurace_is_named_by_its_name(monkeypatch,
                                                                          tmp_path) -> None:
-    from harness import targets
+    from harness.lang import targets
     installed = tmp_path / "site-packages" / "gpurace_scenarios"
     installed.mkdir(parents=True)
     (installed / "release_fence.yaml").write_text("")

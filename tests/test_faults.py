@@ -157,7 +157,7 @@ def test_a_run_whose_folder_is_removed_ends_with_what_it_knows(tmp_path, monkeyp
     from harness.cli.runs import write_and_show
     from harness.faults.writes import FOLDER_GONE
     from harness.runner import ExitCode, RunHooks, Runner, RunOptions
-    from harness.targets import resolve_targets
+    from harness.lang.targets import resolve_targets
 
     class RemoveAfter(RunHooks):  # a cleanup job, 30 trials in
         seen = 0
@@ -243,7 +243,7 @@ def test_a_trace_the_disk_will_not_take_is_dropped_and_the_next_trial_tries_agai
 
 def test_a_worker_whose_log_cannot_be_made_runs_its_trials(tmp_path):
     from harness.runner import ExitCode, RunHooks, Runner, RunOptions
-    from harness.targets import resolve_targets
+    from harness.lang.targets import resolve_targets
 
     class LogIsAFolder(RunHooks):  # where the first worker's log goes, a folder: EISDIR
         def variant_started(self, result, trials):
@@ -264,7 +264,7 @@ def test_run_json_goes_where_it_can_and_says_so(tmp_path, monkeypatch, capsys):
     from harness.cli.runs import write_and_show
     from harness.faults.writes import FOLDER_GONE
     from harness.runner import ExitCode, Runner, RunOptions
-    from harness.targets import resolve_targets
+    from harness.lang.targets import resolve_targets
 
     result = Runner(RunOptions(backend="sim", trials=3, out_dir=tmp_path / "out")).run(
         resolve_targets(("release-fence",), ()))

@@ -15,8 +15,8 @@ from click.testing import CliRunner
 
 from harness.cli import main
 from harness.errors import ScenarioError
-from harness.scenario import load_scenario
-from harness.targets import SCENARIO_ROOT
+from harness.lang.scenario import load_scenario
+from harness.lang.targets import SCENARIO_ROOT
 from test_capture import BASE, S1, S2, _alloc, _findings, _op, _streams
 
 S3 = 0x33

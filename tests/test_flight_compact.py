@@ -16,7 +16,7 @@ from harness import limits as L
 from harness.detector import RaceDetector, check_trace
 from harness.errors import TraceError
 from harness.executor import TrialExecutor
-from harness.scenario import load_scenario
+from harness.lang.scenario import load_scenario
 from harness.traces.flight import CURRENT, FlightRecorder, cut_torn_tail
 from harness.traces.optrace import load_trace, plain, plain_file
 from tests.test_reissue import CASES

@@ -10,7 +10,7 @@ import pytest
 from harness.errors import ScenarioError
 from harness.executor import TrialExecutor
 from harness.runner import Runner, RunOptions
-from harness.scenario import load_scenario
+from harness.lang.scenario import load_scenario
 from kvcore.device import open_device
 from kvcore.device.kernels import Delay
 from kvcore.errors import DeviceUsageError
@@ -501,7 +501,7 @@ def test_the_loader_follows_a_captures_forks_and_joins(tmp_path):
 
 def test_every_op_is_capturable_or_says_why_not():
     """The loader's word for a step inside a capture: a graph holds it, or it says why not."""
-    from harness import vocabulary as V
+    from harness.lang import vocabulary as V
 
     for op in V.OPS:
         if op != "graph_end":

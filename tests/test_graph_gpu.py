@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from harness.executor import TrialExecutor
-from harness.scenario import load_scenario
+from harness.lang.scenario import load_scenario
 from kvcore.device import open_device
 from kvcore.device.kernels import Delay
 from test_graph import CAPTURED, FORKED, HEAD, WRONG_STREAM

@@ -21,7 +21,7 @@ from harness.cli import main
 from harness.outcome import Outcome, TrialResult, VariantResult
 from harness.outputs import RunFolder, sweep_dead_runs
 from harness.runner import Runner, RunOptions
-from harness.targets import SCENARIO_ROOT, resolve_targets
+from harness.lang.targets import SCENARIO_ROOT, resolve_targets
 from programs import hang_file
 from reports import ReportError, write_atomic
 

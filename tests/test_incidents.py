@@ -19,7 +19,7 @@ from click.testing import CliRunner
 import harness.runner
 from harness.cli import main
 from harness.gpu.nvml import XidEvent
-from harness.targets import SCENARIO_ROOT
+from harness.lang.targets import SCENARIO_ROOT
 from harness.gpu.watch import FatalXid, GpuWatch, TrialXids
 from harness.outputs import sweep_dead_runs
 from reports import list_incidents, load_report

@@ -25,10 +25,10 @@ from harness.detector import HISTORY_MAX_BLOCKS, _Owners, check_trace, history_b
 from harness.errors import HarnessError, ScenarioError, TraceError
 from harness.executor import TrialExecutor
 from harness.inputs import Unreadable, echo, read_input
-from harness.scenario import load_document, load_scenario
+from harness.lang.scenario import load_document, load_scenario
 from harness.traces.optrace import is_op_trace, load_trace
 from harness.traces.ticket import load_ticket
-from harness.yamlnodes import open_yaml
+from harness.lang.yamlnodes import open_yaml
 
 REPO = Path(__file__).resolve().parent.parent
 CORPUS = Path(__file__).resolve().parent / "corpus"

@@ -36,14 +36,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import kvcore
-from harness import vocabulary as V
+from harness.lang import vocabulary as V
 from harness.cli import main
 from harness.detector import check_trace
 from harness.errors import ScenarioError, TargetError, TraceError
 from harness.executor import TrialExecutor
-from harness.model import Scenario
+from harness.lang.model import Scenario
 from harness.replay import replay_scenario
-from harness.scenario import load_document, load_scenario, load_suite
+from harness.lang.scenario import load_document, load_scenario, load_suite
 from harness.traces.flight import FlightRecorder
 from harness.traces.optrace import load_trace
 from harness.traces.ticket import load_ticket

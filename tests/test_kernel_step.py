@@ -12,7 +12,7 @@ from harness.detector import check_trace
 from harness.errors import ScenarioError
 from harness.minimize import _closure
 from harness.runner import Runner, RunOptions
-from harness.scenario import load_scenario
+from harness.lang.scenario import load_scenario
 from harness.traces.optrace import load_trace
 
 HEAD = """\

@@ -16,7 +16,7 @@ from harness.detector import Finding, RaceDetector
 from harness.errors import ScenarioError
 from harness.executor import TrialExecutor
 from harness.outcome import Outcome
-from harness.scenario import load_scenario
+from harness.lang.scenario import load_scenario
 from kvcore.device.kernels import Delay, Fill
 
 # Line numbers, for reference: 6 streams, 8-9 variants, 11-18 the steps.
@@ -496,7 +496,7 @@ def test_offline_check_names_owners_as_the_online_detector_does(tmp_path: Path) 
 
 
 def test_gpurace_steps_lists_the_whole_vocabulary() -> None:
-    from harness.vocabulary import OPS
+    from harness.lang.vocabulary import OPS
 
     result = CliRunner().invoke(main, ["steps", "--format", "json"])
     assert result.exit_code == 0
@@ -543,7 +543,7 @@ def test_a_poisoned_world_that_serves_many_trials_scrubs_after_the_poison(tmp_pa
     the trial on the GPU writes the same pages, so it waits for the poison first: the fixed
     variant stays race-free however many trials its world serves (shown on sim)."""
     from harness.executor import World, _Steps
-    from harness.targets import SCENARIO_ROOT
+    from harness.lang.targets import SCENARIO_ROOT
 
     scenario = load_scenario(SCENARIO_ROOT / "release_fence.yaml")
     variant = scenario.variant("fixed")

@@ -11,8 +11,8 @@ from click.testing import CliRunner
 
 from harness.cli import main
 from harness.minimize import ddmin
-from harness.targets import SCENARIO_ROOT
-from harness.scenario import load_scenario
+from harness.lang.targets import SCENARIO_ROOT
+from harness.lang.scenario import load_scenario
 
 TICKET = str(SCENARIO_ROOT / "tickets" / "ninfer-210.jsonl")
 

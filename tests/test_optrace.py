@@ -18,8 +18,8 @@ from harness.cli import main
 from harness.errors import TraceError
 from harness.traces.flight import cut_torn_tail
 from harness.traces.optrace import TRACE_SCHEMA, load_trace
-from harness.targets import SCENARIO_ROOT
-from harness.scenario import load_scenario
+from harness.lang.targets import SCENARIO_ROOT
+from harness.lang.scenario import load_scenario
 
 HEADER = {"type": "header", "schema": TRACE_SCHEMA, "level": "ops", "scenario": "t",
           "trial": 0, "seed": 7}
@@ -231,7 +231,7 @@ def test_a_killed_workers_trace_is_its_whole_lines(tmp_path: Path) -> None:
     longer than its lines: the incident's trace is those lines, no zeros, and loads strictly,
     its last op the kernel that never ends (flushed before the wait on it)."""
     from harness.runner import RunOptions, Runner
-    from harness.targets import resolve_targets
+    from harness.lang.targets import resolve_targets
     from programs import hang_file
 
     runner = Runner(RunOptions(backend="sim", timeout_s=1.5, out_dir=tmp_path))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.targets import SCENARIO_ROOT
+from harness.lang.targets import SCENARIO_ROOT
 
 pytest_plugins = ["pytester"]
 

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from harness.cli import main
 from harness.runner import RunOptions, Runner
-from harness.targets import resolve_targets
+from harness.lang.targets import resolve_targets
 from programs import hang_file
 
 pytest.importorskip("ray")

@@ -11,10 +11,10 @@ import pytest
 import kvcore
 from conftest import make_device
 from harness.executor import TrialExecutor, reissuable
-from harness.model import PlaneSpec, PoolSpec
+from harness.lang.model import PlaneSpec, PoolSpec
 from harness.outcome import Outcome, TrialResult
-from harness.scenario import load_scenario
-from harness.targets import SCENARIO_ROOT, resolve_targets
+from harness.lang.scenario import load_scenario
+from harness.lang.targets import SCENARIO_ROOT, resolve_targets
 from kvcore.device.kernels import Fill
 from kvcore.device.oplog import OpRecord, OpRecorder
 
@@ -364,7 +364,7 @@ def test_the_scrub_rides_only_on_the_last_read_of_the_pool() -> None:
     """The check whose wait may cover the trial's scrub: the last to read the pool, on the
     scenario's own thread, with only checks of buffers after it."""
     from harness.executor import _last_pool_read
-    from harness.model import Step
+    from harness.lang.model import Step
 
     def check(thread: str | None = None, **args: object) -> Step:
         return Step("check", dict(args), thread=thread)

@@ -7,7 +7,7 @@ import pytest
 
 from harness.executor import TrialExecutor
 from harness.outcome import Outcome
-from harness.targets import SCENARIO_ROOT
+from harness.lang.targets import SCENARIO_ROOT
 from test_reissue import recorded_trials, without_stamps
 
 pytestmark = pytest.mark.gpu

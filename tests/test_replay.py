@@ -13,7 +13,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from harness.cli import main
-from harness.targets import SCENARIO_ROOT
+from harness.lang.targets import SCENARIO_ROOT
 from reports import load_report
 
 REPO = Path(__file__).resolve().parents[1]
@@ -107,7 +107,7 @@ def test_a_replays_summary_is_titled_as_a_replay(tmp_path) -> None:
     from click.testing import CliRunner
 
     from harness.cli import main
-    from harness.targets import SCENARIO_ROOT
+    from harness.lang.targets import SCENARIO_ROOT
     result = CliRunner().invoke(main, ["replay", str(SCENARIO_ROOT / "tickets" /
                                                      "ninfer-210.jsonl"), "--backend", "sim",
                                        "--out", str(tmp_path)])

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from harness.cli import main
-from harness.targets import SCENARIO_ROOT
+from harness.lang.targets import SCENARIO_ROOT
 
 pytestmark = pytest.mark.gpu
 

@@ -15,7 +15,7 @@ from harness.capture.events import iter_file
 from harness.capture.reproducer import reproducer
 from harness.cli import main
 from harness.errors import TraceError
-from harness.scenario import load_scenario
+from harness.lang.scenario import load_scenario
 from harness.traces.optrace import load_trace
 
 ROOT = Path(__file__).resolve().parent.parent

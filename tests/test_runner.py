@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from harness.cli import main
 from harness.runner import RunOptions, Runner
-from harness.targets import SCENARIO_ROOT, resolve_targets
+from harness.lang.targets import SCENARIO_ROOT, resolve_targets
 
 ALL = [str(SCENARIO_ROOT / n) for n in
        ("release_fence.yaml", "cross_stream_race.yaml", "catalog_reactivation.yaml")]

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from harness.cli import main
-from harness.targets import SCENARIO_ROOT
+from harness.lang.targets import SCENARIO_ROOT
 
 pytestmark = pytest.mark.gpu
 
@@ -92,7 +92,7 @@ _PARENT = """
 import json, sys
 from pathlib import Path
 from harness.runner import Runner, RunOptions
-from harness.targets import resolve_targets
+from harness.lang.targets import resolve_targets
 
 if __name__ == "__main__":
     runner = Runner(RunOptions(backend="cuda", dangerous=True, trials=3, variants=("buggy",),

@@ -9,9 +9,9 @@ import pytest
 
 import kvcore
 from harness.errors import ScenarioError
-from harness.model import Amplify, Location, Scenario, Suite, Workload
-from harness.scenario import load_document, load_scenario, load_suite
-from harness.vocabulary import OPS, REFERENCES, holds
+from harness.lang.model import Amplify, Location, Scenario, Suite, Workload
+from harness.lang.scenario import load_document, load_scenario, load_suite
+from harness.lang.vocabulary import OPS, REFERENCES, holds
 
 REPO = Path(__file__).resolve().parent.parent
 SCENARIOS = REPO / "scenarios"

@@ -16,7 +16,7 @@ import yaml
 from click.testing import CliRunner
 
 from harness import schemas
-from harness import vocabulary as V
+from harness.lang import vocabulary as V
 from harness.cli import main
 from harness.schemas import build
 
@@ -82,8 +82,8 @@ def test_load_says_which_schemas_there_are() -> None:
 
 
 def test_the_step_schema_is_the_vocabulary() -> None:
-    """Every op of harness.vocabulary, each with exactly its keys: a step with the required keys
-    validates; without one, or with a key the op does not take, it is refused."""
+    """Every op of harness.lang.vocabulary, each with exactly its keys: a step with the required
+    keys validates; without one, or with a key the op does not take, it is refused."""
     defs = schemas.load("scenario")["$defs"]
     assert defs["step"]["properties"]["op"]["enum"] == list(V.OPS)
     samples = {"count": 1, "index": 0, "pages": [0, 1], "byte": 0xAB, "duration": 5.0,

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from harness.cli import main
 from harness.outcome import Outcome, TrialResult, VariantResult
 from harness.rates import wilson
-from harness.targets import SCENARIO_ROOT
+from harness.lang.targets import SCENARIO_ROOT
 from reports import percent_interval, render_junit
 
 TARGETS = ("smoke", str(SCENARIO_ROOT / "zoo" / "cudf_22284.yaml"),
@@ -91,7 +91,7 @@ def test_shards_partition_the_trials_and_keep_their_seeds(tmp_path: Path) -> Non
     """Every (scenario, variant, trial index, seed) of one run is made by exactly one shard,
     with the seed the whole run gives it."""
     from harness.runner import RunHooks, RunOptions, Runner
-    from harness.targets import resolve_targets
+    from harness.lang.targets import resolve_targets
 
     class Made(RunHooks):
         def __init__(self) -> None:

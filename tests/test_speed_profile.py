@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from harness.bench import _worker
-from harness.scenario import load_scenario
+from harness.lang.scenario import load_scenario
 from harness.speed.profile import OTHER, _by_part, part_of, profile
-from harness.targets import SCENARIO_ROOT
+from harness.lang.targets import SCENARIO_ROOT
 
 
 @pytest.mark.parametrize("path, part", [

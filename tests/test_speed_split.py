@@ -8,9 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness.scenario import load_scenario
+from harness.lang.scenario import load_scenario
 from harness.speed.split import KINDS, split
-from harness.targets import SCENARIO_ROOT
+from harness.lang.targets import SCENARIO_ROOT
 
 REPO = Path(__file__).resolve().parents[1]
 SCENARIO = load_scenario(SCENARIO_ROOT / "cross_stream_race.yaml")

@@ -243,7 +243,7 @@ def test_kernel_steps_in_a_scenario(tmp_path) -> None:
     """kv_write and attention as steps: attention of the owner's bytes counts nothing; a check
     that finds kv_write's bytes says whose table row wrote them."""
     from harness.executor import TrialExecutor
-    from harness.scenario import load_scenario
+    from harness.lang.scenario import load_scenario
 
     text = """\
 apiVersion: gpurace/v1
@@ -295,7 +295,7 @@ def test_stale_indices_make_kv_write_scatter_into_another_requests_page(
     from click.testing import CliRunner
 
     from harness.cli import main
-    from harness.targets import SCENARIO_ROOT
+    from harness.lang.targets import SCENARIO_ROOT
 
     def run(*args: str) -> dict[str, dict]:
         result = CliRunner().invoke(main, [
@@ -319,7 +319,7 @@ def test_stale_indices_make_kv_write_scatter_into_another_requests_page(
 
 def test_release_catalog_gives_its_pages_and_rows_back(tmp_path) -> None:
     from harness.errors import ScenarioError
-    from harness.scenario import load_scenario
+    from harness.lang.scenario import load_scenario
 
     head = """\
 apiVersion: gpurace/v1
@@ -361,7 +361,7 @@ def test_a_kernel_reads_pinned_memory_in_place(backend: str, request, tmp_path) 
     synchronize before the rewrite, keeps it clean, and the detector agrees."""
     from harness.detector import RaceDetector
     from harness.executor import TrialExecutor
-    from harness.scenario import load_scenario
+    from harness.lang.scenario import load_scenario
 
     path = tmp_path / "zero_copy.yaml"
     path.write_text("""\
@@ -416,7 +416,7 @@ def test_page_list_steps_run_and_say_whose_bytes(tmp_path) -> None:
     """scatter, gather and kv_write through a page list as steps; a check that finds the
     kv_write's bytes names the page list."""
     from harness.executor import TrialExecutor
-    from harness.scenario import load_scenario
+    from harness.lang.scenario import load_scenario
 
     path = tmp_path / "lists.yaml"
     path.write_text(PAGE_LIST)
@@ -440,7 +440,7 @@ def test_page_list_steps_run_and_say_whose_bytes(tmp_path) -> None:
 def test_page_list_mistakes_are_refused_at_the_step(tmp_path, old: str, new: str,
                                                      says: str) -> None:
     from harness.errors import ScenarioError
-    from harness.scenario import load_scenario
+    from harness.lang.scenario import load_scenario
 
     assert old in PAGE_LIST
     path = tmp_path / "lists.yaml"

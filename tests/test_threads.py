@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from harness.cli import main
 from harness.errors import ScenarioError
 from harness.explore import Strategy, explore
-from harness.scenario import load_scenario
+from harness.lang.scenario import load_scenario
 from kvcore.device.schedule import Schedule
 
 HEAD = """\

@@ -12,8 +12,8 @@ from types import SimpleNamespace
 import pytest
 
 from harness.runner import RunOptions, Runner
-from harness.scenario import load_scenario
-from harness.targets import SCENARIO_ROOT, resolve_targets
+from harness.lang.scenario import load_scenario
+from harness.lang.targets import SCENARIO_ROOT, resolve_targets
 from harness.worker import WorkerJob
 from harness.workers import WorkerSupply
 from programs import hang_file
@@ -460,7 +460,7 @@ def test_a_worker_keeps_only_the_traces_the_parent_can_use(tmp_path: Path,
     """Every unamplified trial of cross_stream_race's buggy variant races: the worker keeps
     the traces of its first ``traces_kept`` (the parent's incidents need no more), and with
     --record every trace."""
-    from harness.targets import SCENARIO_ROOT
+    from harness.lang.targets import SCENARIO_ROOT
     from harness.worker import TrialRunner
 
     scenario = load_scenario(SCENARIO_ROOT / "cross_stream_race.yaml")

@@ -14,8 +14,8 @@ from click.testing import CliRunner
 
 from harness.cli import main
 from harness.explore import Strategy, explore
-from harness.targets import SCENARIO_ROOT
-from harness.scenario import load_scenario, load_suite
+from harness.lang.targets import SCENARIO_ROOT
+from harness.lang.scenario import load_scenario, load_suite
 
 ZOO = sorted((SCENARIO_ROOT / "zoo").glob("*.yaml"))
 NAMES = [p.stem for p in ZOO]

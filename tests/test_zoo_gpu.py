@@ -12,8 +12,8 @@ import pytest
 from click.testing import CliRunner
 
 from harness.cli import main
-from harness.targets import SCENARIO_ROOT
-from harness.scenario import load_scenario
+from harness.lang.targets import SCENARIO_ROOT
+from harness.lang.scenario import load_scenario
 
 pytestmark = pytest.mark.gpu
 

@@ -15,10 +15,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from harness.errors import TargetError
-from harness import schemas, vocabulary
-from harness.model import Scenario, Suite
+from harness import schemas
+from harness.lang import vocabulary
+from harness.lang.model import Scenario, Suite
 from harness.runner import ExitCode
-from harness.targets import catalog
+from harness.lang.targets import catalog
 from harness.cli.app import main
 from harness.cli.options import PATH_OPTION, format_option
 from harness.cli.output import _echo, err, out

@@ -13,7 +13,7 @@ import click
 from rich.markup import escape
 
 from harness.explore import Strategy, explore
-from harness.targets import resolve_targets, shown_target
+from harness.lang.targets import resolve_targets, shown_target
 from harness.cli.app import main
 from harness.cli.options import format_option
 from harness.cli.output import _echo, out

@@ -79,7 +79,7 @@ def _check_reproducer(path: Path, trials: int = 5) -> None:
     it does not do what it was written for."""
     from harness.minimize import HowRun, sim_trial
     from harness.outcome import Outcome
-    from harness.scenario import load_scenario
+    from harness.lang.scenario import load_scenario
 
     scenario = load_scenario(path)
     variants = {v.name: v for v in scenario.variants}

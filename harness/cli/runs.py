@@ -22,7 +22,7 @@ from harness.errors import GpuBusyError, ScenarioError
 from harness.limits import TRIALS_MAX
 from harness.merge import merge_runs
 from harness.replay import replay_scenario
-from harness.model import Scenario
+from harness.lang.model import Scenario
 from harness.gpu.probe import other_gpu_users
 from harness.outcome import Status, TrialResult, VariantResult
 from reports import render_junit, write_atomic
@@ -30,7 +30,7 @@ from harness.faults.writes import FOLDER_GONE, WriteFaults, fallback_folder
 from harness.outputs import check_file, check_folder, sweep_dead_runs
 from reports.window import Window, plot_png, render_terminal, sweep_window, trace_gaps
 from harness.runner import Interrupted, RunHooks, RunOptions, RunResult, Runner
-from harness.targets import resolve_targets
+from harness.lang.targets import resolve_targets
 from harness.cli.app import main
 from harness.cli.options import (PATH_OPTION, format_option, junit_option, run_options,
                                  shared_run_options)

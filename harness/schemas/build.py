@@ -1,8 +1,8 @@
 """Build gpurace's JSON Schemas (draft 2020-12) from the code that writes and reads each document.
 
 Every schema is made here, from the definitions it describes: the step vocabulary
-(:mod:`harness.vocabulary`), the bounds (:mod:`harness.limits`), the scenario model's choices
-(:mod:`harness.model`), kvcore's dtypes, defects and op kinds, and the producers' enums. The
+(:mod:`harness.lang.vocabulary`), the bounds (:mod:`harness.limits`), the scenario model's choices
+(:mod:`harness.lang.model`), kvcore's dtypes, defects and op kinds, and the producers' enums. The
 files beside this module are what :func:`schemas` returns, written by ``python -m
 harness.schemas.build``; tests/test_schemas.py checks that the committed files equal what this
 module builds, so a new step op, key, bound or outcome cannot leave a schema behind.
@@ -21,14 +21,14 @@ from typing import Any
 
 import kvcore
 from harness import limits as L
-from harness import vocabulary as V
+from harness.lang import vocabulary as V
 from harness.cli.catalog import LIST_SCHEMA
 from harness.cli.traces import CHECK_SCHEMA
 from harness.explore import StopReason, Strategy
-from harness.model import EXPECTATIONS, STREAM_KINDS, WORKLOAD_PHASES
+from harness.lang.model import EXPECTATIONS, STREAM_KINDS, WORKLOAD_PHASES
 from harness.outcome import Outcome, Status
 from harness.runner import RUN_SCHEMA, ExitCode
-from harness.scenario import API_VERSION, KINDS, WORKLOAD_KINDS
+from harness.lang.scenario import API_VERSION, KINDS, WORKLOAD_KINDS
 from harness.traces.optrace import TRACE_SCHEMA
 from harness.traces.ticket import KV_DTYPES, TICKET_SCHEMA
 from harness.gpu.xid import APPLICATION, GPU_FATAL
@@ -45,7 +45,7 @@ EXPLORE_SCHEMA = "gpurace.explore/1"
 """What `gpurace explore --format json` writes as its ``schema`` (harness.cli.explore)."""
 
 NAME_REGEX = "^[a-z0-9][a-z0-9_-]*$"
-"""harness.yamlnodes.NAME_PATTERN and harness.traces.ticket.NAME_PATTERN, matched whole."""
+"""harness.lang.yamlnodes.NAME_PATTERN and harness.traces.ticket.NAME_PATTERN, matched whole."""
 
 INFINITY_AS_BOUND = 1.7976931348623157e308
 """The largest finite float: a number at least this large is YAML's ``.inf``, which JSON cannot
@@ -583,7 +583,8 @@ def explore_schema() -> Schema:
 # ---- scenario files ----------------------------------------------------------------------------
 
 def _value(op: str, key: str) -> Schema:
-    """What a step key holds (harness.vocabulary), bounded as harness.steplist bounds it."""
+    """What a step key holds (harness.lang.vocabulary), bounded as harness.lang.steplist bounds
+    it."""
     holds = V.holds(op, key)
     in_bytes = key in ("offset", "length")
     limit = L.WORLD_MAX_BYTES if in_bytes else L.POOL_MAX_PAGES
@@ -735,7 +736,7 @@ def scenario_schema() -> Schema:
     return document(
         "gpurace scenario or suite", f"A scenario or suite file (apiVersion {API_VERSION}), for "
         "editors: put `# yaml-language-server: $schema=PATH/scenario.schema.json` on its first "
-        "line. The step ops and their keys are harness.vocabulary's, the bounds "
+        "line. The step ops and their keys are harness.lang.vocabulary's, the bounds "
         "harness.limits'. What a schema cannot see (a name used before a step defines it, in "
         "some variant; the pool's bytes) `gpurace run` checks, at its file:line:col.",
         body, _scenario_defs())

@@ -33,7 +33,7 @@ from typing import Any
 
 from harness import batching
 from harness import limits as L
-from harness.footprint import Footprint
+from harness.lang.footprint import Footprint
 from harness.inputs import clip, echo, plain
 from harness.traces.jsonl import LineParser, line_error, read_text, show
 # The records, here as before for the code that imports them from this module.

@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from harness import limits as L
-from harness import vocabulary as V
-from harness.footprint import Footprint
+from harness.lang import vocabulary as V
+from harness.lang.footprint import Footprint
 from harness.inputs import echo
-from harness.model import STREAM_ALIASES, Location, StreamSpec, Step
-from harness.yamlnodes import Fields, Reader, suggest
+from harness.lang.model import STREAM_ALIASES, Location, StreamSpec, Step
+from harness.lang.yamlnodes import Fields, Reader, suggest
 from kvcore.device.kernels import TABLE_ENTRY_BYTES
 
 _PLURAL = {"lease": "leases", "catalog": "catalogs", "buffer": "buffers", "event": "events",

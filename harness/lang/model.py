@@ -1,6 +1,6 @@
 """The scenario model: what a scenario file says, as frozen records.
 
-``harness/scenario.py`` builds these from YAML (with file:line:col errors); the executor, the
+``harness/lang/scenario.py`` builds these from YAML (with file:line:col errors); the executor, the
 runner and the reports only ever see these records.
 """
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.errors import ScenarioError, TargetError
-from harness.model import Scenario, Suite
-from harness.scenario import load_document
+from harness.lang.model import Scenario, Suite
+from harness.lang.scenario import load_document
 
 PATH_VARIABLE = "GPURACE_PATH"
 
@@ -25,7 +25,7 @@ PATH_VARIABLE = "GPURACE_PATH"
 def builtin_root() -> Path:
     """The built-in scenarios, suites and tickets: the ``scenarios/`` beside this code when it
     runs from a checkout (code and data from one place), else the installed package's data."""
-    checkout = Path(__file__).resolve().parent.parent / "scenarios"
+    checkout = Path(__file__).resolve().parents[2] / "scenarios"
     if (checkout / "suites").is_dir():
         return checkout
     spec = importlib.util.find_spec("gpurace_scenarios")

@@ -1,9 +1,9 @@
-"""Load scenario and suite files (YAML) into the frozen records of :mod:`harness.model`.
+"""Load scenario and suite files (YAML) into the frozen records of :mod:`harness.lang.model`.
 
 The loader is strict: an unknown key, a wrong type, a duplicate key or a reference to a stream,
 lease, catalog, buffer, event, variant or step that does not exist (yet, or in some variant) is
 a :class:`~harness.errors.ScenarioError` whose message starts ``file:line:col: path:``, pointing
-at the YAML node to fix. The step list is checked per variant by :mod:`harness.steplist`.
+at the YAML node to fix. The step list is checked per variant by :mod:`harness.lang.steplist`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import kvcore
 from harness import limits as L
 from harness.errors import ScenarioError, TraceError
 from harness.inputs import echo, show_path
-from harness.model import (
+from harness.lang.model import (
     DEFAULT_STREAMS,
     STREAM_ALIASES,
     EXPECTATIONS,
@@ -32,10 +32,11 @@ from harness.model import (
     Variant,
     Workload,
 )
-from harness.footprint import Footprint
-from harness.steplist import StepList, unknown_stream
+from harness.lang.footprint import Footprint
+from harness.lang.steplist import StepList, unknown_stream
 from harness.traces.ticket import load_ticket
-from harness.yamlnodes import API_VERSION, NAME_PATTERN, ROOT, Fields, Reader, open_yaml, suggest
+from harness.lang.yamlnodes import (API_VERSION, NAME_PATTERN, ROOT, Fields, Reader, open_yaml,
+                                    suggest)
 
 __all__ = [
     "API_VERSION", "KINDS", "NAME_PATTERN", "WORKLOAD_KINDS", "WORKLOAD_PHASES",
@@ -251,7 +252,7 @@ def _pool(reader: Reader, node: Node, path: str) -> PoolSpec:
 
 
 def _world(reader: Reader, node: Node, pool: PoolSpec, streams: int) -> Footprint:
-    """What the scenario's world allocates before any step (harness.footprint); refused when
+    """What the scenario's world allocates before any step (harness.lang.footprint); refused when
     that alone is over the limit."""
     stride = kvcore.plan_host_kv_page_layout(pool.geometry()).page_stride
     world = Footprint(pool.pages, stride, pool.table_rows, pool.max_pages_per_row or pool.pages,

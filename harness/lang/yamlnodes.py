@@ -28,7 +28,7 @@ from harness.limits import (
     YAML_MAX_DEPTH,
     YAML_MAX_NODES,
 )
-from harness.model import Location
+from harness.lang.model import Location
 from harness.traces.kinds import wrong_kind
 
 ROOT = "(document)"
