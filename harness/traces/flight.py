@@ -168,17 +168,7 @@ class FlightRecorder:
             self._pending.clear()  # a trace that was lost takes no memory either
             self._times.clear()
             return
-        pending = self._pending
-        if not (pending or self._times):
-            return
-        if len(pending) == 1 and not self._times and self._labels is None \
-                and type(pending[0]) is Segment and self._declared():
-            # The usual flush of a reissued trial: one piece of its program ran since the last
-            # wait, and nothing is new to declare.
-            segment = pending[0]
-            self.total += len(segment.templates)
-            pending.clear()
-            self._write("\n".join(self._run_lines(segment)) + "\n")
+        if not (self._pending or self._times):
             return
         lines = []
         if self._device is not None:
@@ -227,11 +217,6 @@ class FlightRecorder:
             lines.extend(self._line(("stream", stream))
                          for stream in itertools.islice(streams.values(), told_streams, None))
         self._told = (len(buffers), len(streams))
-
-    def _declared(self) -> bool:
-        """Whether this trace has declared every buffer and stream the device has made."""
-        log = self._device.oplog  # type: ignore[union-attr]
-        return (len(log.buffers), len(log.streams)) == self._told
 
     def _run_lines(self, segment: Segment) -> list[str]:
         """A reissued piece of a program: its "program" record, the first time this trace
