@@ -65,6 +65,15 @@ class _Names:
         return name
 
 
+DELAY_US = 10_000.0
+"""The delay a reproducer's amplified trials queue before its first op. Ten times what
+`--amplify` queues in the program: the scenario's trials are short, and a host busy with other
+work can stall longer than 1 ms between the two ops of a pair. On an H200 running twelve watched
+programs at once, 1 ms reproductions of cupy_pool_reuse and torch_record_stream missed in 2 to
+3 of 50 trials and the same scenario alone in none of 300; the zoo's cub-156 and cudf-22284
+needed 10 ms for the same reason."""
+
+
 @dataclass(frozen=True)
 class Reproducer:
     """The scenario's YAML text, and what it came from."""
@@ -77,7 +86,7 @@ class Reproducer:
 
 
 def reproducer(records: Sequence[dict[str, Any]], finding: dict[str, Any], *, program: str,
-               command: str = "", delay_us: float = 1000.0) -> Reproducer:
+               command: str = "", delay_us: float = DELAY_US) -> Reproducer:
     """The scenario of ``finding`` (a race in the trace ``records``, as the detector folds it)."""
     ops = {int(r["seq"]): r for r in records if r.get("type", "op") == "op" and "seq" in r}
     streams = {str(r["name"]): r for r in records if r.get("type") == "stream"}

@@ -40,7 +40,8 @@ def minimize_cmd(source: Path, output: Path, defects: Sequence[str],
     A watched program's race (its incident folder from `gpurace watch`, its trace.jsonl, or a
     run's capture events, watch/run-001/events.jsonl) becomes the scenario of the racing pair
     and what orders or fails to order it, in the program's names, with a fixed variant that
-    carries the suggested fix and the delay `--amplify` would queue."""
+    carries the suggested fix, and a delay before the first op of the pair (10 ms: ten times
+    what `--amplify` queues, as a scenario's host may be busier than the program's)."""
     from harness.capture.reproducer import reproducer, watched_source
 
     watched = watched_source(source)
