@@ -401,9 +401,7 @@ def _split_main(args: argparse.Namespace) -> int:
           "attaches:")
     for pair in rows:
         for got in pair:
-            how = "reissued" if got.reissued else "step by step"
-            print(f"  {got.variant}, {how} (went wrong: {'/'.join(map(str, got.manifested))} "
-                  f"of {got.trials} each):")
+            print(f"  {got.heading()}")
             print(got.table())
     return 0
 

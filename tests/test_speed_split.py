@@ -28,6 +28,15 @@ def test_amplified_trials_go_wrong_alike_in_every_kind_step_by_step():
     got = split(SCENARIO, "buggy", "sim", reissue=False, trials=50, block=25, delay_us=1000)
     assert not got.reissued
     assert got.manifested == (50,) * len(KINDS)  # every amplified trial corrupt, whoever reads
+    assert got.heading() == "buggy, delay 1000 us, step by step (went wrong: " \
+        + "/".join(["50"] * len(KINDS)) + " of 50 each):"
+
+
+def test_a_variant_that_cannot_be_reissued_says_so_when_asked():
+    got = split(SCENARIO, "buggy", "sim", reissue=True, trials=50, block=25, delay_us=1000)
+    assert got.asked and not got.reissued
+    assert "delay 1000 us, step by step (asked to reissue; this variant cannot be)" \
+        in got.heading()
 
 
 def test_the_bench_takes_a_worker_apart_both_ways():
@@ -37,5 +46,6 @@ def test_the_bench_takes_a_worker_apart_both_ways():
                          cwd=REPO, capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr
     assert "release-fence on sim" in out.stdout
-    assert "fixed, reissued" in out.stdout and "fixed, step by step" in out.stdout
+    assert "fixed, delay 0 us, reissued" in out.stdout
+    assert "fixed, delay 0 us, step by step (went wrong" in out.stdout
     assert out.stdout.count("+ recorder and detector") == 2

@@ -39,10 +39,20 @@ class Split:
 
     scenario: str
     variant: str
+    delay_us: float  # queued before the scenario's amplified op; 0 for none
+    asked: bool  # reissuing was asked for
     reissued: bool  # the trials were reissued from a captured program
     trials: int  # of each kind
     us: tuple[float, ...]
     manifested: tuple[int, ...]  # trials that went wrong, of each kind
+
+    def heading(self) -> str:
+        """What was measured: the variant, the delay, and how its trials ran."""
+        how = ("reissued" if self.reissued else
+               "step by step (asked to reissue; this variant cannot be)" if self.asked else
+               "step by step")
+        return (f"{self.variant}, delay {self.delay_us:g} us, {how} (went wrong: "
+                f"{'/'.join(map(str, self.manifested))} of {self.trials} each):")
 
     def table(self, indent: str = "    ") -> str:
         """Each kind's time, its cost over the executor alone and its ratio to it."""
@@ -69,7 +79,8 @@ def split(scenario: Any, variant: str, backend: str, *, reissue: bool, trials: i
             for kind in kinds:
                 kind.close()
         reissued = all(kind.executor.reissued for kind in kinds)
-    return Split(scenario.name, variant, reissued, max(1, trials // block) * block,
+    return Split(scenario.name, variant, delay_us, reissue, reissued,
+                 max(1, trials // block) * block,
                  tuple(s * 1e6 for s in seconds), tuple(manifested))
 
 
