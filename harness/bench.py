@@ -40,7 +40,6 @@ recorder builds every record either way; off is ``--no-detect``).
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
@@ -58,6 +57,7 @@ from harness.runner import choose_backend
 from harness.lang.targets import SCENARIO_ROOT
 from harness.lang.scenario import load_scenario
 from harness.speed.blocks import alternate
+from harness.speed.inprocess import worker_here
 
 _SPIN = r"""
 extern "C" __global__ void spin(long long ns) {
@@ -106,16 +106,8 @@ def _bare_trial(page_bytes: int, delay_us: float, fence: bool) -> Callable[[], b
 def _worker(scenario: Any, variant: str, backend: str, delay_us: float, detect: bool,
             folder: Path, timeline: bool = False, reissue: bool = True) -> Any:
     """A run's worker, in this process: what it does per trial (TrialRunner.run)."""
-    from harness.runner import RunOptions
-    from harness.worker import TrialRunner, WorkerJob
-
-    job = WorkerJob(scenario=scenario, variant=variant, backend=backend, parent_pid=os.getpid(),
-                    amplify=delay_us > 0, delay_us=delay_us or None,
-                    log_path=str(folder / "worker.log"), trace_dir=str(folder / "traces"),
-                    header={"scenario": scenario.name, "variant": variant}, detect=detect,
-                    traces_kept=RunOptions.max_incidents,  # as a run's workers keep them
-                    timeline=timeline, reissue=reissue)
-    return TrialRunner(job)
+    return worker_here(scenario, variant, backend, delay_us, detect, folder, timeline=timeline,
+                       reissue=reissue)
 
 
 def measure(trials: int, variant: str, delay_us: float, block: int = 100) -> dict[str, float]:

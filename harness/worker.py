@@ -51,6 +51,9 @@ class WorkerJob:
     traces_kept: int | None = None
     timeline: bool = False  # time the stream ops with CUDA events (cuda)
     reissue: bool = True  # issue a captured clean trial's device calls again (cuda)
+    # The world kept from trial to trial (None: on cuda only, as a GPU's pages outlive trials).
+    # A benchmark keeps it on the simulated device too, to measure what a GPU's worker runs.
+    keep_world: bool | None = None
     # Every op's own issue time in the trace (a sweep's window plot reads them): the flight
     # recorder takes records, not a reissued trial's segments with one time each.
     issue_times: bool = False
@@ -140,7 +143,7 @@ class TrialRunner:
             scenario, scenario.variant(job.variant), job.backend, amplify=job.amplify,
             delay_us=job.delay_us, on_device=on_device,
             schedule=Schedule.parse(job.schedule) if job.schedule else None, poison=job.poison,
-            timeline=job.timeline, reissue=job.reissue)
+            timeline=job.timeline, reissue=job.reissue, keep_world=job.keep_world)
         self.info: dict[str, Any] = {**self.executor.device_info, "pid": os.getpid()}
         self.kept = 0  # traces of bad trials kept so far
 

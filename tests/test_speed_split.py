@@ -49,3 +49,4 @@ def test_the_bench_takes_a_worker_apart_both_ways():
     assert "fixed, delay 0 us, reissued" in out.stdout
     assert "fixed, delay 0 us, step by step (went wrong" in out.stdout
     assert out.stdout.count("+ recorder and detector") == 2
+    assert out.stdout.count("a run's worker, whole") == 2

@@ -5,7 +5,10 @@ spent it, and the profiler's own cost per call bends the shares toward code of m
 calls. This measures instead: the executor alone, then with the op log built for a reader that
 does nothing (records, and the segments a reissued trial hands out instead), the flight
 recorder, the race detector, and both, as a worker attaches and calls them (the recorder's
-trace begun and ended, the detector reset and asked for its findings). Each kind runs its own
+trace begun and ended, the detector reset and asked for its findings); last, a run's worker
+itself (its trial runner), which also makes each trial's record, the findings' JSON among it,
+and keeps the first bad trials' traces: what lies between the last two is the worker's own
+bookkeeping. Each kind runs its own
 executor on its own device, blocks of trials in turn, so drift touches all alike; a kind's
 figure is its median block. The world is kept from trial to trial on every backend, as a GPU
 worker keeps it, so reissued trials are measured on the simulated device too.
@@ -20,6 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from harness.speed.blocks import alternate
+from harness.speed.inprocess import worker_here
+
+WORKER = "a run's worker, whole"
 
 _SPECS = (  # (name, the op log's reader that does nothing, recorder, detector)
     ("executor alone", None, False, False),
@@ -28,9 +34,11 @@ _SPECS = (  # (name, the op log's reader that does nothing, recorder, detector)
     ("+ flight recorder", None, True, False),
     ("+ race detector", None, False, True),
     ("+ recorder and detector", None, True, True),
+    (WORKER, None, True, True),
 )
 KINDS = tuple(spec[0] for spec in _SPECS)
-"""What each measured kind adds to the executor: the last is what a run's worker attaches."""
+"""What each measured kind adds to the executor: the next to last is what a run's worker
+attaches, the last the worker itself."""
 
 
 @dataclass(frozen=True)
@@ -92,7 +100,12 @@ def _kind(spec: tuple[str, str | None, bool, bool], scenario: Any, variant: str,
     from harness.executor import TrialExecutor
     from harness.traces.flight import FlightRecorder
 
-    _, reader, recording, detecting = spec
+    name, reader, recording, detecting = spec
+    if name == WORKER:
+        runner = worker_here(scenario, variant, backend, delay_us, True, folder,
+                             reissue=reissue, keep_world=True)
+        return _Kind(lambda index: runner.run(index, index)["outcome"] != "clean",
+                     runner.executor, runner.close)
     recorder = FlightRecorder(folder) if recording else None
     detector = RaceDetector() if detecting else None
 
