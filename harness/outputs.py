@@ -21,7 +21,7 @@ from pathlib import Path
 
 from harness.errors import OutputError
 from harness.faults.writes import reason
-from harness.worker import pid_alive
+from harness.processes.lifetime import pid_alive
 from reports import remove_stale_temps
 from reports.atomic import is_temp_name
 

@@ -101,7 +101,7 @@ def _context() -> multiprocessing.context.BaseContext:
     """Where workers come from: forked by Python's fork server, which imported
     :data:`PRELOAD` once (it starts with the first worker and ends with this process), or
     spawned where there is none, or where its life line is not where
-    :func:`~harness.worker.leave_fork_server` lets go of it."""
+    :func:`~harness.processes.lifetime.leave_fork_server` lets go of it."""
     from multiprocessing import forkserver
 
     if "forkserver" not in multiprocessing.get_all_start_methods() or not hasattr(

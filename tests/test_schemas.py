@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from harness import schemas
 from harness.lang import vocabulary as V
 from harness.cli import main
-from harness.schemas import build
+from harness.tools import schemas as build
 
 jsonschema = pytest.importorskip("jsonschema")
 
@@ -69,11 +69,11 @@ def test_every_schema_is_valid_draft_2020_12() -> None:
 def test_the_committed_files_are_what_the_code_builds() -> None:
     """The files are made from the vocabulary, the limits and the producers' enums: a new op,
     key, bound or outcome that is not in them fails here (remake them with
-    `python -m harness.schemas.build`)."""
+    `python -m harness.tools.schemas`)."""
     for name, schema in build.schemas().items():
         assert schemas.text(name) == build.text(schema), (
             f"harness/schemas/{name}.schema.json is out of date: run "
-            "`python -m harness.schemas.build`")
+            "`python -m harness.tools.schemas`")
 
 
 def test_load_says_which_schemas_there_are() -> None:

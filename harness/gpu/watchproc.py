@@ -53,7 +53,7 @@ RESTARTS = 1
 
 def watcher_main(conn: Connection, parent_pid: int, wait_ms: int) -> None:
     """Entry point of the helper process (see the module docstring)."""
-    from harness.worker import die_with_parent
+    from harness.processes.lifetime import die_with_parent
 
     die_with_parent(parent_pid)
     serve(conn, lambda on_event: NvmlWatcher(on_event=on_event, wait_ms=wait_ms))

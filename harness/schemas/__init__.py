@@ -13,8 +13,8 @@ name               the document
 ``scenario``       a scenario or suite YAML file, for editors (yaml-language-server)
 =================  ==========================================================================
 
-Each is the file ``NAME.schema.json`` beside this module, made by :mod:`harness.schemas.build`
-from the code that writes and reads the document (``python -m harness.schemas.build`` remakes
+Each is the file ``NAME.schema.json`` beside this module, made by :mod:`harness.tools.schemas`
+from the code that writes and reads the document (``python -m harness.tools.schemas`` remakes
 them; a test checks they are up to date). Reading one imports nothing else of gpurace.
 """
 

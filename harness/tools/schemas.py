@@ -3,8 +3,8 @@
 Every schema is made here, from the definitions it describes: the step vocabulary
 (:mod:`harness.lang.vocabulary`), the bounds (:mod:`harness.limits`), the scenario model's choices
 (:mod:`harness.lang.model`), kvcore's dtypes, defects and op kinds, and the producers' enums. The
-files beside this module are what :func:`schemas` returns, written by ``python -m
-harness.schemas.build``; tests/test_schemas.py checks that the committed files equal what this
+files in harness/schemas/ are what :func:`schemas` returns, written by ``python -m
+harness.tools.schemas``; tests/test_schemas.py checks that the committed files equal what this
 module builds, so a new step op, key, bound or outcome cannot leave a schema behind.
 
 Each schema is self-contained (no reference to another file), so an editor or a validator needs
@@ -39,7 +39,7 @@ from reports.model import REPORT_SCHEMA
 Schema = dict[str, Any]
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
-FOLDER = Path(__file__).resolve().parent
+FOLDER = Path(__file__).resolve().parents[1] / "schemas"
 
 EXPLORE_SCHEMA = "gpurace.explore/1"
 """What `gpurace explore --format json` writes as its ``schema`` (harness.cli.explore)."""
