@@ -51,9 +51,9 @@ from typing import Any
 import numpy as np
 
 import kvcore
-from harness.detector import RaceDetector
-from harness.executor import TrialExecutor
-from harness.runner import choose_backend
+from harness.races.detector import RaceDetector
+from harness.run.executor import TrialExecutor
+from harness.run.runner import choose_backend
 from harness.lang.targets import SCENARIO_ROOT
 from harness.lang.scenario import load_scenario
 from harness.speed.blocks import alternate
@@ -194,7 +194,7 @@ def measure_lanes(backend: str, target: str, variant: str, trials: int, gpus: st
     """The same runs (``trials`` of one variant, dangerous ones too) on one lane and on
     ``gpus`` lanes, alternating, ``rounds`` times each: trials a second (median of the rounds)
     and, where workers died, the restart times (worker death to the next hand-over)."""
-    from harness.runner import RunOptions, Runner
+    from harness.run.runner import RunOptions, Runner
     from harness.lang.targets import resolve_targets
 
     scenarios = resolve_targets([target], ())

@@ -28,8 +28,8 @@ import pytest
 
 from harness.errors import BackendUnavailable, ScenarioError
 from harness.lang.model import Scenario, Suite
-from harness.outcome import Status, VariantResult
-from harness.runner import Runner, RunOptions
+from harness.results.outcome import Status, VariantResult
+from harness.run.runner import Runner, RunOptions
 from harness.lang.scenario import load_document
 
 SUFFIX = ".gpurace.yaml"

@@ -216,10 +216,10 @@ def test_an_amplified_watch_writes_a_run_document_of_the_schema_and_its_window(t
     from harness.cli.runs import write_and_show
     from harness.cli.watch import _print_watch_summary
     from harness.capture.watch import points
-    from harness.outcome import Outcome, TrialResult, VariantResult
-    from harness.outputs import RunFolder
-    from harness.rates import wilson
-    from harness.runner import RunResult
+    from harness.results.outcome import Outcome, TrialResult, VariantResult
+    from harness.run.outputs import RunFolder
+    from harness.results.rates import wilson
+    from harness.run.runner import RunResult
     (target,) = A.plan(_findings(CORPUS / "torch_views-buggy.jsonl"))
     folder = RunFolder.create(tmp_path)
     result = RunResult(backend="cuda", device={"backend": "cuda"}, seed=0,
@@ -245,7 +245,7 @@ def test_an_amplified_watch_writes_a_run_document_of_the_schema_and_its_window(t
                         "interval": list(wilson(failed, 4)), "queued": 8 * 4 if point.us else 0})
     result.watch = {"command": "python torch_views.py", "runs": [], "amplified": entries}
     from harness.gpu.nvml import health_snapshot
-    from harness.runner import VERSION
+    from harness.run.runner import VERSION
     result.health = {"before": health_snapshot(), "after": health_snapshot()}
     result.plan = {"digest": "0" * 64, "version": VERSION, "backend": "cuda", "seed": 0,
                    "sources": {}}
@@ -293,7 +293,7 @@ def test_a_delay_outlasts_three_times_the_hosts_way_from_the_first_op_to_the_sec
 
 def test_each_amplified_runs_line_says_its_plan_and_delay(capsys):
     from harness.cli.watch import _WatchHooks
-    from harness.outcome import Outcome, TrialResult, VariantResult
+    from harness.results.outcome import Outcome, TrialResult, VariantResult
     hooks = _WatchHooks(True)
     plain = VariantResult("p", "watched", "clean", "p.py", False, False, None)
     swept = VariantResult("p", "amplified-2", "clean", "p.py", False, True, 50.0, sweep=True)

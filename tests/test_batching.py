@@ -8,9 +8,9 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from harness import batching
+from harness.traces import batching
 from harness.cli import main
-from harness.minimize import steps_for
+from harness.analyses.minimize import steps_for
 from harness.lang.targets import SCENARIO_ROOT
 from harness.traces.ticket import Request, Ticket, TicketHeader, load_ticket
 

@@ -17,7 +17,7 @@ import pytest
 from harness.capture.analysis import RunAnalysis
 from harness.capture.events import Sink, read_events
 from harness.capture.translate import WINDOW, Translator
-from harness.detector import check_trace
+from harness.races.detector import check_trace
 from harness.traces.optrace import load_trace
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -398,7 +398,7 @@ def test_a_watched_runs_incident_is_a_report_of_the_schema(tmp_path):
 
     from harness import schemas
     from harness.capture.watch import Program, ProgramEnd, WatchOptions, _incident
-    from harness.outcome import Outcome, TrialResult
+    from harness.results.outcome import Outcome, TrialResult
     trace = tmp_path / "trace.jsonl"
     log = tmp_path / "program.log"
     log.write_text("work_s=0.01\n")

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 import kvcore
 from harness.cli import main
-from harness.detector import Finding, RaceDetector, check_trace
+from harness.races.detector import Finding, RaceDetector, check_trace
 from harness.traces.flight import FlightRecorder
 from harness.traces.optrace import load_trace
 from harness.lang.targets import SCENARIO_ROOT

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from harness.errors import ScenarioError
-from harness.runner import Runner, RunOptions
+from harness.run.runner import Runner, RunOptions
 from harness.lang.scenario import load_scenario
 
 HEAD = """\

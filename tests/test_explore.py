@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from harness.cli import main
-from harness.explore import Strategy, explore
+from harness.analyses.explore import Strategy, explore
 from harness.lang.targets import resolve_targets
 from kvcore.device.schedule import Schedule
 

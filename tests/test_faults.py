@@ -156,7 +156,7 @@ def test_stop_on_write_error_ends_the_run_at_the_first(tmp_path):
 def test_a_run_whose_folder_is_removed_ends_with_what_it_knows(tmp_path, monkeypatch):
     from harness.cli.runs import write_and_show
     from harness.faults.writes import FOLDER_GONE
-    from harness.runner import ExitCode, RunHooks, Runner, RunOptions
+    from harness.run.runner import ExitCode, RunHooks, Runner, RunOptions
     from harness.lang.targets import resolve_targets
 
     class RemoveAfter(RunHooks):  # a cleanup job, 30 trials in
@@ -242,7 +242,7 @@ def test_a_trace_the_disk_will_not_take_is_dropped_and_the_next_trial_tries_agai
 
 
 def test_a_worker_whose_log_cannot_be_made_runs_its_trials(tmp_path):
-    from harness.runner import ExitCode, RunHooks, Runner, RunOptions
+    from harness.run.runner import ExitCode, RunHooks, Runner, RunOptions
     from harness.lang.targets import resolve_targets
 
     class LogIsAFolder(RunHooks):  # where the first worker's log goes, a folder: EISDIR
@@ -263,7 +263,7 @@ def test_a_worker_whose_log_cannot_be_made_runs_its_trials(tmp_path):
 def test_run_json_goes_where_it_can_and_says_so(tmp_path, monkeypatch, capsys):
     from harness.cli.runs import write_and_show
     from harness.faults.writes import FOLDER_GONE
-    from harness.runner import ExitCode, Runner, RunOptions
+    from harness.run.runner import ExitCode, Runner, RunOptions
     from harness.lang.targets import resolve_targets
 
     result = Runner(RunOptions(backend="sim", trials=3, out_dir=tmp_path / "out")).run(
@@ -333,8 +333,8 @@ def test_a_watch_that_cannot_make_its_runs_files_ends_in_one_line_with_exit_4(
     """Before the program starts: the run's own events file cannot be made (here a file
     stands where its folder goes), so nothing can be captured; no traceback, exit 4."""
     from harness.capture import watch as watchmod
-    from harness.outputs import RunFolder
-    from harness.runner import ExitCode
+    from harness.run.outputs import RunFolder
+    from harness.run.runner import ExitCode
 
     made = RunFolder.create
 
@@ -362,7 +362,7 @@ def test_a_watch_that_cannot_make_its_runs_files_ends_in_one_line_with_exit_4(
 def test_a_run_folder_made_again_under_its_name_is_not_the_runs(tmp_path):
     """A folder removed and made again (a worker's folder made with its parents) may get the
     removed one's inode back; the run's owner record is what tells it is not the run's."""
-    from harness.outputs import RunFolder
+    from harness.run.outputs import RunFolder
 
     folder = RunFolder.create(tmp_path)
     assert not folder.gone()

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from harness import limits as L
-from harness.detector import RaceDetector, check_trace
+from harness.races.detector import RaceDetector, check_trace
 from harness.errors import TraceError
-from harness.executor import TrialExecutor
+from harness.run.executor import TrialExecutor
 from harness.lang.scenario import load_scenario
 from harness.traces.flight import CURRENT, FlightRecorder, cut_torn_tail
 from harness.traces.optrace import load_trace, plain, plain_file

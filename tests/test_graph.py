@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from harness.errors import ScenarioError
-from harness.executor import TrialExecutor
-from harness.runner import Runner, RunOptions
+from harness.run.executor import TrialExecutor
+from harness.run.runner import Runner, RunOptions
 from harness.lang.scenario import load_scenario
 from kvcore.device import open_device
 from kvcore.device.kernels import Delay

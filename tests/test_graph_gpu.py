@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.executor import TrialExecutor
+from harness.run.executor import TrialExecutor
 from harness.lang.scenario import load_scenario
 from kvcore.device import open_device
 from kvcore.device.kernels import Delay

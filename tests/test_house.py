@@ -1,7 +1,7 @@
 """The shape of the code: which module imports which, read from the source (every import
 statement, those inside functions and under TYPE_CHECKING included, since each is a dependency
 a reader has to follow). No two modules reach each other, however far round; kvcore and reports
-import nothing above them."""
+import nothing above them; every room has a floor and imports only from its own or below."""
 
 from __future__ import annotations
 
@@ -112,4 +112,49 @@ def test_the_reader_follows_imports_inside_functions_and_names_of_submodules() -
     # kvcore.device opens the cuda backend inside a function only.
     assert "kvcore.device.cuda" in graph["kvcore.device"]
     # `from harness.traces.ticket import Ticket`: the module, not the package.
-    assert "harness.traces.ticket" in graph["harness.executor"]
+    assert "harness.traces.ticket" in graph["harness.run.executor"]
+
+
+FLOORS = {
+    # 0: the system under test and the report renderers, which know nothing of the engine.
+    "kvcore": 0, "reports": 0,
+    # 1: what every room stands on: errors, bounds, input reading, write faults, process
+    # lifetime, the schemas' files, the GPU's health.
+    "harness": 1, "harness.errors": 1, "harness.limits": 1, "harness.inputs": 1,
+    "harness.faults": 1, "harness.processes": 1, "harness.schemas": 1, "harness.gpu": 1,
+    # 2: the scenario language, op traces and tickets, what trials come to.
+    "harness.lang": 2, "harness.traces": 2, "harness.results": 2,
+    # 3: the race detector, below both of its sources.
+    "harness.races": 3,
+    # 4: running trials.
+    "harness.run": 4,
+    # 5: what runs trials or watches programs: searches, the capture, the benchmarks, the plugin.
+    "harness.analyses": 5, "harness.capture": 5, "harness.speed": 5, "harness.bench": 5,
+    "harness.pytest_plugin": 5,
+    # 6: the command line, and the schemas' builder, which reads every layer.
+    "harness.cli": 6, "harness.tools": 6,
+}
+"""Each room's floor: a module imports only from its own floor or below."""
+
+
+def _floor(module: str) -> int | None:
+    while module and module not in FLOORS:
+        module = module.rpartition(".")[0]
+    return FLOORS.get(module)
+
+
+def _upward(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    return sorted((a, b) for a, targets in graph.items() for b in targets
+                  if _floor(b) > _floor(a))  # type: ignore[operator]
+
+
+def test_every_module_lives_on_a_floor_and_imports_only_downward() -> None:
+    graph = _imports(_modules())
+    assert sorted(m for m in graph if _floor(m) is None) == []  # a new room needs a floor
+    assert _upward(graph) == []
+
+
+def test_the_floor_check_sees_an_upward_import() -> None:
+    graph = {"harness.races.detector": {"harness.run.runner"},
+             "harness.run.runner": {"harness.races.detector"}}
+    assert _upward(graph) == [("harness.races.detector", "harness.run.runner")]

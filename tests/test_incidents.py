@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-import harness.runner
+import harness.run.runner
 from harness.cli import main
 from harness.gpu.nvml import XidEvent
 from harness.lang.targets import SCENARIO_ROOT
 from harness.gpu.watch import FatalXid, GpuWatch, TrialXids
-from harness.outputs import sweep_dead_runs
+from harness.run.outputs import sweep_dead_runs
 from reports import list_incidents, load_report
 
 REPO = Path(__file__).resolve().parent.parent
@@ -133,7 +133,7 @@ def test_doctor_fails_a_gpu_that_needs_a_reset(monkeypatch: pytest.MonkeyPatch) 
     """Seen on an H200 whose GSP stopped answering: NVML still lists it, CUDA no longer shows
     it, and every health query says "GPU requires restart". Doctor must not call it healthy."""
     import kvcore
-    from harness import doctor
+    from harness.gpu import doctor
 
     monkeypatch.setattr(kvcore, "cuda_available", lambda: (True, "1 CUDA device(s)"))
     monkeypatch.setattr(doctor, "_cuda_count", lambda: 1)
@@ -182,7 +182,7 @@ class _FatalWatch(GpuWatch):
 
 
 def test_gpu_fatal_xid_stops_the_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr(harness.runner, "GpuWatch", _FatalWatch)
+    monkeypatch.setattr(harness.run.runner, "GpuWatch", _FatalWatch)
     code, doc = _run(str(SCENARIO_ROOT / "release_fence.yaml"), "--backend", "sim",
                      "--trials", "50", "--out", str(tmp_path))
     assert code == 1

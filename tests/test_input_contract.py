@@ -21,9 +21,9 @@ from click.testing import CliRunner
 
 from harness import limits
 from harness.cli import main
-from harness.detector import HISTORY_MAX_BLOCKS, _Owners, check_trace, history_block
+from harness.races.detector import HISTORY_MAX_BLOCKS, _Owners, check_trace, history_block
 from harness.errors import HarnessError, ScenarioError, TraceError
-from harness.executor import TrialExecutor
+from harness.run.executor import TrialExecutor
 from harness.inputs import Unreadable, echo, read_input
 from harness.lang.scenario import load_document, load_scenario
 from harness.traces.optrace import is_op_trace, load_trace

@@ -38,11 +38,11 @@ from hypothesis import strategies as st
 import kvcore
 from harness.lang import vocabulary as V
 from harness.cli import main
-from harness.detector import check_trace
+from harness.races.detector import check_trace
 from harness.errors import ScenarioError, TargetError, TraceError
-from harness.executor import TrialExecutor
+from harness.run.executor import TrialExecutor
 from harness.lang.model import Scenario
-from harness.replay import replay_scenario
+from harness.run.replay import replay_scenario
 from harness.lang.scenario import load_document, load_scenario, load_suite
 from harness.traces.flight import FlightRecorder
 from harness.traces.optrace import load_trace

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.detector import check_trace
+from harness.races.detector import check_trace
 from harness.errors import ScenarioError
-from harness.minimize import _closure
-from harness.runner import Runner, RunOptions
+from harness.analyses.minimize import _closure
+from harness.run.runner import Runner, RunOptions
 from harness.lang.scenario import load_scenario
 from harness.traces.optrace import load_trace
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.runner import Runner, RunOptions
+from harness.run.runner import Runner, RunOptions
 from harness.lang.scenario import load_scenario
 from test_kernel_step import FORWARD_OFFLOAD, HEAD, parts
 

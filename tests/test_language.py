@@ -12,10 +12,10 @@ from click.testing import CliRunner
 
 import kvcore
 from harness.cli import main
-from harness.detector import Finding, RaceDetector
+from harness.races.detector import Finding, RaceDetector
 from harness.errors import ScenarioError
-from harness.executor import TrialExecutor
-from harness.outcome import Outcome
+from harness.run.executor import TrialExecutor
+from harness.results.outcome import Outcome
 from harness.lang.scenario import load_scenario
 from kvcore.device.kernels import Delay, Fill
 
@@ -463,7 +463,7 @@ def test_offline_check_names_owners_as_the_online_detector_does(tmp_path: Path) 
     """A trace begins with who owned which bytes (label records: a world's buffers outlive its
     trials), then says every alloc and free: `gpurace check` names and explains the race as
     the online detector did."""
-    from harness.detector import check_trace
+    from harness.races.detector import check_trace
     from harness.traces.flight import FlightRecorder
     from harness.traces.optrace import load_trace
 
@@ -513,7 +513,7 @@ def test_a_scrubbed_world_starts_each_trial_from_a_byte_no_step_uses(tmp_path: P
     """On the GPU one world serves every trial of a worker, so its pages would still hold the
     last trial's bytes; it fills them with a byte no step uses at its start and after every
     trial instead. Shown on the simulated device, with a world that serves two trials."""
-    from harness.executor import World, _Steps
+    from harness.run.executor import World, _Steps
 
     scenario = load_scenario(write(tmp_path))
     variant = scenario.variant("buggy")
@@ -542,7 +542,7 @@ def test_a_poisoned_world_that_serves_many_trials_scrubs_after_the_poison(tmp_pa
     """The poison of a trial's last releases runs on the pool's own stream; the scrub that ends
     the trial on the GPU writes the same pages, so it waits for the poison first: the fixed
     variant stays race-free however many trials its world serves (shown on sim)."""
-    from harness.executor import World, _Steps
+    from harness.run.executor import World, _Steps
     from harness.lang.targets import SCENARIO_ROOT
 
     scenario = load_scenario(SCENARIO_ROOT / "release_fence.yaml")

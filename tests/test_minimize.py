@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from harness.cli import main
-from harness.minimize import ddmin
+from harness.analyses.minimize import ddmin
 from harness.lang.targets import SCENARIO_ROOT
 from harness.lang.scenario import load_scenario
 
@@ -144,7 +144,7 @@ def test_a_poisoned_trial_is_minimized_with_poison(tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """The candidates of a trial that ran with --poison run with it too, from an incident or
     from its trace; and the minimized scenario still fails."""
-    import harness.minimize as m
+    import harness.analyses.minimize as m
 
     seen: list[bool] = []
     real = m.sim_trial

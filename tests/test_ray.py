@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from harness.cli import main
-from harness.runner import RunOptions, Runner
+from harness.run.runner import RunOptions, Runner
 from harness.lang.targets import resolve_targets
 from programs import hang_file
 
@@ -82,12 +82,12 @@ def test_an_actor_lost_mid_trial_is_a_crash_and_the_run_goes_on(tmp_path: Path) 
 
 def test_without_ray_or_with_a_stray_address_it_says_what_to_do(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    import harness.rayexec
+    import harness.run.rayexec
 
     result = CliRunner().invoke(main, ["run", "smoke", "--backend", "sim", "--address", "auto",
                                        "--out", str(tmp_path)])
     assert result.exit_code == 2 and "--executor ray" in result.stderr
-    monkeypatch.setattr(harness.rayexec, "_RAY", None)
+    monkeypatch.setattr(harness.run.rayexec, "_RAY", None)
     monkeypatch.setitem(sys.modules, "ray", None)  # as if not installed
     result = CliRunner().invoke(main, ["run", "smoke", "--backend", "sim", "--executor", "ray",
                                        "--out", str(tmp_path)])

@@ -10,9 +10,9 @@ import pytest
 
 import kvcore
 from conftest import make_device
-from harness.executor import TrialExecutor, reissuable
+from harness.run.executor import TrialExecutor, reissuable
 from harness.lang.model import PlaneSpec, PoolSpec
-from harness.outcome import Outcome, TrialResult
+from harness.results.outcome import Outcome, TrialResult
 from harness.lang.scenario import load_scenario
 from harness.lang.targets import SCENARIO_ROOT, resolve_targets
 from kvcore.device.kernels import Fill
@@ -363,7 +363,7 @@ def test_a_reissued_trial_that_fails_a_check_ends_as_the_step_path_does(name: st
 def test_the_scrub_rides_only_on_the_last_read_of_the_pool() -> None:
     """The check whose wait may cover the trial's scrub: the last to read the pool, on the
     scenario's own thread, with only checks of buffers after it."""
-    from harness.executor import _last_pool_read
+    from harness.run.executor import _last_pool_read
     from harness.lang.model import Step
 
     def check(thread: str | None = None, **args: object) -> Step:
@@ -380,7 +380,7 @@ def test_the_detector_on_segments_finds_what_it_finds_on_records() -> None:
     """Every reissuable variant of the catalog and the zoo, trial by trial: a detector alone
     (its reissued trials come as segments, and its analyses are remembered) gives the findings
     of a detector that analyses every trial afresh from records, op numbers included."""
-    from harness.detector import RaceDetector
+    from harness.races.detector import RaceDetector
 
     for path, variant in CASES:
         scenario = load_scenario(path)

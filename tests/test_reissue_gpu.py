@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.executor import TrialExecutor
-from harness.outcome import Outcome
+from harness.run.executor import TrialExecutor
+from harness.results.outcome import Outcome
 from harness.lang.targets import SCENARIO_ROOT
 from test_reissue import recorded_trials, without_stamps
 
@@ -91,7 +91,7 @@ def test_a_gpu_worker_writes_reissued_trials_compactly_and_incidents_in_full(tmp
     op lines only, the same ops."""
     from pathlib import Path
 
-    from harness.detector import check_trace
+    from harness.races.detector import check_trace
     from harness.traces.optrace import load_trace
 
     doc = _run(tmp_path, "buggy", "--variant", "buggy", "--no-amplify", "--trials", "12",

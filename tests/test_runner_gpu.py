@@ -91,7 +91,7 @@ def test_hung_worker_killed_gpu_fine_afterwards(tmp_path: Path) -> None:
 _PARENT = """
 import json, sys
 from pathlib import Path
-from harness.runner import Runner, RunOptions
+from harness.run.runner import Runner, RunOptions
 from harness.lang.targets import resolve_targets
 
 if __name__ == "__main__":

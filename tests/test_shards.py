@@ -12,8 +12,8 @@ import pytest
 from click.testing import CliRunner
 
 from harness.cli import main
-from harness.outcome import Outcome, TrialResult, VariantResult
-from harness.rates import wilson
+from harness.results.outcome import Outcome, TrialResult, VariantResult
+from harness.results.rates import wilson
 from harness.lang.targets import SCENARIO_ROOT
 from reports import percent_interval, render_junit
 
@@ -90,7 +90,7 @@ def test_three_shards_merged_equal_one_run_trial_for_trial(campaign: dict,
 def test_shards_partition_the_trials_and_keep_their_seeds(tmp_path: Path) -> None:
     """Every (scenario, variant, trial index, seed) of one run is made by exactly one shard,
     with the seed the whole run gives it."""
-    from harness.runner import RunHooks, RunOptions, Runner
+    from harness.run.runner import RunHooks, RunOptions, Runner
     from harness.lang.targets import resolve_targets
 
     class Made(RunHooks):

@@ -17,7 +17,7 @@ from harness.lang.targets import SCENARIO_ROOT
 
 @pytest.mark.parametrize("path, part", [
     ("/repo/harness/traces/flight.py", "flight recorder"),
-    ("/repo/harness/detector.py", "race detector"),
+    ("/repo/harness/races/detector.py", "race detector"),
     ("/repo/kvcore/device/cuda.py", "CUDA device (kvcore's calls into CuPy)"),
     ("/repo/kvcore/pool.py", "device layer (reissue, op log, pool)"),
     ("/venv/site-packages/cupy/_core/core.py", "CuPy and the CUDA runtime"),
@@ -28,7 +28,8 @@ def test_each_file_belongs_to_its_part(path, part):
 
 
 def test_a_built_in_s_time_goes_to_its_callers_as_they_called_it():
-    detector, recorder = ("/r/harness/detector.py", 1, "f"), ("/r/harness/traces/flight.py", 2, "g")
+    detector = ("/r/harness/races/detector.py", 1, "f")
+    recorder = ("/r/harness/traces/flight.py", 2, "g")
     builtin = ("~", 0, "<built-in method builtins.sorted>")
     stats = {detector: (1, 1, 1.0, 4.0, {}), recorder: (1, 1, 0.5, 1.5, {}),
              builtin: (2, 2, 4.0, 4.0, {detector: (1, 1, 3.0, 3.0), recorder: (1, 1, 1.0, 1.0)})}

@@ -117,7 +117,7 @@ def test_kv_write_follows_a_stale_row_and_the_detector_finds_the_row_race(
     kv_write runs at once on another; it follows the old row, into the old page, on both
     backends. The op log records the page the host last published, and the detector finds the
     race on the row itself."""
-    from harness.detector import RaceDetector
+    from harness.races.detector import RaceDetector
     from kvcore.device.kernels import Delay
 
     device, context, pool, table, leases, row = _row_world(backend, request)
@@ -209,7 +209,7 @@ def test_a_page_list_rewritten_in_place_sends_a_queued_kernel_elsewhere(
     following a list of page 0, and the host rewrites the list in place for page 2 before it
     runs. It writes page 2 on both backends; the op log records page 0 (what the list held at
     the launch) and the detector finds the race on the list's own bytes."""
-    from harness.detector import RaceDetector
+    from harness.races.detector import RaceDetector
     from kvcore import PageIndex
     from kvcore.device.kernels import Delay
 
@@ -242,7 +242,7 @@ def test_attention_asserts_on_another_owners_bytes_on_sim(
 def test_kernel_steps_in_a_scenario(tmp_path) -> None:
     """kv_write and attention as steps: attention of the owner's bytes counts nothing; a check
     that finds kv_write's bytes says whose table row wrote them."""
-    from harness.executor import TrialExecutor
+    from harness.run.executor import TrialExecutor
     from harness.lang.scenario import load_scenario
 
     text = """\
@@ -359,8 +359,8 @@ def test_a_kernel_reads_pinned_memory_in_place(backend: str, request, tmp_path) 
     """Zero-copy: a kernel queued behind 2 ms of work reads a pinned buffer in place; the host
     rewrites it meanwhile, and the kernel sees the new bytes (on both backends). The fix, a
     synchronize before the rewrite, keeps it clean, and the detector agrees."""
-    from harness.detector import RaceDetector
-    from harness.executor import TrialExecutor
+    from harness.races.detector import RaceDetector
+    from harness.run.executor import TrialExecutor
     from harness.lang.scenario import load_scenario
 
     path = tmp_path / "zero_copy.yaml"
@@ -415,7 +415,7 @@ spec:
 def test_page_list_steps_run_and_say_whose_bytes(tmp_path) -> None:
     """scatter, gather and kv_write through a page list as steps; a check that finds the
     kv_write's bytes names the page list."""
-    from harness.executor import TrialExecutor
+    from harness.run.executor import TrialExecutor
     from harness.lang.scenario import load_scenario
 
     path = tmp_path / "lists.yaml"

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from harness.cli import main
 from harness.errors import ScenarioError
-from harness.explore import Strategy, explore
+from harness.analyses.explore import Strategy, explore
 from harness.lang.scenario import load_scenario
 from kvcore.device.schedule import Schedule
 
@@ -79,7 +79,7 @@ def _run(path: Path, tmp_path: Path, *args: str) -> dict[str, dict]:
 
 def test_sections_keep_each_threads_order_and_name_their_threads(tmp_path: Path) -> None:
     scenario = load_scenario(_write(tmp_path, REUSE))
-    from harness.executor import sections
+    from harness.run.executor import sections
 
     parts = sections(scenario.steps_of("buggy"))
     assert [len(p.threads) for p in parts] == [0, 2, 0]
@@ -205,7 +205,7 @@ def test_real_threads_run_the_same_scenarios(tmp_path: Path) -> None:
     """The GPU's way, real threads, here on the simulated device: handoffs wait, the fixed
     variant stays clean, the held thread sleeps and the race shows, a thread's failure ends the
     trial."""
-    from harness.executor import TrialExecutor
+    from harness.run.executor import TrialExecutor
 
     def outcomes(text: str, variant: str, amplify: bool = False, trials: int = 5) -> set[str]:
         scenario = load_scenario(_write(tmp_path, text))

@@ -81,7 +81,7 @@ def test_report_window_draws_a_saved_sweep(tmp_path: Path) -> None:
 
 def test_the_window_and_the_table_say_one_interval_for_one_count() -> None:
     """#29: the summary table said 0-17% for 0/20 and the window [0-16%]."""
-    from harness.rates import wilson
+    from harness.results.rates import wilson
     from reports import percent_interval
     from reports.window import Point, Window, render_terminal
     low, high = wilson(0, 20)

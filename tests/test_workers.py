@@ -11,17 +11,17 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness.runner import RunOptions, Runner
+from harness.run.runner import RunOptions, Runner
 from harness.lang.scenario import load_scenario
 from harness.lang.targets import SCENARIO_ROOT, resolve_targets
-from harness.worker import WorkerJob
-from harness.workers import WorkerSupply
+from harness.run.worker import WorkerJob
+from harness.run.workers import WorkerSupply
 from programs import hang_file
 
 def _supplies(monkeypatch) -> list[WorkerSupply]:
     """Every worker supply the runner makes from now on, to ask after the run how its
     workers came (a start on sim takes milliseconds, so times cannot say)."""
-    import harness.runner
+    import harness.run.runner
 
     made: list[WorkerSupply] = []
 
@@ -30,7 +30,7 @@ def _supplies(monkeypatch) -> list[WorkerSupply]:
             super().__init__(*args, **kwargs)
             made.append(self)
 
-    monkeypatch.setattr(harness.runner, "WorkerSupply", Recorded)
+    monkeypatch.setattr(harness.run.runner, "WorkerSupply", Recorded)
     return made
 
 
@@ -165,8 +165,8 @@ def test_a_lane_whose_worker_is_slow_to_start_holds_up_no_other(tmp_path: Path,
     the other lane runs every trial (a worker start used to hold the whole run, so a crash
     soak ran no faster on two GPUs than on one). The worker that never got ready is stopped
     with the run."""
-    import harness.runner
-    from harness.workers import Worker
+    import harness.run.runner
+    from harness.run.workers import Worker
 
     real = Runner._start_worker
     started: list[Worker] = []
@@ -197,7 +197,7 @@ def test_a_lane_whose_worker_is_slow_to_start_holds_up_no_other(tmp_path: Path,
 
     monkeypatch.setattr(Runner, "_start_worker", start)
     # A run that waited for it would fail at its start timeout: soon, not in two minutes.
-    monkeypatch.setattr(harness.runner, "WORKER_START_TIMEOUT_S", 15.0)
+    monkeypatch.setattr(harness.run.runner, "WORKER_START_TIMEOUT_S", 15.0)
     runner = Runner(RunOptions(backend="sim", gpus="2", trials=40, variants=("fixed",),
                                dangerous=True, out_dir=tmp_path))
     [r] = runner.run(resolve_targets(["cross-stream-race"])).results
@@ -210,7 +210,7 @@ def test_a_fatal_xid_retires_its_gpu_and_the_others_go_on(tmp_path: Path) -> Non
     from collections import deque
 
     from harness.gpu.watch import FatalXid
-    from harness.runner import _Lane
+    from harness.run.runner import _Lane
 
     runner = Runner(RunOptions(backend="sim", out_dir=tmp_path))
 
@@ -273,19 +273,19 @@ def test_the_kernel_log_says_a_gpu_is_gone_even_when_nvml_does_not(monkeypatch) 
 
 
 def test_gpus_name_the_gpus_this_process_sees(monkeypatch, tmp_path: Path) -> None:
-    import harness.runner
+    import harness.run.runner
     from harness.errors import TargetError
 
     runner = Runner(RunOptions(backend="sim", out_dir=tmp_path))
     runner.backend = "cuda"
     # Workers are pinned by UUID: CUDA's ordinals skip a GPU it cannot use.
-    monkeypatch.setattr(harness.runner, "gpu_uuids", lambda: ["GPU-a", "GPU-b"])
+    monkeypatch.setattr(harness.run.runner, "gpu_uuids", lambda: ["GPU-a", "GPU-b"])
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
     assert runner._resolve_lanes("all") == [("GPU 0", "GPU-a"), ("GPU 1", "GPU-b")]
     assert runner._resolve_lanes("1") == [("GPU 0", "GPU-a")]
     assert runner._resolve_lanes(None) == [("GPU 0", None)]
     # Without UUIDs, the parent's own entry for each GPU.
-    monkeypatch.setattr(harness.runner, "gpu_uuids", lambda: [None, None])
+    monkeypatch.setattr(harness.run.runner, "gpu_uuids", lambda: [None, None])
     assert runner._resolve_lanes("all") == [("GPU 0", "3"), ("GPU 1", "5")]
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     assert runner._resolve_lanes("1,0") == [("GPU 1", "1"), ("GPU 0", "0")]
@@ -321,8 +321,8 @@ def test_an_incident_on_one_of_several_gpus_reproduces_on_that_gpu(tmp_path: Pat
     import shlex
 
     from harness.gpu.watch import TrialXids
-    from harness.incidents import reproduce_argv
-    from harness.outcome import Outcome, TrialResult
+    from harness.run.incidents import reproduce_argv
+    from harness.results.outcome import Outcome, TrialResult
     from reports import load_report
 
     runner = Runner(RunOptions(backend="sim", out_dir=tmp_path))
@@ -364,10 +364,10 @@ def test_an_incident_on_one_of_several_gpus_reproduces_on_that_gpu(tmp_path: Pat
 def test_a_gpu_that_needs_a_reset_runs_nothing(monkeypatch, tmp_path: Path) -> None:
     """Before any trial, a GPU the driver wants reset is retired (the run exits 1); with
     --gpus all, one that CUDA no longer shows is named too, not silently left out."""
-    import harness.runner
+    import harness.run.runner
 
-    monkeypatch.setattr(harness.runner, "gpu_uuids", lambda: ["GPU-a", "GPU-b"])
-    monkeypatch.setattr(harness.runner, "cuda_state", lambda: (
+    monkeypatch.setattr(harness.run.runner, "gpu_uuids", lambda: ["GPU-a", "GPU-b"])
+    monkeypatch.setattr(harness.run.runner, "cuda_state", lambda: (
         True, "2 CUDA device(s)", ["GPU-a", "GPU-b"], ["GPU-a", "GPU-b", "GPU-c"]))
     runner = Runner(RunOptions(backend="sim", gpus="all", out_dir=tmp_path))
     runner.backend = "cuda"
@@ -400,8 +400,8 @@ def test_a_worker_that_cannot_start_on_a_gpu_that_needs_a_reset_retires_its_lane
     from collections import deque
 
     from harness.errors import HarnessError
-    from harness.runner import _Lane
-    from harness.workers import WorkerFailed
+    from harness.run.runner import _Lane
+    from harness.run.workers import WorkerFailed
 
     class Dead:
         proc = None
@@ -461,7 +461,7 @@ def test_a_worker_keeps_only_the_traces_the_parent_can_use(tmp_path: Path,
     the traces of its first ``traces_kept`` (the parent's incidents need no more), and with
     --record every trace."""
     from harness.lang.targets import SCENARIO_ROOT
-    from harness.worker import TrialRunner
+    from harness.run.worker import TrialRunner
 
     scenario = load_scenario(SCENARIO_ROOT / "cross_stream_race.yaml")
     job = WorkerJob(scenario, "buggy", "sim", os.getpid(), False, None,

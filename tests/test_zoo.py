@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from harness.cli import main
-from harness.explore import Strategy, explore
+from harness.analyses.explore import Strategy, explore
 from harness.lang.targets import SCENARIO_ROOT
 from harness.lang.scenario import load_scenario, load_suite
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from harness.capture.translate import Translator
-from harness.detector import Finding, RaceDetector
+from harness.races.detector import Finding, RaceDetector
 from harness.faults.writes import reason
 from harness.traces.flight import op_line
 from harness.traces.optrace import TRACE_SCHEMA

@@ -409,7 +409,7 @@ def watched_source(source: Path) -> Watched | None:
     """The watched run ``source`` names: a watched run's incident folder (or its report.json),
     its trace.jsonl, or the capture events a run wrote (``watch/run-001/events.jsonl``); None
     when ``source`` is none of these (a scenario's incident or trace: minimize's own)."""
-    from harness.detector import check_trace
+    from harness.races.detector import check_trace
     from harness.traces.optrace import is_op_trace, load_trace
 
     folder = source if source.is_dir() else source.parent

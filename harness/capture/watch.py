@@ -34,12 +34,12 @@ from harness.capture.events import LOST, read_events
 from harness.errors import CaptureFailed, NothingToCapture, TraceError, WatchError
 from harness.faults.writes import WriteFaults, WriteStop, reason
 from harness.gpu.nvml import health_snapshot
-from harness.incidents import trace_tail
-from harness.outcome import Outcome, TrialResult, VariantResult
-from harness.outputs import RunFolder
-from harness.rates import wilson
+from harness.run.incidents import trace_tail
+from harness.results.outcome import Outcome, TrialResult, VariantResult
+from harness.run.outputs import RunFolder
+from harness.results.rates import wilson
 from harness.traces.optrace import load_trace
-from harness.runner import VERSION, RunHooks, RunResult
+from harness.run.runner import VERSION, RunHooks, RunResult
 from reports import write_incident
 
 POLL_S = 0.1

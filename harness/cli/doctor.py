@@ -11,7 +11,7 @@ from rich import box
 from rich.markup import escape
 from rich.table import Table
 
-from harness.doctor import diagnose
+from harness.gpu.doctor import diagnose
 from harness.cli.app import main
 from harness.cli.options import format_option
 from harness.cli.output import _echo, out

@@ -12,7 +12,7 @@ from typing import Any
 import click
 from rich.markup import escape
 
-from harness.explore import Strategy, explore
+from harness.analyses.explore import Strategy, explore
 from harness.lang.targets import resolve_targets, shown_target
 from harness.cli.app import main
 from harness.cli.options import format_option

@@ -11,7 +11,7 @@ import click
 from rich.markup import escape
 
 import kvcore
-from harness.minimize import minimize, write_minimized
+from harness.analyses.minimize import minimize, write_minimized
 from reports import write_atomic
 from harness.cli.app import main
 from harness.cli.output import err, out
@@ -78,8 +78,8 @@ def minimize_cmd(source: Path, output: Path, defects: Sequence[str],
 def _check_reproducer(path: Path, trials: int = 5) -> None:
     """A few trials of a written reproducer on the simulated device: said, and a warning when
     it does not do what it was written for."""
-    from harness.minimize import HowRun, sim_trial
-    from harness.outcome import Outcome
+    from harness.analyses.minimize import HowRun, sim_trial
+    from harness.results.outcome import Outcome
     from harness.lang.scenario import load_scenario
 
     scenario = load_scenario(path)

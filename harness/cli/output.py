@@ -14,9 +14,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from harness.outcome import Status
+from harness.results.outcome import Status
 from reports import ReportError, percent_interval
-from harness.runner import ExitCode, RunResult
+from harness.run.runner import ExitCode, RunResult
 
 
 class _Output:

@@ -13,7 +13,7 @@ from rich.markup import escape
 from harness.limits import RUN_MAX_BYTES
 from harness.inputs import Unreadable, read_input
 from reports import ReportError, list_incidents, load_report, render_markdown
-from harness.outputs import check_file
+from harness.run.outputs import check_file
 from reports.window import plot_png, sweep_window, trace_gaps
 from harness.cli.app import main
 from harness.cli.options import format_option

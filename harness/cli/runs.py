@@ -20,16 +20,16 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 import kvcore
 from harness.errors import GpuBusyError, ScenarioError
 from harness.limits import TRIALS_MAX
-from harness.merge import merge_runs
-from harness.replay import replay_scenario
+from harness.run.merge import merge_runs
+from harness.run.replay import replay_scenario
 from harness.lang.model import Scenario
 from harness.gpu.probe import other_gpu_users
-from harness.outcome import Status, TrialResult, VariantResult
+from harness.results.outcome import Status, TrialResult, VariantResult
 from reports import render_junit, write_atomic
 from harness.faults.writes import FOLDER_GONE, WriteFaults, fallback_folder
-from harness.outputs import check_file, check_folder, sweep_dead_runs
+from harness.run.outputs import check_file, check_folder, sweep_dead_runs
 from reports.window import Window, plot_png, render_terminal, sweep_window, trace_gaps
-from harness.runner import Interrupted, RunHooks, RunOptions, RunResult, Runner
+from harness.run.runner import Interrupted, RunHooks, RunOptions, RunResult, Runner
 from harness.lang.targets import resolve_targets
 from harness.cli.app import main
 from harness.cli.options import (PATH_OPTION, format_option, junit_option, run_options,

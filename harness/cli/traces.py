@@ -10,10 +10,10 @@ from pathlib import Path
 
 import click
 
-from harness.detector import check_trace
+from harness.races.detector import check_trace
 from harness.traces.optrace import load_trace
 from reports import write_atomic
-from harness.outputs import check_file
+from harness.run.outputs import check_file
 from reports.timeline import chrome_trace, svg_timeline
 from harness.cli.app import main
 from harness.cli.options import format_option

@@ -15,9 +15,9 @@ import click
 from rich.markup import escape
 
 from harness.limits import DELAY_MAX_US, TIMEOUT_MAX_S, TRIALS_MAX
-from harness.outcome import TrialResult, VariantResult
-from harness.outputs import check_file, check_folder, sweep_dead_runs
-from harness.runner import RunHooks, RunResult
+from harness.results.outcome import TrialResult, VariantResult
+from harness.run.outputs import check_file, check_folder, sweep_dead_runs
+from harness.run.runner import RunHooks, RunResult
 from harness.cli.app import main
 from harness.cli.options import format_option, junit_option, out_option
 from harness.cli.output import _log, print_finding, err, out

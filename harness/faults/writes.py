@@ -16,7 +16,7 @@ JUnit file):
   folder (:func:`fallback_folder`; ``TMPDIR`` moves it), and the summary says where;
 - the run exits 4, and run.json's ``write_errors`` lists what was lost and why.
 
-A run folder that disappears mid-run (:meth:`harness.outputs.RunFolder.gone`) ends the run with
+A run folder that disappears mid-run (:meth:`harness.run.outputs.RunFolder.gone`) ends the run with
 what it knows: that is said in one line, and is one of the ``write_errors``.
 """
 

@@ -12,12 +12,12 @@ from typing import Any
 def worker_here(scenario: Any, variant: str, backend: str, delay_us: float, detect: bool,
                 folder: Path, *, timeline: bool = False, reissue: bool = True,
                 keep_world: bool | None = None) -> Any:
-    """A :class:`harness.worker.TrialRunner` for ``variant`` of ``scenario``, its traces and log
+    """A :class:`harness.run.worker.TrialRunner` for ``variant`` of ``scenario``, its traces and log
     under ``folder``; it keeps as many traces of bad trials as a run's workers do.
     ``keep_world`` keeps the world from trial to trial on the simulated device too (a GPU
     worker always does), so a sim benchmark measures the trials a GPU's worker runs."""
-    from harness.runner import RunOptions
-    from harness.worker import TrialRunner, WorkerJob
+    from harness.run.runner import RunOptions
+    from harness.run.worker import TrialRunner, WorkerJob
 
     job = WorkerJob(scenario=scenario, variant=variant, backend=backend, parent_pid=os.getpid(),
                     amplify=delay_us > 0, delay_us=delay_us or None,

@@ -23,10 +23,10 @@ from typing import Any
 
 PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("flight recorder", ("harness/traces/",)),
-    ("race detector", ("harness/detector.py",)),
-    ("executor (steps, checks, world)", ("harness/executor.py", "harness/lang/steplist.py",
+    ("race detector", ("harness/races/detector.py",)),
+    ("executor (steps, checks, world)", ("harness/run/executor.py", "harness/lang/steplist.py",
                                          "harness/lang/model.py")),
-    ("worker (the trial's record)", ("harness/worker.py", "harness/outcome.py")),
+    ("worker (the trial's record)", ("harness/run/worker.py", "harness/results/outcome.py")),
     ("simulated device", ("kvcore/device/sim.py",)),
     ("CUDA device (kvcore's calls into CuPy)", ("kvcore/device/cuda.py",)),
     ("device layer (reissue, op log, pool)", ("kvcore/",)),

@@ -96,8 +96,8 @@ def _kind(spec: tuple[str, str | None, bool, bool], scenario: Any, variant: str,
           reissue: bool, delay_us: float, folder: Path) -> _Kind:
     """A trial function of one kind (whether the trial went wrong), its executor, and what
     ends it."""
-    from harness.detector import RaceDetector
-    from harness.executor import TrialExecutor
+    from harness.races.detector import RaceDetector
+    from harness.run.executor import TrialExecutor
     from harness.traces.flight import FlightRecorder
 
     name, reader, recording, detecting = spec

@@ -24,10 +24,10 @@ from harness import limits as L
 from harness.lang import vocabulary as V
 from harness.cli.catalog import LIST_SCHEMA
 from harness.cli.traces import CHECK_SCHEMA
-from harness.explore import StopReason, Strategy
+from harness.analyses.explore import StopReason, Strategy
 from harness.lang.model import EXPECTATIONS, STREAM_KINDS, WORKLOAD_PHASES
-from harness.outcome import Outcome, Status
-from harness.runner import RUN_SCHEMA, ExitCode
+from harness.results.outcome import Outcome, Status
+from harness.run.runner import RUN_SCHEMA, ExitCode
 from harness.lang.scenario import API_VERSION, KINDS, WORKLOAD_KINDS
 from harness.traces.optrace import TRACE_SCHEMA
 from harness.traces.ticket import KV_DTYPES, TICKET_SCHEMA
@@ -140,7 +140,7 @@ SPAN = {"type": "array", "prefixItems": [integer(0, L.COUNT_MAX), integer(0, L.C
 # ---- shared by the output documents ------------------------------------------------------------
 
 def _opref() -> Schema:
-    """harness.detector.OpRef.to_json: one side of a race."""
+    """harness.races.detector.OpRef.to_json: one side of a race."""
     return closed({
         "seq": integer(1), "stream": string(), "kind": string(), "step": nullable(string()),
         "site": nullable(string()), "origin": nullable(string()),
@@ -151,7 +151,7 @@ def _opref() -> Schema:
 
 
 def _finding(folded: bool) -> Schema:
-    """harness.detector.Finding.to_json; a run's results fold them with ``trials``."""
+    """harness.races.detector.Finding.to_json; a run's results fold them with ``trials``."""
     props = {
         "buffer": string(), "space": enum(["device", "host"]), "page": nullable(integer(0)),
         "owner": nullable(string()), "first_owner": nullable(string()), "reused": BOOLEAN,
@@ -187,7 +187,7 @@ def _health() -> Schema:
 
 
 def _trial() -> Schema:
-    """harness.outcome.TrialResult.to_json."""
+    """harness.results.outcome.TrialResult.to_json."""
     return closed({
         "index": integer(0), "seed": integer(0), "outcome": enum(o.value for o in Outcome),
         "detail": string(), "cuda_error": nullable(string()), "step": nullable(string()),

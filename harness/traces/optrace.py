@@ -65,7 +65,7 @@ _SPACES = ("device", "host")
 @dataclass(frozen=True)
 class OpTrace:
     """A checked op trace: its header, and every record (header first) in file order, as the
-    race detector's :func:`~harness.detector.check_trace` takes them."""
+    race detector's :func:`~harness.races.detector.check_trace` takes them."""
 
     path: Path
     header: dict[str, Any]

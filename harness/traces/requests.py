@@ -1,6 +1,6 @@
 """A ticket's records: its header (the world it runs on) and its requests, each one turn of one
 conversation, as :mod:`harness.traces.ticket` loads and writes them and the engine's batching
-plan (:mod:`harness.batching`) reads them. Records only: the file's checks are the loader's.
+plan (:mod:`harness.traces.batching`) reads them. Records only: the file's checks are the loader's.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ whose message starts with ``file:line:col: field:`` and says what to change. :fu
 writes one atomically, checked by the same rules, so whatever it writes loads back equal.
 Besides each record, the checks cover what the replay engine would meet: the world the header
 asks for (within :mod:`harness.limits`), and, by running the engine's batching plan
-(:mod:`harness.batching`), that the pages live conversations hold never exceed the pool
+(:mod:`harness.traces.batching`), that the pages live conversations hold never exceed the pool
 (:meth:`Ticket.peak_pages` gives an author the estimate to size ``pool_pages`` by).
 """
 
@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from harness import batching
+from harness.traces import batching
 from harness import limits as L
 from harness.lang.footprint import Footprint
 from harness.inputs import clip, echo, plain
@@ -179,7 +179,7 @@ class _Parser(LineParser):
         self.check_world(self.header)
 
     def check_world(self, h: TicketHeader) -> None:
-        """The replay's world (harness.executor.pool_for: the pool, a table row per lane of as
+        """The replay's world (harness.run.executor.pool_for: the pool, a table row per lane of as
         many entries as the pool has pages) within the limits."""
         geometry = KVPageGeometry((KVPlaneGeometry(DType.parse(h.dtype), h.leading, h.heads),),
                                   page_tokens=h.page_tokens)

@@ -16,7 +16,7 @@ from harness.errors import TraceError
 from harness.traces.optrace import load_trace
 from harness.lang.model import Scenario, Variant
 from harness.lang.targets import shown_target
-from harness.outcome import TrialResult
+from harness.results.outcome import TrialResult
 
 LAST_OPS = 300
 """How many of the last op records an incident report carries (the whole trace is beside it)."""

@@ -8,7 +8,7 @@ import re
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
-from harness.rates import wilson
+from harness.results.rates import wilson
 
 
 def step_shape(step: object) -> object:
@@ -71,7 +71,7 @@ class TrialResult:
     xids: list[dict[str, object]] = field(default_factory=list)
     findings: list[dict[str, object]] = field(default_factory=list)  # the race detector's
     # Issued again from the device program an earlier clean trial captured, not step by step
-    # (see harness.executor): the same calls, with less of the harness between them.
+    # (see harness.run.executor): the same calls, with less of the harness between them.
     reissued: bool = False
 
     @classmethod

@@ -25,7 +25,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from harness.worker import WorkerJob, worker_main
+from harness.run.worker import WorkerJob, worker_main
 
 SILENT = ("silent",)
 """What :func:`receive` says when the worker sent nothing in time."""
@@ -90,8 +90,8 @@ class Worker:
         self.conn.close()
 
 
-PRELOAD = ("harness.worker", "harness.executor", "harness.detector", "harness.traces.flight",
-           "kvcore", "numpy")
+PRELOAD = ("harness.run.worker", "harness.run.executor", "harness.races.detector",
+           "harness.traces.flight", "kvcore", "numpy")
 """What the fork server imports once, so that a worker forked from it starts without importing
 it (each crash costs a worker start). Not CuPy, nor anything that imports it: a process that
 initialized CUDA cannot fork a child that uses CUDA, and the server must stay clear of it."""

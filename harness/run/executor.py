@@ -22,12 +22,12 @@ from dataclasses import dataclass
 import numpy as np
 
 import kvcore
-from harness import batching
+from harness.traces import batching
 from harness.lang import vocabulary as V
 from harness.lang.footprint import host_bytes
 from harness.limits import COUNTED_READS_MAX
 from harness.lang.model import Amplify, PlaneSpec, PoolSpec, Scenario, Step, Variant
-from harness.outcome import Outcome, TrialResult
+from harness.results.outcome import Outcome, TrialResult
 from harness.traces.ticket import Ticket, load_ticket
 from kvcore.device.kernels import (FIRST_BYTES, TOUCH_SPANS_MAX, Delay, Touch, Verify,
                                   first_mismatch)

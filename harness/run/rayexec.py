@@ -1,6 +1,6 @@
 """Workers as Ray actors: ``gpurace run --executor ray [--address ADDR]``.
 
-Each worker is an actor holding one :class:`~harness.worker.TrialRunner` (its device, made
+Each worker is an actor holding one :class:`~harness.run.worker.TrialRunner` (its device, made
 once) and asking Ray for one GPU (``num_gpus=1``; Ray pins it). The runner drives it as it
 drives a local worker: a thread here carries the actor's answers into a local pipe, so lanes,
 spares, the watchdog and the records are the same code. A trial that kills its CUDA context
@@ -21,8 +21,8 @@ import traceback
 from typing import Any
 
 from harness.errors import ExecutorError
-from harness.worker import TrialRunner, WorkerJob, context_died, exit_now, handed_trials, log_to
-from harness.workers import Worker
+from harness.run.worker import TrialRunner, WorkerJob, context_died, exit_now, handed_trials, log_to
+from harness.run.workers import Worker
 
 _RAY: Any = None
 _ACTOR: Any = None

@@ -3,7 +3,7 @@ to the parent as it ends.
 
 A worker is never forked from the run's parent (it would share the parent's state): it forks from
 a fork server that imported the harness once and never touches CUDA, or is spawned where there is
-none (:mod:`harness.workers`). A worker says it is ready only once its device, kernels and pool
+none (:mod:`harness.run.workers`). A worker says it is ready only once its device, kernels and pool
 are made, and waits for trials: so the parent can keep one ready as a spare. A CUDA fault kills
 the context, so a cuda worker exits after a crash and the parent hands the remaining trials to
 another; a hang is ended by the parent's watchdog killing the worker.
@@ -122,8 +122,8 @@ class TrialRunner:
     def __init__(self, job: WorkerJob) -> None:
         # Imported here: a spawned worker imports this module to find its entry point, and
         # the heavy parts only once it runs (the fork server has them preloaded).
-        from harness.detector import RaceDetector
-        from harness.executor import TrialExecutor
+        from harness.races.detector import RaceDetector
+        from harness.run.executor import TrialExecutor
         from harness.traces.flight import FlightRecorder
         from kvcore.device.schedule import Schedule
 

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from harness.limits import HISTORY_MAX_BLOCKS
-from harness.outcome import is_site, step_shape
+from harness.results.outcome import is_site, step_shape
 from kvcore.device import Device, OpRecord
 from kvcore.device.oplog import Segment, expanded
 

@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 
 import kvcore
 from harness.errors import TargetError
-from harness.executor import TrialExecutor, sections
+from harness.run.executor import TrialExecutor, sections
 from harness.lang.model import Scenario, Variant
-from harness.outcome import Outcome, TrialResult
+from harness.results.outcome import Outcome, TrialResult
 from kvcore.device.schedule import Schedule
 
 

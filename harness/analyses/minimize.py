@@ -29,11 +29,11 @@ from typing import Any
 import yaml
 
 import kvcore
-from harness import batching
+from harness.traces import batching
 from harness.lang import vocabulary as V
-from harness.detector import RaceDetector, check_trace
+from harness.races.detector import RaceDetector, check_trace
 from harness.errors import ScenarioError, TargetError, TraceError
-from harness.executor import TrialExecutor, pool_for
+from harness.run.executor import TrialExecutor, pool_for
 from harness.limits import (
     DELAY_MAX_US,
     HEAD_BYTES,
@@ -44,8 +44,8 @@ from harness.limits import (
 )
 from harness.lang.model import Amplify, PoolSpec, Scenario, Step, Variant, Workload
 from harness.traces.optrace import is_op_trace, load_trace
-from harness.outcome import Outcome
-from harness.replay import replay_scenario
+from harness.results.outcome import Outcome
+from harness.run.replay import replay_scenario
 from harness.inputs import Unreadable, clip, echo, plain, read_input, show_path
 from harness.lang.scenario import is_file, load_scenario
 from harness.traces.jsonl import column_of

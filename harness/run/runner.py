@@ -3,8 +3,8 @@
 The engine knows nothing of the CLI: it reports progress through :class:`RunHooks` and returns a
 :class:`RunResult`. A run has named phases (plan, then each variant's trials, then the verdict);
 why a variant ended is in its status and reason. A variant's trials go to lanes, one a GPU (or a
-simulated device), each with its workers and spares (:mod:`harness.workers`), local processes
-or Ray actors (:mod:`harness.rayexec`); ``--shard`` keeps a deterministic part of them.
+simulated device), each with its workers and spares (:mod:`harness.run.workers`), local processes
+or Ray actors (:mod:`harness.run.rayexec`); ``--shard`` keeps a deterministic part of them.
 """
 
 from __future__ import annotations
@@ -32,15 +32,15 @@ from harness.faults.writes import FOLDER_GONE, WriteFault, WriteFaults, WriteSto
 from harness.errors import BackendUnavailable, HarnessError, TargetError
 from harness.traces.flight import CURRENT, cut_torn_tail, trace_path
 from harness.traces.optrace import plain_file
-from harness.incidents import build_report, reproduce_argv
+from harness.run.incidents import build_report, reproduce_argv
 from harness.lang.model import Scenario, Variant
-from harness.outputs import RunFolder
-from harness.outcome import Outcome, Status, TrialResult, VariantResult
+from harness.run.outputs import RunFolder
+from harness.results.outcome import Outcome, Status, TrialResult, VariantResult
 from harness.gpu.probe import cuda_state, cuda_usable, gpu_uuids
 from harness.limits import GPUS_MAX
 from harness.gpu.watch import FatalXid, GpuWatch, TrialXids, same_pci
-from harness.worker import WorkerJob, context_died
-from harness.workers import (
+from harness.run.worker import WorkerJob, context_died
+from harness.run.workers import (
     GONE,
     SILENT,
     Worker,
@@ -107,12 +107,12 @@ class RunOptions:
     record: bool = False  # keep every trial's op trace under out_dir/workers
     poison: bool = False  # the pool poisons released pages (kvcore's DeviceKVPagePool)
     timeline: bool = False  # time every stream op with CUDA events (the incidents' timelines)
-    reissue: bool = True  # issue a captured clean trial's device calls again (harness.executor)
+    reissue: bool = True  # issue a captured clean trial's device calls again (harness.run.executor)
     shard: tuple[int, int] | None = None  # (K, N): run the K-th of N parts of the trials
     spares: int | None = None  # workers kept ready once a variant's workers die (None: the
-    # backend's default, SPARES_DEFAULT; see harness.workers)
+    # backend's default, SPARES_DEFAULT; see harness.run.workers)
     gpus: str | None = None  # "all", "N" or "0,2": a lane of workers per GPU (sim: N devices)
-    executor: str = "local"  # "ray": workers are Ray actors (harness.rayexec)
+    executor: str = "local"  # "ray": workers are Ray actors (harness.run.rayexec)
     address: str | None = None  # the Ray cluster's address; None: a local instance
     stop_on_write_error: bool = False  # stop at the first file that cannot be written
 
@@ -310,7 +310,7 @@ class Runner:
 
     def _start_worker(self, job: WorkerJob) -> Worker:
         if self.options.executor == "ray":
-            from harness.rayexec import start_actor
+            from harness.run.rayexec import start_actor
 
             return start_actor(job, self.options.address)
         return start_local(job)
