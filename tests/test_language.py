@@ -513,7 +513,8 @@ def test_a_scrubbed_world_starts_each_trial_from_a_byte_no_step_uses(tmp_path: P
     """On the GPU one world serves every trial of a worker, so its pages would still hold the
     last trial's bytes; it fills them with a byte no step uses at its start and after every
     trial instead. Shown on the simulated device, with a world that serves two trials."""
-    from harness.run.executor import World, _Steps
+    from harness.run.steps import _Steps
+    from harness.run.world import World
 
     scenario = load_scenario(write(tmp_path))
     variant = scenario.variant("buggy")
@@ -542,7 +543,8 @@ def test_a_poisoned_world_that_serves_many_trials_scrubs_after_the_poison(tmp_pa
     """The poison of a trial's last releases runs on the pool's own stream; the scrub that ends
     the trial on the GPU writes the same pages, so it waits for the poison first: the fixed
     variant stays race-free however many trials its world serves (shown on sim)."""
-    from harness.run.executor import World, _Steps
+    from harness.run.steps import _Steps
+    from harness.run.world import World
     from harness.lang.targets import SCENARIO_ROOT
 
     scenario = load_scenario(SCENARIO_ROOT / "release_fence.yaml")

@@ -79,7 +79,7 @@ def _run(path: Path, tmp_path: Path, *args: str) -> dict[str, dict]:
 
 def test_sections_keep_each_threads_order_and_name_their_threads(tmp_path: Path) -> None:
     scenario = load_scenario(_write(tmp_path, REUSE))
-    from harness.run.executor import sections
+    from harness.run.steps import sections
 
     parts = sections(scenario.steps_of("buggy"))
     assert [len(p.threads) for p in parts] == [0, 2, 0]

@@ -33,7 +33,8 @@ from harness.traces import batching
 from harness.lang import vocabulary as V
 from harness.races.detector import RaceDetector, check_trace
 from harness.errors import ScenarioError, TargetError, TraceError
-from harness.run.executor import TrialExecutor, pool_for
+from harness.run.executor import TrialExecutor
+from harness.run.workloads import pool_for
 from harness.limits import (
     DELAY_MAX_US,
     HEAD_BYTES,

@@ -1,6 +1,6 @@
 """What a scenario's world allocates, in bytes, known from its pool before anything is allocated.
 
-The executor's :class:`~harness.run.executor.World` builds, for every trial on the simulated device
+The executor's :class:`~harness.run.world.World` builds, for every trial on the simulated device
 (and once per worker on the GPU): the device pool (kvcore's arena), a staging buffer per stream
 for scattered copies (kvcore's pool, at most ``STAGING_BYTES`` each), the execution table and
 its pinned shadow, the page-generation mirror, and a pinned arena for the check's readback (as

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import kvcore
-from harness.run.executor import pool_for
+from harness.run.workloads import pool_for
 from harness.lang.model import Amplify, Scenario, Variant, Workload
 from harness.traces.ticket import load_ticket
 

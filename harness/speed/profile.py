@@ -24,7 +24,9 @@ from typing import Any
 PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("flight recorder", ("harness/traces/",)),
     ("race detector", ("harness/races/detector.py",)),
-    ("executor (steps, checks, world)", ("harness/run/executor.py", "harness/lang/steplist.py",
+    ("executor (steps, checks, world)", ("harness/run/executor.py", "harness/run/steps.py",
+                                         "harness/run/checks.py", "harness/run/world.py",
+                                         "harness/run/workloads.py", "harness/lang/steplist.py",
                                          "harness/lang/model.py")),
     ("worker (the trial's record)", ("harness/run/worker.py", "harness/results/outcome.py")),
     ("simulated device", ("kvcore/device/sim.py",)),

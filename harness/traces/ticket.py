@@ -179,7 +179,7 @@ class _Parser(LineParser):
         self.check_world(self.header)
 
     def check_world(self, h: TicketHeader) -> None:
-        """The replay's world (harness.run.executor.pool_for: the pool, a table row per lane of as
+        """The replay's world (harness.run.workloads.pool_for: the pool, a table row per lane of as
         many entries as the pool has pages) within the limits."""
         geometry = KVPageGeometry((KVPlaneGeometry(DType.parse(h.dtype), h.leading, h.heads),),
                                   page_tokens=h.page_tokens)
