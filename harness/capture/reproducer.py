@@ -70,7 +70,7 @@ DELAY_US = 10_000.0
 `--amplify` queues in the program: the scenario's trials are short, and a host busy with other
 work can stall longer than 1 ms between the two ops of a pair. On an H200 running twelve watched
 programs at once, 1 ms reproductions of cupy_pool_reuse and torch_record_stream missed in 2 to
-3 of 50 trials and the same scenario alone in none of 300; the zoo's cub-156 and cudf-22284
+3 of 50 trials, and cupy_pool_reuse's alone in none of 300; the zoo's cub-156 and cudf-22284
 needed 10 ms for the same reason."""
 
 
