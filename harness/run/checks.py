@@ -14,7 +14,6 @@ from harness.lang.model import Step
 from kvcore.device.kernels import first_mismatch
 
 
-
 class _Corruption(Exception):
     """A check saw data it should not have: ends the trial as ``corruption``."""
 
@@ -142,9 +141,6 @@ class _Checks:
         held = f"lease {holders[0]}'s" if holders else "a page no lease holds now,"
         return (f"; entry {entry} named page {page} ({held} page), which held 0x{byte:02X} "
                 f"({self._whose(byte)})")
-
-
-
 
 
 @dataclass(frozen=True)

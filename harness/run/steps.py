@@ -65,7 +65,6 @@ class _Deadlock(Exception):
         self.step = step
 
 
-
 _WAITING_STEPS = ("synchronize", "event_query")
 """Steps that wait for the device: on the GPU, a host thread runs them without holding the
 others back, as an engine's threads do."""

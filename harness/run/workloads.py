@@ -4,7 +4,6 @@ and a recorded ticket's replay (its requests over its lanes, as an engine's batc
 from __future__ import annotations
 
 
-
 import kvcore
 from harness.traces import batching
 from harness.lang.model import PlaneSpec, PoolSpec
@@ -80,8 +79,6 @@ class _Conversation(_RequestLoop):
         conversation.release()
         w.context.synchronize()
         return Outcome.CLEAN, "", None, wl.requests
-
-
 
 
 def pool_for(ticket: Ticket) -> PoolSpec:

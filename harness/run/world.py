@@ -17,14 +17,11 @@ from kvcore.device.program import Live
 from kvcore.device.sim import UNWRITTEN
 
 
-
-
 @dataclass
 class _HostBuffer:
     view: kvcore.HostKVAllocationView
     pages: int
     readback: bool  # written by the device (copy_to_host): zeroed before every trial
-
 
 
 CHECK_STREAM = "(check)"
