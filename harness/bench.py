@@ -103,13 +103,6 @@ def _bare_trial(page_bytes: int, delay_us: float, fence: bool) -> Callable[[], b
     return trial
 
 
-def _worker(scenario: Any, variant: str, backend: str, delay_us: float, detect: bool,
-            folder: Path, timeline: bool = False, reissue: bool = True) -> Any:
-    """A run's worker, in this process: what it does per trial (TrialRunner.run)."""
-    return worker_here(scenario, variant, backend, delay_us, detect, folder, timeline=timeline,
-                       reissue=reissue)
-
-
 def measure(trials: int, variant: str, delay_us: float, block: int = 100) -> dict[str, float]:
     backend = choose_backend("cuda")
     scenario = load_scenario(SCENARIO_ROOT / "cross_stream_race.yaml")
@@ -120,10 +113,10 @@ def measure(trials: int, variant: str, delay_us: float, block: int = 100) -> dic
     bare = _bare_trial(scenario.pool.geometry().page_stride, delay_us,
                        fence=chosen.defects.release_fence)
     with tempfile.TemporaryDirectory(prefix="gpurace-bench-") as tmp:
-        worker = _worker(scenario, variant, backend, delay_us, True, Path(tmp) / "reissued")
+        worker = worker_here(scenario, variant, backend, delay_us, True, Path(tmp) / "reissued")
         # What a run's worker does for scenarios it cannot reissue (host threads among them).
-        worker_stepped = _worker(scenario, variant, backend, delay_us, True,
-                                 Path(tmp) / "stepped", reissue=False)
+        worker_stepped = worker_here(scenario, variant, backend, delay_us, True,
+                                     Path(tmp) / "stepped", reissue=False)
         (h, st, w, ws, b), manifested = alternate([
             lambda i: executor.run(i, i).outcome.manifested,
             lambda i: stepped.run(i, i).outcome.manifested,
@@ -158,8 +151,8 @@ def measure_detector(backend: str, trials: int, variant: str, delay_us: float,
 
     out: dict[str, Any] = {"variant": variant, "delay_us": delay_us}
     with tempfile.TemporaryDirectory(prefix="gpurace-bench-") as tmp:
-        on_worker = _worker(scenario, variant, backend, delay_us, True, Path(tmp) / "on")
-        off_worker = _worker(scenario, variant, backend, delay_us, False, Path(tmp) / "off")
+        on_worker = worker_here(scenario, variant, backend, delay_us, True, Path(tmp) / "on")
+        off_worker = worker_here(scenario, variant, backend, delay_us, False, Path(tmp) / "off")
         pairs = {
             "executor": (executor_on, lambda i: bool(plain.run(i, i).outcome.manifested)),
             "worker": (lambda i: bool(on_worker.run(i, i).get("findings")),
@@ -178,9 +171,9 @@ def measure_timeline(trials: int, variant: str, delay_us: float,
     """A run's worker with ``--timeline`` against one without, alternating in blocks."""
     scenario = load_scenario(SCENARIO_ROOT / "cross_stream_race.yaml")
     with tempfile.TemporaryDirectory(prefix="gpurace-bench-") as tmp:
-        timed = _worker(scenario, variant, "cuda", delay_us, True, Path(tmp) / "on",
-                        timeline=True)
-        plain = _worker(scenario, variant, "cuda", delay_us, True, Path(tmp) / "off")
+        timed = worker_here(scenario, variant, "cuda", delay_us, True, Path(tmp) / "on",
+                            timeline=True)
+        plain = worker_here(scenario, variant, "cuda", delay_us, True, Path(tmp) / "off")
         (on_s, off_s), (found, _) = alternate(
             [lambda i: timed.run(i, i)["outcome"] != "clean",
              lambda i: plain.run(i, i)["outcome"] != "clean"], trials, block)
@@ -340,7 +333,7 @@ def measure_profile(backend: str, trials: int, variant: str, delay_us: float,
     stepped = TrialExecutor(scenario, scenario.variant(variant), backend, amplify=delay_us > 0,
                             delay_us=delay_us or None, reissue=False)
     with tempfile.TemporaryDirectory(prefix="gpurace-bench-") as tmp:
-        worker = _worker(scenario, variant, backend, delay_us, True, Path(tmp))
+        worker = worker_here(scenario, variant, backend, delay_us, True, Path(tmp))
         for index in range(10):  # past the capture: the trials a run's worker mostly runs
             worker.run(index, index)
         got = {"worker": profile(lambda i: worker.run(i, i), trials, first=10),

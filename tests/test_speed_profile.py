@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.bench import _worker
+from harness.speed.inprocess import worker_here
 from harness.lang.scenario import load_scenario
 from harness.speed.profile import OTHER, _by_part, part_of, profile
 from harness.lang.targets import SCENARIO_ROOT
@@ -40,7 +40,7 @@ def test_a_built_in_s_time_goes_to_its_callers_as_they_called_it():
 @pytest.mark.parametrize("detect", [True, False])
 def test_a_worker_s_parts_add_up_to_its_trial(tmp_path: Path, detect: bool):
     scenario = load_scenario(SCENARIO_ROOT / "cross_stream_race.yaml")
-    worker = _worker(scenario, "fixed", "sim", 0, detect, tmp_path)
+    worker = worker_here(scenario, "fixed", "sim", 0, detect, tmp_path)
     got = profile(lambda i: worker.run(i, i), 200)
     parts = {p.name: p for p in got.parts}
     assert math.isclose(sum(p.us for p in got.parts), got.trial_us, rel_tol=1e-9)

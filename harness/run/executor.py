@@ -14,7 +14,6 @@ import gc
 import time
 from collections.abc import Callable
 
-
 import kvcore
 from harness.lang.model import Amplify, Scenario, Step, Variant
 from harness.results.outcome import Outcome, TrialResult
@@ -22,7 +21,6 @@ from harness.traces.ticket import Ticket, load_ticket
 from kvcore.device.kernels import Delay
 from kvcore.device.program import Program
 from kvcore.device.schedule import Schedule
-
 
 from harness.run.checks import _Corruption
 from harness.run.steps import _Steps, sections

@@ -12,7 +12,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-
 import kvcore
 from harness.lang import vocabulary as V
 from harness.lang.model import Scenario, Step
@@ -21,9 +20,9 @@ from kvcore.device.kernels import TOUCH_SPANS_MAX, Delay, Touch, Verify
 from kvcore.device.program import Program
 from kvcore.device.schedule import Schedule
 
-
 from harness.run.checks import _Checks, _Corruption
 from harness.run.world import World, _HostBuffer
+
 
 @dataclass(frozen=True)
 class Section:

@@ -3,16 +3,15 @@ and a recorded ticket's replay (its requests over its lanes, as an engine's batc
 
 from __future__ import annotations
 
-
 import kvcore
 from harness.traces import batching
 from harness.lang.model import PlaneSpec, PoolSpec
 from harness.results.outcome import Outcome
 from harness.traces.ticket import Ticket
 
-
 from harness.run.steps import Trials
 from harness.run.world import World
+
 
 class _RequestLoop:
     """What request-level workloads share: each request's phases label the ops (and may carry

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-
 import kvcore
 from harness.lang.footprint import host_bytes
 from harness.limits import COUNTED_READS_MAX
