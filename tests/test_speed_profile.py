@@ -17,6 +17,8 @@ from harness.lang.targets import SCENARIO_ROOT
 
 @pytest.mark.parametrize("path, part", [
     ("/repo/harness/traces/flight.py", "flight recorder"),
+    ("/repo/harness/traces/batching.py", "executor (steps, checks, world)"),
+    ("/repo/harness/traces/ticket.py", "executor (steps, checks, world)"),
     ("/repo/harness/races/detector.py", "race detector"),
     ("/repo/kvcore/device/cuda.py", "CUDA device (kvcore's calls into CuPy)"),
     ("/repo/kvcore/pool.py", "device layer (reissue, op log, pool)"),

@@ -22,12 +22,16 @@ from dataclasses import dataclass
 from typing import Any
 
 PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("flight recorder", ("harness/traces/",)),
+    # The recorder's own files: the rest of traces/ (a ticket's requests and the engine's
+    # batching plan) is the work a ticket replay's steps do, the executor's.
+    ("flight recorder", ("harness/traces/flight.py", "harness/traces/optrace.py")),
     ("race detector", ("harness/races/detector.py",)),
     ("executor (steps, checks, world)", ("harness/run/executor.py", "harness/run/steps.py",
                                          "harness/run/checks.py", "harness/run/world.py",
                                          "harness/run/workloads.py", "harness/lang/steplist.py",
-                                         "harness/lang/model.py")),
+                                         "harness/lang/model.py", "harness/traces/batching.py",
+                                         "harness/traces/ticket.py",
+                                         "harness/traces/requests.py")),
     ("worker (the trial's record)", ("harness/run/worker.py", "harness/results/outcome.py")),
     ("simulated device", ("kvcore/device/sim.py",)),
     ("CUDA device (kvcore's calls into CuPy)", ("kvcore/device/cuda.py",)),
