@@ -55,16 +55,17 @@ write. A delay step's ``us`` is at most DELAY_MAX_US, or ``.inf``."""
 # ---- building blocks ---------------------------------------------------------------------------
 
 def integer(minimum: int | None = None, maximum: int | None = None, **more: Any) -> Schema:
-    schema: Schema = {"type": "integer"}
-    if minimum is not None:
-        schema["minimum"] = minimum
-    if maximum is not None:
-        schema["maximum"] = maximum
-    return {**schema, **more}
+    return _bounded("integer", minimum, maximum, more)
 
 
 def number(minimum: float | None = None, maximum: float | None = None, **more: Any) -> Schema:
-    schema: Schema = {"type": "number"}
+    return _bounded("number", minimum, maximum, more)
+
+
+def _bounded(kind: str, minimum: float | None, maximum: float | None,
+             more: dict[str, Any]) -> Schema:
+    """A JSON number type with the bounds given (keys in the order the schemas have them)."""
+    schema: Schema = {"type": kind}
     if minimum is not None:
         schema["minimum"] = minimum
     if maximum is not None:
