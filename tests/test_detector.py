@@ -522,3 +522,39 @@ def test_the_detector_benchmark_runs_on_the_simulated_device(capsys) -> None:
                       r"+\(trials with findings: (\d+)/100\)", capsys.readouterr().out)
     assert sorted(rows) == [("buggy", "executor", "100"), ("buggy", "worker", "100"),
                             ("fixed", "executor", "0"), ("fixed", "worker", "0")]
+
+
+def test_a_reissued_trial_cut_where_the_host_blocks_is_remembered_and_its_json_moved() -> None:
+    """A reissued trial comes as segments, cut where the host blocks (a flight recorder's
+    flushes cut it): the memo knows the pieces by their identities, and the findings' JSON a
+    worker sends is the remembered trial's, renumbered, equal to a fresh analysis's, op
+    numbers included (a world kept, so every trial's ops are numbered on from the last)."""
+    from harness.lang.scenario import load_scenario
+    from harness.run.executor import TrialExecutor
+
+    scenario = load_scenario(SCENARIO_ROOT / "cross_stream_race.yaml")
+    for variant in ("buggy", "fixed"):
+        remembering, fresh = RaceDetector(), RaceDetector(remember=False)
+        pieces: list[int] = []
+
+        def attach(device: kvcore.Device) -> None:
+            remembering.attach(device)
+            fresh.attach(device)
+            device.oplog.before_blocking(lambda: None)  # cut where the host blocks
+
+        executor = TrialExecutor(scenario, scenario.variant(variant), "sim", amplify=False,
+                                 on_device=attach, keep_world=True)
+        seqs = set()
+        for index in range(8):
+            remembering.reset()
+            fresh.reset()
+            executor.run(index, index)
+            pieces.append(len(remembering._pending))
+            got = remembering.findings_json()
+            want = [f.to_json() for f in fresh.findings]
+            assert got == want and got == [f.to_json() for f in remembering.findings], index
+            seqs |= {f["second"]["seq"] for f in got}
+            assert bool(got) == (variant == "buggy")
+        assert executor.reissued == 6 and pieces[-1] > 1  # segments, more than one a trial
+        assert remembering._memo.hits >= 5
+        assert variant == "fixed" or len(seqs) == 8  # each trial's own numbers

@@ -19,6 +19,7 @@ from harness.run.executor import TrialExecutor
 from harness.lang.scenario import load_scenario
 from harness.traces.flight import CURRENT, FlightRecorder, cut_torn_tail
 from harness.traces.optrace import load_trace, plain, plain_file
+from kvcore.device.oplog import Segment
 from tests.test_reissue import CASES
 
 HEADER = {"scenario": "s", "variant": "v"}
@@ -237,3 +238,66 @@ def test_the_worker_s_scratch_trace_is_the_current_trial_s(tmp_path):
     copy = tmp_path / "dead.jsonl"
     copy.write_bytes((tmp_path / CURRENT).read_bytes().rstrip(b"\0"))
     assert load_trace(copy).header["trial"] == 3 and load_trace(copy).ops
+
+
+def test_a_reissued_trial_s_flushes_from_their_format_are_the_lines_written_out(tmp_path):
+    """A flush of runs alone is written from the format of the last flush of its shape, its
+    numbers put in: byte for byte what writing it line by line gives, trial after trial, the
+    same file beside it written line by line (both recorders on one device, traces not kept,
+    as a worker runs; the first trial runs its steps, the next captures them), on every
+    reissued case of the catalog and the zoo, amplified or not."""
+
+    class LineByLine(FlightRecorder):
+        def _runs(self):
+            return None
+
+    formatted_cases = 0
+    for k, (path, variant) in enumerate(CASES):
+        for amplify in (False, True):
+            folder = tmp_path / f"{k}-{amplify}"
+            formatted, lines = FlightRecorder(folder / "f"), LineByLine(folder / "l")
+
+            def attach(device) -> None:
+                formatted.attach(device)
+                lines.attach(device)
+
+            scenario = load_scenario(path)
+            executor = TrialExecutor(scenario, scenario.variant(variant), "sim",
+                                     amplify=amplify, on_device=attach, keep_world=True)
+            for index in range(5):
+                for recorder in (formatted, lines):
+                    recorder.start_trial(HEADER, trial=index, seed=index, pid=1234)
+                executor.run(index, index)
+                for recorder in (formatted, lines):
+                    recorder.end_trial(index, keep=False)
+                got, want = (r.path.read_bytes().rstrip(b"\0") for r in (formatted, lines))
+                assert got == want, (path, variant, amplify, index)
+                assert formatted.total == lines.total > 0
+            formatted_cases += bool(formatted._formats)
+    assert formatted_cases >= len(CASES)  # reissued, their flushes formatted
+    # The same piece twice in a flush, and again in the next, live values of each their own.
+    [piece] = [e.templates for e in _segments_of(path, variant) if type(e) is Segment]
+    for index, first in enumerate((100, 5000, 100)):
+        for recorder in (formatted, lines):
+            recorder.start_trial(HEADER, trial=index)
+            for seq, values, issued in ((first, (1, 2), 7), (first + 50, (3,), None)):
+                recorder._pending.append(Segment(piece, seq, values, issued))
+            recorder.flush()
+            recorder._pending.append(Segment(piece, first + 90, (9, index), 11))
+            recorder.end_trial(index, keep=False)
+        got, want = (r.path.read_bytes().rstrip(b"\0") for r in (formatted, lines))
+        assert got == want and got.count(b'"type":"program"') == 1, index
+        assert f'"seq":{first + 90},"t_issue_ns":11,"values":[9,{index}]'.encode() in got
+
+
+def _segments_of(path: str, variant: str) -> list:
+    """The segments a reissued trial of ``path`` hands its observers (the third trial's)."""
+    scenario = load_scenario(path)
+    got: list = []
+    executor = TrialExecutor(scenario, scenario.variant(variant), "sim", amplify=False,
+                             keep_world=True, on_device=lambda device: device.oplog.subscribe(
+                                 got.append, segments=got.append))
+    for index in range(3):
+        got.clear()
+        executor.run(index, index)
+    return got

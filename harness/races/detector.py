@@ -402,6 +402,7 @@ class RaceDetector:
         if self._racing:
             self._racing = set()  # ops that raced some earlier op
         self._racing_moved: tuple[set[int], int] | None = None  # a remembered trial's, moved
+        self._moved: _Moved | None = None  # and its findings (see _folded_now)
         self._owners.forget_past()
         # The analysis's own state is made anew when an op is analysed (_clear): a trial
         # whose findings are remembered never needs it.
@@ -477,7 +478,7 @@ class RaceDetector:
             self._fresh = False
             hit = self._memo.find(records, self._owners)
             if hit is not None:
-                self._folded, self._racing_moved = hit[0], hit[1]
+                self._moved, self._racing_moved = hit[0], hit[1]
                 self._unapplied = records  # their ownership changes: at the next reset,
                 # unless the remembered trial gave back every byte it handed out (a trial of a
                 # GPU's world does): then they change nothing.
@@ -494,7 +495,7 @@ class RaceDetector:
             # More records after a remembered trial's findings: analyse the whole trial.
             records = self._unapplied + records
             self._unapplied, self._folded, self._racing = [], {}, set()
-            self._racing_moved = None
+            self._racing_moved = self._moved = None
             self._settled = False
         for record in expanded(records):
             self._one(record)
@@ -770,12 +771,31 @@ class RaceDetector:
     def findings(self) -> list[Finding]:
         if self._pending:
             self._analyse()
-        return list(self._folded.values())
+        return list(self._folded_now().values())
 
     @property
     def findings_now(self) -> list[Finding]:
         """The findings of the records analysed so far."""
-        return list(self._folded.values())
+        return list(self._folded_now().values())
+
+    def findings_json(self) -> list[dict[str, Any]]:
+        """:attr:`findings`, each as its ``to_json()``: a remembered trial's made from its
+        own JSON, no finding built (what a worker sends of every trial)."""
+        if self._pending:
+            self._analyse()
+        moved = self._moved
+        if moved is not None:
+            found = moved[0].json_moved(moved[1])
+            if found is not None:
+                return found
+        return [finding.to_json() for finding in self.findings]
+
+    def _folded_now(self) -> dict[tuple[Any, ...], Finding]:
+        """The findings by key, a remembered trial's built for this one when first read."""
+        moved = self._moved
+        if moved is not None:
+            self._folded, self._moved = moved[0].moved(moved[1], moved[2]), None
+        return self._folded
 
     @property
     def racing(self) -> set[int]:
@@ -865,6 +885,54 @@ class _Remembered:
     racing: set[int]
     owners: tuple[Any, ...]  # who owned what when the trial began
     neutral: bool  # and owned it again when it ended
+    run: tuple[int, ...] | None  # its pieces' identities, when it was segments alone
+    # Its findings' JSON, and each one's ops' numbers (see json_moved); False: it cannot be
+    # moved as JSON (an op is a record's, or the words of its missing edge name numbers).
+    json: list[tuple[dict[str, Any], dict[str, Any], dict[str, Any], int, int]] | bool \
+        | None = None
+
+    def moved(self, shift: int, entries: list[OpRecord | Segment]
+              ) -> dict[tuple[Any, ...], Finding]:
+        """Its findings, by key, for a trial of its shape whose ops are numbered ``shift``
+        on from its own, of ``entries``."""
+        folded = {}
+        for key, fields, a, b in self.findings:  # a loop: a comprehension costs a call
+            # A copy with its ops moved: dataclasses.replace and OpRef._replace cost several
+            # times as much, and this runs for every finding of every trial.
+            copy = folded[key] = _new_finding(Finding)
+            copy.__dict__ = fields.copy()
+            copy.first = _new_ref(OpRef, (a[0] + shift,) + a[1]) if a[2] is None else \
+                _moved_ref(a, entries)
+            copy.second = _new_ref(OpRef, (b[0] + shift,) + b[1]) if b[2] is None else \
+                _moved_ref(b, entries)
+        return folded
+
+    def json_moved(self, shift: int) -> list[dict[str, Any]] | None:
+        """Its findings' JSON for a trial numbered ``shift`` on from its own, from its own
+        JSON, made once (None where they must be built: see :attr:`json`): a worker sends
+        every bad trial's findings, and a reissued trial's are the same but for numbers."""
+        known = self.json
+        if known is None:
+            movable = all(a[2] is None and b[2] is None and "missing" in fields
+                          for _, fields, a, b in self.findings)
+            known = self.json = [
+                (j, j["first"], j["second"], finding.first.seq, finding.second.seq)
+                for finding in self.moved(0, []).values() for j in (finding.to_json(),)
+            ] if movable else False
+        if known is False:
+            return None
+        out = []
+        for whole, first, second, a, b in known:  # type: ignore[union-attr]
+            one = whole.copy()  # copies all the way down: no trial's JSON is another's
+            one["first"] = {**first, "seq": a + shift, "bytes": first["bytes"][:]}
+            one["second"] = {**second, "seq": b + shift, "bytes": second["bytes"][:]}
+            out.append(one)
+        return out
+
+
+_Moved = tuple[_Remembered, int, list[Any]]
+"""A remembered trial's findings for another trial, not yet built: what it was, how far the
+other's ops are numbered on from its own, the other's records."""
 
 
 class _Memo:
@@ -877,8 +945,9 @@ class _Memo:
 
     def __init__(self) -> None:
         self._kept: list[_Remembered] = []  # the most recent first
-        # The kept trials that were one segment, by its templates' identity (they hold them).
-        self._by_run: dict[int, _Remembered] = {}
+        # The kept trials that were segments alone, by their templates' identities (they hold
+        # them): a reissued trial comes as the same pieces, cut where the host blocked.
+        self._by_run: dict[tuple[int, ...], _Remembered] = {}
         self.hits = 0
 
     def find(self, entries: list[OpRecord | Segment], owners: _Owners
@@ -886,10 +955,11 @@ class _Memo:
         """A remembered trial's findings for the trial of ``entries`` (by key, renumbered),
         its racing ops (and what moves their numbers to this trial's), and whether the trial
         leaves the owners as they were."""
-        if len(entries) == 1 and type(entries[0]) is Segment:
-            # A reissued trial: one segment, whose templates are a kept trial's shape itself.
-            kept = self._by_run.get(id(entries[0][0]))
-            if kept is not None and kept.shape[0][0] is entries[0][0]:
+        run = _run_key(entries)
+        if run is not None:
+            # A reissued trial: segments, whose templates are a kept trial's shape itself.
+            kept = self._by_run.get(run)
+            if kept is not None and _same_pieces(kept.shape[0], entries):
                 hit = self._hit(kept, entries, owners)
                 if hit is not None:
                     return hit
@@ -905,9 +975,10 @@ class _Memo:
         return None
 
     def _hit(self, kept: _Remembered, entries: list[OpRecord | Segment], owners: _Owners
-             ) -> tuple[dict[tuple[Any, ...], Finding], tuple[set[int], int], bool] | None:
-        """``kept``'s findings for the trial of ``entries``, of the same shape, unless they
-        would name other owners or the trial's ops are not numbered one after another."""
+             ) -> tuple[_Moved, tuple[set[int], int], bool] | None:
+        """``kept``'s findings for the trial of ``entries``, of the same shape (as what moves
+        them to it: built only when read), unless they would name other owners or the
+        trial's ops are not numbered one after another."""
         same_owners = (kept.findings or kept.neutral) and kept.owners == owners.snapshot()
         if kept.findings and not same_owners:
             return None  # its findings would name other owners
@@ -916,18 +987,8 @@ class _Memo:
             return None
         self.hits += 1
         shift = first - kept.first_seq
-        folded = {}
-        for key, fields, a, b in kept.findings:  # a loop: a comprehension costs a call
-            # A copy with its ops moved: dataclasses.replace and OpRef._replace cost several
-            # times as much, and this runs for every finding of every trial.
-            copy = folded[key] = _new_finding(Finding)
-            copy.__dict__ = fields.copy()
-            copy.first = _new_ref(OpRef, (a[0] + shift,) + a[1]) if a[2] is None else \
-                _moved_ref(a, entries)
-            copy.second = _new_ref(OpRef, (b[0] + shift,) + b[1]) if b[2] is None else \
-                _moved_ref(b, entries)
         # The ownership changes leave the owners as they were only from the same start.
-        return folded, (kept.racing, shift), bool(kept.neutral and same_owners)
+        return (kept, shift, entries), (kept.racing, shift), bool(kept.neutral and same_owners)
 
     def keep(self, entries: list[OpRecord | Segment], records: list[OpRecord],
              findings: list[Finding], racing: set[int], owners: tuple[Any, ...],
@@ -941,15 +1002,38 @@ class _Memo:
         places = _places(entries)
         plans = [(f.key, _fields(f), _plan(f.first, first, places),
                   _plan(f.second, first, places)) for f in findings]
-        kept = _Remembered(_shape(entries), first, count, plans, set(racing), owners, neutral)
+        run = _run_key(entries)
+        kept = _Remembered(_shape(entries), first, count, plans, set(racing), owners, neutral,
+                           run)
         self._kept.insert(0, kept)
         for old in self._kept[self.SIZE:]:
-            run = id(old.shape[0][0]) if old.shape[0] else None
-            if self._by_run.get(run) is old:  # type: ignore[arg-type]
-                del self._by_run[run]  # type: ignore[arg-type]
+            if old.run is not None and self._by_run.get(old.run) is old:
+                del self._by_run[old.run]
         del self._kept[self.SIZE:]
-        if len(entries) == 1 and type(entries[0]) is Segment:
-            self._by_run[id(entries[0][0])] = kept
+        if run is not None:
+            self._by_run[run] = kept
+
+
+def _run_key(entries: list[OpRecord | Segment]) -> tuple[int, ...] | None:
+    """The identities of the templates of ``entries``, when they are all segments (else None):
+    a memo's key that costs no look at the templates themselves."""
+    run = []
+    for e in entries:
+        if type(e) is not Segment:
+            return None
+        run.append(id(e[0]))
+    return tuple(run)
+
+
+def _same_pieces(shape: list[Any], entries: list[OpRecord | Segment]) -> bool:
+    """Whether a kept trial's shape is the templates of ``entries`` themselves (the key's
+    identities could be another's, reused, only if the kept trial did not hold them)."""
+    if len(shape) != len(entries):
+        return False
+    for piece, entry in zip(shape, entries):
+        if piece is not entry[0]:
+            return False
+    return True
 
 
 def _fields(finding: Finding) -> dict[str, Any]:

@@ -153,10 +153,10 @@ class TrialRunner:
             detector.reset()
         result = self.executor.run(index, seed)
         payload = result.to_json()
-        findings = detector.findings if detector is not None else []
+        findings = detector.findings_json() if detector is not None else []
         if findings:  # into the JSON directly: a replaced TrialResult cost more than this
             payload["race"] = True
-            payload["findings"] = [f.to_json() for f in findings]
+            payload["findings"] = findings
         payload["worker_pid"] = os.getpid()
         bad = result.outcome.manifested or bool(findings)
         keep = job.record or bad and (job.traces_kept is None or self.kept < job.traces_kept)

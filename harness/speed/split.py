@@ -3,8 +3,9 @@
 A profile (:mod:`harness.speed.profile`) says where a trial's time goes by the functions that
 spent it, and the profiler's own cost per call bends the shares toward code of many small
 calls. This measures instead: the executor alone, then with the op log built for a reader that
-does nothing (records, and the segments a reissued trial hands out instead), the flight
-recorder, the race detector, and both, as a worker attaches and calls them (the recorder's
+does nothing (records, and the segments a reissued trial hands out instead; then the segments
+cut where the host blocks, as a recorder's flushes cut them, with nothing done there), the
+flight recorder, the race detector, and both, as a worker attaches and calls them (the recorder's
 trace begun and ended, the detector reset and asked for its findings); last, a run's worker
 itself (its trial runner), which also makes each trial's record, the findings' JSON among it,
 and keeps the first bad trials' traces: what lies between the last two is the worker's own
@@ -31,6 +32,8 @@ _SPECS = (  # (name, the op log's reader that does nothing, recorder, detector)
     ("executor alone", None, False, False),
     ("+ op log, records", "records", False, False),
     ("+ op log, segments", "segments", False, False),
+    # What the recorder's flushes cost the executor alone: its run cut where the host blocks.
+    ("+ segments, cut at waits", "waits", False, False),
     ("+ flight recorder", None, True, False),
     ("+ race detector", None, False, True),
     ("+ recorder and detector", None, True, True),
@@ -111,7 +114,9 @@ def _kind(spec: tuple[str, str | None, bool, bool], scenario: Any, variant: str,
 
     def on_device(device: Any) -> None:
         if reader is not None:
-            device.oplog.subscribe(_nothing, segments=_nothing if reader == "segments" else None)
+            device.oplog.subscribe(_nothing, segments=None if reader == "records" else _nothing)
+        if reader == "waits":
+            device.oplog.before_blocking(_nothing)
         if recorder is not None:
             recorder.attach(device)
         if detector is not None:
@@ -129,7 +134,7 @@ def _kind(spec: tuple[str, str | None, bool, bool], scenario: Any, variant: str,
             detector.reset()
         bad = executor.run(index, index).outcome.manifested
         if detector is not None:
-            detector.findings  # noqa: B018 - asked for, as a worker does: the analysis runs
+            detector.findings_json()  # asked for as a worker asks: the analysis runs
         if recorder is not None:
             recorder.end_trial(index, keep=False)
         return bad
@@ -148,5 +153,6 @@ class _Kind:
     close: Callable[[], None]
 
 
-def _nothing(_: object) -> None:
-    """A reader of the op log that reads nothing: what building the log costs by itself."""
+def _nothing(*_: object) -> None:
+    """A reader of the op log that reads nothing (or a hook before a wait that does nothing):
+    what building the log costs by itself."""

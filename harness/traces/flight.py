@@ -73,7 +73,8 @@ class FlightRecorder:
         self._labels: list[Label] | None = []
         self._told = (0, 0)
         self._preamble: tuple[Any, list[str]] = (None, [])
-        self._header: tuple[dict[str, Any] | None, str] = (None, "")  # the last, encoded
+        # The last header, and its line as a format of the trial's numbers (their names).
+        self._header: tuple[dict[str, Any] | None, bytes, tuple[str, ...]] = (None, b"", ())
         self._lines: dict[tuple[Any, ...], str] = {}
         # Pieces of reissued programs, by their templates' identity: (templates, number,
         # program line, run line's start), the templates held so that no other tuple takes
@@ -81,6 +82,9 @@ class FlightRecorder:
         self._programs: dict[int, tuple[tuple[Any, ...], int, str, str]] = {}
         self._numbered = 0
         self._written: set[int] = set()
+        # A flush of runs alone, as bytes with a %d for each of its numbers, by its shape
+        # (see _runs): a reissued trial's flushes differ from the last trial's only there.
+        self._formats: dict[tuple[Any, ...], tuple[bytes, int]] = {}
         self.total = 0
         self.error = ""  # why this trial's trace could not be written, or ""
 
@@ -90,6 +94,7 @@ class FlightRecorder:
             return
         self._device = device
         self._preamble = (None, [])  # another device's declarations, whatever their count
+        self._formats = {}  # and its flushes, their preambles among them
         self._labels = device.oplog.labels.live()
         device.oplog.subscribe(self._pending.append,
                                segments=None if self.issue_times else self._pending.append)
@@ -118,12 +123,14 @@ class FlightRecorder:
             # than the rest of a trial's recording.
             self._map[:self._used] = bytes(self._used)
             self._used = 0
-        if self._header[0] is not header:
+        names = tuple(numbers)
+        if self._header[0] is not header or self._header[2] != names:
             text = json.dumps({"type": "header", "schema": TRACE_SCHEMA, "level": "ops",
                                **header}, separators=(",", ":"))
-            self._header = (header, text[:-1])  # held: no other dict takes its id meanwhile
-        tail = "".join(f',"{key}":{int(value)}' for key, value in numbers.items())
-        self._write(f"{self._header[1]}{tail}}}\n")
+            tail = "".join(f',"{key}":{_NUMBER}' for key in names)
+            # held: no other dict takes its id meanwhile
+            self._header = (header, _format(f"{text[:-1]}{tail}}}\n"), names)
+        self._write(self._header[1] % tuple(map(int, numbers.values())))
 
     def _open(self) -> None:
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -131,10 +138,9 @@ class FlightRecorder:
         self._map = mmap.mmap(self._fd, TRACE_MAP_BYTES)
         self._used = 0
 
-    def _write(self, text: str) -> None:
+    def _write(self, data: bytes) -> None:
         if self._map is None:  # this trial's trace was lost (self.error says why)
             return
-        data = text.encode()
         end = self._used + len(data)
         if end > len(self._map):  # a long trial: a map twice as large (or more)
             size = max(end, 2 * len(self._map))
@@ -170,6 +176,12 @@ class FlightRecorder:
             return
         if not (self._pending or self._times):
             return
+        # Into the kernel's page cache: enough to outlive this process (not a machine crash).
+        data = self._runs() if not self._times else None
+        if data is not None:
+            self._pending.clear()
+            self._write(data)
+            return
         lines = []
         if self._device is not None:
             self._declare(lines)
@@ -187,8 +199,75 @@ class FlightRecorder:
             self._times.clear()
         self.total += ops
         self._pending.clear()
-        # Into the kernel's page cache: enough to outlive this process (not a machine crash).
-        self._write("\n".join(lines) + "\n")
+        self._write(("\n".join(lines) + "\n").encode())
+
+    def _runs(self) -> bytes | None:
+        """The flush's lines when it holds runs of reissued programs only (and, first in the
+        trial, the preamble), from the format of the last flush of its shape: which pieces
+        ran, whether the trace has their program lines yet, how many live values and issue
+        times they carry. Its numbers (first seqs, issue times, values) are all that differ
+        from trial to trial, so it costs one %-format. None: write it line by line."""
+        log = self._device.oplog if self._device is not None else None
+        if log is None:
+            return None
+        if self._labels is not None:  # the trial's first flush: the preamble's key
+            declared: Any = (len(log.buffers), len(log.streams), len(log.page_bytes),
+                             tuple(self._labels))
+        elif (len(log.buffers), len(log.streams)) != self._told:
+            return None  # buffers or streams to declare: written line by line
+        else:
+            declared = None
+        shape: list[Any] = [declared]
+        numbers: list[int] = []
+        programs, written = self._programs, self._written
+        new: set[int] = set()  # pieces whose program line this flush writes
+        for entry in self._pending:
+            if type(entry) is not Segment:
+                return None
+            known = programs.get(id(entry[0]))
+            if known is None or known[0] is not entry[0]:
+                return None  # a program this trace has not seen: its numbering first
+            values, issued, number = entry[2], entry[3], known[1]
+            told = number in written or number in new
+            if not told:
+                new.add(number)
+            shape.append((number, told, len(values), issued is None))
+            numbers.append(entry[1])
+            if issued is not None:
+                numbers.append(issued)
+            numbers.extend(values)
+        key = tuple(shape)
+        found = self._formats.get(key)
+        if found is None:
+            found = self._format_runs(key)
+        if declared is not None:
+            self._labels = None
+            self._told = (len(log.buffers), len(log.streams))
+        written |= new
+        self.total += found[1]
+        return found[0] % tuple(numbers)
+
+    def _format_runs(self, key: tuple[Any, ...]) -> tuple[bytes, int]:
+        """The format of a flush of runs of shape ``key`` (see :meth:`_runs`), and its ops,
+        from the lines :meth:`_run_lines` writes: made once per shape."""
+        lines: list[str] = []
+        if key[0] is not None:
+            self._declare(lines)
+        ops = 0
+        for entry, (_, written, count, untimed) in zip(self._pending, key[1:]):
+            templates = entry[0]
+            known = self._programs[id(templates)]
+            if not written:
+                lines.append(known[2])
+            issued = "" if untimed else _ISSUED
+            values = f',"values":[{",".join([_NUMBER] * count)}]' if count else ""
+            lines.append(f"{known[3]}{_NUMBER}{issued}{values}}}")
+            ops += len(templates)
+        found = (_format("\n".join(lines) + "\n"), ops)
+        if len(self._formats) >= _QUOTED_MAX:
+            self._formats.clear()
+        self._formats[key] = found
+        return found
 
     def _declare(self, lines: list[str]) -> None:
         """The buffer and stream records this trace has not declared yet, and at its first
@@ -289,6 +368,16 @@ class FlightRecorder:
             self._fd = -1
             if discard:
                 self.path.unlink(missing_ok=True)
+
+
+_NUMBER = "\0"  # a number's place in a line made to be a format: no JSON line holds a NUL
+_ISSUED = f',"t_issue_ns":{_NUMBER}'
+
+
+def _format(text: str) -> bytes:
+    """``text``, its numbers' places marked with :data:`_NUMBER`, as bytes to %-format with
+    them (its own percent signs doubled)."""
+    return text.replace("%", "%%").replace(_NUMBER, "%d").encode()
 
 
 def _reserve(fd: int, size: int) -> None:
