@@ -241,15 +241,16 @@ def test_the_worker_s_scratch_trace_is_the_current_trial_s(tmp_path):
 
 
 def test_a_reissued_trial_s_flushes_from_their_format_are_the_lines_written_out(tmp_path):
-    """A flush of runs alone is written from the format of the last flush of its shape, its
-    numbers put in: byte for byte what writing it line by line gives, trial after trial, the
+    """A flush of runs alone is written from the format of the last flush of its shape (or of
+    the last trial's flush at its place), its numbers put in: byte for byte what writing it
+    line by line gives, trial after trial, the
     same file beside it written line by line (both recorders on one device, traces not kept,
     as a worker runs; the first trial runs its steps, the next captures them), on every
     reissued case of the catalog and the zoo, amplified or not."""
 
     class LineByLine(FlightRecorder):
         def _runs(self):
-            return None
+            return None, [None]
 
     formatted_cases = 0
     for k, (path, variant) in enumerate(CASES):
@@ -264,7 +265,7 @@ def test_a_reissued_trial_s_flushes_from_their_format_are_the_lines_written_out(
             scenario = load_scenario(path)
             executor = TrialExecutor(scenario, scenario.variant(variant), "sim",
                                      amplify=amplify, on_device=attach, keep_world=True)
-            for index in range(5):
+            for index in range(7):  # stepped, captured, then reissued (its pieces learnt)
                 for recorder in (formatted, lines):
                     recorder.start_trial(HEADER, trial=index, seed=index, pid=1234)
                 executor.run(index, index)
@@ -275,14 +276,19 @@ def test_a_reissued_trial_s_flushes_from_their_format_are_the_lines_written_out(
                 assert formatted.total == lines.total > 0
             formatted_cases += bool(formatted._formats)
     assert formatted_cases >= len(CASES)  # reissued, their flushes formatted
-    # The same piece twice in a flush, and again in the next, live values of each their own.
+    # The same piece twice in a flush, and again in the next ones, live values of each their
+    # own: the first trial learns the piece, the second the flushes' formats, the rest reuse
+    # the last trial's.
     [piece] = [e.templates for e in _segments_of(path, variant) if type(e) is Segment]
-    for index, first in enumerate((100, 5000, 100)):
+    for index, first in enumerate((100, 5000, 100, 7)):
         for recorder in (formatted, lines):
             recorder.start_trial(HEADER, trial=index)
-            for seq, values, issued in ((first, (1, 2), 7), (first + 50, (3,), None)):
+            recorder._pending += [Segment(piece, first, (1, 2), 7), Segment(piece, first + 9, ())]
+            recorder.flush()  # two runs in a flush
+            live = (3, index) if index != 3 else (3,)  # the last: not the shape learnt
+            for seq, values, issued in ((first + 50, live, None), (first + 70, (), 8)):
                 recorder._pending.append(Segment(piece, seq, values, issued))
-            recorder.flush()
+                recorder.flush()  # one run a flush, as a reissued trial's waits cut them
             recorder._pending.append(Segment(piece, first + 90, (9, index), 11))
             recorder.end_trial(index, keep=False)
         got, want = (r.path.read_bytes().rstrip(b"\0") for r in (formatted, lines))

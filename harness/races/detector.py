@@ -948,6 +948,7 @@ class _Memo:
         # The kept trials that were segments alone, by their templates' identities (they hold
         # them): a reissued trial comes as the same pieces, cut where the host blocked.
         self._by_run: dict[tuple[int, ...], _Remembered] = {}
+        self._last: _Remembered | None = None  # the last of them a trial was found to be
         self.hits = 0
 
     def find(self, entries: list[OpRecord | Segment], owners: _Owners
@@ -955,6 +956,11 @@ class _Memo:
         """A remembered trial's findings for the trial of ``entries`` (by key, renumbered),
         its racing ops (and what moves their numbers to this trial's), and whether the trial
         leaves the owners as they were."""
+        last = self._last  # most often the trial before: looked at first, with no key made
+        if last is not None and _same_pieces(last.shape[0], entries):
+            hit = self._hit(last, entries, owners)
+            if hit is not None:
+                return hit
         run = _run_key(entries)
         if run is not None:
             # A reissued trial: segments, whose templates are a kept trial's shape itself.
@@ -962,6 +968,7 @@ class _Memo:
             if kept is not None and _same_pieces(kept.shape[0], entries):
                 hit = self._hit(kept, entries, owners)
                 if hit is not None:
+                    self._last = kept
                     return hit
         shape = _shape(entries)
         for kept in self._kept:
@@ -1009,6 +1016,8 @@ class _Memo:
         for old in self._kept[self.SIZE:]:
             if old.run is not None and self._by_run.get(old.run) is old:
                 del self._by_run[old.run]
+            if self._last is old:
+                self._last = None
         del self._kept[self.SIZE:]
         if run is not None:
             self._by_run[run] = kept
@@ -1026,8 +1035,9 @@ def _run_key(entries: list[OpRecord | Segment]) -> tuple[int, ...] | None:
 
 
 def _same_pieces(shape: list[Any], entries: list[OpRecord | Segment]) -> bool:
-    """Whether a kept trial's shape is the templates of ``entries`` themselves (the key's
-    identities could be another's, reused, only if the kept trial did not hold them)."""
+    """Whether a kept trial's shape is the templates of ``entries`` themselves, all segments
+    (a record's first field is its number, never a piece; the key's identities could be
+    another's, reused, only if the kept trial did not hold them)."""
     if len(shape) != len(entries):
         return False
     for piece, entry in zip(shape, entries):

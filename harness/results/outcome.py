@@ -83,7 +83,7 @@ class TrialResult:
         ``object.__setattr__``: a tenth of a reissued trial's host time."""
         result = _new(cls)
         own = result.__dict__
-        own.update(_TRIAL_DEFAULTS)
+        own.update(_TRIAL_DEFAULTS)  # every field, in order (to_json keeps it)
         own["index"], own["seed"], own["outcome"], own["detail"] = index, seed, outcome, detail
         own["cuda_error"], own["step"], own["requests"] = cuda_error, step, requests
         own["duration_s"], own["reissued"], own["xids"], own["findings"] = \
@@ -91,8 +91,9 @@ class TrialResult:
         return result
 
     def to_json(self) -> dict[str, object]:
-        # By hand, not dataclasses.asdict: its deep copy cost as much as a trial's ops.
-        out = {name: getattr(self, name) for name in _TRIAL_FIELDS}
+        # By hand, not dataclasses.asdict: its deep copy cost as much as a trial's ops. Its
+        # fields are its __dict__, in order, however it was made (__init__ or made).
+        out = self.__dict__.copy()
         out["outcome"] = self.outcome.value
         out["xids"] = [dict(x) for x in self.xids]
         out["findings"] = [dict(f) for f in self.findings]
@@ -105,8 +106,9 @@ class TrialResult:
         return cls(**fields)  # type: ignore[arg-type]
 
 
-_TRIAL_FIELDS = tuple(f.name for f in fields(TrialResult))
-_TRIAL_DEFAULTS = {f.name: f.default for f in fields(TrialResult) if f.default is not MISSING}
+_TRIAL_DEFAULTS = {f.name: None if f.default is MISSING else f.default
+                   for f in fields(TrialResult)}
+"""Every field of a trial in order, those without a default None until set."""
 _new = object.__new__
 
 _DIGEST_MOD = 2 ** 256

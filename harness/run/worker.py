@@ -142,13 +142,14 @@ class TrialRunner:
             delay_us=job.delay_us, on_device=on_device,
             schedule=Schedule.parse(job.schedule) if job.schedule else None, poison=job.poison,
             timeline=job.timeline, reissue=job.reissue, keep_world=job.keep_world)
-        self.info: dict[str, Any] = {**self.executor.device_info, "pid": os.getpid()}
+        self.pid = os.getpid()  # asked once: a worker never forks (and a call is a system call)
+        self.info: dict[str, Any] = {**self.executor.device_info, "pid": self.pid}
         self.kept = 0  # traces of bad trials kept so far
 
     def run(self, index: int, seed: int) -> dict[str, Any]:
         """One trial, as the JSON the parent records."""
         job, recorder, detector = self.job, self.recorder, self.detector
-        recorder.start_trial(job.header, trial=index, seed=seed, pid=os.getpid())
+        recorder.start_trial(job.header, trial=index, seed=seed, pid=self.pid)
         if detector is not None:
             detector.reset()
         result = self.executor.run(index, seed)
@@ -157,7 +158,7 @@ class TrialRunner:
         if findings:  # into the JSON directly: a replaced TrialResult cost more than this
             payload["race"] = True
             payload["findings"] = findings
-        payload["worker_pid"] = os.getpid()
+        payload["worker_pid"] = self.pid
         bad = result.outcome.manifested or bool(findings)
         keep = job.record or bad and (job.traces_kept is None or self.kept < job.traces_kept)
         self.kept += bool(keep and bad)

@@ -85,6 +85,14 @@ class FlightRecorder:
         # A flush of runs alone, as bytes with a %d for each of its numbers, by its shape
         # (see _runs): a reissued trial's flushes differ from the last trial's only there.
         self._formats: dict[tuple[Any, ...], tuple[bytes, int]] = {}
+        # The flushes of this trial so far, then the last trial's from here on (see _again):
+        # a flush of runs alone, as (its piece when it was one run, else None, its live values,
+        # untimed, format, ops, the programs whose lines it writes, the preamble's key or
+        # None, its shape: see _runs), or None; this trial's flushes, and whether each was the
+        # last trial's.
+        self._plan: list[tuple[Any, ...] | None] = []
+        self._flushes = 0
+        self._matching = True
         self.total = 0
         self.error = ""  # why this trial's trace could not be written, or ""
 
@@ -95,6 +103,7 @@ class FlightRecorder:
         self._device = device
         self._preamble = (None, [])  # another device's declarations, whatever their count
         self._formats = {}  # and its flushes, their preambles among them
+        self._plan = []
         self._labels = device.oplog.labels.live()
         device.oplog.subscribe(self._pending.append,
                                segments=None if self.issue_times else self._pending.append)
@@ -111,6 +120,7 @@ class FlightRecorder:
         self.total = 0
         self._labels = self._device.oplog.labels.live() if self._device is not None else []
         self._written = set()
+        self._flushes, self._matching = 0, True
         self.error = ""
         if self._map is None:
             try:
@@ -170,16 +180,24 @@ class FlightRecorder:
 
     def flush(self) -> None:
         """Write what was issued since the last flush; called before every blocking call."""
+        pending = self._pending
+        # Into the kernel's page cache: enough to outlive this process (not a machine crash).
+        if len(pending) == 1 and self._again(pending[0]):
+            return
         if self._map is None:
-            self._pending.clear()  # a trace that was lost takes no memory either
+            pending.clear()  # a trace that was lost takes no memory either
             self._times.clear()
             return
-        if not (self._pending or self._times):
+        if not (pending or self._times):
             return
-        # Into the kernel's page cache: enough to outlive this process (not a machine crash).
-        data = self._runs() if not self._times else None
+        plan, k = self._plan, self._flushes
+        last = plan[k] if self._matching and k < len(plan) else None
+        self._flushes = k + 1
+        data, plan[k:k + 1] = self._runs() if not self._times else (None, [None])
+        # Whether this trial's flushes are still the last one's (then so are its program lines).
+        self._matching = data is not None and last is not None and last[-1] == plan[k][-1]
         if data is not None:
-            self._pending.clear()
+            pending.clear()
             self._write(data)
             return
         lines = []
@@ -201,20 +219,54 @@ class FlightRecorder:
         self._pending.clear()
         self._write(("\n".join(lines) + "\n").encode())
 
-    def _runs(self) -> bytes | None:
+    def _again(self, segment: OpRecord | Segment) -> bool:
+        """Write a flush of one run, as the last trial's flush at this place had it, from that
+        flush's format: the same piece, as many live values, an issue time or not, the same
+        preamble (or nothing new to declare), after flushes that were all the last trial's
+        (so the same program lines are written). False, writing nothing: it is not."""
+        plan, k = self._plan, self._flushes
+        if not self._matching or k >= len(plan) or self._map is None or self._times:
+            return False
+        entry = plan[k]
+        if entry is None or entry[0] is not segment[0]:  # not its piece (nor a Segment)
+            return False
+        _, count, untimed, form, ops, new, declared, _ = entry
+        values, issued = segment[2], segment[3]
+        if len(values) != count or (issued is None) is not untimed:
+            return False
+        log = self._device.oplog  # type: ignore[union-attr]
+        if declared is not None:
+            if self._labels is None or declared != (len(log.buffers), len(log.streams),
+                                                    len(log.page_bytes), tuple(self._labels)):
+                return False
+            self._labels = None
+            self._told = (len(log.buffers), len(log.streams))
+        elif (len(log.buffers), len(log.streams)) != self._told:
+            return False
+        self._flushes = k + 1
+        if new:
+            self._written |= new
+        self.total += ops
+        self._pending.clear()
+        self._write(form % ((segment[1], *values) if untimed else  # type: ignore[index]
+                            (segment[1], issued, *values)))
+        return True
+
+    def _runs(self) -> tuple[bytes | None, list[tuple[Any, ...] | None]]:
         """The flush's lines when it holds runs of reissued programs only (and, first in the
         trial, the preamble), from the format of the last flush of its shape: which pieces
         ran, whether the trace has their program lines yet, how many live values and issue
         times they carry. Its numbers (first seqs, issue times, values) are all that differ
-        from trial to trial, so it costs one %-format. None: write it line by line."""
+        from trial to trial, so it costs one %-format. With them, the flush as the plan keeps
+        it (see :meth:`_again`); (None, [None]): write it line by line."""
         log = self._device.oplog if self._device is not None else None
         if log is None:
-            return None
+            return _LINE_BY_LINE
         if self._labels is not None:  # the trial's first flush: the preamble's key
             declared: Any = (len(log.buffers), len(log.streams), len(log.page_bytes),
                              tuple(self._labels))
         elif (len(log.buffers), len(log.streams)) != self._told:
-            return None  # buffers or streams to declare: written line by line
+            return _LINE_BY_LINE  # buffers or streams to declare
         else:
             declared = None
         shape: list[Any] = [declared]
@@ -223,10 +275,10 @@ class FlightRecorder:
         new: set[int] = set()  # pieces whose program line this flush writes
         for entry in self._pending:
             if type(entry) is not Segment:
-                return None
+                return _LINE_BY_LINE
             known = programs.get(id(entry[0]))
             if known is None or known[0] is not entry[0]:
-                return None  # a program this trace has not seen: its numbering first
+                return _LINE_BY_LINE  # a program this trace has not seen: its numbering first
             values, issued, number = entry[2], entry[3], known[1]
             told = number in written or number in new
             if not told:
@@ -245,7 +297,9 @@ class FlightRecorder:
             self._told = (len(log.buffers), len(log.streams))
         written |= new
         self.total += found[1]
-        return found[0] % tuple(numbers)
+        one = self._pending[0][0] if len(shape) == 2 else None  # a flush of one run: its piece
+        return found[0] % tuple(numbers), [(one, shape[1][2], shape[1][3], found[0], found[1],
+                                            frozenset(new), declared, key)]
 
     def _format_runs(self, key: tuple[Any, ...]) -> tuple[bytes, int]:
         """The format of a flush of runs of shape ``key`` (see :meth:`_runs`), and its ops,
@@ -370,6 +424,8 @@ class FlightRecorder:
                 self.path.unlink(missing_ok=True)
 
 
+_LINE_BY_LINE: tuple[None, list[None]] = (None, [None])
+"""What :meth:`FlightRecorder._runs` gives for a flush it cannot write from a format."""
 _NUMBER = "\0"  # a number's place in a line made to be a format: no JSON line holds a NUL
 _ISSUED = f',"t_issue_ns":{_NUMBER}'
 
