@@ -270,6 +270,7 @@ def test_a_reissued_trial_s_flushes_from_their_format_are_the_lines_written_out(
                     recorder.start_trial(HEADER, trial=index, seed=index, pid=1234)
                 executor.run(index, index)
                 for recorder in (formatted, lines):
+                    recorder.flush()  # what a kept trace has at its end
                     recorder.end_trial(index, keep=False)
                 got, want = (r.path.read_bytes().rstrip(b"\0") for r in (formatted, lines))
                 assert got == want, (path, variant, amplify, index)
@@ -290,6 +291,7 @@ def test_a_reissued_trial_s_flushes_from_their_format_are_the_lines_written_out(
                 recorder._pending.append(Segment(piece, seq, values, issued))
                 recorder.flush()  # one run a flush, as a reissued trial's waits cut them
             recorder._pending.append(Segment(piece, first + 90, (9, index), 11))
+            recorder.flush()
             recorder.end_trial(index, keep=False)
         got, want = (r.path.read_bytes().rstrip(b"\0") for r in (formatted, lines))
         assert got == want and got.count(b'"type":"program"') == 1, index

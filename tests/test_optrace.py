@@ -212,18 +212,45 @@ def test_the_recorder_starts_each_trial_on_an_empty_trace(tmp_path: Path) -> Non
         recorder.start_trial({"trial": trial})
         for _ in range(value):
             device.host_fill(buf, 0, 8, value)
+        device.synchronize()  # the trial's last wait: its ops on disk before it
         kept = recorder.end_trial(trial, keep=trial == 1) or kept
         data = (tmp_path / CURRENT).read_bytes() if trial != 1 else b""
         lines = [json.loads(line) for line in data[:data.rfind(b"\n") + 1].splitlines()]
         if trial != 1:
             assert lines[0] == {"type": "header", "schema": TRACE_SCHEMA, "level": "ops",
                                 "trial": trial}
-            assert [r["detail"]["value"] for r in lines if r["type"] == "op"] == [value] * value
+            assert [r["detail"]["value"] for r in lines if r.get("kind") == "host_write"] == [value] * value
     text = Path(str(kept)).read_text()
     assert text.endswith("\n") and "\0" not in text
     records = [json.loads(line) for line in text.splitlines()]
     assert records[0]["trial"] == 1
-    assert [r["detail"]["value"] for r in records if r["type"] == "op"] == [2, 2]
+    assert [r["detail"]["value"] for r in records if r.get("kind") == "host_write"] == [2, 2]
+
+
+def test_a_trace_not_kept_ends_at_the_trial_s_last_wait_and_counts_every_op(
+        tmp_path: Path) -> None:
+    """What a trial issues after its last wait is written only to a trace that is kept: a
+    worker cannot die in a wait of that trial any more. Its ops count all the same."""
+    import kvcore
+    from harness.traces.flight import CURRENT, FlightRecorder
+
+    device = kvcore.open_device("sim")
+    buf = device.alloc_host(64, name="pinned")
+    recorder = FlightRecorder(tmp_path)
+    recorder.attach(device)
+    for trial, keep in enumerate((False, True)):
+        recorder.start_trial({"trial": trial})
+        for value in (1, 2, 0, 3, 4, 5):
+            if value:
+                device.host_fill(buf, 0, 8, value)
+            else:
+                device.synchronize()
+        kept = recorder.end_trial(trial, keep=keep)
+        assert recorder.total == 6
+        data = Path(kept).read_bytes() if kept else (tmp_path / CURRENT).read_bytes()
+        lines = [json.loads(line) for line in data[:data.rfind(b"\n") + 1].splitlines()]
+        values = [r["detail"]["value"] for r in lines if r.get("kind") == "host_write"]
+        assert values == ([1, 2, 3, 4, 5] if keep else [1, 2])
 
 
 def test_a_killed_workers_trace_is_its_whole_lines(tmp_path: Path) -> None:
@@ -305,6 +332,7 @@ def test_a_trace_longer_than_its_map_grows_it(tmp_path: Path,
             device.host_fill(host, 0, 8, i % 256)
             if i % 50 == 49:
                 device.synchronize()  # a flush, mid-trial
+        device.synchronize()  # and the trial's last wait
         kept = recorder.end_trial(trial, keep=trial == 2)
         if kept is None:  # what the parent would take of this file, had the worker died
             data = (tmp_path / CURRENT).read_bytes()

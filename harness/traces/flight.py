@@ -2,8 +2,9 @@
 
 A worker may die at any moment (a device-side assert surfaces at a synchronize; a hang blocks in
 one until the watchdog kills it). So the recorder keeps records in memory while the host issues
-work, and writes them to the trial's trace file just before every blocking call. Whatever the
-worker's fate, the parent then finds every op issued before the fatal wait.
+work, and writes them to the trial's trace file just before every blocking call, and at the
+trial's end when its trace is kept. Whatever the worker's fate, the parent then finds every op
+issued before the fatal wait.
 
 The file is written through a shared memory map: a write is a copy into the kernel's page cache,
 with no system call, and what was copied outlives the process as a write() would (not a crash of
@@ -21,7 +22,10 @@ the recorder writes each piece of the program once per trace, as a "program" rec
 time it runs, one short "run" record (its first seq, one issue time, the bytes its live memsets
 set), rather than an op line per op. Readers expand the runs into their ops (:func:`plain`
 writes a trace's ops out in full, as the parent does for an incident). A recorder made with
-``issue_times`` takes the records instead, each op with its own issue time.
+``issue_times`` takes the records instead, each op with its own issue time. Trial after trial, a
+reissued program's flushes are the same lines but for their numbers (first seqs, issue times,
+live values): each such flush is written from a format made once, the numbers put in, and most
+often from the last trial's flush at the same place, with nothing worked out again.
 A worker killed in the middle of a write leaves a torn last line; :func:`cut_torn_tail` is how
 the parent takes such a file in, so every reader after it can be strict.
 """
@@ -119,7 +123,7 @@ class FlightRecorder:
         self._first_seq = self._device.oplog.seq + 1 if self._device is not None else 0
         self.total = 0
         self._labels = self._device.oplog.labels.live() if self._device is not None else []
-        self._written = set()
+        self._written.clear()
         self._flushes, self._matching = 0, True
         self.error = ""
         if self._map is None:
@@ -140,7 +144,7 @@ class FlightRecorder:
             tail = "".join(f',"{key}":{_NUMBER}' for key in names)
             # held: no other dict takes its id meanwhile
             self._header = (header, _format(f"{text[:-1]}{tail}}}\n"), names)
-        self._write(self._header[1] % tuple(map(int, numbers.values())))
+        self._write(self._header[1] % tuple(numbers.values()))  # %d: an int's digits
 
     def _open(self) -> None:
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -398,9 +402,16 @@ class FlightRecorder:
         return line
 
     def end_trial(self, index: int, keep: bool) -> str | None:
-        """End the trial's trace; keep it (closed, renamed for the parent) when ``keep``."""
+        """End the trial's trace; keep it (closed, renamed for the parent) when ``keep``. A
+        trace not kept is not written to its end: the file must hold what was issued before
+        each wait, where a worker may die, and after the trial's last wait none comes (the
+        next trial's trace begins the file again). Its ops are counted all the same."""
+        if not keep:
+            self._drop()
+            return None
         self.flush()
-        if not keep or self._map is None:
+        del self._plan[self._flushes:]  # the plan is this trial's flushes: the next one's last
+        if self._map is None:
             return None
         self.close()
         kept = trace_path(self.folder, index)
@@ -410,6 +421,17 @@ class FlightRecorder:
             self._fail(exc)
             return None
         return str(kept)
+
+    def _drop(self) -> None:
+        """The end of a trace not kept: what is left unwritten counted, and forgotten, with
+        the last trial's flushes past this trial's (the plan is this trial's alone)."""
+        ops = 0
+        for entry in self._pending:
+            ops += len(entry[0]) if type(entry) is Segment else 1
+        self.total += ops
+        self._pending.clear()
+        self._times.clear()
+        del self._plan[self._flushes:]
 
     def close(self, *, discard: bool = False) -> None:
         """End the file at its last line (the zeros beyond cut off), or with ``discard``
