@@ -528,12 +528,13 @@ def test_a_reissued_trial_cut_where_the_host_blocks_is_remembered_and_its_json_m
     """A reissued trial comes as segments, cut where the host blocks (a flight recorder's
     flushes cut it): the memo knows the pieces by their identities, and the findings' JSON a
     worker sends is the remembered trial's, renumbered, equal to a fresh analysis's, op
-    numbers included (a world kept, so every trial's ops are numbered on from the last)."""
+    numbers included (a world kept, so every trial's ops are numbered on from the last). So
+    is a trial run step by step, its records' lines and numbers their own."""
     from harness.lang.scenario import load_scenario
     from harness.run.executor import TrialExecutor
 
     scenario = load_scenario(SCENARIO_ROOT / "cross_stream_race.yaml")
-    for variant in ("buggy", "fixed"):
+    for variant, reissue in (("buggy", True), ("fixed", True), ("buggy", False)):
         remembering, fresh = RaceDetector(), RaceDetector(remember=False)
         pieces: list[int] = []
 
@@ -543,7 +544,7 @@ def test_a_reissued_trial_cut_where_the_host_blocks_is_remembered_and_its_json_m
             device.oplog.before_blocking(lambda: None)  # cut where the host blocks
 
         executor = TrialExecutor(scenario, scenario.variant(variant), "sim", amplify=False,
-                                 on_device=attach, keep_world=True)
+                                 on_device=attach, keep_world=True, reissue=reissue)
         seqs = set()
         for index in range(8):
             remembering.reset()
@@ -555,6 +556,6 @@ def test_a_reissued_trial_cut_where_the_host_blocks_is_remembered_and_its_json_m
             assert got == want and got == [f.to_json() for f in remembering.findings], index
             seqs |= {f["second"]["seq"] for f in got}
             assert bool(got) == (variant == "buggy")
-        assert executor.reissued == 6 and pieces[-1] > 1  # segments, more than one a trial
+        assert executor.reissued == (6 if reissue else 0) and pieces[-1] > 1
         assert remembering._memo.hits >= 5
         assert variant == "fixed" or len(seqs) == 8  # each trial's own numbers

@@ -785,7 +785,7 @@ class RaceDetector:
             self._analyse()
         moved = self._moved
         if moved is not None:
-            found = moved[0].json_moved(moved[1])
+            found = moved[0].json_moved(moved[1], moved[2])
             if found is not None:
                 return found
         return [finding.to_json() for finding in self.findings]
@@ -886,10 +886,10 @@ class _Remembered:
     owners: tuple[Any, ...]  # who owned what when the trial began
     neutral: bool  # and owned it again when it ended
     run: tuple[int, ...] | None  # its pieces' identities, when it was segments alone
-    # Its findings' JSON, and each one's ops' numbers (see json_moved); False: it cannot be
-    # moved as JSON (an op is a record's, or the words of its missing edge name numbers).
-    json: list[tuple[dict[str, Any], dict[str, Any], dict[str, Any], int, int]] | bool \
-        | None = None
+    # Its findings' JSON, and how to move each one's ops (_plan; see json_moved); False: it
+    # cannot be moved as JSON (the words of its missing edge name ops by their numbers).
+    json: list[tuple[dict[str, Any], dict[str, Any], dict[str, Any], tuple[Any, ...],
+                     tuple[Any, ...]]] | bool | None = None
 
     def moved(self, shift: int, entries: list[OpRecord | Segment]
               ) -> dict[tuple[Any, ...], Finding]:
@@ -907,25 +907,26 @@ class _Remembered:
                 _moved_ref(b, entries)
         return folded
 
-    def json_moved(self, shift: int) -> list[dict[str, Any]] | None:
-        """Its findings' JSON for a trial numbered ``shift`` on from its own, from its own
-        JSON, made once (None where they must be built: see :attr:`json`): a worker sends
-        every bad trial's findings, and a reissued trial's are the same but for numbers."""
+    def json_moved(self, shift: int, entries: list[OpRecord | Segment]
+                   ) -> list[dict[str, Any]] | None:
+        """Its findings' JSON for the trial of ``entries``, numbered ``shift`` on from its
+        own, from its own JSON, made once (None where they must be built: see :attr:`json`):
+        a worker sends every bad trial's findings, and a trial of the same shape has the same
+        but for numbers (and, of an op that was a record, its Python line and scenario line)."""
         known = self.json
         if known is None:
-            movable = all(a[2] is None and b[2] is None and "missing" in fields
-                          for _, fields, a, b in self.findings)
-            known = self.json = [
-                (j, j["first"], j["second"], finding.first.seq, finding.second.seq)
-                for finding in self.moved(0, []).values() for j in (finding.to_json(),)
-            ] if movable else False
+            if all("missing" in fields for _, fields, _, _ in self.findings):
+                known = self.json = [(j, j["first"], j["second"], a, b) for (_, _, a, b), j in zip(
+                    self.findings, (f.to_json() for f in self.moved(0, entries).values()))]
+            else:
+                known = self.json = False
         if known is False:
             return None
         out = []
         for whole, first, second, a, b in known:  # type: ignore[union-attr]
             one = whole.copy()  # copies all the way down: no trial's JSON is another's
-            one["first"] = {**first, "seq": a + shift, "bytes": first["bytes"][:]}
-            one["second"] = {**second, "seq": b + shift, "bytes": second["bytes"][:]}
+            one["first"] = _moved_json(first, a, shift, entries)
+            one["second"] = _moved_json(second, b, shift, entries)
             out.append(one)
         return out
 
@@ -1063,6 +1064,18 @@ def _plan(ref: OpRef, first_seq: int, places: list[int | None]) -> tuple[Any, ..
     the same shape: its number and the rest of it, and where its record lies among the
     entries (None: in a segment, so the rest stands as it is)."""
     return ref.seq, tuple(ref)[1:], places[ref.seq - first_seq]
+
+
+def _moved_json(side: dict[str, Any], plan: tuple[Any, ...], shift: int,
+                entries: list[OpRecord | Segment]) -> dict[str, Any]:
+    """One side of a remembered finding's JSON, moved as :func:`_moved_ref` moves its op."""
+    _, _, at = plan
+    if at is None:
+        return {**side, "seq": plan[0] + shift, "bytes": side["bytes"][:]}
+    record = entries[at]
+    detail = record.detail or {}  # type: ignore[union-attr]
+    return {**side, "seq": record[0], "site": detail.get("site"),
+            "origin": detail.get("origin"), "bytes": side["bytes"][:]}
 
 
 def _moved_ref(plan: tuple[Any, ...], entries: list[OpRecord | Segment]) -> OpRef:
