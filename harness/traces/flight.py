@@ -44,7 +44,7 @@ from typing import Any
 from harness.faults.writes import reason
 from harness.traces.optrace import TRACE_SCHEMA
 from kvcore.device import Device, OpRecord
-from kvcore.device.oplog import Access, Label, Segment
+from kvcore.device.oplog import Access, Label, OpLog, Segment
 
 CURRENT = "trial-current.jsonl"
 TRACE_MAP_BYTES = 1 << 16
@@ -240,8 +240,7 @@ class FlightRecorder:
             return False
         log = self._device.oplog  # type: ignore[union-attr]
         if declared is not None:
-            if self._labels is None or declared != (len(log.buffers), len(log.streams),
-                                                    len(log.page_bytes), tuple(self._labels)):
+            if self._labels is None or declared != self._preamble_key(log):
                 return False
             self._labels = None
             self._told = (len(log.buffers), len(log.streams))
@@ -267,8 +266,7 @@ class FlightRecorder:
         if log is None:
             return _LINE_BY_LINE
         if self._labels is not None:  # the trial's first flush: the preamble's key
-            declared: Any = (len(log.buffers), len(log.streams), len(log.page_bytes),
-                             tuple(self._labels))
+            declared: Any = self._preamble_key(log)
         elif (len(log.buffers), len(log.streams)) != self._told:
             return _LINE_BY_LINE  # buffers or streams to declare
         else:
@@ -335,7 +333,7 @@ class FlightRecorder:
         log = self._device.oplog  # type: ignore[union-attr]
         buffers, streams = log.buffers, log.streams
         if self._labels is not None:  # the trial's first flush: most often the last's block
-            key = (len(buffers), len(streams), len(log.page_bytes), tuple(self._labels))
+            key = self._preamble_key(log)
             if key != self._preamble[0]:
                 block = [self._line(("buffer", info, log.page_bytes.get(info.id, 0)))
                          for info in buffers.values()]
@@ -354,6 +352,13 @@ class FlightRecorder:
             lines.extend(self._line(("stream", stream))
                          for stream in itertools.islice(streams.values(), told_streams, None))
         self._told = (len(buffers), len(streams))
+
+    def _preamble_key(self, log: OpLog) -> tuple[Any, ...]:
+        """What a trial's preamble is made of (its trial's first flush, ``_labels`` not yet
+        None): as many buffers, streams and paged buffers as declared before, and the same
+        labels, give the same block."""
+        return (len(log.buffers), len(log.streams), len(log.page_bytes),
+                tuple(self._labels))  # type: ignore[arg-type]
 
     def _run_lines(self, segment: Segment) -> list[str]:
         """A reissued piece of a program: its "program" record, the first time this trace
@@ -406,12 +411,12 @@ class FlightRecorder:
         trace not kept is not written to its end: the file must hold what was issued before
         each wait, where a worker may die, and after the trial's last wait none comes (the
         next trial's trace begins the file again). Its ops are counted all the same."""
-        if not keep:
+        if keep:
+            self.flush()
+        else:
             self._drop()
-            return None
-        self.flush()
         del self._plan[self._flushes:]  # the plan is this trial's flushes: the next one's last
-        if self._map is None:
+        if not keep or self._map is None:
             return None
         self.close()
         kept = trace_path(self.folder, index)
@@ -423,15 +428,13 @@ class FlightRecorder:
         return str(kept)
 
     def _drop(self) -> None:
-        """The end of a trace not kept: what is left unwritten counted, and forgotten, with
-        the last trial's flushes past this trial's (the plan is this trial's alone)."""
+        """The end of a trace not kept: what is left unwritten counted, and forgotten."""
         ops = 0
         for entry in self._pending:
             ops += len(entry[0]) if type(entry) is Segment else 1
         self.total += ops
         self._pending.clear()
         self._times.clear()
-        del self._plan[self._flushes:]
 
     def close(self, *, discard: bool = False) -> None:
         """End the file at its last line (the zeros beyond cut off), or with ``discard``
