@@ -72,10 +72,15 @@ class FlightRecorder:
         self._times: list[tuple[int, int, int]] = []  # device times measured after the ops
         self._first_seq = 0  # the trial's first op
         self._device: Device | None = None
-        # The trial's labels until its first flush declares them (then None), the buffers and
-        # streams its trace has declared (counts), and the last trial's declarations.
+        self._log = OpLog()  # the device's op log (this one until a device is attached)
+        # The trial's labels until its first flush declares them (then None); the owners as
+        # the op log's count of their changes last found them (taken again only when it
+        # moved); the buffers and streams its trace has declared (how many, and the op log's
+        # count of their changes then); and the last trial's declarations.
         self._labels: list[Label] | None = []
+        self._owners: tuple[int, list[Label]] = (-1, [])
         self._told = (0, 0)
+        self._told_at = -1
         self._preamble: tuple[Any, list[str]] = (None, [])
         # The last header, and its line as a format of the trial's numbers (their names).
         self._header: tuple[dict[str, Any] | None, bytes, tuple[str, ...]] = (None, b"", ())
@@ -105,10 +110,12 @@ class FlightRecorder:
         if device is self._device:
             return
         self._device = device
+        self._log = device.oplog
         self._preamble = (None, [])  # another device's declarations, whatever their count
         self._formats = {}  # and its flushes, their preambles among them
         self._plan = []
-        self._labels = device.oplog.labels.live()
+        self._owners = (-1, [])  # another op log's count
+        self._labels = self._owners_now(device.oplog)
         device.oplog.subscribe(self._pending.append,
                                segments=None if self.issue_times else self._pending.append)
         device.oplog.before_blocking(self.flush)
@@ -118,11 +125,12 @@ class FlightRecorder:
         """Begin a trial's trace: the file emptied (or made, when the last one was kept) and
         its header line written: ``header``'s keys, then ``numbers`` (the trial's own: its
         index, seed, pid). A worker passes the same ``header`` every trial, encoded once."""
+        log = self._log
         self._pending.clear()
         self._times.clear()
-        self._first_seq = self._device.oplog.seq + 1 if self._device is not None else 0
+        self._first_seq = log.seq + 1 if self._device is not None else 0
         self.total = 0
-        self._labels = self._device.oplog.labels.live() if self._device is not None else []
+        self._labels = self._owners_now(log)
         self._written.clear()
         self._flushes, self._matching = 0, True
         self.error = ""
@@ -144,7 +152,20 @@ class FlightRecorder:
             tail = "".join(f',"{key}":{_NUMBER}' for key in names)
             # held: no other dict takes its id meanwhile
             self._header = (header, _format(f"{text[:-1]}{tail}}}\n"), names)
-        self._write(self._header[1] % tuple(numbers.values()))  # %d: an int's digits
+        line = self._header[1] % tuple(numbers.values())  # %d: an int's digits
+        if len(line) < len(self._map):  # the file is empty: _write's, without its call
+            self._map[:len(line)] = line
+            self._used = len(line)
+        else:
+            self._write(line)
+
+    def _owners_now(self, log: OpLog) -> list[Label]:
+        """Who owns which bytes now (what the trial's trace begins with): most trials, the
+        last trial's list itself, as no owner changed since."""
+        labels = log.labels
+        if labels.changes != self._owners[0]:
+            self._owners = (labels.changes, labels.live())
+        return self._owners[1]
 
     def _open(self) -> None:
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -186,7 +207,7 @@ class FlightRecorder:
         """Write what was issued since the last flush; called before every blocking call."""
         pending = self._pending
         # Into the kernel's page cache: enough to outlive this process (not a machine crash).
-        if len(pending) == 1 and self._again(pending[0]):
+        if len(pending) == 1 and self._matching and self._again(pending[0]):
             return
         if self._map is None:
             pending.clear()  # a trace that was lost takes no memory either
@@ -229,7 +250,7 @@ class FlightRecorder:
         preamble (or nothing new to declare), after flushes that were all the last trial's
         (so the same program lines are written). False, writing nothing: it is not."""
         plan, k = self._plan, self._flushes
-        if not self._matching or k >= len(plan) or self._map is None or self._times:
+        if k >= len(plan) or self._map is None or self._times:
             return False
         entry = plan[k]
         if entry is None or entry[0] is not segment[0]:  # not its piece (nor a Segment)
@@ -238,21 +259,27 @@ class FlightRecorder:
         values, issued = segment[2], segment[3]
         if len(values) != count or (issued is None) is not untimed:
             return False
-        log = self._device.oplog  # type: ignore[union-attr]
+        log = self._log
         if declared is not None:
             if self._labels is None or declared != self._preamble_key(log):
                 return False
             self._labels = None
-            self._told = (len(log.buffers), len(log.streams))
-        elif (len(log.buffers), len(log.streams)) != self._told:
+            self._told, self._told_at = (len(log.buffers), len(log.streams)), log.declared
+        elif log.declared != self._told_at:
             return False
         self._flushes = k + 1
         if new:
             self._written |= new
         self.total += ops
         self._pending.clear()
-        self._write(form % ((segment[1], *values) if untimed else  # type: ignore[index]
-                            (segment[1], issued, *values)))
+        data = form % ((segment[1], *values) if untimed else (segment[1], issued, *values))
+        used = self._used
+        end = used + len(data)
+        if end > len(self._map):
+            self._write(data)  # a map to grow first
+        else:  # _write's, without its call: this runs at every wait of a reissued trial
+            self._map[used:end] = data
+            self._used = end
         return True
 
     def _runs(self) -> tuple[bytes | None, list[tuple[Any, ...] | None]]:
@@ -267,7 +294,7 @@ class FlightRecorder:
             return _LINE_BY_LINE
         if self._labels is not None:  # the trial's first flush: the preamble's key
             declared: Any = self._preamble_key(log)
-        elif (len(log.buffers), len(log.streams)) != self._told:
+        elif log.declared != self._told_at:
             return _LINE_BY_LINE  # buffers or streams to declare
         else:
             declared = None
@@ -296,7 +323,7 @@ class FlightRecorder:
             found = self._format_runs(key)
         if declared is not None:
             self._labels = None
-            self._told = (len(log.buffers), len(log.streams))
+            self._told, self._told_at = (len(log.buffers), len(log.streams)), log.declared
         written |= new
         self.total += found[1]
         one = self._pending[0][0] if len(shape) == 2 else None  # a flush of one run: its piece
@@ -342,7 +369,7 @@ class FlightRecorder:
                 self._preamble = (key, block)
             lines.extend(self._preamble[1])
             self._labels = None
-            self._told = (len(buffers), len(streams))
+            self._told, self._told_at = (len(buffers), len(streams)), log.declared
             return
         told_buffers, told_streams = self._told
         if len(buffers) > told_buffers:
@@ -351,14 +378,14 @@ class FlightRecorder:
         if len(streams) > told_streams:
             lines.extend(self._line(("stream", stream))
                          for stream in itertools.islice(streams.values(), told_streams, None))
-        self._told = (len(buffers), len(streams))
+        self._told, self._told_at = (len(buffers), len(streams)), log.declared
 
-    def _preamble_key(self, log: OpLog) -> tuple[Any, ...]:
+    def _preamble_key(self, log: OpLog) -> tuple[int, int]:
         """What a trial's preamble is made of (its trial's first flush, ``_labels`` not yet
-        None): as many buffers, streams and paged buffers as declared before, and the same
-        labels, give the same block."""
-        return (len(log.buffers), len(log.streams), len(log.page_bytes),
-                tuple(self._labels))  # type: ignore[arg-type]
+        None): the buffers, streams and page strides as the op log's count of their changes
+        finds them, and the owners as they were when the trial began, by the same count of
+        theirs, give the same block (the key is the recorder's device's: attach forgets it)."""
+        return (log.declared, self._owners[0])
 
     def _run_lines(self, segment: Segment) -> list[str]:
         """A reissued piece of a program: its "program" record, the first time this trace

@@ -875,18 +875,12 @@ class Device(ABC):
         if run is None or upto <= sent:
             return
         self._run_sent = upto
-        whole = not sent and upto == len(run.templates)
-        templates = run.piece(sent, upto)
+        templates, m = run.cut(sent, upto)
         values: tuple[int, ...] = ()
-        if run.live:  # the bytes the run's Live memsets set, for their records
+        if m:  # the bytes the run's Live memsets set, for their records
             issued = self._live_issued
-            if whole:
-                values = tuple(issued)
-                issued.clear()
-            else:
-                m = sum(sent <= k < upto for k in run.live)
-                values = tuple(issued[:m])
-                del issued[:m]
+            values = tuple(issued[:m])
+            del issued[:m]
         log = self.oplog
         segment = _new(Segment, (templates, log.seq + 1, values, self._clock_ns()))
         log.seq += upto - sent

@@ -106,13 +106,18 @@ class Labels:
 
     def __init__(self) -> None:
         self._by_buffer: dict[int, list[Label]] = {}
+        # How many times the owners changed: a reader that took them at a count has them
+        # still while the count is the same (a reissued trial changes none).
+        self.changes = 0
 
     def alloc(self, buffer: int, offset: int, length: int, name: str) -> None:
+        self.changes += 1
         self._cut(buffer, offset, offset + length)
         self._by_buffer.setdefault(buffer, []).append(Label(buffer, offset, length, name))
 
     def free(self, buffer: int, offset: int, length: int) -> str | None:
         """Forget the owners of these bytes; returns the first one's name."""
+        self.changes += 1
         return self._cut(buffer, offset, offset + length)
 
     def _cut(self, buffer: int, lo: int, hi: int) -> str | None:
@@ -240,6 +245,9 @@ class OpLog:
         self.buffers: dict[int, BufferInfo] = {}
         self.streams: dict[str, StreamInfo] = {}
         self.page_bytes: dict[int, int] = {}  # buffer id -> page stride, for paged buffers
+        # How many times the buffers, streams or page strides changed: a reader that has
+        # declared them at a count has all of them while the count is the same.
+        self.declared = 0
         self.labels = Labels()
         self.seq = 0  # the last record's number
         self.active = False
@@ -286,15 +294,18 @@ class OpLog:
 
     def announce_stream(self, info: StreamInfo) -> None:
         self.streams[info.name] = info
+        self.declared += 1
 
     def describe_pages(self, buffer: int, page_bytes: int) -> None:
         """Say that ``buffer`` is carved into pages of ``page_bytes``, so findings can name the
         page an access touched."""
         self.page_bytes[buffer] = page_bytes
+        self.declared += 1
 
     def announce_buffer(self, info: BufferInfo) -> None:
         """Register a buffer, so observers can name the buffers that records refer to."""
         self.buffers[info.id] = info
+        self.declared += 1
 
     @contextlib.contextmanager
     def in_step(self, step: str | None) -> Iterator[None]:

@@ -100,6 +100,8 @@ class Run:
     chunks: list[tuple[list[tuple[Any, ...]], tuple[Any, ...] | None]]
     before: dict[int, int]
     _pieces: dict[tuple[int, int], tuple[tuple[Any, ...], ...]] = field(default_factory=dict)
+    _cuts: dict[tuple[int, int], tuple[tuple[tuple[Any, ...], ...], int]] = field(
+        default_factory=dict)
 
     def piece(self, start: int, stop: int) -> tuple[tuple[Any, ...], ...]:
         """Templates ``start`` to ``stop``: the same tuple each time, so that observers can
@@ -109,6 +111,15 @@ class Run:
         got = self._pieces.get((start, stop))
         if got is None:
             got = self._pieces[start, stop] = self.templates[start:stop]
+        return got
+
+    def cut(self, start: int, stop: int) -> tuple[tuple[tuple[Any, ...], ...], int]:
+        """:meth:`piece` ``start`` to ``stop``, and how many of its templates take a
+        :class:`Live` value: a reissued run is cut at the same places every time it runs."""
+        got = self._cuts.get((start, stop))
+        if got is None:
+            got = self._cuts[start, stop] = (self.piece(start, stop),
+                                             sum(start <= k < stop for k in self.live))
         return got
 
 
