@@ -94,9 +94,16 @@ class TrialResult:
         # By hand, not dataclasses.asdict: its deep copy cost as much as a trial's ops. Its
         # fields are its __dict__, in order, however it was made (__init__ or made).
         out = self.__dict__.copy()
-        out["outcome"] = self.outcome.value
-        out["xids"] = [dict(x) for x in self.xids]
-        out["findings"] = [dict(f) for f in self.findings]
+        # The enum's own field: its ``value`` is a property, a call for every trial.
+        out["outcome"] = self.outcome._value_
+        if self.xids:  # most trials have none: no comprehension (a call of its own) made
+            out["xids"] = [dict(x) for x in self.xids]
+        else:
+            out["xids"] = []
+        if self.findings:
+            out["findings"] = [dict(f) for f in self.findings]
+        else:
+            out["findings"] = []
         return out
 
     @classmethod

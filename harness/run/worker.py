@@ -159,7 +159,7 @@ class TrialRunner:
             payload["race"] = True
             payload["findings"] = findings
         payload["worker_pid"] = self.pid
-        bad = result.outcome.manifested or bool(findings)
+        bad = payload["outcome"] != "clean" or bool(findings)  # not the enum's property: a call
         keep = job.record or bad and (job.traces_kept is None or self.kept < job.traces_kept)
         self.kept += bool(keep and bad)
         payload["trace"] = recorder.end_trial(index, keep=keep)
