@@ -309,3 +309,35 @@ def _segments_of(path: str, variant: str) -> list:
         got.clear()
         executor.run(index, index)
     return got
+
+
+def test_each_trial_s_trace_begins_with_the_owners_of_its_start(tmp_path):
+    """A trial that hands bytes out and takes them back leaves the owners as they were (the
+    next trace begins with the same ones); one that keeps them, or gives back bytes owned
+    before it began, changes them: every trace's label records are the owners at its start."""
+    import kvcore
+
+    device = kvcore.open_device("sim")
+    buf = device.alloc(4096, name="pool")
+    recorder = FlightRecorder(tmp_path)
+    recorder.attach(device)  # the op log listens from here on: owners are kept
+    device.label(buf, [(0, 1024)], "lease a")
+    # What each trial does to the owners: back as they were, kept, back, given back.
+    trials = [
+        lambda: (device.label(buf, [(1024, 512)], "lease b"), device.unlabel(buf, [(1024, 512)])),
+        lambda: device.label(buf, [(2048, 256)], "lease c"),
+        lambda: (device.label(buf, [(3072, 64)], "lease d"), device.unlabel(buf, [(3072, 64)])),
+        lambda: device.unlabel(buf, [(0, 1024)]),
+        lambda: None,
+    ]
+    for index, change in enumerate(trials):
+        expected = [[label.offset, label.length, label.name]
+                    for label in device.oplog.labels.live()]
+        recorder.start_trial(HEADER, trial=index)
+        change()
+        device.synchronize()  # a blocking call: the trace is flushed
+        trace = load_trace(Path(recorder.end_trial(index, keep=True)))
+        labels = [[r["offset"], r["length"], r["name"]] for r in trace.records
+                  if r["type"] == "label"]
+        assert labels == expected, index
+    assert expected == [[2048, 256, "lease c"]]

@@ -75,10 +75,11 @@ class FlightRecorder:
         self._log = OpLog()  # the device's op log (this one until a device is attached)
         # The trial's labels until its first flush declares them (then None); the owners as
         # the op log's count of their changes last found them (taken again only when it
-        # moved); the buffers and streams its trace has declared (how many, and the op log's
-        # count of their changes then); and the last trial's declarations.
+        # moved), and how many times what they are changed (see _owners_now); the buffers
+        # and streams its trace has declared (how many, and the op log's count of their
+        # changes then); and the last trial's declarations.
         self._labels: list[Label] | None = []
-        self._owners: tuple[int, list[Label]] = (-1, [])
+        self._owners: tuple[int, list[Label], int] = (-1, [], 0)
         self._told = (0, 0)
         self._told_at = -1
         self._preamble: tuple[Any, list[str]] = (None, [])
@@ -114,7 +115,7 @@ class FlightRecorder:
         self._preamble = (None, [])  # another device's declarations, whatever their count
         self._formats = {}  # and its flushes, their preambles among them
         self._plan = []
-        self._owners = (-1, [])  # another op log's count
+        self._owners = (-1, [], self._owners[2] + 1)  # another op log's count and owners
         self._labels = self._owners_now(device.oplog)
         device.oplog.subscribe(self._pending.append,
                                segments=None if self.issue_times else self._pending.append)
@@ -161,10 +162,15 @@ class FlightRecorder:
 
     def _owners_now(self, log: OpLog) -> list[Label]:
         """Who owns which bytes now (what the trial's trace begins with): most trials, the
-        last trial's list itself, as no owner changed since."""
+        last trial's list itself, as no owner changed since, or the owners changed and came
+        back (a step-list trial hands its pages out and takes them back: the same list, so
+        the same preamble: see :meth:`_preamble_key`)."""
         labels = log.labels
-        if labels.changes != self._owners[0]:
-            self._owners = (labels.changes, labels.live())
+        owners = self._owners
+        if labels.changes != owners[0]:
+            live = labels.live()
+            self._owners = (labels.changes, owners[1], owners[2]) if live == owners[1] else \
+                (labels.changes, live, owners[2] + 1)
         return self._owners[1]
 
     def _open(self) -> None:
@@ -383,9 +389,10 @@ class FlightRecorder:
     def _preamble_key(self, log: OpLog) -> tuple[int, int]:
         """What a trial's preamble is made of (its trial's first flush, ``_labels`` not yet
         None): the buffers, streams and page strides as the op log's count of their changes
-        finds them, and the owners as they were when the trial began, by the same count of
-        theirs, give the same block (the key is the recorder's device's: attach forgets it)."""
-        return (log.declared, self._owners[0])
+        finds them, and the owners as they were when the trial began, by the recorder's
+        count of their contents (:meth:`_owners_now` counts one more only when the owners it
+        takes are not the same as the last ones; attach, when the device is another)."""
+        return (log.declared, self._owners[2])
 
     def _run_lines(self, segment: Segment) -> list[str]:
         """A reissued piece of a program: its "program" record, the first time this trace
