@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness.run.runner import RunOptions, Runner
+from harness.run.runner import RunHooks, RunOptions, Runner
 from harness.lang.scenario import load_scenario
 from harness.lang.targets import SCENARIO_ROOT, resolve_targets
 from harness.run.worker import WorkerJob
@@ -473,3 +473,82 @@ def test_a_worker_keeps_only_the_traces_the_parent_can_use(tmp_path: Path,
     kept = [p["trace"] is not None for p in payloads]
     assert kept == ([True] * 5 if record else [True, True, False, False, False])
     assert len(list(tmp_path.glob("trial-0*.jsonl"))) == sum(kept)
+
+
+# -- a worker that outlives its variant --------------------------------------------------------
+
+class _Pids(RunHooks):
+    """Each trial's worker, by variant, in the order the trials ended."""
+
+    def __init__(self) -> None:
+        self.by_variant: dict[tuple[str, str], list[int | None]] = {}
+
+    def trial_finished(self, result, trial) -> None:
+        self.by_variant.setdefault((result.scenario, result.variant), []).append(
+            trial.worker_pid)
+
+
+def _digest(results) -> list[tuple]:
+    return [(r.scenario, r.variant, r.status, r.manifested, r.detected, r.reissued,
+             tuple(sorted(r.counts.items())),
+             r.first_manifested.detail if r.first_manifested else None) for r in results]
+
+
+def test_one_worker_runs_the_variants_one_after_another_and_they_end_as_alone(
+        tmp_path: Path, monkeypatch) -> None:
+    """A lane's worker is handed the next variant's job once its trials all ended: one
+    process for the whole run, each variant with its own worker folder, and every variant's
+    trials the same as when each variant had a worker of its own."""
+    targets = ["smoke", "cudf-22284"]
+    pids = _Pids()
+    runner = Runner(RunOptions(backend="sim", trials=4, out_dir=tmp_path / "kept"), pids)
+    kept = runner.run(resolve_targets(targets)).results
+    assert len(kept) >= 4
+    assert len({pid for got in pids.by_variant.values() for pid in got}) == 1
+    assert len(list((Path(runner.out_dir) / "workers").iterdir())) == len(kept)
+    assert not multiprocessing.active_children()  # the kept worker stopped with the run
+
+    import harness.run.runner
+
+    alone_pids = _Pids()
+    monkeypatch.setattr(harness.run.runner.Runner, "_park", lambda self, lane: None)
+    alone = Runner(RunOptions(backend="sim", trials=4, out_dir=tmp_path / "alone"),
+                   alone_pids).run(resolve_targets(targets)).results
+    assert len({pid for got in alone_pids.by_variant.values() for pid in got}) == len(alone)
+    assert _digest(kept) == _digest(alone)
+
+
+def test_a_hung_worker_is_not_handed_the_next_variant(tmp_path: Path) -> None:
+    """The watchdog killed the worker of the last hang: the variant after it gets a worker
+    started for it, which runs its trials clean."""
+    pids = _Pids()
+    runner = Runner(RunOptions(backend="sim", timeout_s=1.0, trials=2, spares=0,
+                               out_dir=tmp_path), pids)
+    hang, after = runner.run(resolve_targets([str(hang_file(tmp_path, 2)),
+                                              "smoke"])).results[:2]
+    assert hang.counts["hang"] == 2 and after.trials == 2 and after.status.value == "pass"
+    hung = set(pids.by_variant[(hang.scenario, hang.variant)])
+    assert not hung & set(pids.by_variant[(after.scenario, after.variant)])
+    assert not multiprocessing.active_children()
+
+
+def test_a_worker_serves_only_the_gpu_it_started_on(tmp_path: Path) -> None:
+    """CUDA reads CUDA_VISIBLE_DEVICES once: a worker handed a job for another lane's GPU
+    says so, rather than run it on its own GPU."""
+    from harness.run.workers import receive, start_local
+
+    scenario = load_scenario(SCENARIO_ROOT / "cross_stream_race.yaml")
+
+    def job(gpu: str, name: str) -> WorkerJob:
+        return WorkerJob(scenario, "fixed", "sim", os.getpid(), False, None,
+                         str(tmp_path / f"{name}.log"), str(tmp_path / name), {}, gpu=gpu)
+
+    worker = start_local(job("0", "first"))
+    try:
+        assert receive(worker.conn, 60.0)[0] == "ready"
+        worker.take_job(job("1", "second"))
+        said = receive(worker.conn, 60.0)
+        assert said[0] == "error" and "handed a job for GPU 1" in said[1]
+    finally:
+        worker.stop()
+    assert not multiprocessing.active_children()

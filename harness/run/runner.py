@@ -267,6 +267,9 @@ class Runner:
                 raise TargetError(f"--schedule: {exc}") from exc
         self.device: dict[str, object] = {"backend": self.backend}
         self._workers = 0
+        # A lane's worker once its variant's trials all ended, for the next variant (by the
+        # lane's pin): see _park.
+        self._idle: dict[str | None, Worker] = {}
         self.folder: RunFolder | None = None  # made when the run starts
         self.watch: GpuWatch | None = None
         self.health: dict[str, object] = {}
@@ -313,6 +316,15 @@ class Runner:
             from harness.run.rayexec import start_actor
 
             return start_actor(job, self.options.address)
+        idle = self._idle.pop(job.gpu, None)
+        if idle is not None:
+            try:
+                if idle.proc.is_alive():
+                    idle.take_job(job)
+                    return idle
+            except (OSError, ValueError):
+                pass  # it died as it was handed the job: a new one starts
+            idle.stop(1.0)
         return start_local(job)
 
     def run(self, scenarios: Iterable[Scenario]) -> RunResult:
@@ -353,6 +365,7 @@ class Runner:
         except WriteStop as exc:
             self._keep_partial(result, f"stopped ({exc})")
         finally:
+            self._stop_idle()
             self.health["after"] = self.watch.health(self._gpu_of(None))
             self.watch.stop()
         result.device = self.device
@@ -458,14 +471,42 @@ class Runner:
         lanes = [_Lane(name, WorkerSupply(make_job(gpu), WORKER_START_TIMEOUT_S, spares,
                                           self._start_worker), pin=gpu)
                  for name, gpu in self.lanes if name not in self.retired]
+        finished = False
         try:
             self._run_trials(lanes, pending, timeout, run)
+            finished = True
         finally:
             for lane in lanes:
+                if finished:
+                    self._park(lane)
                 lane.close()
         result.judge()
         self.hooks.variant_finished(result)
         return result
+
+    def _park(self, lane: _Lane) -> None:
+        """Keep the lane's worker for the next variant, when its trials all ended and it lives
+        (a worker whose context died has left; a hung one was killed): the next variant's job
+        goes to it (see :meth:`_start_worker`), and a zoo of short variants pays one process
+        and CUDA context start per lane, not one per variant. A Ray actor is not kept (its
+        node's resources are the cluster's)."""
+        worker = lane.worker
+        if worker is None or lane.inflight or lane.retired or lane.dead is not None \
+                or self.options.executor != "local" or not worker.proc.is_alive():
+            return
+        kept = self._idle.pop(lane.pin, None)
+        if kept is not None:
+            kept.stop()
+        self._idle[lane.pin] = worker
+        lane.worker = None
+
+    def _stop_idle(self) -> None:
+        """Stop the workers kept for a next variant: the run has none left (all asked first,
+        so their contexts end side by side)."""
+        for worker in self._idle.values():
+            worker.ask_to_stop()
+        while self._idle:
+            self._idle.popitem()[1].stop()
 
     def _gpu_of(self, pin: str | None) -> str | None:
         """The UUID of the GPU a lane pinned to ``pin`` (its workers' CUDA_VISIBLE_DEVICES)

@@ -12,6 +12,7 @@ another; a hang is ended by the parent's watchdog killing the worker.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 import sys
 import traceback
@@ -63,28 +64,45 @@ class WorkerJob:
 def worker_main(conn: Connection, job: WorkerJob) -> None:
     """Entry point of a worker process. Messages to the parent: ("ready", device_info), then
     for each ("trials", ((index, seed), ...)) it is handed ("trial", result_json) per trial and
-    ("done",); ("error", text) when something failed. ("stop",), or the parent's end closing,
-    ends it."""
+    ("done",); ("error", text) when something failed. ("job", WorkerJob) once its trials are
+    done makes it the worker of another variant: the last one's device goes, the new job's is
+    made and it says ("ready", ...) again, in the same process and CUDA context (a context
+    and a process start cost more than most variants' trials). ("stop",), or the parent's
+    end closing, ends it."""
     die_with_parent(job.parent_pid)
     leave_fork_server()
-    os.environ.clear()
-    os.environ.update(job.env)
-    if job.gpu is not None:
-        # Before anything imports CuPy: the worker's device 0 is its lane's GPU.
-        os.environ["CUDA_VISIBLE_DEVICES"] = job.gpu
-    lost = log_to(job.log_path)
+    gpu = job.gpu  # fixed for the process: CUDA reads it once, when the first device is made
     try:
-        runner = TrialRunner(job)
-        conn.send(("ready", {**runner.info, "log_error": lost} if lost else runner.info))
-        for index, seed in handed_trials(conn):
-            payload = runner.run(index, seed)
-            conn.send(("trial", payload))
-            if runner.context_died(payload):
-                # The context is dead: exit now, without the destructors that would try to
-                # free its memory and print CUDA errors. The parent starts a new worker.
-                conn.close()
-                exit_now()
-        runner.close()
+        next_job: WorkerJob | None = job
+        while next_job is not None:
+            job, next_job = next_job, None
+            if job.gpu != gpu:
+                raise RuntimeError(f"a worker started on GPU {gpu} was handed a job for GPU "
+                                   f"{job.gpu}: a worker serves the lane it started in")
+            os.environ.clear()
+            os.environ.update(job.env)
+            if gpu is not None:
+                # Before anything imports CuPy: the worker's device 0 is its lane's GPU.
+                os.environ["CUDA_VISIBLE_DEVICES"] = gpu
+            lost = log_to(job.log_path)
+            runner = TrialRunner(job)
+            conn.send(("ready", {**runner.info, "log_error": lost} if lost else runner.info))
+            ended: list[tuple] = []
+            for index, seed in handed_trials(conn, ended):
+                payload = runner.run(index, seed)
+                conn.send(("trial", payload))
+                if runner.context_died(payload):
+                    # The context is dead: exit now, without the destructors that would try
+                    # to free its memory and print CUDA errors. The parent starts a new worker.
+                    conn.close()
+                    exit_now()
+            runner.close()
+            if ended and ended[0][0] == "job":
+                next_job = ended[0][1]
+                # The last variant's device, pool and pinned memory freed before the next
+                # variant's are made: the GPU holds one world at a time.
+                del runner
+                gc.collect()
     except BaseException:
         conn.send(("error", traceback.format_exc()))
     finally:
@@ -102,8 +120,13 @@ def log_to(path: str) -> str:
         log, lost = os.open(os.devnull, os.O_WRONLY), reason(exc)
     else:
         lost = ""
+    # What the last job printed goes to its own log, before the descriptors point elsewhere.
+    sys.stdout.flush()
+    sys.stderr.flush()
     os.dup2(log, 1)
     os.dup2(log, 2)
+    if log > 2:
+        os.close(log)  # 1 and 2 hold it: a worker that serves many variants opens one per log
     return lost
 
 
@@ -183,15 +206,19 @@ def context_died(payload: dict[str, Any], backend: str) -> bool:
     return payload["outcome"] == "crash" and backend == "cuda"
 
 
-def handed_trials(conn: Connection) -> Iterator[tuple[int, int]]:
+def handed_trials(conn: Connection, ended: list[tuple] | None = None
+                  ) -> Iterator[tuple[int, int]]:
     """The trials the parent hands over, list after list, each list followed by ("done",); ends
-    when the parent says stop or its end closes."""
+    when the parent says anything else (stop, or another job: put in ``ended``) or its end
+    closes."""
     while True:
         try:
             message = conn.recv()
         except (EOFError, OSError):
             return
         if message[0] != "trials":
+            if ended is not None:
+                ended.append(message)
             return
         yield from message[1]
         conn.send(("done",))

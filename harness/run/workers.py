@@ -31,6 +31,8 @@ SILENT = ("silent",)
 """What :func:`receive` says when the worker sent nothing in time."""
 GONE = ("gone",)
 """What :func:`receive` says when the worker's end of the pipe closed: it died."""
+DONE = ("done",)
+"""What a worker says once it ran the trials it was handed."""
 
 
 def receive(conn: Connection, timeout: float) -> tuple:
@@ -70,6 +72,13 @@ class Worker:
         """Hand the worker its trials; it runs them in order and reports each."""
         self.trials = tuple(trials)
         self.conn.send(("trials", self.trials))
+
+    def take_job(self, job: WorkerJob) -> None:
+        """Make this worker, its last job's trials all ended, the worker of ``job``: it makes
+        the job's device in its own process and CUDA context, and says it is ready as a new
+        worker does."""
+        self.job, self.trials, self.info = job, (), {}
+        self.conn.send(("job", job))
 
     def ask_to_stop(self) -> None:
         """Ask a living worker to leave once it has no trial left (it says nothing back)."""
@@ -166,6 +175,8 @@ class WorkerSupply:
             worker = self._spares[0]
             alive = worker.proc.is_alive()  # before its message: "ready", then dead, is dead
             message = receive(worker.conn, 0)
+            while message == DONE:  # a kept worker's last word of its last variant
+                message = receive(worker.conn, 0)
             if message is SILENT and alive and time.monotonic() < worker.ready_by:
                 return None
             self._spares.popleft()
