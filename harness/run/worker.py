@@ -6,7 +6,9 @@ a fork server that imported the harness once and never touches CUDA, or is spawn
 none (:mod:`harness.run.workers`). A worker says it is ready only once its device, kernels and pool
 are made, and waits for trials: so the parent can keep one ready as a spare. A CUDA fault kills
 the context, so a cuda worker exits after a crash and the parent hands the remaining trials to
-another; a hang is ended by the parent's watchdog killing the worker.
+another; a hang is ended by the parent's watchdog killing the worker. A worker that is still
+whole when its variant's trials end may be handed the next variant's job: it makes that job's
+device in the same process and context, as it made the first.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ CuPy, a context, the kernels, the pool). Where every trial crashes at once, as i
 one spare has only a trial's time to start, so the supply keeps several: after the first death
 they start together, and then one for each taken, so each has had that many hand-overs' time
 when its turn comes. Spares that are not needed are stopped with the supply: none outlives its
-variant.
+variant. The worker that ran a variant's trials may (:meth:`Worker.take_job`): the runner hands
+it the next variant's job, so a run of many variants starts one worker per lane.
 """
 
 from __future__ import annotations
