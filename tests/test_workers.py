@@ -552,3 +552,21 @@ def test_a_worker_serves_only_the_gpu_it_started_on(tmp_path: Path) -> None:
     finally:
         worker.stop()
     assert not multiprocessing.active_children()
+
+
+def test_the_parent_hears_a_message_and_a_closed_pipe_and_nothing_else() -> None:
+    """What the parent asks once per trial: a message waits (it is taken whole), or the
+    worker's end closed (it died: GONE), or nothing waits yet."""
+    from harness.run.workers import GONE, Worker
+
+    ours, theirs = multiprocessing.Pipe(duplex=True)
+    worker = Worker(SimpleNamespace(), ours, None)  # type: ignore[arg-type]
+    assert not worker.has_message()
+    theirs.send(("trial", {"index": 3}))
+    theirs.send(("done",))
+    assert worker.has_message() and worker.message() == ("trial", {"index": 3})
+    assert worker.has_message() and worker.message() == ("done",)
+    assert not worker.has_message()
+    theirs.close()
+    assert worker.has_message() and worker.message() is GONE
+    ours.close()

@@ -656,8 +656,10 @@ class Runner:
             lane = by_conn.get(conn)  # type: ignore[call-overload]
             if lane is None:
                 continue  # a worker ready, or a dead one gone: the loop takes it
-            while lane.inflight and lane.worker is not None and conn.poll():
-                self._message(lane, receive(conn, 0), run, queue)
+            worker = lane.worker
+            while worker is not None and lane.inflight and lane.worker is worker \
+                    and worker.has_message():
+                self._message(lane, worker.message(), run, queue)
                 self._retire_lanes(lanes, queue)
         now = time.monotonic()
         for lane in active:
