@@ -42,6 +42,14 @@ def receive(conn: Connection, timeout: float) -> tuple:
     try:
         if not conn.poll(timeout):
             return SILENT
+    except (EOFError, OSError):
+        return GONE
+    return taken(conn)
+
+
+def taken(conn: Connection) -> tuple:
+    """The message that waits on ``conn``, or GONE where the worker's end of it closed."""
+    try:
         return conn.recv()  # type: ignore[no-any-return]
     except (EOFError, OSError):
         return GONE
@@ -86,10 +94,7 @@ class Worker:
 
     def message(self) -> tuple:
         """The message :meth:`has_message` said waits (GONE where the pipe's end closed)."""
-        try:
-            return self.conn.recv()  # type: ignore[no-any-return]
-        except (EOFError, OSError):
-            return GONE
+        return taken(self.conn)
 
     def give(self, trials: Sequence[tuple[int, int]]) -> None:
         """Hand the worker its trials; it runs them in order and reports each."""
