@@ -14,6 +14,7 @@ import pytest
 from harness.run.runner import RunHooks, RunOptions, Runner
 from harness.lang.scenario import load_scenario
 from harness.lang.targets import SCENARIO_ROOT, resolve_targets
+from harness.run.wire import TrialReader
 from harness.run.worker import WorkerJob
 from harness.run.workers import WorkerSupply
 from programs import hang_file
@@ -468,11 +469,57 @@ def test_a_worker_keeps_only_the_traces_the_parent_can_use(tmp_path: Path,
                     str(tmp_path / "worker.log"), str(tmp_path), {}, record=record,
                     traces_kept=2)
     runner = TrialRunner(job)
-    payloads = [runner.run(i, i) for i in range(5)]
-    assert all(p["findings"] for p in payloads)
-    kept = [p["trace"] is not None for p in payloads]
+    reader = TrialReader()
+    trials = [reader.trial(runner.run(i, i)) for i in range(5)]
+    assert all(t.findings and t.race for t in trials)
+    kept = [t.trace is not None for t in trials]
     assert kept == ([True] * 5 if record else [True, True, False, False, False])
     assert len(list(tmp_path.glob("trial-0*.jsonl"))) == sum(kept)
+
+
+def test_the_parent_makes_a_trials_moved_findings_as_the_detector_would(tmp_path: Path
+                                                                        ) -> None:
+    """A reissued trial that races as the one before it sends only how far its findings'
+    ops moved on; the parent's trial has the findings the detector builds in full, each
+    trial's its own copy. A stepped trial (its ops records, each with its own lines) sends
+    them in full."""
+    from harness.lang.targets import SCENARIO_ROOT
+    from harness.run.wire import FINDINGS
+    from harness.run.worker import TrialRunner
+
+    scenario = load_scenario(SCENARIO_ROOT / "cross_stream_race.yaml")
+    sent = {}
+    for reissue in (True, False):
+        job = WorkerJob(scenario, "buggy", "sim", os.getpid(), False,
+                        None, str(tmp_path / "worker.log"), str(tmp_path / str(reissue)), {},
+                        reissue=reissue, keep_world=True)
+        runner, reader = TrialRunner(job), TrialReader()
+        messages, trials = [], []
+        for i in range(8):
+            message = runner.run(i, i)
+            messages.append(message)
+            trials.append(reader.trial(message))
+            assert trials[-1].findings == runner.detector.findings_json(), (reissue, i)
+            assert trials[-1].findings[0]["first"]["seq"] > trials[0].findings[0]["first"][
+                "seq"] or i == 0
+        assert trials[0].findings[0]["first"] is not trials[1].findings[0]["first"]
+        sent[reissue] = [type(m[FINDINGS]) for m in messages]
+    assert sent[True][0] is list and tuple in sent[True]  # moved, once a program was kept
+    assert set(sent[False]) == {list}
+
+
+def test_findings_moved_from_a_trial_the_parent_never_had_are_an_error() -> None:
+    from harness.errors import WireError
+    from harness.results.outcome import Outcome, TrialResult
+    from harness.run.wire import trial_message
+
+    result = TrialResult.made(4, 4, Outcome.CLEAN, "", None, None, None, 0.0, True)
+    with pytest.raises(WireError, match="trial 3's moved on 5 ops.*none"):
+        TrialReader().trial(trial_message(result, 1, (3, 5), None, 9, None))
+    whole = trial_message(result, 1, [], None, 9, None)
+    trial = TrialReader().trial(whole)
+    assert (trial.index, trial.outcome, trial.race, trial.ops_total, trial.worker_pid) == (
+        4, Outcome.CLEAN, False, 9, 1)
 
 
 # -- a worker that outlives its variant --------------------------------------------------------

@@ -790,6 +790,19 @@ class RaceDetector:
                 return found
         return [finding.to_json() for finding in self.findings]
 
+    def moved_by(self) -> tuple[object, int] | None:
+        """When this trial's findings are a remembered trial's with nothing changed but the
+        numbers of their ops, moved on by the same count (its ops were all in segments, and
+        the words name them by their steps): that remembered trial, and the count. A worker
+        that sent findings of the same remembered trial sends only how far they moved on
+        (see :func:`shifted`)."""
+        if self._pending:
+            self._analyse()
+        moved = self._moved
+        if moved is None or not moved[0].by_shift():
+            return None
+        return moved[0], moved[1]
+
     def _folded_now(self) -> dict[tuple[Any, ...], Finding]:
         """The findings by key, a remembered trial's built for this one when first read."""
         moved = self._moved
@@ -890,6 +903,7 @@ class _Remembered:
     # cannot be moved as JSON (the words of its missing edge name ops by their numbers).
     json: list[tuple[dict[str, Any], dict[str, Any], dict[str, Any], tuple[Any, ...],
                      tuple[Any, ...]]] | bool | None = None
+    shifts: bool | None = None  # see by_shift; None until asked
 
     def moved(self, shift: int, entries: list[OpRecord | Segment]
               ) -> dict[tuple[Any, ...], Finding]:
@@ -929,6 +943,36 @@ class _Remembered:
             one["second"] = _moved_json(second, b, shift, entries)
             out.append(one)
         return out
+
+    def by_shift(self) -> bool:
+        """Whether its findings' JSON, moved to another trial of its shape, differs from its
+        own only in its ops' numbers, each moved on by the same count: it has findings, the
+        words of each name ops by their steps, and every op lay in a segment (an op that was
+        a record takes that trial's Python and scenario lines)."""
+        known = self.shifts
+        if known is None:
+            known = self.shifts = bool(self.findings) and all(
+                "missing" in fields and a[2] is None and b[2] is None
+                for _, fields, a, b in self.findings)
+        return known
+
+
+def shifted(findings: list[dict[str, Any]], by: int) -> list[dict[str, Any]]:
+    """Findings' JSON with both ops of each numbered ``by`` on: a remembered trial's findings
+    for a later trial of its shape (see :meth:`RaceDetector.moved_by`), as the parent of a
+    worker makes them from the last it was sent in full."""
+    out = []
+    for whole in findings:  # a loop: a comprehension costs a call
+        one = whole.copy()
+        first, second = whole["first"], whole["second"]
+        one["first"], one["second"] = _seq_moved(first, by), _seq_moved(second, by)
+        out.append(one)
+    return out
+
+
+def _seq_moved(side: dict[str, Any], by: int) -> dict[str, Any]:
+    """One side of a finding's JSON, its op numbered ``by`` on (a copy all the way down)."""
+    return {**side, "seq": side["seq"] + by, "bytes": side["bytes"][:]}
 
 
 _Moved = tuple[_Remembered, int, list[Any]]
@@ -1070,8 +1114,8 @@ def _moved_json(side: dict[str, Any], plan: tuple[Any, ...], shift: int,
                 entries: list[OpRecord | Segment]) -> dict[str, Any]:
     """One side of a remembered finding's JSON, moved as :func:`_moved_ref` moves its op."""
     _, _, at = plan
-    if at is None:
-        return {**side, "seq": plan[0] + shift, "bytes": side["bytes"][:]}
+    if at is None:  # its JSON was made for the remembered trial: its number is plan[0]
+        return _seq_moved(side, shift)
     record = entries[at]
     detail = record.detail or {}  # type: ignore[union-attr]
     return {**side, "seq": record[0], "site": detail.get("site"),

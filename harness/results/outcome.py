@@ -77,17 +77,21 @@ class TrialResult:
     @classmethod
     def made(cls, index: int, seed: int, outcome: Outcome, detail: str, cuda_error: str | None,
              step: str | None, requests: int | None, duration_s: float,
-             reissued: bool) -> TrialResult:
-        """What an executor's trial gives (the other fields their defaults), built without the
-        frozen dataclass's ``__init__``, which sets each of its sixteen fields through
-        ``object.__setattr__``: a tenth of a reissued trial's host time."""
+             reissued: bool, *, worker_pid: int | None = None, trace: str | None = None,
+             ops_total: int = 0, findings: list[dict[str, object]] | None = None
+             ) -> TrialResult:
+        """What an executor's trial gives, or with the rest of what a worker says of it, the
+        parent's (the other fields their defaults; ``race`` when there are findings), built
+        without the frozen dataclass's ``__init__``, which sets each of its sixteen fields
+        through ``object.__setattr__``: a tenth of a reissued trial's host time."""
         result = _new(cls)
         own = result.__dict__
         own.update(_TRIAL_DEFAULTS)  # every field, in order (to_json keeps it)
         own["index"], own["seed"], own["outcome"], own["detail"] = index, seed, outcome, detail
         own["cuda_error"], own["step"], own["requests"] = cuda_error, step, requests
-        own["duration_s"], own["reissued"], own["xids"], own["findings"] = \
-            duration_s, reissued, [], []
+        own["duration_s"], own["reissued"], own["xids"] = duration_s, reissued, []
+        own["worker_pid"], own["trace"], own["ops_total"] = worker_pid, trace, ops_total
+        own["race"], own["findings"] = bool(findings), findings or []
         return result
 
     def to_json(self) -> dict[str, object]:

@@ -60,7 +60,7 @@ class _Actor:
     def ready(self) -> dict[str, Any]:
         return self.runner.info
 
-    def run(self, index: int, seed: int) -> dict[str, Any]:
+    def run(self, index: int, seed: int) -> tuple[Any, ...]:
         payload = self.runner.run(index, seed)
         if self.runner.context_died(payload):
             # The answer goes out first; then the process, with its dead context.

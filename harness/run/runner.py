@@ -39,6 +39,7 @@ from harness.results.outcome import Outcome, Status, TrialResult, VariantResult
 from harness.gpu.probe import cuda_state, cuda_usable, gpu_uuids
 from harness.limits import GPUS_MAX
 from harness.gpu.watch import FatalXid, GpuWatch, TrialXids, same_pci
+from harness.run.wire import TRACE_ERROR
 from harness.run.worker import WorkerJob, context_died
 from harness.run.workers import (
     GONE,
@@ -680,10 +681,10 @@ class Runner:
         if message[0] != "trial":
             return  # "done": the worker waits for more; the lane's inflight says it is free
         lane.inflight.popleft()
-        lost = message[1].pop("trace_error", None)
+        lost = message[1][TRACE_ERROR]
         if lost:
             self.faults.failed("trace", lost[0], lost[1])
-        trial = TrialResult.from_json(message[1])
+        trial = worker.trial(message[1])
         if context_died(message[1], worker.job.backend):
             # The context is dead and the worker exits: the rest go to the next worker.
             self._died(lane, trial, queue)

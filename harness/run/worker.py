@@ -26,6 +26,8 @@ from collections.abc import Iterator
 
 from harness.faults.writes import reason
 from harness.processes.lifetime import die_with_parent, leave_fork_server
+from harness.results.outcome import Outcome
+from harness.run.wire import Moved, outcome_of, trial_message
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,8 @@ class WorkerJob:
 
 def worker_main(conn: Connection, job: WorkerJob) -> None:
     """Entry point of a worker process. Messages to the parent: ("ready", device_info), then
-    for each ("trials", ((index, seed), ...)) it is handed ("trial", result_json) per trial and
+    for each ("trials", ((index, seed), ...)) it is handed ("trial", message) per trial (see
+    :mod:`harness.run.wire`) and
     ("done",); ("error", text) when something failed. ("job", WorkerJob) once its trials are
     done makes it the worker of another variant: the last one's device goes, the new job's is
     made and it says ("ready", ...) again, in the same process and CUDA context (a context
@@ -170,42 +173,45 @@ class TrialRunner:
         self.pid = os.getpid()  # asked once: a worker never forks (and a call is a system call)
         self.info: dict[str, Any] = {**self.executor.device_info, "pid": self.pid}
         self.kept = 0  # traces of bad trials kept so far
+        # The remembered trial whose findings were last sent in full, the count its ops were
+        # moved on by for them, and their trial's index (see RaceDetector.moved_by).
+        self._sent: tuple[object, int, int] | None = None
 
-    def run(self, index: int, seed: int) -> dict[str, Any]:
-        """One trial, as the JSON the parent records."""
+    def run(self, index: int, seed: int) -> tuple[Any, ...]:
+        """One trial, as the message the parent reads it from (:mod:`harness.run.wire`)."""
         job, recorder, detector = self.job, self.recorder, self.detector
         recorder.start_trial(job.header, trial=index, seed=seed, pid=self.pid)
         if detector is not None:
             detector.reset()
         result = self.executor.run(index, seed)
-        payload = result.to_json()
-        findings = detector.findings_json() if detector is not None else []
-        if findings:  # into the JSON directly: a replaced TrialResult cost more than this
-            payload["race"] = True
-            payload["findings"] = findings
-        payload["worker_pid"] = self.pid
-        bad = payload["outcome"] != "clean" or bool(findings)  # not the enum's property: a call
+        findings: list[dict[str, Any]] | Moved = []
+        if detector is not None:
+            moved, sent = detector.moved_by(), self._sent
+            if moved is not None and sent is not None and moved[0] is sent[0]:
+                findings = (sent[2], moved[1] - sent[1])  # the parent has them, moved less
+            else:
+                findings = detector.findings_json()
+                self._sent = (*moved, index) if moved is not None else None
+        bad = result.outcome is not Outcome.CLEAN or bool(findings)
         keep = job.record or bad and (job.traces_kept is None or self.kept < job.traces_kept)
         self.kept += bool(keep and bad)
-        payload["trace"] = recorder.end_trial(index, keep=keep)
-        payload["ops_total"] = recorder.total
-        if recorder.error:  # the runner says it (once) and takes it out of the trial's record
-            payload["trace_error"] = [str(recorder.path), recorder.error]
-        return payload
+        trace = recorder.end_trial(index, keep=keep)
+        lost = (str(recorder.path), recorder.error) if recorder.error else None
+        return trial_message(result, self.pid, findings, trace, recorder.total, lost)
 
     def close(self) -> None:
         """The worker is done: its scratch trace (the last trial's, not kept) goes."""
         self.recorder.close(discard=True)
 
-    def context_died(self, payload: dict[str, Any]) -> bool:
+    def context_died(self, message: tuple[Any, ...]) -> bool:
         """Whether the trial crashed a CUDA context: the process must go."""
-        return context_died(payload, self.job.backend)
+        return context_died(message, self.job.backend)
 
 
-def context_died(payload: dict[str, Any], backend: str) -> bool:
-    """Whether a trial (its JSON) crashed a CUDA context, so its worker's process must go: on
-    the simulated device a crash leaves the worker whole."""
-    return payload["outcome"] == "crash" and backend == "cuda"
+def context_died(message: tuple[Any, ...], backend: str) -> bool:
+    """Whether a trial (its message, :mod:`harness.run.wire`) crashed a CUDA context, so its
+    worker's process must go: on the simulated device a crash leaves the worker whole."""
+    return outcome_of(message) == "crash" and backend == "cuda"
 
 
 def handed_trials(conn: Connection, ended: list[tuple] | None = None

@@ -27,6 +27,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from harness.results.outcome import TrialResult
+from harness.run.wire import TrialReader
 from harness.run.worker import WorkerJob, worker_main
 
 SILENT = ("silent",)
@@ -75,6 +77,8 @@ class Worker:
     fresh: bool = False  # started because no spare waited (not a warm one)
     # What tells that a message waits, made at the first ask (see has_message).
     _poller: Any = field(default=None, repr=False, compare=False)
+    # What makes its trials from its messages, in the order it sent them (see trial).
+    _reader: TrialReader = field(default_factory=TrialReader, repr=False, compare=False)
 
     @property
     def pid(self) -> int | None:
@@ -95,6 +99,10 @@ class Worker:
     def message(self) -> tuple:
         """The message :meth:`has_message` said waits (GONE where the pipe's end closed)."""
         return taken(self.conn)
+
+    def trial(self, message: tuple[Any, ...]) -> TrialResult:
+        """The trial of the worker's ("trial", ...) message's body (:mod:`harness.run.wire`)."""
+        return self._reader.trial(message)
 
     def give(self, trials: Sequence[tuple[int, int]]) -> None:
         """Hand the worker its trials; it runs them in order and reports each."""
