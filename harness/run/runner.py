@@ -777,7 +777,8 @@ class Runner:
             said = self.watch.for_trial(trial.worker_pid, started,
                                         crashed=trial.outcome in (Outcome.CRASH, Outcome.HANG),
                                         gpu=lane.uuid if len(self.lanes) > 1 else None)
-            trial = dataclasses.replace(trial, xids=said.xids)
+            if said.xids:  # most racing trials have none: no copy of the trial made for them
+                trial = dataclasses.replace(trial, xids=said.xids)
             kept = None
             if run.incidents_tried < self.options.max_incidents:
                 run.incidents_tried += 1  # one that would not fit counts: a full disk is
@@ -788,7 +789,9 @@ class Runner:
                     kept = str(incident / "trace.jsonl") if trial.trace else None
                 except OSError as exc:  # the trial counts all the same: its report is lost
                     lost = exc
-            trial = dataclasses.replace(trial, trace=self._settle_trace(trial.trace, kept))
+            trace = self._settle_trace(trial.trace, kept)
+            if trace != trial.trace:
+                trial = dataclasses.replace(trial, trace=trace)
         run.result.add(trial)
         self.hooks.trial_finished(run.result, trial)
         if lost is not None:
