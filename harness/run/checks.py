@@ -121,9 +121,17 @@ class _Checks:
         w.device.copy(w.counters_host, 0, w.counters, 0, 4 * n, w.check_stream)
         w.device.copy(w.firsts_host, 0, w.firsts, 0, 8 * n, w.check_stream)
         w.device.synchronize_stream(w.check_stream)
-        w.device.reissued(self._compare_counts, n)
+        # Who holds which page now, taken here rather than when a count is read: a reissued
+        # trial calls the comparison of the trial it was captured in, whose leases went back
+        # at that trial's end (the world hands the same pages to the same leases every trial).
+        holders: dict[int, str] = {}
+        for name, group in self.leases.items():
+            for lease in group:
+                if not lease.released:
+                    holders.setdefault(lease.handle.index, name)
+        w.device.reissued(self._compare_counts, n, holders)
 
-    def _compare_counts(self, n: int) -> None:
+    def _compare_counts(self, n: int, holders: dict[int, str]) -> None:
         w = self.w
         counts = w.device.host_view(w.counters_host, 0, 4 * n).view(np.int32)
         firsts = w.device.host_view(w.firsts_host, 0, 8 * n).view(np.uint64)
@@ -132,13 +140,13 @@ class _Checks:
             if count:
                 found = first_mismatch(int(first)) if kept else None
                 raise _Corruption(label, f"{label}: " + says.format(count=count) + (
-                    self._first_wrong(*found) if found else ""))
+                    self._first_wrong(holders, *found) if found else ""))
 
-    def _first_wrong(self, entry: int, page: int, byte: int) -> str:
-        """Whose page a counting attention read, and whose bytes it found there."""
-        holders = [name for name, group in self.leases.items()
-                   if any(lease.handle.index == page and not lease.released for lease in group)]
-        held = f"lease {holders[0]}'s" if holders else "a page no lease holds now,"
+    def _first_wrong(self, holders: dict[int, str], entry: int, page: int, byte: int) -> str:
+        """Whose page a counting attention read (``holders``: the lease holding each page when
+        the counts were read), and whose bytes it found there."""
+        holder = holders.get(page)
+        held = f"lease {holder}'s" if holder is not None else "a page no lease holds now,"
         return (f"; entry {entry} named page {page} ({held} page), which held 0x{byte:02X} "
                 f"({self._whose(byte)})")
 
