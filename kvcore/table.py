@@ -52,6 +52,9 @@ class KVExecutionTablePool:
         self._published = [False] * rows
         # The pages each row was last published with, as the host knows them (its shadow).
         self._pages: list[np.ndarray] = [np.zeros(0, np.int32)] * rows
+        # Each row's entries as its last publish stored them: kept, so that a device program
+        # issuing the publish again stores them live, their generations counted anew.
+        self._entries = np.full((rows, max_pages_per_row * 2), EMPTY_ENTRY, np.int32)
         self._events = [self.device.create_event(f"table-row-{r}") for r in range(rows)]
         # Every row starts empty on the device, in order before any later work on any stream.
         self.device.host_write(self.shadow, 0,
@@ -101,10 +104,10 @@ class KVExecutionTablePool:
                              f"{self.max_pages_per_row}")
         for handle in handles:
             self.pool.check(handle)
-        entries = np.array([(h.index, h.generation) for h in handles], np.int32).reshape(-1)
-        return self._publish(row, entries, stream)
+        return self._publish(row, [h.index for h in handles], stream)
 
-    def _publish(self, row: int, entries: np.ndarray, stream: Stream) -> Stream:
+    def _publish(self, row: int, pages: list[int] | None, stream: Stream) -> Stream:
+        """Publish ``pages`` (None: an empty row) into ``row``."""
         target = self.context.legacy_stream if self.device.defects.publish_on_legacy_stream \
             else stream
         # The shadow row may still be the source of the previous publish's copy: overwrite it
@@ -112,19 +115,36 @@ class KVExecutionTablePool:
         if self._published[row] and self.device.defects.table_shadow_wait:
             self.device.synchronize_event(self._events[row])
         offset = self.row_offset(row)
-        self._pages[row] = entries.reshape(-1, 2)[:, 0].copy()
-        if entries.size:
-            self.device.host_write(self.shadow, offset, entries)
-            self.device.copy(self.table, offset, self.shadow, offset,
-                             entries.size * 4, target)
+        size = self._entries.shape[1] if pages is None else 2 * len(pages)
+        self._pages[row] = np.full(size // 2, EMPTY_ENTRY, np.int32) if pages is None \
+            else np.array(pages, np.int32)
+        if size:
+            # The entries' generations are the one thing that differs from trial to trial:
+            # a program issuing this again counts them again (see Device.reissued) and
+            # stores what the row's entries hold then.
+            self.device.reissued(self._set_entries, row, pages)
+            self.device.host_write(self.shadow, offset, self._entries[row, :size], live=True)
+            self.device.copy(self.table, offset, self.shadow, offset, size * 4, target)
         self.device.record_event(self._events[row], target)
         self._published[row] = True
         return target
 
+    def _set_entries(self, row: int, pages: list[int] | None) -> None:
+        """The row's entries as a publish of ``pages`` stores them now (see _entries_of)."""
+        if pages is None:
+            self._entries[row] = EMPTY_ENTRY
+        else:
+            _entries_of(self._entries[row], pages, self.pool)
+
     def clear(self, row: int, stream: Stream) -> Stream:
         """Publish an all-empty row on ``stream`` (same path, and defects, as :meth:`publish`)."""
-        return self._publish(row, np.full(self.max_pages_per_row * 2, EMPTY_ENTRY, np.int32),
-                             stream)
+        return self._publish(row, None, stream)
+
+    def state_key(self) -> tuple[object, ...]:
+        """What the table's next calls depend on besides the generations (see
+        DeviceKVPagePool.state_key): its free rows, in the order they are handed out, and which
+        rows were published (a publish waits for the last one's copy first)."""
+        return (tuple(self._free_rows), tuple(self._published))
 
     def read(self, row: int, entries: int, stream: Stream, *, result: Buffer,
              result_offset: int = 0, assert_on_stale: bool = True) -> None:
@@ -193,9 +213,13 @@ class PageIndex:
         if not handles or len(handles) * TABLE_ENTRY_BYTES > self.nbytes:
             raise TableError(f"a page list of {self.nbytes} bytes holds 1 to "
                              f"{self.nbytes // TABLE_ENTRY_BYTES} entries, not {len(handles)}")
-        entries = np.array([(h.index, h.generation) for h in handles], dtype=np.int32)
-        self.device.host_write(self.buffer, self.offset, entries)
         self.pages = tuple(h.index for h in handles)
+        entries = np.empty(2 * len(handles), np.int32)
+        # As a table row's publish: a program issuing this store again counts the entries'
+        # generations anew and stores them live (each write its own entries: a list may be
+        # rewritten in place within a trial).
+        self.device.reissued(_entries_of, entries, self.pages, self.pool)
+        self.device.host_write(self.buffer, self.offset, entries, live=True)
 
     def write_pages(self, value: int, stream: Stream) -> None:
         """``kv_write`` through the list: ``value`` over every page it names when it runs."""
@@ -239,3 +263,13 @@ def _attend(fields: dict[str, object], expected: int, result: Buffer, result_off
     return Attend(**fields, expected=expected, result=result,  # type: ignore[arg-type]
                   result_offset=result_offset, assert_on_mismatch=assert_on_mismatch,
                   first=first, first_offset=first_offset)
+
+
+def _entries_of(out: np.ndarray, pages: Sequence[int], pool: DeviceKVPagePool) -> None:
+    """(int32 page, int32 generation) entries of ``pages`` into ``out``, each generation as the
+    pool counts it now (a handle's own is its lease's, which a reissued program's handles no
+    longer are)."""
+    generation = pool.generation
+    for k, page in enumerate(pages):
+        out[2 * k] = page
+        out[2 * k + 1] = generation(page)

@@ -350,6 +350,57 @@ def test_reissued_trials_are_the_trials_step_by_step(amplify: bool) -> None:
             assert reissued == 10, (path, variant)
 
 
+TABLE_ROUND = """\
+apiVersion: gpurace/v1
+kind: Scenario
+metadata: {name: table-round, description: a row republished every trial with a page whose generation grew}
+spec:
+  pool: {pages: 2, page_tokens: 16, planes: [{dtype: i8, leading: 8, heads: 1, align: 256}],
+         table_rows: 1, max_pages_per_row: 1}
+  variants: {only: {expect: clean}}
+  steps:
+    - {id: p, op: materialize, pages: 1}
+    - {id: conv, op: catalog}
+    - {op: retain, catalog: conv, lease: p}
+    - {op: bind, catalog: conv}
+    - {op: activate, catalog: conv, stream: compute}
+    - {id: reads-row, op: read_table, catalog: conv, stream: compute, assert: false}
+    - {op: page_list, buffer: blocks, lease: p}
+    - {op: gather, page_list: blocks, to: gathered, stream: compute}
+    - {op: synchronize}
+    - {op: release_catalog, catalog: conv}
+"""
+
+
+def test_a_reissued_publish_stores_the_generation_the_pool_counts_now(tmp_path) -> None:
+    """A table row republished every trial with a page the last trial released (its
+    generation one more each time), read by a counting table reader that checks each entry's
+    generation: reissued, the row's entries are worked out again as the pool counts them, so
+    every trial is clean, as step by step (a program that kept the captured trial's bytes
+    would publish a stale generation from its second trial on). So are a page list's."""
+    path = tmp_path / "table_round.yaml"
+    path.write_text(TABLE_ROUND)
+    reissued, outcomes = _same_trials(str(path), "only", 12, amplify=False)
+    assert reissued == 10
+    assert outcomes == [Outcome.CLEAN] * 10
+    # A page list in pinned memory holds the same entries, generations included, after each
+    # trial reissued as after each trial step by step.
+    scenario = load_scenario(path)
+    lists = []
+    for reissue in (False, True):
+        executor = TrialExecutor(scenario, scenario.variant("only"), "sim", amplify=False,
+                                 reissue=reissue, keep_world=True)
+        world = executor.world(0)
+        view = world.host["blocks"].view
+        got = []
+        for index in range(12):
+            executor.run(index, index)
+            got.append(world.device.host_read(view.buffer, view.page_offset(0), 8).tolist())
+        lists.append(got)
+    assert lists[0] == lists[1]
+    assert len({tuple(entries) for entries in lists[0]}) == 12  # a generation more each trial
+
+
 @pytest.mark.parametrize("name, delay_us", [
     ("cross_stream_race", 58.0), ("release_fence", 58.0), ("zoo/megatron_5715", 36.0),
     ("zoo/trtllm_15607", 20.0)])

@@ -13,11 +13,12 @@ from test_reissue import recorded_trials, without_stamps
 pytestmark = pytest.mark.gpu
 
 
-def _trials(variant: str, reissue: bool, trials: int) -> tuple[TrialExecutor, list]:
-    """cross-stream-race unamplified on the GPU: each trial's outcome and records (but their
-    numbers and times)."""
-    executor, got = recorded_trials(SCENARIO_ROOT / "cross_stream_race.yaml", variant, "cuda",
-                                    trials, without_stamps, amplify=False, reissue=reissue)
+def _trials(variant: str, reissue: bool, trials: int,
+            path: str = "cross_stream_race.yaml") -> tuple[TrialExecutor, list]:
+    """A scenario (cross-stream-race unless told) unamplified on the GPU: each trial's outcome
+    and records (but their numbers and times)."""
+    executor, got = recorded_trials(SCENARIO_ROOT / path, variant, "cuda", trials,
+                                    without_stamps, amplify=False, reissue=reissue)
     return executor, [(r.outcome, records) for r, records in got]
 
 
@@ -45,6 +46,21 @@ def test_the_unamplified_cross_stream_race_reissued_and_step_by_step() -> None:
         assert executor.reissued == (198 if reissue else 0)
     print(f"\ncross-stream-race buggy unamplified on the GPU: manifested step by step "
           f"{counts[False]}/200, reissued {counts[True]}/200")
+
+
+@pytest.mark.parametrize("path", ["stale_row_write.yaml", "zoo/megatron_5715.yaml",
+                                  "zoo/trtllm_15607.yaml"])
+def test_tables_catalogs_and_counting_kernels_reissue_on_the_gpu(path: str) -> None:
+    """A catalog's table row republished every trial (its entries' generations worked out
+    again and stored live), and counting kernels that follow a page list: the fixed variant,
+    30 trials each way, every one clean, the 28 after the capture reissued, and trial by trial
+    the records of the step path (but their numbers and times)."""
+    stepped, want = _trials("fixed", False, 30, path)
+    fast, got = _trials("fixed", True, 30, path)
+    assert stepped.reissued == 0 and fast.reissued == 28
+    assert {outcome for outcome, _ in want + got} == {Outcome.CLEAN}
+    for index, (g, w) in enumerate(zip(got, want)):
+        assert g == w, f"{path} trial {index}"
 
 
 def test_a_gpu_run_says_how_many_trials_it_reissued(tmp_path) -> None:

@@ -210,16 +210,18 @@ class TrialExecutor:
 REISSUED_OPS = frozenset({
     "materialize", "release", "host_fill", "copy_from_host", "copy_to_host", "copy_page",
     "zero_pages", "page_list", "gather", "scatter", "read_pinned", "kernel", "record_event",
-    "wait_event", "synchronize", "delay", "check", "graph_capture", "graph_end", "graph_replay"})
+    "wait_event", "synchronize", "delay", "check", "graph_capture", "graph_end", "graph_replay",
+    "catalog", "retain", "bind", "activate", "publish", "release_catalog", "kv_write",
+    "read_table", "attention"})
 """The ops whose device calls depend only on the world's state when the trial starts (the
-pool's and the arena's), so a program captured in one trial is right in the next. Left out:
-catalogs and tables (their entries carry generations, which grow), event queries (their answer
-is the device's timing), host_alloc and host_free (a deferred free waits on a query),
-record_stream (the caching pool hands the pages out again after a query), and mutexes
-(threads). An attention is reissued when it follows a page list (see :func:`_reissued`), its
-count compared anew in each trial. A CUDA graph's capture runs nothing a program holds: a
-reissued trial launches the graph the captured trial built, whose nodes name the pages the kept
-world hands out again."""
+pool's, the arena's and the execution table's), so a program captured in one trial is right in
+the next. What differs is counted again as the program runs: the released pages' generations,
+and with them a table row's entries (a publish stores them live), a check's or a counting
+kernel's comparison. Left out: event queries (their answer is the device's timing), host_alloc
+and host_free (a deferred free waits on a query), record_stream (the caching pool hands the
+pages out again after a query), and mutexes (threads). A CUDA graph's capture runs nothing a
+program holds: a reissued trial launches the graph the captured trial built, whose nodes name
+the pages the kept world hands out again."""
 
 CAPTURES = 5
 """Trials an executor captures before it gives up looking for a program (each costs the
@@ -229,23 +231,16 @@ capture's own bookkeeping): a variant that never ends clean is never reissued.""
 def reissuable(steps: tuple[Step, ...], *, schedule: Schedule | None, timeline: bool,
                workload: object) -> bool:
     """Whether a step list's trials can be reissued from a captured program: one host thread,
-    no schedule (it decides per trial), untimed, only steps :func:`_reissued` takes, and the
-    checks last (a failed check ends the trial there, and what the steps after it would have
-    held is not known to a program)."""
+    no schedule (it decides per trial), untimed, only :data:`REISSUED_OPS`, and the checks
+    last (a failed check ends the trial there, and what the steps after it would have held
+    is not known to a program)."""
     if schedule is not None or timeline or workload is not None:
         return False
-    if any(step.thread is not None or not _reissued(step) for step in steps):
+    if any(step.thread is not None or step.op not in REISSUED_OPS for step in steps):
         return False
     ops = [step.op for step in steps]
     first = ops.index("check") if "check" in ops else len(ops)
     return all(op == "check" for op in ops[first:])
-
-
-def _reissued(step: Step) -> bool:
-    """Whether a step's device calls are the same every trial of a kept world: one of
-    :data:`REISSUED_OPS`, or an attention that follows a page list (one that follows a
-    catalog's table row reads a generation that grows)."""
-    return step.op in REISSUED_OPS or step.op == "attention" and "page_list" in step.args
 
 
 def _last_pool_read(steps: tuple[Step, ...]) -> Step | None:

@@ -143,11 +143,11 @@ class World:
 
     def state_key(self) -> tuple[object, ...]:
         """What a trial's device calls depend on besides the scenario (see
-        DeviceKVPagePool.state_key): the pool, the arena, the events made so far, and the
-        owners the op log knows."""
+        DeviceKVPagePool.state_key): the pool, the arena, the execution table, the events made
+        so far, and the owners the op log knows."""
         log = self.device.oplog
-        return (self.pool.state_key(), self.arena.state_key(), tuple(self.events),
-                tuple(log.labels.live()) if log.active else ())
+        return (self.pool.state_key(), self.arena.state_key(), self.table.state_key(),
+                tuple(self.events), tuple(log.labels.live()) if log.active else ())
 
     def view(self, pages: int, name: str | None = None) -> kvcore.HostKVAllocationView:
         allocation = self.arena.allocate(self.layout, pages, name=name)
