@@ -49,12 +49,14 @@ def test_the_unamplified_cross_stream_race_reissued_and_step_by_step() -> None:
 
 
 @pytest.mark.parametrize("path", ["stale_row_write.yaml", "zoo/megatron_5715.yaml",
-                                  "zoo/trtllm_15607.yaml"])
-def test_tables_catalogs_and_counting_kernels_reissue_on_the_gpu(path: str) -> None:
+                                  "zoo/trtllm_15607.yaml", "zoo/cucascade_158.yaml",
+                                  "zoo/lmcache_4830.yaml"])
+def test_tables_catalogs_kernels_and_pinned_blocks_reissue_on_the_gpu(path: str) -> None:
     """A catalog's table row republished every trial (its entries' generations worked out
-    again and stored live), and counting kernels that follow a page list: the fixed variant,
-    30 trials each way, every one clean, the 28 after the capture reissued, and trial by trial
-    the records of the step path (but their numbers and times)."""
+    again and stored live), counting kernels that follow a page list, pinned blocks a trial
+    takes and gives back: the fixed variant, 30 trials each way, every one clean, the 28 after
+    the capture reissued, and trial by trial the records of the step path (but their numbers
+    and times)."""
     stepped, want = _trials("fixed", False, 30, path)
     fast, got = _trials("fixed", True, 30, path)
     assert stepped.reissued == 0 and fast.reissued == 28

@@ -84,6 +84,7 @@ class TrialExecutor:
         self.reissues = reissue and reissuable(
             self.steps, schedule=schedule, timeline=timeline, workload=scenario.workload)
         self.program: Program | None = None
+        self.unkept: str | None = None  # why the last program captured was not kept
         self.reissued = 0  # trials reissued from the program
         self._captures_left = CAPTURES
 
@@ -150,11 +151,16 @@ class TrialExecutor:
         # Kept only when issuing it again is what the steps would do: nothing refused, the
         # whole trial ran (a clean one), and it left the world as it found it (the next
         # trial's own world starts as this one did, on a simulated device).
-        if program.refused is None and result[0] is Outcome.CLEAN and (
-                self._world is None or world.state_key() == key):
-            self.program = program
+        if program.refused is not None:
+            self.unkept = f"it captured {program.refused}"
+        elif result[0] is not Outcome.CLEAN:
+            self.unkept = f"the trial ended {result[0].value}"
+        elif self._world is not None and world.state_key() != key:
+            self.unkept = "the trial left the world other than it found it"
         else:
-            self._captures_left -= 1
+            self.program, self.unkept = program, None
+            return result
+        self._captures_left -= 1
         return result
 
     def _reissue(self, world: World,
@@ -212,16 +218,18 @@ REISSUED_OPS = frozenset({
     "zero_pages", "page_list", "gather", "scatter", "read_pinned", "kernel", "record_event",
     "wait_event", "synchronize", "delay", "check", "graph_capture", "graph_end", "graph_replay",
     "catalog", "retain", "bind", "activate", "publish", "release_catalog", "kv_write",
-    "read_table", "attention"})
+    "read_table", "attention", "host_alloc", "host_free"})
 """The ops whose device calls depend only on the world's state when the trial starts (the
 pool's, the arena's and the execution table's), so a program captured in one trial is right in
 the next. What differs is counted again as the program runs: the released pages' generations,
 and with them a table row's entries (a publish stores them live), a check's or a counting
-kernel's comparison. Left out: event queries (their answer is the device's timing), host_alloc
-and host_free (a deferred free waits on a query), record_stream (the caching pool hands the
-pages out again after a query), and mutexes (threads). A CUDA graph's capture runs nothing a
-program holds: a reissued trial launches the graph the captured trial built, whose nodes name
-the pages the kept world hands out again."""
+kernel's comparison. A pinned block a trial takes and gives back (host_alloc, host_free) is
+the arena's, which the trial leaves as it found it; one freed after an event is handed out
+again only once a query sees the event done, and a trial that queries is never kept (the
+capture refuses it). Left out: event queries (their answer is the device's timing),
+record_stream (the caching pool hands the pages out again after a query), and mutexes
+(threads). A CUDA graph's capture runs nothing a program holds: a reissued trial launches the
+graph the captured trial built, whose nodes name the pages the kept world hands out again."""
 
 CAPTURES = 5
 """Trials an executor captures before it gives up looking for a program (each costs the
