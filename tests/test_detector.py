@@ -510,6 +510,50 @@ def test_a_remembered_trial_is_not_reused_when_its_bytes_had_other_owners() -> N
     assert detector._memo.hits == 1
 
 
+def test_a_new_device_built_as_the_last_one_keeps_the_remembered_trials() -> None:
+    """A run on the simulated device makes a new device and world every trial: a detector
+    attached to each in turn reuses the analyses of the trials before when the new device
+    declares the same buffers and streams (every zoo variant's findings, trial by trial, are
+    those of a fresh analysis, op numbers included), and forgets them when a stream of the
+    same name orders otherwise (a blocking stream, which the legacy stream waits for)."""
+    from harness.lang.scenario import load_scenario
+    from harness.run.executor import TrialExecutor
+
+    hits = 0
+    for path in (SCENARIO_ROOT / "cross_stream_race.yaml", SCENARIO_ROOT / "zoo" / "cupy_8789.yaml",
+                 SCENARIO_ROOT / "stale_row_write.yaml"):
+        scenario = load_scenario(path)
+        for variant in scenario.variants:
+            remembering, fresh = RaceDetector(), RaceDetector(remember=False)
+
+            def attach(device: kvcore.Device) -> None:
+                remembering.attach(device)
+                fresh.attach(device)
+
+            executor = TrialExecutor(scenario, variant, "sim", amplify=False, on_device=attach)
+            for index in range(6):
+                remembering.reset()
+                fresh.reset()
+                executor.run(index, index)
+                assert remembering.findings_json() == [f.to_json() for f in fresh.findings]
+            hits += remembering._memo.hits
+    assert hits >= 6 * 5 - 1  # all but the first trial of each variant remembered, near enough
+
+    found = []
+    detector = RaceDetector()
+    for blocking in (False, False, True):
+        device = kvcore.open_device("sim")
+        detector.attach(device)
+        dev, host = _bufs(device)
+        a = device.create_stream("a", blocking=blocking)
+        detector.reset()
+        device.copy(dev, 0, host, 0, 64, a)
+        device.copy(host, 0, dev, 0, 64, device.legacy_stream)  # waits for a blocking stream
+        found.append((len(detector.findings), detector._memo.hits))
+        device.synchronize()
+    assert found == [(1, 0), (1, 1), (0, 0)]  # the second remembered; the third a new memo
+
+
 def test_the_detector_benchmark_runs_on_the_simulated_device(capsys) -> None:
     """`python -m harness.bench --detector --backend sim`: on and off, in the executor and in
     a worker, for both variants; the buggy variant's trials all race, the fixed one's none."""

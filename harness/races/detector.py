@@ -42,7 +42,7 @@ from typing import Any, NamedTuple
 from harness.limits import HISTORY_MAX_BLOCKS
 from harness.results.outcome import is_site, step_shape
 from kvcore.device import Device, OpRecord
-from kvcore.device.oplog import Segment, expanded
+from kvcore.device.oplog import OpLog, Segment, expanded
 
 HOST = "host"
 HISTORY = 4096
@@ -379,6 +379,10 @@ class RaceDetector:
         self._unapplied: list[OpRecord | Segment] = []
         self._settled = False
         self._memo = _Memo()
+        # What the memo's analyses knew of buffers and streams (see _declarations), and
+        # whether a device attached since the memo was last checked against it.
+        self._memo_of: tuple[Any, ...] | None = None
+        self._memo_check = False
         self._folded: dict[tuple[Any, ...], Finding] = {}
         self._racing: set[int] = set()
         self.reset()
@@ -430,7 +434,10 @@ class RaceDetector:
         self._owners = _Owners()  # a new device numbers its ops from 1 again
         self._pending.clear()
         self._unapplied, self._settled = [], False
-        self._memo = _Memo()  # its buffers and streams are another device's
+        # Its buffers and streams are another device's: the memo holds only if they are
+        # declared as the last device's were (a simulated device is new every trial, built
+        # as the last one was), which the next analysis finds out once they are all declared.
+        self._memo_check = True
         self._buffers, self._streams = {}, {}
         self.learn(device)
         for label in device.oplog.labels.live():
@@ -476,6 +483,11 @@ class RaceDetector:
             return
         if self._fresh and self.remember:
             self._fresh = False
+            if self._memo_check and self._device is not None:
+                self._memo_check = False
+                declared = _declarations(self._device.oplog)
+                if declared != self._memo_of:
+                    self._memo, self._memo_of = _Memo(), declared
             hit = self._memo.find(records, self._owners)
             if hit is not None:
                 self._moved, self._racing_moved = hit[0], hit[1]
@@ -864,6 +876,13 @@ def _shape(entries: list[OpRecord | Segment]) -> tuple[list[Any], list[Any]]:
             if e.kind in _DETAIL_KINDS:  # type: ignore[union-attr]
                 details.append(e.detail)  # type: ignore[union-attr]
     return shape, details
+
+
+def _declarations(log: OpLog) -> tuple[Any, ...]:
+    """Every buffer and stream an op log has declared, with the buffers' page strides: what an
+    analysis knows of a device besides its records."""
+    return (tuple(log.buffers.values()), tuple(log.streams.values()),
+            tuple(log.page_bytes.items()))
 
 
 def _span(entries: list[OpRecord | Segment]) -> tuple[int, int]:
