@@ -43,6 +43,21 @@ def is_program_code(code: CodeType) -> bool:
     return known
 
 
+_own: dict[CodeType, bool] = {}
+
+
+def is_own_code(code: CodeType) -> bool:
+    """Whether ``code`` is the program's own source, not an installed package's (transformers,
+    an engine installed with pip): what is worth naming by the program's variables. Looking up
+    a variable costs a scan of a frame's names, which a library's busy frames cannot afford."""
+    known = _own.get(code)
+    if known is None:
+        path = code.co_filename
+        known = _own[code] = is_program_code(code) and not any(
+            marker in path for marker in ("/site-packages/", "/dist-packages/"))
+    return known
+
+
 def _is_program_file(name: str) -> bool:
     if name.startswith("<"):
         return False
@@ -58,13 +73,26 @@ def _is_program_file(name: str) -> bool:
 
 
 def program_frame(depth: int = 1) -> FrameType | None:
-    """The innermost frame of the program's own code above the caller's ``depth``-th frame."""
-    frame: FrameType | None = sys._getframe(depth + 1)
+    """The innermost frame of the program's own code above the caller's ``depth``-th frame
+    (None where there is none: a callback from a library's own thread, or one fired near the
+    bottom of the stack, has fewer frames than asked for)."""
+    frame: FrameType | None = sys._getframe(1)
+    for _ in range(depth):
+        if frame is None:
+            return None
+        frame = frame.f_back
     while frame is not None:
         if is_program_code(frame.f_code):
             return frame
         frame = frame.f_back
     return None
+
+
+def warm_up() -> None:
+    """Work out now what the first call would (the standard library's folders), so that a
+    source's first op costs no more than its others."""
+    _stdlib_roots()
+    is_program_code(warm_up.__code__)
 
 
 def site_of(frame: FrameType | None) -> str | None:

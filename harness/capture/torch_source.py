@@ -8,14 +8,31 @@ nothing: memory is written only where an argument says so or where it is new.) T
 ranges of their storage: a view at an offset is its own bytes, and a strided view is its runs of
 contiguous bytes (or their hull, past :data:`RUNS_MAX`). A CUDA tensor is device memory; a CPU
 tensor is memory only when it is pinned, since a stream's copy reads or writes it behind the
-host's back; a pageable one is the host's private copy. An op with a CUDA tensor runs on the
-current stream of that tensor's device; one with only CPU tensors is the host's own access.
+host's back; a pageable one is the host's private copy.
+
+An op runs on the current stream of the device its CUDA tensors live on, its results and its
+``device=`` argument included: ``pinned.to("cuda", non_blocking=True)`` is a copy on the
+current stream that reads the pinned bytes when it runs and writes the new device tensor, not
+the host's own access. Only an op that touches no CUDA memory at all is the host's.
 
 PyTorch's GPU trace callbacks (``torch.cuda._gpu_trace``) give what the dispatcher does not:
 event record and wait, stream, event and device synchronize, stream and event creation, and the
 caching allocator's frees. ``record_stream`` is an op: the streams it names go with the block's
-free, where the allocator defers reuse. Event and stream queries are read through their Python
-methods; ``Tensor.tolist`` and ``Tensor.numpy`` of a pinned tensor are host reads.
+free, where the allocator defers reuse. Pinned blocks are PyTorch's caching host allocator's: it
+hands a block out again only once the streams that copied from or into it have passed the
+copies, so a pinned block seen again is freed with those streams named. Event and stream queries
+are read through their Python methods; ``Tensor.tolist`` and ``Tensor.numpy`` of a pinned tensor
+are host reads.
+
+The capture never changes what the program does (:class:`_Guard`): a tensor it cannot read
+(a subclass such as DTensor, which the mode lets handle the op and then sees the plain tensors
+it runs on; fake and functional tensors; sparse, nested, meta tensors; storages without data) is
+left out, any failure of the source's own code is caught, counted and said once in the notes,
+and the program's op runs as it would unwatched. A forked child (a DataLoader worker) runs with
+the capture off from its first instruction. ``torch.compile`` compiles as it would alone: the
+mode steps aside while it traces, and the compiled code's kernels are seen only where they go
+through the dispatcher. What the mode needs imported (PyTorch's dynamo, which it wraps every
+dispatch in) is imported when the capture starts, never in the middle of the program's work.
 
 Ops issued in threads the program starts are seen too (each thread enters the mode as it
 starts); ops of processes it starts are not.
@@ -24,15 +41,17 @@ starts); ops of processes it starts are not.
 from __future__ import annotations
 
 import itertools
+import os
 import threading
-from time import perf_counter_ns
 from collections.abc import Callable, Iterable
+from time import perf_counter_ns
 from types import FrameType
 from typing import Any
 
 from harness.capture import events as E
 from harness.capture.amplify import Amplifier, Delay
-from harness.capture.sites import program_frame, site_of, thread_name, variable_for
+from harness.capture.sites import (is_own_code, program_frame, site_of, thread_name,
+                                   variable_for, warm_up)
 
 RUNS_MAX = 64
 """Contiguous runs of a strided view listed one by one; a view with more is its hull (one range
@@ -48,6 +67,7 @@ _NO_WORK = frozenset({
 are still allocations."""
 
 _COPIES = frozenset({"copy_", "_to_copy", "_copy_from", "_copy_from_and_resize", "copy"})
+_PINS = frozenset({"_pin_memory", "pin_memory"})
 
 
 def available() -> str | None:
@@ -62,7 +82,7 @@ def available() -> str | None:
 class _Plan:
     """What an op's schema says, worked out once per op overload."""
 
-    __slots__ = ("name", "kind", "args", "written", "fresh_returns", "no_work")
+    __slots__ = ("name", "kind", "args", "written", "fresh_returns", "no_work", "device_at")
 
     def __init__(self, func: Any) -> None:
         schema = func._schema
@@ -72,10 +92,13 @@ class _Plan:
             "scalar" if self.name == "_local_scalar_dense" else "kernel")
         # (position, keyword, written) of each argument that may hold tensors.
         self.args = []
+        self.device_at: tuple[int, str] | None = None  # where a device= argument is
         for i, arg in enumerate(schema.arguments):
             if "Tensor" in str(arg.type):
                 alias = arg.alias_info
                 self.args.append((i, arg.name, bool(alias is not None and alias.is_write)))
+            elif arg.name == "device":
+                self.device_at = (i, arg.name)
         self.written = any(w for _, _, w in self.args)
         self.fresh_returns = any(r.alias_info is None and "Tensor" in str(r.type)
                                  for r in schema.returns)
@@ -84,24 +107,37 @@ class _Plan:
             self.no_work = True  # a view: every return is an input's bytes, nothing written
 
 
-def _tensors(value: Any) -> Iterable[Any]:
-    import torch
-    if isinstance(value, torch.Tensor):
+class _Pending:
+    """An op between its arguments' reading and its results': what it was found to touch."""
+
+    __slots__ = ("event", "reads", "writes", "bases", "frame", "site", "sid", "meta", "pins")
+
+    def __init__(self, reads: list[list[Any]], writes: list[list[Any]], bases: set[int],
+                 frame: FrameType | None, site: str | None, meta: dict[str, Any]) -> None:
+        self.event: list[Any] | None = None
+        self.reads, self.writes, self.bases = reads, writes, bases
+        self.frame, self.site, self.meta = frame, site, meta
+        self.sid: int | None = None
+        self.pins = False  # whether its new CPU tensors may be pinned
+
+
+def _tensors(value: Any, tensor: type) -> Iterable[Any]:
+    if isinstance(value, tensor):
         yield value
     elif isinstance(value, (list, tuple)):
         for v in value:
-            if isinstance(v, torch.Tensor):
+            if isinstance(v, tensor):
                 yield v
 
 
-def _spans(space: str, t: Any) -> list[list[Any]]:
-    """The byte ranges of tensor ``t`` as capture spans: one for a contiguous tensor, one per
-    run of contiguous bytes for a strided view (up to :data:`RUNS_MAX`), else the hull."""
+def _spans(space: str, t: Any, start: int) -> list[list[Any]]:
+    """The byte ranges of tensor ``t`` (its first element at ``start``) as capture spans: one
+    for a contiguous tensor, one per run of contiguous bytes for a strided view (up to
+    :data:`RUNS_MAX`), else the hull."""
     n = t.numel()
     if n == 0:
         return []
     item = t.element_size()
-    start = t.data_ptr()
     if t.is_contiguous():
         return [[space, start, n * item]]
     sizes, strides = list(t.shape), list(t.stride())
@@ -124,27 +160,59 @@ def _what(t: Any) -> str:
     return f"tensor {dtype}[{', '.join(str(s) for s in t.shape)}]"
 
 
+class _Guard:
+    """What the source could not read, counted: each kind said once in the notes as it first
+    happens, and with its count when the capture stops. The program never sees these."""
+
+    def __init__(self, emit: Callable[[list[Any]], None]) -> None:
+        self.emit = emit
+        self.counts: dict[str, int] = {}
+
+    def failed(self, where: str, exc: BaseException) -> None:
+        text = str(exc).strip().splitlines()
+        key = f"{where}: {type(exc).__name__}" + (f": {text[0][:160]}" if text else "")
+        n = self.counts.get(key, 0)
+        self.counts[key] = n + 1
+        if n == 0:
+            self.emit(["note", f"the PyTorch source could not read {key}; those ops ran "
+                               "unwatched (counted at the end)"])
+
+    def summary(self) -> list[str]:
+        return [f"the PyTorch source could not read {key} ({n} time{'s' if n != 1 else ''}); "
+                "those ops ran unwatched" for key, n in self.counts.items()]
+
+
 class _Capture:
     """The source's state, shared by every thread's mode and by the trace callbacks."""
 
     def __init__(self, sink: E.Sink) -> None:
         import torch
         self.torch = torch
+        self.Tensor = torch.Tensor
+        self.strided = torch.strided
         self.sink = sink
         self.emit = sink.emit
         self.on = True
+        self.guard = _Guard(sink.emit)
         self.plans: dict[Any, _Plan] = {}
         self.streams: set[int] = set()
         self.stream_sites: dict[int, str | None] = {}
         self.live: dict[int, dict[str, Any]] = {}  # device storage base -> its alloc's meta
         self.pinned: dict[int, dict[str, Any]] = {}  # pinned storage base -> its alloc's meta
+        self.pinned_streams: dict[int, set[int]] = {}  # pinned base -> streams that copied it
         self.recorded: dict[int, set[int]] = {}  # device storage base -> record_stream sids
+        self.devices: dict[Any, int | None] = {}  # a device= argument -> its CUDA index
         self.to_name: list[tuple[dict[str, Any], FrameType, int]] = []
         self.local = threading.local()  # .inflight: the op being run, not yet emitted
         self.raw_stream = torch._C._cuda_getCurrentRawStream
         self.main_thread = threading.main_thread()
         self.amplifier: Amplifier | None = None
         self.cycles_per_us: dict[int, float] = {}  # device index -> the spin kernel's rate
+        # What the capture cost the program: ops seen, ns of its own code, its longest pause.
+        self.ops = 0
+        self.own_ns = 0
+        self.max_own_ns = 0
+        self.max_site: str | None = None
 
     # ---- names -------------------------------------------------------------------------------
     def name_pending(self) -> None:
@@ -152,9 +220,10 @@ class _Capture:
         frames that made them (by now the assignment has run), while their allocation events
         are still held by the sink."""
         pending, self.to_name = self.to_name, []
-        Tensor = self.torch.Tensor
+        strided = self.strided
         for meta, frame, base in pending:
-            meta["name"] = variable_for(frame, lambda v, base=base: isinstance(v, Tensor)
+            meta["name"] = variable_for(frame, lambda v, base=base: type(v) in _PLAIN
+                                        and v.layout is strided
                                         and v.untyped_storage().data_ptr() == base)
 
     def stream(self, sid: int, frame: FrameType | None) -> None:
@@ -169,6 +238,36 @@ class _Capture:
                                    "name": name, "site": self.stream_sites.get(sid),
                                    "source": "torch"}])
 
+    # ---- tensors -----------------------------------------------------------------------------
+    def memory(self, t: Any) -> tuple[str, int] | None:
+        """Where a tensor's storage is, as (space, its first byte), or None for a tensor whose
+        bytes are not watched memory: pageable host memory, another device's, a tensor without
+        plain strided storage (a subclass, sparse, nested, meta), or no data at all."""
+        if type(t) not in _PLAIN or t.layout is not self.strided:
+            return None
+        if t.is_cuda:
+            space = E.DEVICE
+        elif t.is_cpu:
+            space = E.HOST
+        else:
+            return None
+        base = t.untyped_storage().data_ptr()
+        if base == 0 or (space == E.HOST and base not in self.pinned):
+            return None  # no bytes, or pageable: the host's private memory
+        return space, base
+
+    def device_index(self, device: Any) -> int | None:
+        """The CUDA device a ``device=`` argument names, or None for another device."""
+        if device in self.devices:
+            return self.devices[device]
+        torch = self.torch
+        d = device if isinstance(device, torch.device) else torch.device(device)
+        index = (d.index if d.index is not None else torch.cuda.current_device()) \
+            if d.type == "cuda" else None
+        if d.type != "cuda" or d.index is not None:  # "cuda" alone follows the current device
+            self.devices[device] = index
+        return index
+
     # ---- ops ---------------------------------------------------------------------------------
     def flush_inflight(self) -> None:
         """A callback fired inside an op (a synchronize in ``.item()``): the op comes first."""
@@ -178,85 +277,132 @@ class _Capture:
             self.emit(inflight)
 
     def dispatch(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        plan = self.plans.get(func)
-        if plan is None:
-            plan = self.plans[func] = _Plan(func)
-        if plan.no_work and not plan.fresh_returns:
-            if plan.name == "record_stream":
-                self.record_stream(args, kwargs)
-            return func(*args, **kwargs)  # a view or a look at metadata: no bytes touched
+        t0 = perf_counter_ns()
+        try:
+            plan = self.plans.get(func)
+            if plan is None:
+                plan = self.plans[func] = _Plan(func)
+            if plan.no_work and not plan.fresh_returns:
+                if plan.name == "record_stream":
+                    self.record_stream(args, kwargs)
+                pending = None  # a view or a look at metadata: no bytes touched
+            else:
+                pending = self.before(plan, args, kwargs, t0)
+        except Exception as exc:  # never the program's failure: its op runs unwatched
+            self.guard.failed(f"the arguments of {func}", exc)
+            pending = None
+        if pending is None:
+            self.account(perf_counter_ns() - t0, None)
+            return func(*args, **kwargs)
+        t1 = perf_counter_ns()
+        self.local.inflight = pending.event
+        try:
+            out = func(*args, **kwargs)  # the program's own errors are its own: not caught
+        finally:
+            emitted = pending.event is not None and getattr(self.local, "inflight", None) is None
+            self.local.inflight = None
+        t2 = perf_counter_ns()
+        try:
+            if plan.fresh_returns:
+                self.after(plan, args, pending, out, emitted)
+            elif pending.event is not None and not emitted:
+                self.emit(pending.event)
+        except Exception as exc:
+            self.guard.failed(f"the results of {func}", exc)
+            if pending.event is not None and not emitted:
+                self.emit(pending.event)  # what the arguments said still holds
+        self.account(t1 - t0 + perf_counter_ns() - t2, pending.site)
+        return out
+
+    def account(self, ns: int, site: str | None) -> None:
+        self.ops += 1
+        self.own_ns += ns
+        if ns > self.max_own_ns:
+            self.max_own_ns, self.max_site = ns, site
+
+    def before(self, plan: _Plan, args: tuple[Any, ...], kwargs: dict[str, Any], t0: int
+               ) -> _Pending | None:
+        """What an op's arguments say it touches, its stream, and its event (emitted once it
+        ran, or when a callback fires inside it); None: nothing watched is touched."""
         if self.to_name:
             self.name_pending()
         reads: list[list[Any]] = []
         writes: list[list[Any]] = []
         bases: set[int] = set()
+        pinned_bases: list[int] = []
         cuda_index = None
         nargs = len(args)
+        Tensor = self.Tensor
         for i, key, written in plan.args:
             value = args[i] if i < nargs else kwargs.get(key)
             if value is None:
                 continue
-            for t in _tensors(value):
-                if t.is_cuda:
-                    space = E.DEVICE
-                    if cuda_index is None:
-                        cuda_index = t.device.index
-                else:
-                    space = E.HOST
-                base = t.untyped_storage().data_ptr()
+            for t in _tensors(value, Tensor):
+                where = self.memory(t)
+                if where is None:
+                    continue
+                if cuda_index is None and where[0] == E.DEVICE:
+                    cuda_index = t.device.index
+                space, base = where
                 bases.add(base)
-                if space == E.HOST and base not in self.pinned:
-                    continue  # pageable: the host's private memory
+                if space == E.HOST:
+                    pinned_bases.append(base)
                 if not plan.no_work:
-                    (writes if written else reads).extend(_spans(space, t))
+                    (writes if written else reads).extend(_spans(space, t, t.data_ptr()))
+        if cuda_index is None and plan.device_at is not None:
+            i, key = plan.device_at
+            device = args[i] if i < nargs else kwargs.get(key)
+            if device is not None:
+                cuda_index = self.device_index(device)  # zeros(device=), .to("cuda")
         if cuda_index is None and not reads and not writes and not plan.fresh_returns:
-            return func(*args, **kwargs)  # the host's work on its private (pageable) memory
-        frame = program_frame(2)
+            return None  # the host's work on its private (pageable) memory
+        frame = program_frame(1)
         site = site_of(frame)
-        sid = None
-        meta: dict[str, Any] = {"site": site, "op": plan.name, "source": "torch",
-                                "t": perf_counter_ns()}
+        meta: dict[str, Any] = {"site": site, "op": plan.name, "source": "torch", "t": t0}
         if threading.current_thread() is not self.main_thread:
             meta["thread"] = thread_name()
-        event = None
+        pending = _Pending(reads, writes, bases, frame, site, meta)
+        # Pinned results come of pin_memory(), pin_memory=True, and copies off the device.
+        pending.pins = plan.name in _PINS or bool(kwargs.get("pin_memory")) or (
+            plan.kind == "copy" and cuda_index is not None)
         if cuda_index is not None:
-            sid = self.raw_stream(cuda_index)
+            sid = pending.sid = self.raw_stream(cuda_index)
             self._seen_stream(sid, frame)
+            for base in pinned_bases:  # the host allocator waits for this stream's copy
+                self.pinned_streams.setdefault(base, set()).add(sid)
             if not plan.no_work:
-                event = ["op", sid, self._kind(plan, args), reads, writes, meta]
+                pending.event = ["op", sid, self._kind(plan, args, kwargs), reads, writes, meta]
                 if self.amplifier is not None:
-                    delay = self.amplifier.wants(site, event[2])
+                    delay = self.amplifier.wants(site, pending.event[2])
                     if delay is not None:
                         self.delay(delay, cuda_index, sid)
         elif (reads or writes) and not plan.no_work:
-            event = ["op", None, "host_write" if writes else "host_read", reads, writes, meta]
-        self.local.inflight = event
-        try:
-            out = func(*args, **kwargs)
-        finally:
-            emitted = getattr(self.local, "inflight", None) is None
-            self.local.inflight = None
-        if plan.fresh_returns:
-            new = self.outputs(plan, out, bases, frame, site, sid)
-            if new is not None:
-                spans, cuda_index_out = new
-                if event is None and cuda_index_out is not None and not plan.no_work:
-                    sid = self.raw_stream(cuda_index_out)  # a factory op: zeros(device=...)
-                    self._seen_stream(sid, frame)
-                    event = ["op", sid, self._kind(plan, args), reads, [], meta]
-                    emitted = False
-                elif event is None and spans and not plan.no_work:
-                    event = ["op", None, "host_write", reads, [], meta]
-                    emitted = False
-                if event is not None and not plan.no_work:
-                    if emitted:  # the op went out before a synchronize inside it
-                        if spans:
-                            self.emit(["op", event[1], event[2], [], spans, meta])
-                        return out
-                    event[4] = writes + spans
-        if event is not None and not emitted:
-            self.emit(event)
-        return out
+            pending.event = ["op", None, "host_write" if writes else "host_read", reads, writes,
+                             meta]
+        return pending
+
+    def after(self, plan: _Plan, args: tuple[Any, ...], pending: _Pending, out: Any,
+              emitted: bool) -> None:
+        """An op's new memory among its results: allocation events first, then the op with
+        what it wrote there (or, where the op went out before a synchronize inside it, the
+        writes on their own)."""
+        spans = self.outputs(plan, out, pending)
+        event = pending.event
+        if event is None and spans and not plan.no_work:
+            # No CUDA argument: an op that made CUDA memory all the same (its stream found
+            # from the result), or a CPU op that made pinned memory (pin_memory()).
+            event = ["op", pending.sid, "host_write" if pending.sid is None else
+                     self._kind(plan, args, {}), pending.reads, [], pending.meta]
+            emitted = False
+        if event is None:
+            return
+        if emitted:  # the op went out before a synchronize inside it
+            if spans:
+                self.emit(["op", event[1], event[2], [], spans, pending.meta])
+            return
+        if spans:
+            event[4] = pending.writes + spans
+        self.emit(event)
 
     def delay(self, delay: Delay, index: int, sid: int) -> None:
         """Queue ``delay`` on the current stream of device ``index`` (the op's own), as
@@ -303,65 +449,75 @@ class _Capture:
             raise RuntimeError("the spin kernel took no measurable time")
         return best
 
-    def _kind(self, plan: _Plan, args: tuple[Any, ...]) -> str:
+    def _kind(self, plan: _Plan, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         if plan.kind == "kernel":
             return "kernel:" + plan.name
         if plan.kind == "scalar":
             return "copy_dtoh"
-        # A copy: named by where it reads and writes (copy_ is dst.copy_(src)).
-        if plan.name == "copy_" and len(args) >= 2:
-            src, dst = args[1], args[0]
-            return f"copy_{'d' if src.is_cuda else 'h'}to{'d' if dst.is_cuda else 'h'}"
-        src = args[0] if args else None
-        return "copy_dtoh" if src is not None and getattr(src, "is_cuda", False) else "copy_htod"
+        # A copy, named by where it reads and where it writes: copy_ is dst.copy_(src), the
+        # others read their first argument (and _to_copy writes where device= says).
+        src, dst = (args[1], args[0]) if plan.name == "copy_" else (
+            args[0], args[1] if len(args) > 1 else None)
+        src_cuda = bool(getattr(src, "is_cuda", False))
+        if dst is not None:
+            dst_cuda = bool(getattr(dst, "is_cuda", False))
+        else:
+            device = kwargs.get("device")
+            dst_cuda = src_cuda if device is None else self.device_index(device) is not None
+        return f"copy_{'d' if src_cuda else 'h'}to{'d' if dst_cuda else 'h'}"
 
-    def outputs(self, plan: _Plan, out: Any, bases: set[int], frame: FrameType | None,
-                site: str | None, sid: int | None) -> tuple[list[list[Any]], int | None] | None:
+    def outputs(self, plan: _Plan, out: Any, pending: _Pending) -> list[list[Any]]:
         """New memory among an op's returns: its allocation events (emitted now, before the
         op), and the spans the op wrote there (none for an op that only allocates)."""
-        torch = self.torch
         results = out if isinstance(out, (tuple, list)) else (out,)
         spans: list[list[Any]] = []
-        cuda_index = None
         for t in results:
-            if not isinstance(t, torch.Tensor):
+            if type(t) not in _PLAIN or t.layout is not self.strided:
                 continue
             storage = t.untyped_storage()
             base = storage.data_ptr()
-            if base == 0 or base in bases:
+            if base == 0 or base in pending.bases:
                 continue  # no bytes, or an input's storage returned unannotated (a view)
             if t.is_cuda:
-                space = E.DEVICE
-                cuda_index = t.device.index if cuda_index is None else cuda_index
-                known = self.live
-            elif plan.kind == "copy" or plan.name in ("_pin_memory", "pin_memory") or \
-                    base in self.pinned or _pins(plan, t):
-                if not t.is_pinned():
-                    continue
+                space, known = E.DEVICE, self.live
+                if pending.sid is None:
+                    pending.sid = self.raw_stream(t.device.index)
+                    self._seen_stream(pending.sid, pending.frame)
+            elif t.is_cpu and (pending.pins or base in self.pinned) and t.is_pinned():
                 space, known = E.HOST, self.pinned
+                if base in known:
+                    self.pinned_again(base, pending.site)
             else:
                 continue
             if base not in known:
-                meta = {"what": _what(t), "name": None, "site": site, "source": "torch",
-                        "stream": sid}
+                meta = {"what": _what(t), "name": None, "site": pending.site,
+                        "source": "torch", "stream": pending.sid}
                 known[base] = meta
                 self.emit(["alloc", space, base, storage.nbytes(), meta])
-                if frame is not None:
-                    self.to_name.append((meta, frame, base))
+                if pending.frame is not None and is_own_code(pending.frame.f_code):
+                    self.to_name.append((meta, pending.frame, base))
             if not plan.no_work:
-                spans.extend(_spans(space, t))
-        return spans, cuda_index
+                spans.extend(_spans(space, t, t.data_ptr()))
+        return spans
+
+    def pinned_again(self, base: int, site: str | None) -> None:
+        """A pinned block handed out again: the caching host allocator gave it back once the
+        streams that copied from or into it had passed those copies (it recorded an event on
+        each and found them done), so its old owner is freed with those streams named."""
+        del self.pinned[base]
+        streams = sorted(self.pinned_streams.pop(base, ()))
+        self.emit(["free", E.HOST, base, {"site": site, "streams": streams, "source": "torch"}])
 
     def record_stream(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         t = args[0] if args else kwargs.get("self")
         s = args[1] if len(args) > 1 else kwargs.get("s")
-        if t is None or s is None or not t.is_cuda:
+        if t is None or s is None or self.memory(t) is None or not t.is_cuda:
             return
         cuda = self.torch.cuda
         sid = s.cuda_stream if isinstance(s, cuda.Stream) else cuda.Stream(
             stream_id=s.stream_id, device_index=s.device_index,
             device_type=s.device_type).cuda_stream
-        self._seen_stream(sid, program_frame(3))
+        self._seen_stream(sid, program_frame(1))
         self.recorded.setdefault(t.untyped_storage().data_ptr(), set()).add(sid)
 
     # ---- the GPU trace callbacks ---------------------------------------------------------------
@@ -369,7 +525,7 @@ class _Capture:
         self.flush_inflight()
         if self.to_name:
             self.name_pending()
-        frame = program_frame(3)
+        frame = program_frame(1)
         return frame, site_of(frame)
 
     def _seen_stream(self, sid: int, frame: FrameType | None) -> None:
@@ -377,27 +533,23 @@ class _Capture:
             self.stream(sid, frame)
 
     def on_stream_creation(self, sid: int) -> None:
-        if self.on:
-            self.stream_sites[sid] = site_of(program_frame(2))
+        self.stream_sites[sid] = site_of(program_frame(1))
 
     def on_event_creation(self, eid: int) -> None:
-        if self.on:
-            self.emit(["event", eid, {"site": site_of(program_frame(2)), "source": "torch"}])
+        self.emit(["event", eid, {"site": site_of(program_frame(1)), "source": "torch"}])
 
     def on_event_record(self, eid: int, sid: int) -> None:
-        if self.on:
-            frame, site = self._edge()
-            self._seen_stream(sid, frame)
-            self.emit(["record", eid, sid, site])
+        frame, site = self._edge()
+        self._seen_stream(sid, frame)
+        self.emit(["record", eid, sid, site])
 
     def on_event_wait(self, eid: int, sid: int) -> None:
-        if self.on:
-            frame, site = self._edge()
-            self._seen_stream(sid, frame)
-            self.emit(["wait", eid, sid, site])
+        frame, site = self._edge()
+        self._seen_stream(sid, frame)
+        self.emit(["wait", eid, sid, site])
 
     def on_free(self, ptr: int) -> None:
-        if self.on and ptr in self.live:
+        if ptr in self.live:
             _, site = self._edge()
             del self.live[ptr]
             streams = sorted(self.recorded.pop(ptr, ()))
@@ -405,69 +557,99 @@ class _Capture:
                                                "source": "torch"}])
 
     def on_sync_device(self) -> None:
-        if self.on:
-            _, site = self._edge()
-            self.emit(["sync_device", site])
-            self.sink.flush()
+        _, site = self._edge()
+        self.emit(["sync_device", site])
+        self.sink.flush()
 
     def on_sync_stream(self, sid: int) -> None:
-        if self.on:
-            frame, site = self._edge()
-            self._seen_stream(sid, frame)
-            self.emit(["sync_stream", sid, site])
-            self.sink.flush()
+        frame, site = self._edge()
+        self._seen_stream(sid, frame)
+        self.emit(["sync_stream", sid, site])
+        self.sink.flush()
 
     def on_sync_event(self, eid: int) -> None:
-        if self.on:
-            _, site = self._edge()
-            self.emit(["sync_event", eid, site])
-            self.sink.flush()
+        _, site = self._edge()
+        self.emit(["sync_event", eid, site])
+        self.sink.flush()
 
-    def host_read(self, t: Any, depth: int) -> None:
+    def host_read(self, t: Any) -> None:
         """``tolist``/``numpy`` of a pinned tensor: the host reads its bytes."""
-        if not self.on or t.is_cuda:
-            return
-        base = t.untyped_storage().data_ptr()
-        if base in self.pinned:
+        where = self.memory(t)
+        if where is not None and where[0] == E.HOST:
             self.flush_inflight()
-            frame = program_frame(depth)
+            frame = program_frame(1)
             meta: dict[str, Any] = {"site": site_of(frame), "op": "host read",
-                                    "t": perf_counter_ns(),
-                                    "source": "torch"}
-            self.emit(["op", None, "host_read", _spans(E.HOST, t), [], meta])
+                                    "t": perf_counter_ns(), "source": "torch"}
+            self.emit(["op", None, "host_read", _spans(E.HOST, t, t.data_ptr()), [], meta])
+
+    def stats(self) -> list[Any]:
+        """What the capture cost and missed, for the run's record."""
+        return ["stats", {"source": "torch", "ops": self.ops, "own_ns": self.own_ns,
+                          "max_own_ns": self.max_own_ns, "max_site": self.max_site,
+                          "failures": dict(self.guard.counts)}]
 
 
-def _pins(plan: _Plan, t: Any) -> bool:
-    """Whether an op may have made pinned memory (``pin_memory=True``)."""
-    return plan.name.startswith(("empty", "zeros", "ones", "full", "new_"))
+_PLAIN: frozenset[type] = frozenset()
+"""Tensor types whose bytes are their own storage's (``torch.Tensor``, ``nn.Parameter``): any
+other type is a subclass the capture does not read (it sees the plain tensors inside it)."""
 
 
 def install(sink: E.Sink, amplifier: Amplifier | None = None) -> Callable[[], None]:
     """Capture the program's PyTorch work into ``sink`` from now on, queueing the delays
     ``amplifier`` asks for; returns what stops it."""
+    global _PLAIN
     import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
     import torch.cuda._gpu_trace as trace
+    from torch.utils._python_dispatch import TorchDispatchMode
 
+    _PLAIN = frozenset({torch.Tensor, torch.nn.Parameter})
     cap = _Capture(sink)
     cap.amplifier = amplifier
+    mode_backed = _mode_backed_tensors()
+    subclasses: dict[Any, bool | None] = {}  # an op's tensor types -> _subclass_handles
 
     class _Mode(TorchDispatchMode):
+        @classmethod
+        def ignore_compile_internals(cls) -> bool:
+            return True  # torch.compile compiles as it would alone, the mode off meanwhile
+
         def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                                kwargs: dict[str, Any] | None = None) -> Any:
+            if types and cap.on:
+                handles = subclasses.get(types)
+                if handles is None:
+                    handles = subclasses[types] = _subclass_handles(types, mode_backed)
+                if handles is not None:
+                    return NotImplemented if handles else func(*args, **(kwargs or {}))
             if not cap.on:
                 return func(*args, **(kwargs or {}))
             return cap.dispatch(func, args, kwargs or {})
 
+    def guarded(name: str, callback: Callable[..., None]) -> Callable[..., None]:
+        # PyTorch logs a callback's exception on the program's stderr: none may escape.
+        def run(*a: Any) -> None:
+            if cap.on:
+                try:
+                    callback(*a)
+                except Exception as exc:
+                    cap.guard.failed(f"PyTorch's {name} callback", exc)
+        return run
+
     torch._C._activate_gpu_trace()
-    trace.register_callback_for_stream_creation(cap.on_stream_creation)
-    trace.register_callback_for_event_creation(cap.on_event_creation)
-    trace.register_callback_for_event_record(cap.on_event_record)
-    trace.register_callback_for_event_wait(cap.on_event_wait)
-    trace.register_callback_for_memory_deallocation(cap.on_free)
-    trace.register_callback_for_device_synchronization(cap.on_sync_device)
-    trace.register_callback_for_stream_synchronization(cap.on_sync_stream)
-    trace.register_callback_for_event_synchronization(cap.on_sync_event)
+    for register, name, callback in (
+            (trace.register_callback_for_stream_creation, "stream creation",
+             cap.on_stream_creation),
+            (trace.register_callback_for_event_creation, "event creation", cap.on_event_creation),
+            (trace.register_callback_for_event_record, "event record", cap.on_event_record),
+            (trace.register_callback_for_event_wait, "event wait", cap.on_event_wait),
+            (trace.register_callback_for_memory_deallocation, "free", cap.on_free),
+            (trace.register_callback_for_device_synchronization, "device synchronize",
+             cap.on_sync_device),
+            (trace.register_callback_for_stream_synchronization, "stream synchronize",
+             cap.on_sync_stream),
+            (trace.register_callback_for_event_synchronization, "event synchronize",
+             cap.on_sync_event)):
+        register(guarded(name, callback))
 
     patched: list[tuple[Any, str, Any]] = []
 
@@ -480,8 +662,11 @@ def install(sink: E.Sink, amplifier: Amplifier | None = None) -> Callable[[], No
         def query(self: Any) -> bool:
             done = original(self)
             if cap.on:
-                _, site = cap._edge()
-                cap.emit(["query", self.cuda_event, bool(done), site])
+                try:
+                    _, site = cap._edge()
+                    cap.emit(["query", self.cuda_event, bool(done), site])
+                except Exception as exc:
+                    cap.guard.failed("Event.query", exc)
             return done
         return query
 
@@ -489,15 +674,22 @@ def install(sink: E.Sink, amplifier: Amplifier | None = None) -> Callable[[], No
         def query(self: Any) -> bool:
             done = original(self)
             if cap.on and done:  # all the stream's work is done: as a synchronize orders
-                frame, site = cap._edge()
-                cap._seen_stream(self.cuda_stream, frame)
-                cap.emit(["sync_stream", self.cuda_stream, site])
+                try:
+                    frame, site = cap._edge()
+                    cap._seen_stream(self.cuda_stream, frame)
+                    cap.emit(["sync_stream", self.cuda_stream, site])
+                except Exception as exc:
+                    cap.guard.failed("Stream.query", exc)
             return done
         return query
 
     def host_reader(original: Any) -> Any:
         def read(self: Any, *a: Any, **k: Any) -> Any:
-            cap.host_read(self, 2)
+            if cap.on:
+                try:
+                    cap.host_read(self)
+                except Exception as exc:
+                    cap.guard.failed(f"Tensor.{original.__name__}", exc)
             return original(self, *a, **k)
         return read
 
@@ -525,13 +717,26 @@ def install(sink: E.Sink, amplifier: Amplifier | None = None) -> Callable[[], No
         return run
 
     patch(threading.Thread, "_bootstrap_inner", bootstrap)
+
+    def in_child() -> None:
+        cap.on = False  # a forked child (a DataLoader worker): not watched, never touched
+
+    os.register_at_fork(after_in_child=in_child)
     mode = _Mode()
     mode.__enter__()
+    # The first op through a dispatch mode imports PyTorch's dynamo (and sympy): seconds, paid
+    # here, before the program's first line, not between two of its ops.
+    cap.on = False
+    try:
+        torch.empty(0)
+        warm_up()
+    finally:
+        cap.on = True
     sink.emit(["note", "PyTorch: kernels that do not go through PyTorch's dispatcher (Triton "
-                       "kernels launched directly, custom extensions' own launches) are not "
-                       "seen; a kernel that reads through an index is taken to read the whole "
-                       "tensor it indexes; numpy views of pinned tensors are seen only where "
-                       ".numpy() makes them"])
+                       "kernels launched directly, torch.compile's generated kernels, custom "
+                       "extensions' own launches) are not seen; a kernel that reads through "
+                       "an index is taken to read the whole tensor it indexes; numpy views of "
+                       "pinned tensors are seen only where .numpy() makes them"])
 
     def uninstall() -> None:
         cap.flush_inflight()
@@ -541,6 +746,38 @@ def install(sink: E.Sink, amplifier: Amplifier | None = None) -> Callable[[], No
         mode.__exit__(None, None, None)
         for owner, name, original in reversed(patched):
             setattr(owner, name, original)
+        for line in cap.guard.summary():
+            sink.emit(["note", line])
+        sink.emit(cap.stats())
 
     uninstall.capture = cap  # type: ignore[attr-defined]  # for tests: the source's state
     return uninstall
+
+
+def _subclass_handles(types: Any, mode_backed: tuple[type, ...]) -> bool | None:
+    """Who runs an op on tensor subclasses (``types``): True, the subclass (a wrapper such as
+    DTensor unwraps itself and runs plain ops, which the mode then sees); False, the op as it
+    is, unread (fake and functional tensors exist only under their own modes); None, the mode
+    (no type among them overrides ``__torch_dispatch__``)."""
+    import torch
+    plain = torch.Tensor.__torch_dispatch__
+    overriding = [t for t in types if getattr(t, "__torch_dispatch__", plain) is not plain]
+    if not overriding:
+        return None
+    return not any(issubclass(t, mode_backed) for t in overriding)
+
+
+def _mode_backed_tensors() -> tuple[type, ...]:
+    """The tensor subclasses that exist only under a mode of their own (fake, functional)."""
+    found: list[type] = []
+    try:
+        from torch._subclasses.fake_tensor import FakeTensor
+        found.append(FakeTensor)
+    except Exception:  # an older or trimmed PyTorch: none to allow for
+        pass
+    try:
+        from torch._subclasses.functional_tensor import FunctionalTensor
+        found.append(FunctionalTensor)
+    except Exception:
+        pass
+    return tuple(found)

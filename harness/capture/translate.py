@@ -67,6 +67,7 @@ class Translator:
         self.exit: dict[str, Any] | None = None
         self.notes: list[str] = []
         self.delays: list[dict[str, Any]] = []  # what amplification queued, delay by delay
+        self.stats: dict[str, dict[str, Any]] = {}  # per source: what the capture cost
         self.ops = 0  # stream and host accesses translated (not allocations, not edges)
         self._buffers: dict[tuple[str, int], int] = {}
         self._streams: dict[int, str] = {}
@@ -84,7 +85,7 @@ class Translator:
             "wait": self._wait, "sync_event": self._sync_event, "query": self._query,
             "sync_stream": self._sync_stream, "sync_device": self._sync_device,
             "note": self._note, "exit": self._exit, "source": self._source,
-            "delays": self._delays,
+            "delays": self._delays, "stats": self._stats,
         }
 
     # ---- the events --------------------------------------------------------------------------
@@ -108,6 +109,9 @@ class Translator:
         self.delays = [dict(d) for d in delays]
         for why in failures or ():
             self._note(f"a delay could not be queued: {why}")
+
+    def _stats(self, info: dict[str, Any]) -> None:
+        self.stats[str(info.get("source", "?"))] = dict(info)
 
     def _exit(self, info: dict[str, Any]) -> None:
         self.exit = dict(info)

@@ -391,7 +391,8 @@ def _one_run(options: WatchOptions, folder: Path, index: int, hooks: RunHooks,
            "ops": translator.ops, "records": translator.seq,
            "sources": translator.hello.get("sources", {}), "events": str(events_path),
            "trace": str(trace_path), "log": str(work / "program.log"), "start": how,
-           "duration_s": round(end.duration_s, 4), "launch_s": round(end.launch_s, 4)}
+           "duration_s": round(end.duration_s, 4), "launch_s": round(end.launch_s, 4),
+           "capture": translator.stats}
     return trial, {"notes": notes, "run": run, "end": end, "delays": translator.delays}
 
 

@@ -343,7 +343,14 @@ def run_schema() -> Schema:
                                         "end, the launch included"),
                 "launch_s": described(number(0), "of duration_s, the launch: a spawn or a "
                                       "fork, and for the run that started the fork server, "
-                                      "the server's start (its imports)")},
+                                      "the server's start (its imports)"),
+                "capture": described({"type": "object", "additionalProperties": closed({
+                    "source": string(), "ops": integer(0), "own_ns": integer(0),
+                    "max_own_ns": integer(0), "max_site": nullable(string()),
+                    "failures": {"type": "object", "additionalProperties": integer(1)}})},
+                    "per source, what the capture cost the program: ops it handled, "
+                    "nanoseconds of its own code over them all and on the costliest one "
+                    "(at max_site), and what it could not read, counted")},
                 required=["index", "status", "signal", "timed_out", "error", "ops", "records",
                           "sources", "events", "trace", "log"])),
             "amplified": described(array(closed({

@@ -1,0 +1,185 @@
+"""The PyTorch source on PyTorch for the CPU: it never changes what a program does, and it files
+each op where CUDA runs it.
+
+These need an interpreter with PyTorch (this one, or GPURACE_TEST_PYTHON; a CPU build does) and
+no GPU; CI has neither, and skips them. On a GPU the same behaviour is held by the real programs
+of tests/real_programs (make test-gpu-real).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _torch_python() -> str | None:
+    for python in (sys.executable, os.environ.get("GPURACE_TEST_PYTHON")):
+        if python and subprocess.run([python, "-c", "import torch"],
+                                     capture_output=True).returncode == 0:
+            return python
+    return None
+
+
+TORCH_PYTHON = _torch_python()
+pytestmark = pytest.mark.skipif(TORCH_PYTHON is None,
+                                reason="no interpreter with PyTorch here (GPURACE_TEST_PYTHON)")
+
+# Ordinary PyTorch work that broke or bothered earlier captures: FSDP2's DTensor parameters
+# (PyTorch's FSDP2 tutorial, on one gloo rank), a DataLoader whose workers are forked,
+# fake, meta, sparse, nested and quantized tensors, torch.compile, a thread of the program's.
+_ORDINARY = r'''
+import os, socket, threading, warnings
+warnings.simplefilter("ignore")
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+from torch.utils.data import DataLoader, TensorDataset
+
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(s.getsockname()[1]))
+dist.init_process_group("gloo", rank=0, world_size=1)
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+for layer in (model[0], model[2], model):
+    fully_shard(layer)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+x, y = torch.randn(64, 16), torch.randn(64, 4)
+for _ in range(3):
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+print("fsdp", round(loss.item(), 4))
+dist.destroy_process_group()
+loader = DataLoader(TensorDataset(torch.randn(32, 4), torch.arange(32)), batch_size=8,
+                    num_workers=2)
+print("loader", sum(int(b[1].sum()) for b in loader))
+from torch._subclasses.fake_tensor import FakeTensorMode
+with FakeTensorMode():
+    f = torch.ones(4, 4) @ torch.ones(4, 4)
+print("fake", tuple(f.shape), (torch.ones(3, device="meta") * 2).shape)
+print("sparse", (torch.eye(3).to_sparse() * 2).to_dense().sum().item())
+print("nested", torch.nested.nested_tensor([torch.ones(2), torch.ones(3)]).size(0))
+q = torch.quantize_per_tensor(torch.ones(4), 0.1, 0, torch.qint8)
+print("quantized", q.dequantize().sum().item())
+print("compiled", round(float(torch.compile(lambda t: (t.sin() + 1).cos(),
+                                            backend="aot_eager")(torch.ones(4)).sum()), 4))
+got = []
+worker = threading.Thread(target=lambda: got.append(float((torch.ones(3) * 3).sum())))
+worker.start()
+worker.join()
+print("thread", got)
+'''
+
+
+def _boot(tmp_path: Path, program: str, *extra: str) -> tuple[subprocess.CompletedProcess[str],
+                                                             list[list]]:
+    prog = tmp_path / "prog.py"
+    prog.write_text(program)
+    events = tmp_path / "events.jsonl"
+    done = subprocess.run([TORCH_PYTHON, "-m", "harness.capture.boot", "--events", str(events),
+                           *extra, "--", str(prog)], capture_output=True, text=True,
+                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          timeout=300)
+    lines = [json.loads(line) for line in events.read_text().splitlines() if line.strip()]
+    return done, lines
+
+
+def test_ordinary_pytorch_work_runs_watched_as_it_runs_alone(tmp_path):
+    """FSDP2, forked DataLoader workers, subclasses and odd layouts, torch.compile and a
+    thread: the watched run prints what the bare run prints, says nothing more on stderr,
+    and its capture read every op it was given (no failure counted)."""
+    prog = tmp_path / "alone.py"
+    prog.write_text(_ORDINARY)
+    bare = subprocess.run([TORCH_PYTHON, str(prog)], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=300)
+    assert bare.returncode == 0, bare.stderr
+    watched, events = _boot(tmp_path, _ORDINARY)
+    assert watched.returncode == 0, watched.stderr
+    assert watched.stdout == bare.stdout
+    assert watched.stderr == bare.stderr  # nothing of the capture's on the program's stderr
+    (stats,) = [e[1] for e in events if e[0] == "stats"]
+    assert stats["failures"] == {} and stats["ops"] > 100, stats
+    assert events[-1][0] == "exit" and events[-1][1]["status"] == 0
+
+
+# The source's reading of single ops, in process: the CUDA stream id is the one thing a CPU
+# build cannot give, so the current stream is stream 7 here, and a storage is taken for pinned
+# memory as a CUDA build's pin_memory() would make it.
+_OPS = r'''
+import io, json, sys
+import torch
+from harness.capture import events as E, torch_source as T
+buf = io.StringIO()
+sink = E.Sink(buf)
+stop = T.install(sink)
+cap = stop.capture
+cap.raw_stream = lambda index: 7
+host = torch.arange(16, dtype=torch.float32)
+cap.pinned[host.untyped_storage().data_ptr()] = {}
+aten = torch.ops.aten
+before = cap.before
+pending = before(cap.plans.setdefault(aten._to_copy.default, T._Plan(aten._to_copy.default)),
+                 (host,), {"device": torch.device("cuda", 0), "non_blocking": True}, 0)
+print(json.dumps({"to_cuda": pending.event[:3] + [[s[2] for s in pending.event[3]]],
+                  "streams": {str(k - host.untyped_storage().data_ptr()): sorted(v)
+                              for k, v in cap.pinned_streams.items()}}))
+# The same bytes handed out again by the host allocator: the old owner freed, with the stream
+# that copied from it named.
+cap.pinned_again(host.untyped_storage().data_ptr(), "prog.py:9")
+sink.flush()
+frees = [json.loads(l) for l in buf.getvalue().splitlines() if l.startswith('["free"')]
+print(json.dumps({"free": [[f[1], f[3]["streams"]] for f in frees]}))
+# The host's own work on pinned bytes stays the host's.
+cap.pinned[host.untyped_storage().data_ptr()] = {}
+pending = before(cap.plans.setdefault(aten.mul.Tensor, T._Plan(aten.mul.Tensor)),
+                 (host, host), {}, 0)
+print(json.dumps({"host": pending.event[:3]}))
+# A failure inside the source: counted, said, and the op runs as it would.
+def broken(t):
+    raise RuntimeError("no storage here")
+cap.memory = broken
+twice = host * 2
+stop()
+sink.flush()
+events = [json.loads(l) for l in buf.getvalue().splitlines()]
+stats = [e[1] for e in events if e[0] == "stats"][0]
+print(json.dumps({"twice": twice[:3].tolist(), "failures": list(stats["failures"].values()),
+                  "notes": [e[1] for e in events if e[0] == "note" and "could not" in e[1]]}))
+'''
+
+
+def test_a_host_to_device_copy_is_a_stream_copy_and_failures_are_counted(tmp_path):
+    """``pinned.to("cuda", non_blocking=True)`` is a copy on the current stream reading the
+    pinned bytes (not the host's access); the stream is remembered for the pinned block, and
+    its reuse frees the old owner naming that stream; a CPU op on pinned bytes is the host's;
+    a failure of the source's own code is counted and said, and the op's answer unchanged."""
+    prog = tmp_path / "ops.py"
+    prog.write_text(_OPS)
+    done = subprocess.run([TORCH_PYTHON, str(prog)], capture_output=True, text=True,
+                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    got = [json.loads(line) for line in done.stdout.splitlines()]
+    assert got[0] == {"to_cuda": ["op", 7, "copy_htod", [64]], "streams": {"0": [7]}}
+    assert got[1] == {"free": [["h", [7]]]}
+    assert got[2] == {"host": ["op", None, "host_read"]}
+    assert got[3]["twice"] == [0.0, 2.0, 4.0]
+    assert got[3]["failures"] == [1] and len(got[3]["notes"]) == 2, got[3]
+    assert done.stderr == ""
+
+
+def test_a_callback_near_the_bottom_of_the_stack_finds_no_frame_and_raises_nothing():
+    """A callback fired with fewer frames above it than a source asks for gets None, not
+    ``ValueError: call stack is not deep enough`` (which PyTorch logged on the program's
+    stderr)."""
+    from harness.capture.sites import program_frame
+    assert program_frame(10_000) is None
