@@ -431,3 +431,42 @@ def test_the_default_streams_are_named_alike_whichever_source_saw_them():
             ["stream", 0x30, {"blocking": False, "name": "side", "source": "cupy"}]])
     assert [s.name for s in streams] == ["the legacy default stream",
                                          "the per-thread default stream", "side"]
+
+
+def _offload_then_prefetch(*, waited: bool) -> list[list]:
+    """transformers 5.17's offloaded cache, as the PyTorch source says it: layer 0's K is copied
+    off the device into a new pinned block on the compute stream (S1), a block of another
+    layer is handed out again by the host allocator in between, and the prefetch stream (S2)
+    copies layer 0's pinned block back before anything orders it after the first copy. With
+    ``waited``, S2 waits for an event recorded after the first copy (the fix)."""
+    k0, h0, h1, back = BASE, PINNED, PINNED + 0x10000, BASE + 0x10000
+    events = _streams() + [
+        _alloc(k0, 4096, "k0"), _op(S1, "kernel:cat", 10, w=[("d", k0, 4096)]),
+        # An earlier step's block h1, copied off the device and back, its events done.
+        _alloc(h1, 4096, "h1", space="h"),
+        ["event", "host-allocator-1", {"name": "of the pinned memory allocator"}],
+        _op(S1, "copy_dtoh", 79, r=[("d", k0, 4096)], w=[("h", h1, 4096)]),
+        ["record", "host-allocator-1", S1, "prog.py:79"],
+        # Layer 0 offloaded into h0 on S1.
+        _alloc(h0, 4096, "h0", space="h"),
+        _op(S1, "copy_dtoh", 80, r=[("d", k0, 4096)], w=[("h", h0, 4096)]),
+        ["record", 99, S1, "prog.py:80"],
+        # h1 handed out again: the host waits for h1's copy only, not for h0's.
+        ["sync_event", "host-allocator-1", "prog.py:81"],
+        ["free", "h", h1, {"site": "prog.py:81", "streams": []}],
+        _alloc(h1, 4096, "h1 again", space="h"),
+        _alloc(back, 4096, "k0 back")]
+    if waited:
+        events.append(["wait", 99, S2, "prog.py:84"])
+    events.append(_op(S2, "copy_htod", 85, r=[("h", h0, 4096)], w=[("d", back, 4096)]))
+    return events
+
+
+def test_a_pinned_block_handed_out_again_orders_only_its_own_copies():
+    """The host allocator's reuse of one pinned block waits for the events recorded after that
+    block's copies, not for all the streams did: the offload of another block into pinned
+    memory, read back on the prefetch stream with no event between, still races."""
+    (f,) = _findings(_offload_then_prefetch(waited=False))
+    assert (f["first"]["step"], f["second"]["step"]) == ("prog.py:80", "prog.py:85")
+    assert f["owner"].startswith("tensor h0")
+    assert _findings(_offload_then_prefetch(waited=True)) == []

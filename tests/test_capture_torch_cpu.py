@@ -129,15 +129,16 @@ aten = torch.ops.aten
 before = cap.before
 pending = before(cap.plans.setdefault(aten._to_copy.default, T._Plan(aten._to_copy.default)),
                  (host,), {"device": torch.device("cuda", 0), "non_blocking": True}, 0)
-print(json.dumps({"to_cuda": pending.event[:3] + [[s[2] for s in pending.event[3]]],
-                  "streams": {str(k - host.untyped_storage().data_ptr()): sorted(v)
-                              for k, v in cap.pinned_streams.items()}}))
-# The same bytes handed out again by the host allocator: the old owner freed, with the stream
-# that copied from it named.
+cap.copied_pinned(pending)  # as dispatch does once the op went out
+print(json.dumps({"to_cuda": pending.event[:3] + [[s[2] for s in pending.event[3]]]}))
+# The same bytes handed out again by the host allocator: the host waited for the event
+# recorded after the copy, then the old owner is gone.
 cap.pinned_again(host.untyped_storage().data_ptr(), "prog.py:9")
 sink.flush()
-frees = [json.loads(l) for l in buf.getvalue().splitlines() if l.startswith('["free"')]
-print(json.dumps({"free": [[f[1], f[3]["streams"]] for f in frees]}))
+edges = [json.loads(l) for l in buf.getvalue().splitlines()
+         if l.startswith(('["record"', '["sync_event"', '["free"'))]
+print(json.dumps({"edges": [[e[0], e[1] if e[0] != "free" else e[3]["streams"]]
+                            + ([e[2]] if e[0] == "record" else []) for e in edges]}))
 # The host's own work on pinned bytes stays the host's.
 cap.pinned[host.untyped_storage().data_ptr()] = {}
 pending = before(cap.plans.setdefault(aten.mul.Tensor, T._Plan(aten.mul.Tensor)),
@@ -159,8 +160,9 @@ print(json.dumps({"twice": twice[:3].tolist(), "failures": list(stats["failures"
 
 def test_a_host_to_device_copy_is_a_stream_copy_and_failures_are_counted(tmp_path):
     """``pinned.to("cuda", non_blocking=True)`` is a copy on the current stream reading the
-    pinned bytes (not the host's access); the stream is remembered for the pinned block, and
-    its reuse frees the old owner naming that stream; a CPU op on pinned bytes is the host's;
+    pinned bytes (not the host's access); the host allocator's event is recorded after it, and
+    the block's reuse waits for that event before freeing the old owner; a CPU op on pinned
+    bytes is the host's;
     a failure of the source's own code is counted and said, and the op's answer unchanged."""
     prog = tmp_path / "ops.py"
     prog.write_text(_OPS)
@@ -169,8 +171,9 @@ def test_a_host_to_device_copy_is_a_stream_copy_and_failures_are_counted(tmp_pat
                           timeout=300)
     assert done.returncode == 0, done.stderr
     got = [json.loads(line) for line in done.stdout.splitlines()]
-    assert got[0] == {"to_cuda": ["op", 7, "copy_htod", [64]], "streams": {"0": [7]}}
-    assert got[1] == {"free": [["h", [7]]]}
+    assert got[0] == {"to_cuda": ["op", 7, "copy_htod", [64]]}
+    assert got[1] == {"edges": [["record", "host-allocator-1", 7],
+                                ["sync_event", "host-allocator-1"], ["free", []]]}
     assert got[2] == {"host": ["op", None, "host_read"]}
     assert got[3]["twice"] == [0.0, 2.0, 4.0]
     assert got[3]["failures"] == [1] and len(got[3]["notes"]) == 2, got[3]

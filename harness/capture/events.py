@@ -41,10 +41,11 @@ The events, field by field::
     ["note", text]                               something the source could not see, in words
     ["delays", [{"path", "line", "us", "kind", "queued", "streams"}, ...], [failure, ...]]
         what amplification queued (:mod:`harness.capture.amplify`), written as the program ends
-    ["stats", {"source", "ops", "own_ns", "max_own_ns", "max_site", "failures"}]
+    ["stats", {"source", "ops", "own_ns", "max_own_ns", "max_site", "slow", "failures"}]
         what a source cost the program, written as it stops: ops it handled, nanoseconds of
-        its own code over all of them and on the costliest one (and that op's site), and
-        what it could not read, counted (those ops ran unwatched)
+        its own code over all of them and on the costliest one (and that op's site), the
+        first ops it spent over 10 ms on ([ns, site, op]), and what it could not read,
+        counted (those ops ran unwatched)
     ["exit", {"status", "error", "traceback"}]   how the program ended, as its process saw it
 
 Every field is optional but the positional ones; a reader ignores keys it does not know, so a

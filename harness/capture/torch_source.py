@@ -53,6 +53,11 @@ from harness.capture.amplify import Amplifier, Delay
 from harness.capture.sites import (is_own_code, program_frame, site_of, thread_name,
                                    variable_for, warm_up)
 
+SLOW_NS = 10_000_000
+"""An op on which the capture's own code spent longer than this (10 ms) is listed in its stats:
+a pause of that size inside the program's work could change what its timing shows."""
+SLOWEST_KEPT = 20
+
 RUNS_MAX = 64
 """Contiguous runs of a strided view listed one by one; a view with more is its hull (one range
 from its first byte to its last), which may take bytes between its rows for its own."""
@@ -110,7 +115,8 @@ class _Plan:
 class _Pending:
     """An op between its arguments' reading and its results': what it was found to touch."""
 
-    __slots__ = ("event", "reads", "writes", "bases", "frame", "site", "sid", "meta", "pins")
+    __slots__ = ("event", "reads", "writes", "bases", "frame", "site", "sid", "meta", "pins",
+                 "pinned", "lent_ns")
 
     def __init__(self, reads: list[list[Any]], writes: list[list[Any]], bases: set[int],
                  frame: FrameType | None, site: str | None, meta: dict[str, Any]) -> None:
@@ -119,6 +125,8 @@ class _Pending:
         self.frame, self.site, self.meta = frame, site, meta
         self.sid: int | None = None
         self.pins = False  # whether its new CPU tensors may be pinned
+        self.pinned: list[int] = []  # the pinned blocks a stream op copies from or into
+        self.lent_ns = 0  # of the capture's time, what the op itself would have spent
 
 
 def _tensors(value: Any, tensor: type) -> Iterable[Any]:
@@ -199,11 +207,14 @@ class _Capture:
         self.stream_sites: dict[int, str | None] = {}
         self.live: dict[int, dict[str, Any]] = {}  # device storage base -> its alloc's meta
         self.pinned: dict[int, dict[str, Any]] = {}  # pinned storage base -> its alloc's meta
-        self.pinned_streams: dict[int, set[int]] = {}  # pinned base -> streams that copied it
+        # Pinned base -> stream -> the event the host allocator's record stands for, recorded
+        # after that stream's last copy from or into the block.
+        self.pinned_events: dict[int, dict[int, str]] = {}
+        self.allocator_events = 0
         self.recorded: dict[int, set[int]] = {}  # device storage base -> record_stream sids
         self.devices: dict[Any, int | None] = {}  # a device= argument -> its CUDA index
         self.to_name: list[tuple[dict[str, Any], FrameType, int]] = []
-        self.local = threading.local()  # .inflight: the op being run, not yet emitted
+        self.local = _Local()
         self.raw_stream = torch._C._cuda_getCurrentRawStream
         self.main_thread = threading.main_thread()
         self.amplifier: Amplifier | None = None
@@ -213,6 +224,8 @@ class _Capture:
         self.own_ns = 0
         self.max_own_ns = 0
         self.max_site: str | None = None
+        self.slow: list[list[Any]] = []  # [ns, site, op] of the first ops over SLOW_NS
+        self.ready: set[int] = set()  # devices whose current stream was asked for once
 
     # ---- names -------------------------------------------------------------------------------
     def name_pending(self) -> None:
@@ -271,7 +284,7 @@ class _Capture:
     # ---- ops ---------------------------------------------------------------------------------
     def flush_inflight(self) -> None:
         """A callback fired inside an op (a synchronize in ``.item()``): the op comes first."""
-        inflight = getattr(self.local, "inflight", None)
+        inflight = self.local.inflight
         if inflight is not None:
             self.local.inflight = None
             self.emit(inflight)
@@ -299,7 +312,7 @@ class _Capture:
         try:
             out = func(*args, **kwargs)  # the program's own errors are its own: not caught
         finally:
-            emitted = pending.event is not None and getattr(self.local, "inflight", None) is None
+            emitted = pending.event is not None and self.local.inflight is None
             self.local.inflight = None
         t2 = perf_counter_ns()
         try:
@@ -311,14 +324,31 @@ class _Capture:
             self.guard.failed(f"the results of {func}", exc)
             if pending.event is not None and not emitted:
                 self.emit(pending.event)  # what the arguments said still holds
-        self.account(t1 - t0 + perf_counter_ns() - t2, pending.site)
+        if pending.pinned:
+            self.copied_pinned(pending)
+        self.account(t1 - t0 + perf_counter_ns() - t2 - pending.lent_ns, pending.site,
+                     pending.meta.get("op"))
         return out
 
-    def account(self, ns: int, site: str | None) -> None:
+    def account(self, ns: int, site: str | None, op: str | None = None) -> None:
         self.ops += 1
         self.own_ns += ns
         if ns > self.max_own_ns:
             self.max_own_ns, self.max_site = ns, site
+        if ns > SLOW_NS and len(self.slow) < SLOWEST_KEPT:
+            self.slow.append([ns, site, op])
+
+    def current_stream(self, index: int, pending: _Pending) -> int:
+        """The current stream of device ``index``. The first ask of a device may create the
+        program's CUDA context, which its op would have done a moment later: that time is
+        the program's, not the capture's (``pending.lent_ns``)."""
+        if index in self.ready:
+            return self.raw_stream(index)
+        t = perf_counter_ns()
+        sid = self.raw_stream(index)
+        pending.lent_ns += perf_counter_ns() - t
+        self.ready.add(index)
+        return sid
 
     def before(self, plan: _Plan, args: tuple[Any, ...], kwargs: dict[str, Any], t0: int
                ) -> _Pending | None:
@@ -329,7 +359,6 @@ class _Capture:
         reads: list[list[Any]] = []
         writes: list[list[Any]] = []
         bases: set[int] = set()
-        pinned_bases: list[int] = []
         cuda_index = None
         nargs = len(args)
         Tensor = self.Tensor
@@ -345,8 +374,6 @@ class _Capture:
                     cuda_index = t.device.index
                 space, base = where
                 bases.add(base)
-                if space == E.HOST:
-                    pinned_bases.append(base)
                 if not plan.no_work:
                     (writes if written else reads).extend(_spans(space, t, t.data_ptr()))
         if cuda_index is None and plan.device_at is not None:
@@ -366,10 +393,9 @@ class _Capture:
         pending.pins = plan.name in _PINS or bool(kwargs.get("pin_memory")) or (
             plan.kind == "copy" and cuda_index is not None)
         if cuda_index is not None:
-            sid = pending.sid = self.raw_stream(cuda_index)
+            sid = pending.sid = self.current_stream(cuda_index, pending)
             self._seen_stream(sid, frame)
-            for base in pinned_bases:  # the host allocator waits for this stream's copy
-                self.pinned_streams.setdefault(base, set()).add(sid)
+            pending.pinned = [base for base in bases if base in self.pinned]
             if not plan.no_work:
                 pending.event = ["op", sid, self._kind(plan, args, kwargs), reads, writes, meta]
                 if self.amplifier is not None:
@@ -481,12 +507,14 @@ class _Capture:
             if t.is_cuda:
                 space, known = E.DEVICE, self.live
                 if pending.sid is None:
-                    pending.sid = self.raw_stream(t.device.index)
+                    pending.sid = self.current_stream(t.device.index, pending)
                     self._seen_stream(pending.sid, pending.frame)
             elif t.is_cpu and (pending.pins or base in self.pinned) and t.is_pinned():
                 space, known = E.HOST, self.pinned
                 if base in known:
                     self.pinned_again(base, pending.site)
+                if pending.sid is not None:
+                    pending.pinned.append(base)  # a copy off the device into it
             else:
                 continue
             if base not in known:
@@ -500,13 +528,26 @@ class _Capture:
                 spans.extend(_spans(space, t, t.data_ptr()))
         return spans
 
+    def copied_pinned(self, pending: _Pending) -> None:
+        """A stream op copied from or into pinned blocks: PyTorch's caching host allocator
+        records an event on the stream for each (after the copy), and hands the block out
+        again only once it completed. Said as an event recorded after the op."""
+        assert pending.sid is not None
+        for base in pending.pinned:
+            self.allocator_events += 1
+            eid = f"host-allocator-{self.allocator_events}"
+            self.emit(["event", eid, {"name": "of the pinned memory allocator", "site":
+                                      pending.site, "source": "torch"}])
+            self.emit(["record", eid, pending.sid, pending.site])
+            self.pinned_events.setdefault(base, {})[pending.sid] = eid
+
     def pinned_again(self, base: int, site: str | None) -> None:
-        """A pinned block handed out again: the caching host allocator gave it back once the
-        streams that copied from or into it had passed those copies (it recorded an event on
-        each and found them done), so its old owner is freed with those streams named."""
+        """A pinned block handed out again: the host allocator found the events of its copies
+        completed, so the host is ordered after those copies, and the old owner is gone."""
         del self.pinned[base]
-        streams = sorted(self.pinned_streams.pop(base, ()))
-        self.emit(["free", E.HOST, base, {"site": site, "streams": streams, "source": "torch"}])
+        for eid in self.pinned_events.pop(base, {}).values():
+            self.emit(["sync_event", eid, site])
+        self.emit(["free", E.HOST, base, {"site": site, "streams": [], "source": "torch"}])
 
     def record_stream(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         t = args[0] if args else kwargs.get("self")
@@ -522,11 +563,20 @@ class _Capture:
 
     # ---- the GPU trace callbacks ---------------------------------------------------------------
     def _edge(self) -> tuple[FrameType | None, str | None]:
+        # No naming here: a free may fire while an exception unwinds the program's frames
+        # (its temporaries released with the error pending), and reading a frame's locals
+        # then can clear that error. Names are given at the next op or wait.
         self.flush_inflight()
-        if self.to_name:
-            self.name_pending()
         frame = program_frame(1)
         return frame, site_of(frame)
+
+    def _wait_edge(self) -> tuple[FrameType | None, str | None]:
+        """A host wait: the sink writes out after it, so the tensors made so far get their
+        names first."""
+        edge = self._edge()
+        if self.to_name:
+            self.name_pending()
+        return edge
 
     def _seen_stream(self, sid: int, frame: FrameType | None) -> None:
         if sid not in self.streams:
@@ -557,18 +607,18 @@ class _Capture:
                                                "source": "torch"}])
 
     def on_sync_device(self) -> None:
-        _, site = self._edge()
+        _, site = self._wait_edge()
         self.emit(["sync_device", site])
         self.sink.flush()
 
     def on_sync_stream(self, sid: int) -> None:
-        frame, site = self._edge()
+        frame, site = self._wait_edge()
         self._seen_stream(sid, frame)
         self.emit(["sync_stream", sid, site])
         self.sink.flush()
 
     def on_sync_event(self, eid: int) -> None:
-        _, site = self._edge()
+        _, site = self._wait_edge()
         self.emit(["sync_event", eid, site])
         self.sink.flush()
 
@@ -586,7 +636,15 @@ class _Capture:
         """What the capture cost and missed, for the run's record."""
         return ["stats", {"source": "torch", "ops": self.ops, "own_ns": self.own_ns,
                           "max_own_ns": self.max_own_ns, "max_site": self.max_site,
+                          "slow": self.slow,
                           "failures": dict(self.guard.counts)}]
+
+
+class _Local(threading.local):
+    """Per thread: the op being run, not yet emitted. A class attribute, so that reading it
+    in a thread that ran no op raises and clears nothing (see ``_Capture._edge``)."""
+
+    inflight: list[Any] | None = None
 
 
 _PLAIN: frozenset[type] = frozenset()

@@ -347,6 +347,7 @@ def run_schema() -> Schema:
                 "capture": described({"type": "object", "additionalProperties": closed({
                     "source": string(), "ops": integer(0), "own_ns": integer(0),
                     "max_own_ns": integer(0), "max_site": nullable(string()),
+                    "slow": array(array({}, 3, 3)),
                     "failures": {"type": "object", "additionalProperties": integer(1)}})},
                     "per source, what the capture cost the program: ops it handled, "
                     "nanoseconds of its own code over them all and on the costliest one "
