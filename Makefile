@@ -7,7 +7,8 @@ BIN    := $(VENV)/bin
 RUN_STAMP  := $(VENV)/.run-stamp
 TEST_STAMP := $(VENV)/.test-stamp
 
-.PHONY: install run test test-gpu test-gpu-core test-gpu-watch test-gpu-amplify test-pythons bench clean
+.PHONY: install run test test-gpu test-gpu-core test-gpu-watch test-gpu-amplify test-gpu-real \
+        test-pythons bench bench-real clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -50,11 +51,12 @@ test-pythons:
 # shrunk to scenarios (GPURACE_AMPLIFY_TRIALS runs a program, 50 by default).
 WATCH_GPU_TESTS := tests/test_watch_gpu.py tests/test_capture_cupy_gpu.py
 AMPLIFY_GPU_TESTS := tests/test_amplify_gpu.py
+REAL_GPU_TESTS := tests/test_real_programs_gpu.py
 test-gpu: test-gpu-core test-gpu-watch test-gpu-amplify
 
 test-gpu-core:
 	PYTHONPATH=$(CURDIR) $(PYTHON) -m pytest -q -s -m gpu -p no:cacheprovider tests \
-	  $(addprefix --ignore=,$(WATCH_GPU_TESTS) $(AMPLIFY_GPU_TESTS))
+	  $(addprefix --ignore=,$(WATCH_GPU_TESTS) $(AMPLIFY_GPU_TESTS) $(REAL_GPU_TESTS))
 
 test-gpu-watch:
 	PYTHONPATH=$(CURDIR) $(PYTHON) -m pytest -q -s -m gpu -p no:cacheprovider $(WATCH_GPU_TESTS)
@@ -62,10 +64,21 @@ test-gpu-watch:
 test-gpu-amplify:
 	PYTHONPATH=$(CURDIR) $(PYTHON) -m pytest -q -s -m gpu -p no:cacheprovider $(AMPLIFY_GPU_TESTS)
 
+# On a GPU machine with PyTorch and the corpus's libraries: gpurace watch on the real programs of
+# tests/real_programs, each bare and watched (same exit, same answer, no finding).
+# GPURACE_RECORD_DIR=tests/capture_recorded_real records their captures for the CPU replay.
+test-gpu-real:
+	PYTHONPATH=$(CURDIR) $(PYTHON) -m pytest -q -s -m gpu -p no:cacheprovider $(REAL_GPU_TESTS)
+
 # On a GPU machine: copy batching, and the harness's trial rate against a bare CuPy loop.
 bench:
 	PYTHONPATH=$(CURDIR) $(PYTHON) -m kvcore.bench
 	PYTHONPATH=$(CURDIR) $(PYTHON) -m harness.bench
+
+# On a GPU machine: the real programs bare, under TORCH_CUDA_SANITIZER and under gpurace watch
+# (ARGS passes options on: make bench-real ARGS='--only NAME --repeats 1').
+bench-real:
+	PYTHONPATH=$(CURDIR) $(PYTHON) tests/real_programs/bench.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) .venv-3.* build *.egg-info .pytest_cache

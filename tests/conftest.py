@@ -10,6 +10,10 @@ import kvcore
 
 BACKENDS = ["sim", pytest.param("cuda", marks=pytest.mark.gpu)]
 
+# The real programs are scripts the corpus runner runs on a GPU (tests/test_real_programs_gpu.py),
+# not tests. (A conftest.py of their own would shadow this one's module name.)
+collect_ignore = ["real_programs"]
+
 
 @pytest.fixture(params=BACKENDS)
 def backend(request: pytest.FixtureRequest) -> str:

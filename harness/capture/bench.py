@@ -37,11 +37,25 @@ _WORK = re.compile(r"work_s=([0-9.eE+-]+)")
 CSAN = "CSAN detected a possible data race"
 
 
-def _run(argv: list[str], env: dict[str, str] | None = None, timeout: float = 600.0
-         ) -> tuple[int, str, str]:
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+def run_command(argv: list[str], env: dict[str, str] | None = None, timeout: float = 600.0,
+                cwd: Path | None = None) -> tuple[int, str, str]:
+    """``argv``'s exit status, stdout and stderr, with ``env`` over this process's own."""
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=cwd,
                           env={**os.environ, **(env or {})})
     return done.returncode, done.stdout, done.stderr
+
+
+def watch_argv(python: str, out_dir: Path, command: list[str], *options: str) -> list[str]:
+    """``gpurace watch`` on ``command``, its run document on stdout (the program's own output
+    then goes to the watch's stderr)."""
+    return [python, "-m", "harness.cli", "watch", "--format", "json", "--out", str(out_dir),
+            *options, "--", *command]
+
+
+def watch_env() -> dict[str, str]:
+    """The checkout first on PYTHONPATH, so the watch imports this gpurace."""
+    return {"PYTHONPATH": os.pathsep.join(
+        [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])}
 
 
 def _work(text: str) -> float | None:
@@ -50,21 +64,19 @@ def _work(text: str) -> float | None:
 
 
 def bare(python: str, prog: Path, flags: list[str]) -> tuple[int, float | None, str]:
-    code, out, err = _run([python, str(prog), *flags])
+    code, out, err = run_command([python, str(prog), *flags])
     return code, _work(out), err
 
 
 def sanitizer(python: str, prog: Path, flags: list[str]) -> tuple[bool, float | None, str]:
-    code, out, err = _run([python, str(prog), *flags], {"TORCH_CUDA_SANITIZER": "1"})
+    code, out, err = run_command([python, str(prog), *flags], {"TORCH_CUDA_SANITIZER": "1"})
     return CSAN in err, _work(out), err
 
 
 def watched(python: str, prog: Path, flags: list[str], out_dir: Path
             ) -> tuple[bool, float | None, dict[str, Any]]:
-    argv = [python, "-m", "harness.cli", "watch", "--format", "json", "--out", str(out_dir),
-            "--", python, str(prog), *flags]
-    code, out, err = _run(argv, {"PYTHONPATH": os.pathsep.join(
-        [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])})
+    code, out, err = run_command(watch_argv(python, out_dir, [python, str(prog), *flags]),
+                                 watch_env())
     try:
         doc = json.loads(out)
         result = doc["results"][0]

@@ -1,0 +1,73 @@
+"""The capture of the corpus of real programs (tests/real_programs), replayed without a GPU.
+
+    python -m pytest -q tests/test_capture_recorded_real.py
+
+tests/capture_recorded_real/ holds the capture events each corpus program wrote on a GPU under
+`gpurace watch` (``NAME.jsonl``), and a word for each entry that exited 77 there
+(``NAME.exit77.txt``); `GPURACE_RECORD_DIR=tests/capture_recorded_real make test-gpu-real`
+records them again. Replayed through the translator and the detector as
+tests/test_capture_recorded.py replays its own, each is a whole run of its program (ops, and an
+exit of 0) with no finding; and every entry of the corpus has its recording.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness.capture.analysis import RunAnalysis
+from harness.capture.events import iter_file
+from tests.real_runs import CANNOT_RUN_SUFFIX, CORPUS_FILE, ROOT, load_corpus
+
+FOLDER = ROOT / "tests" / "capture_recorded_real"
+RECORDED = sorted(FOLDER.glob("*.jsonl"))
+CANNOT_RUN = sorted(FOLDER.glob(f"*{CANNOT_RUN_SUFFIX}"))
+RECORD = "record them on a GPU: GPURACE_RECORD_DIR=tests/capture_recorded_real make test-gpu-real"
+
+
+def _replay(path: Path) -> RunAnalysis:
+    """As tests/test_capture_recorded.py replays a recording; the analysis, to read its
+    findings and what its translator saw."""
+    analysis = RunAnalysis(None, {})
+    analysis.feed(list(iter_file(path)))
+    analysis.close()
+    return analysis
+
+
+def _name(path: Path) -> str:
+    return path.name[:-len(CANNOT_RUN_SUFFIX)] if path.name.endswith(CANNOT_RUN_SUFFIX) \
+        else path.stem
+
+
+@pytest.mark.parametrize(
+    "path", RECORDED or [pytest.param(None, id="none-recorded", marks=pytest.mark.skip(
+        reason=f"no recordings in {FOLDER.relative_to(ROOT)} yet: {RECORD}"))],
+    ids=lambda path: path.stem)
+def test_a_recorded_real_program_is_a_whole_run_and_clean(path):
+    analysis = _replay(path)
+    translator = analysis.translator
+    # A recording of nothing would be clean too: it must hold the program's ops and its end.
+    assert translator.ops > 0, f"{path.name}: no op recorded (notes: {translator.notes})"
+    assert translator.exit is not None and translator.exit.get("status") == 0, \
+        f"{path.name}: the program did not end with exit 0: {translator.exit}"
+    findings = [f.to_json() for f in analysis.findings]
+    assert findings == [], "\n".join(f["missing"] for f in findings)
+
+
+@pytest.mark.xfail(not (RECORDED or CANNOT_RUN), strict=False, reason=RECORD)
+def test_every_corpus_entry_that_can_run_has_its_recording():
+    entries = load_corpus()
+    assert entries, f"no corpus at {CORPUS_FILE}"
+    have = {_name(p) for p in RECORDED + CANNOT_RUN}
+    missing = [entry.name for entry in entries if entry.name not in have]
+    assert not missing, f"{RECORD}; on a machine where these import and run: {missing}"
+
+
+def test_every_recording_is_of_a_corpus_entry_and_names_one_entry():
+    listed = [entry.name for entry in load_corpus()]
+    twice = sorted({name for name in listed if listed.count(name) > 1})
+    assert not twice, f"corpus entries share a name (and so a recording): {twice}"
+    names = set(listed)
+    stale = [p.name for p in RECORDED + CANNOT_RUN if _name(p) not in names]
+    assert not stale, f"recordings of no corpus entry (renamed or removed?): {stale}"
