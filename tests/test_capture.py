@@ -470,3 +470,23 @@ def test_a_pinned_block_handed_out_again_orders_only_its_own_copies():
     assert (f["first"]["step"], f["second"]["step"]) == ("prog.py:80", "prog.py:85")
     assert f["owner"].startswith("tensor h0")
     assert _findings(_offload_then_prefetch(waited=True)) == []
+
+
+def test_an_emitted_event_is_written_as_it_was_and_a_held_one_as_it_is_at_the_flush():
+    """The sink keeps an emitted event as its JSON line (a string, which Python's collector
+    does not track: no full collections over the program's heap for held events), so a later
+    change to the list is not written; a held event (a tensor named at the next op) is."""
+    import gc
+    import io
+    out = io.StringIO()
+    sink = Sink(out)
+    emitted = ["note", "as it was"]
+    held = ["alloc", "d", 1, 8, {"name": None}]
+    sink.emit(emitted)
+    sink.hold(held)
+    emitted[1] = "changed"
+    held[4]["name"] = "kv"
+    assert not any(gc.is_tracked(e) for e in sink._events if e is not held)
+    sink.flush()
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert lines == [["note", "as it was"], ["alloc", "d", 1, 8, {"name": "kv"}]]

@@ -117,7 +117,7 @@ def test_ordinary_pytorch_work_runs_watched_as_it_runs_alone(tmp_path):
 _OPS = r'''
 import io, json, sys
 import torch
-from harness.capture import events as E, torch_source as T
+from harness.capture import events as E, torch_ops as O, torch_source as T
 buf = io.StringIO()
 sink = E.Sink(buf)
 stop = T.install(sink)
@@ -127,7 +127,7 @@ host = torch.arange(16, dtype=torch.float32)
 cap.pinned[host.untyped_storage().data_ptr()] = {}
 aten = torch.ops.aten
 before = cap.before
-pending = before(cap.plans.setdefault(aten._to_copy.default, T._Plan(aten._to_copy.default)),
+pending = before(cap.plans.setdefault(aten._to_copy.default, O.Plan(aten._to_copy.default)),
                  (host,), {"device": torch.device("cuda", 0), "non_blocking": True}, 0)
 cap.copied_pinned(pending)  # as dispatch does once the op went out
 print(json.dumps({"to_cuda": pending.event[:3] + [[s[2] for s in pending.event[3]]]}))
@@ -141,7 +141,7 @@ print(json.dumps({"edges": [[e[0], e[1] if e[0] != "free" else e[3]["streams"]]
                             + ([e[2]] if e[0] == "record" else []) for e in edges]}))
 # The host's own work on pinned bytes stays the host's.
 cap.pinned[host.untyped_storage().data_ptr()] = {}
-pending = before(cap.plans.setdefault(aten.mul.Tensor, T._Plan(aten.mul.Tensor)),
+pending = before(cap.plans.setdefault(aten.mul.Tensor, O.Plan(aten.mul.Tensor)),
                  (host, host), {}, 0)
 print(json.dumps({"host": pending.event[:3]}))
 # A failure inside the source: counted, said, and the op runs as it would.
@@ -186,3 +186,18 @@ def test_a_callback_near_the_bottom_of_the_stack_finds_no_frame_and_raises_nothi
     stderr)."""
     from harness.capture.sites import program_frame
     assert program_frame(10_000) is None
+
+
+def test_the_op_cost_tool_times_each_part_and_its_capture_is_clean(tmp_path):
+    """python -m harness.capture.opcost on the CPU: a row per size and op, the source's own
+    time measured, and the correct loop it captured has no race."""
+    done = subprocess.run([TORCH_PYTHON, "-m", "harness.capture.opcost", "--device", "cpu",
+                           "--ops", "200", "--rounds", "1", "--sizes", "4096", "--json"],
+                          capture_output=True, text=True, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert [(r["bytes"], r["op"]) for r in result["rows"]] == [(4096, "add_out"),
+                                                             (4096, "add_new")]
+    assert all(r["own_us"] > 0 and r["bare_us"] > 0 for r in result["rows"])
+    assert result["findings"] == 0 and result["events"] > 400

@@ -40,10 +40,9 @@ starts); ops of processes it starts are not.
 
 from __future__ import annotations
 
-import itertools
 import os
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from time import perf_counter_ns
 from types import FrameType
 from typing import Any
@@ -52,27 +51,8 @@ from harness.capture import events as E
 from harness.capture.amplify import Amplifier, Delay
 from harness.capture.sites import (is_own_code, program_frame, site_of, thread_name,
                                    variable_for, warm_up)
-
-SLOW_NS = 10_000_000
-"""An op on which the capture's own code spent longer than this (10 ms) is listed in its stats:
-a pause of that size inside the program's work could change what its timing shows."""
-SLOWEST_KEPT = 20
-
-RUNS_MAX = 64
-"""Contiguous runs of a strided view listed one by one; a view with more is its hull (one range
-from its first byte to its last), which may take bytes between its rows for its own."""
-
-_NO_WORK = frozenset({
-    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "is_pinned",
-    "size", "stride", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "set_",
-    "resize_", "_has_compatible_shallow_copy_type", "lift_fresh", "detach", "alias",
-    "_unsafe_view", "record_stream", "is_same_size", "_local_scalar_dense_placeholder",
-})
-"""Ops that touch no tensor's bytes (allocate, look at metadata, or view): their new tensors
-are still allocations."""
-
-_COPIES = frozenset({"copy_", "_to_copy", "_copy_from", "_copy_from_and_resize", "copy"})
-_PINS = frozenset({"_pin_memory", "pin_memory"})
+from harness.capture.torch_ops import (PINS, SLOW_NS, SLOWEST_KEPT, Guard, Pending, Plan, spans,
+                                       tensors_in, what_of)
 
 
 def available() -> str | None:
@@ -82,112 +62,6 @@ def available() -> str | None:
     except Exception:  # any failure to import is "not here"
         return None
     return str(torch.__version__)
-
-
-class _Plan:
-    """What an op's schema says, worked out once per op overload."""
-
-    __slots__ = ("name", "kind", "args", "written", "fresh_returns", "no_work", "device_at")
-
-    def __init__(self, func: Any) -> None:
-        schema = func._schema
-        self.name = schema.name.split("::")[-1]
-        self.no_work = self.name in _NO_WORK
-        self.kind = "copy" if self.name in _COPIES else (
-            "scalar" if self.name == "_local_scalar_dense" else "kernel")
-        # (position, keyword, written) of each argument that may hold tensors.
-        self.args = []
-        self.device_at: tuple[int, str] | None = None  # where a device= argument is
-        for i, arg in enumerate(schema.arguments):
-            if "Tensor" in str(arg.type):
-                alias = arg.alias_info
-                self.args.append((i, arg.name, bool(alias is not None and alias.is_write)))
-            elif arg.name == "device":
-                self.device_at = (i, arg.name)
-        self.written = any(w for _, _, w in self.args)
-        self.fresh_returns = any(r.alias_info is None and "Tensor" in str(r.type)
-                                 for r in schema.returns)
-        if schema.returns and not self.written and all(
-                r.alias_info is not None for r in schema.returns):
-            self.no_work = True  # a view: every return is an input's bytes, nothing written
-
-
-class _Pending:
-    """An op between its arguments' reading and its results': what it was found to touch."""
-
-    __slots__ = ("event", "reads", "writes", "bases", "frame", "site", "sid", "meta", "pins",
-                 "pinned", "lent_ns")
-
-    def __init__(self, reads: list[list[Any]], writes: list[list[Any]], bases: set[int],
-                 frame: FrameType | None, site: str | None, meta: dict[str, Any]) -> None:
-        self.event: list[Any] | None = None
-        self.reads, self.writes, self.bases = reads, writes, bases
-        self.frame, self.site, self.meta = frame, site, meta
-        self.sid: int | None = None
-        self.pins = False  # whether its new CPU tensors may be pinned
-        self.pinned: list[int] = []  # the pinned blocks a stream op copies from or into
-        self.lent_ns = 0  # of the capture's time, what the op itself would have spent
-
-
-def _tensors(value: Any, tensor: type) -> Iterable[Any]:
-    if isinstance(value, tensor):
-        yield value
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            if isinstance(v, tensor):
-                yield v
-
-
-def _spans(space: str, t: Any, start: int) -> list[list[Any]]:
-    """The byte ranges of tensor ``t`` (its first element at ``start``) as capture spans: one
-    for a contiguous tensor, one per run of contiguous bytes for a strided view (up to
-    :data:`RUNS_MAX`), else the hull."""
-    n = t.numel()
-    if n == 0:
-        return []
-    item = t.element_size()
-    if t.is_contiguous():
-        return [[space, start, n * item]]
-    sizes, strides = list(t.shape), list(t.stride())
-    if min(strides) >= 0 and 0 not in strides:
-        # The trailing dims that lie end to end make one run; the dims before it repeat it.
-        k, block = len(sizes), 1
-        while k > 0 and strides[k - 1] == block:
-            k -= 1
-            block *= sizes[k]
-        if n // block <= RUNS_MAX:
-            return [[space, start + sum(i * st for i, st in zip(index, strides)) * item,
-                     block * item] for index in itertools.product(*map(range, sizes[:k]))]
-    hi = sum((s - 1) * st for s, st in zip(sizes, strides) if st > 0)
-    lo = sum((s - 1) * st for s, st in zip(sizes, strides) if st < 0)
-    return [[space, start + lo * item, (hi - lo + 1) * item]]
-
-
-def _what(t: Any) -> str:
-    dtype = str(t.dtype).replace("torch.", "")
-    return f"tensor {dtype}[{', '.join(str(s) for s in t.shape)}]"
-
-
-class _Guard:
-    """What the source could not read, counted: each kind said once in the notes as it first
-    happens, and with its count when the capture stops. The program never sees these."""
-
-    def __init__(self, emit: Callable[[list[Any]], None]) -> None:
-        self.emit = emit
-        self.counts: dict[str, int] = {}
-
-    def failed(self, where: str, exc: BaseException) -> None:
-        text = str(exc).strip().splitlines()
-        key = f"{where}: {type(exc).__name__}" + (f": {text[0][:160]}" if text else "")
-        n = self.counts.get(key, 0)
-        self.counts[key] = n + 1
-        if n == 0:
-            self.emit(["note", f"the PyTorch source could not read {key}; those ops ran "
-                               "unwatched (counted at the end)"])
-
-    def summary(self) -> list[str]:
-        return [f"the PyTorch source could not read {key} ({n} time{'s' if n != 1 else ''}); "
-                "those ops ran unwatched" for key, n in self.counts.items()]
 
 
 class _Capture:
@@ -201,8 +75,8 @@ class _Capture:
         self.sink = sink
         self.emit = sink.emit
         self.on = True
-        self.guard = _Guard(sink.emit)
-        self.plans: dict[Any, _Plan] = {}
+        self.guard = Guard(sink.emit)
+        self.plans: dict[Any, Plan] = {}
         self.streams: set[int] = set()
         self.stream_sites: dict[int, str | None] = {}
         self.live: dict[int, dict[str, Any]] = {}  # device storage base -> its alloc's meta
@@ -216,7 +90,7 @@ class _Capture:
         self.to_name: list[tuple[dict[str, Any], FrameType, int]] = []
         self.local = _Local()
         self.raw_stream = torch._C._cuda_getCurrentRawStream
-        self.main_thread = threading.main_thread()
+        self.main_ident = threading.main_thread().ident
         self.amplifier: Amplifier | None = None
         self.cycles_per_us: dict[int, float] = {}  # device index -> the spin kernel's rate
         # What the capture cost the program: ops seen, ns of its own code, its longest pause.
@@ -294,7 +168,7 @@ class _Capture:
         try:
             plan = self.plans.get(func)
             if plan is None:
-                plan = self.plans[func] = _Plan(func)
+                plan = self.plans[func] = Plan(func)
             if plan.no_work and not plan.fresh_returns:
                 if plan.name == "record_stream":
                     self.record_stream(args, kwargs)
@@ -338,7 +212,7 @@ class _Capture:
         if ns > SLOW_NS and len(self.slow) < SLOWEST_KEPT:
             self.slow.append([ns, site, op])
 
-    def current_stream(self, index: int, pending: _Pending) -> int:
+    def current_stream(self, index: int, pending: Pending) -> int:
         """The current stream of device ``index``. The first ask of a device may create the
         program's CUDA context, which its op would have done a moment later: that time is
         the program's, not the capture's (``pending.lent_ns``)."""
@@ -350,8 +224,8 @@ class _Capture:
         self.ready.add(index)
         return sid
 
-    def before(self, plan: _Plan, args: tuple[Any, ...], kwargs: dict[str, Any], t0: int
-               ) -> _Pending | None:
+    def before(self, plan: Plan, args: tuple[Any, ...], kwargs: dict[str, Any], t0: int
+               ) -> Pending | None:
         """What an op's arguments say it touches, its stream, and its event (emitted once it
         ran, or when a callback fires inside it); None: nothing watched is touched."""
         if self.to_name:
@@ -366,16 +240,16 @@ class _Capture:
             value = args[i] if i < nargs else kwargs.get(key)
             if value is None:
                 continue
-            for t in _tensors(value, Tensor):
+            for t in tensors_in(value, Tensor):
                 where = self.memory(t)
                 if where is None:
                     continue
                 if cuda_index is None and where[0] == E.DEVICE:
-                    cuda_index = t.device.index
+                    cuda_index = t.get_device()
                 space, base = where
                 bases.add(base)
                 if not plan.no_work:
-                    (writes if written else reads).extend(_spans(space, t, t.data_ptr()))
+                    (writes if written else reads).extend(spans(space, t, t.data_ptr()))
         if cuda_index is None and plan.device_at is not None:
             i, key = plan.device_at
             device = args[i] if i < nargs else kwargs.get(key)
@@ -386,15 +260,16 @@ class _Capture:
         frame = program_frame(1)
         site = site_of(frame)
         meta: dict[str, Any] = {"site": site, "op": plan.name, "source": "torch", "t": t0}
-        if threading.current_thread() is not self.main_thread:
+        if threading.get_ident() != self.main_ident:
             meta["thread"] = thread_name()
-        pending = _Pending(reads, writes, bases, frame, site, meta)
+        pending = Pending(reads, writes, bases, frame, site, meta)
         # Pinned results come of pin_memory(), pin_memory=True, and copies off the device.
-        pending.pins = plan.name in _PINS or bool(kwargs.get("pin_memory")) or (
+        pending.pins = plan.name in PINS or bool(kwargs.get("pin_memory")) or (
             plan.kind == "copy" and cuda_index is not None)
         if cuda_index is not None:
             sid = pending.sid = self.current_stream(cuda_index, pending)
-            self._seen_stream(sid, frame)
+            if sid not in self.streams:
+                self.stream(sid, frame)
             pending.pinned = [base for base in bases if base in self.pinned]
             if not plan.no_work:
                 pending.event = ["op", sid, self._kind(plan, args, kwargs), reads, writes, meta]
@@ -407,7 +282,7 @@ class _Capture:
                              meta]
         return pending
 
-    def after(self, plan: _Plan, args: tuple[Any, ...], pending: _Pending, out: Any,
+    def after(self, plan: Plan, args: tuple[Any, ...], pending: Pending, out: Any,
               emitted: bool) -> None:
         """An op's new memory among its results: allocation events first, then the op with
         what it wrote there (or, where the op went out before a synchronize inside it, the
@@ -475,9 +350,9 @@ class _Capture:
             raise RuntimeError("the spin kernel took no measurable time")
         return best
 
-    def _kind(self, plan: _Plan, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    def _kind(self, plan: Plan, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         if plan.kind == "kernel":
-            return "kernel:" + plan.name
+            return plan.kernel
         if plan.kind == "scalar":
             return "copy_dtoh"
         # A copy, named by where it reads and where it writes: copy_ is dst.copy_(src), the
@@ -492,7 +367,7 @@ class _Capture:
             dst_cuda = src_cuda if device is None else self.device_index(device) is not None
         return f"copy_{'d' if src_cuda else 'h'}to{'d' if dst_cuda else 'h'}"
 
-    def outputs(self, plan: _Plan, out: Any, pending: _Pending) -> list[list[Any]]:
+    def outputs(self, plan: Plan, out: Any, pending: Pending) -> list[list[Any]]:
         """New memory among an op's returns: its allocation events (emitted now, before the
         op), and the spans the op wrote there (none for an op that only allocates)."""
         results = out if isinstance(out, (tuple, list)) else (out,)
@@ -518,17 +393,20 @@ class _Capture:
             else:
                 continue
             if base not in known:
-                meta = {"what": _what(t), "name": None, "site": pending.site,
+                meta = {"what": what_of(t), "name": None, "site": pending.site,
                         "source": "torch", "stream": pending.sid}
                 known[base] = meta
-                self.emit(["alloc", space, base, storage.nbytes(), meta])
+                alloc = ["alloc", space, base, storage.nbytes(), meta]
                 if pending.frame is not None and is_own_code(pending.frame.f_code):
+                    self.sink.hold(alloc)  # its name is filled in at the next op or wait
                     self.to_name.append((meta, pending.frame, base))
+                else:
+                    self.emit(alloc)
             if not plan.no_work:
-                spans.extend(_spans(space, t, t.data_ptr()))
+                spans.extend(spans(space, t, t.data_ptr()))
         return spans
 
-    def copied_pinned(self, pending: _Pending) -> None:
+    def copied_pinned(self, pending: Pending) -> None:
         """A stream op copied from or into pinned blocks: PyTorch's caching host allocator
         records an event on the stream for each (after the copy), and hands the block out
         again only once it completed. Said as an event recorded after the op."""
@@ -630,7 +508,7 @@ class _Capture:
             frame = program_frame(1)
             meta: dict[str, Any] = {"site": site_of(frame), "op": "host read",
                                     "t": perf_counter_ns(), "source": "torch"}
-            self.emit(["op", None, "host_read", _spans(E.HOST, t, t.data_ptr()), [], meta])
+            self.emit(["op", None, "host_read", spans(E.HOST, t, t.data_ptr()), [], meta])
 
     def stats(self) -> list[Any]:
         """What the capture cost and missed, for the run's record."""

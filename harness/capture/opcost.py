@@ -1,0 +1,168 @@
+"""What `gpurace watch` costs a PyTorch program per op, part by part, and whether it grows with
+tensor size.
+
+    python -m harness.capture.opcost                      (CUDA when there is a GPU, else CPU)
+    python -m harness.capture.opcost --device cpu --ops 20000 --sizes 4096 4194304
+
+In one process, for each tensor size, the same loop of ops runs:
+
+- bare;
+- under the PyTorch source's dispatch mode with the capture switched off (what PyTorch's Python
+  dispatch costs by itself: every op leaves C++ for the mode's ``__torch_dispatch__``);
+- with the capture on (the source reads each op's tensors, finds its stream and the program's
+  line, and hands its event to the sink): its own time per op, from the source's stats, and
+  the whole op's;
+
+and then the events it captured are fed to the watching side (translator and detector), timed
+per op. The ops are ``torch.add(a, b, out=c)`` (two reads, one write, no allocation) and
+``a + b`` (a new tensor each time: an allocation and, when it dies, a free). On a CPU, the
+tensors are taken for pinned memory, so each op is the host's access to watched memory: the
+same work per op as a stream op but the stream's lookup. Rounds alternate off and on; the
+fastest round of each is kept (the others met other work on the machine). Nothing here is a
+test: the figures go to docs/, with the machine they were measured on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import platform
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from harness.capture import events as E
+from harness.capture.analysis import RunAnalysis
+
+SIZES = (4096, 4 << 20)
+
+
+def _loop(op: Callable[[], Any], n: int, sync: Callable[[], None]) -> float:
+    """Seconds per op of ``n`` calls of ``op``, the device's queue drained before and after."""
+    sync()
+    start = time.perf_counter()
+    for _ in range(n):
+        op()
+    sync()
+    return (time.perf_counter() - start) / n
+
+
+def measure(device: str, ops: int, sizes: tuple[int, ...], rounds: int) -> dict[str, Any]:
+    import torch
+
+    from harness.capture import torch_source
+
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    tensors = {}
+    for size in sizes:
+        a, b, c = (torch.ones(size // 4, device=device) for _ in range(3))
+        tensors[size] = (a, b, c)
+
+    def kinds(size: int) -> dict[str, Callable[[], Any]]:
+        a, b, c = tensors[size]
+        return {"add_out": lambda: torch.add(a, b, out=c), "add_new": lambda: a + b}
+
+    rows: list[dict[str, Any]] = []
+    best: dict[tuple[int, str, str], float] = {}
+
+    def keep(key: tuple[int, str, str], value: float) -> None:
+        best[key] = min(best.get(key, value), value)
+
+    for size in sizes:
+        for name, op in kinds(size).items():
+            op()  # the kernel loaded, the allocator warm
+            for _ in range(rounds):
+                keep((size, name, "bare"), _loop(op, ops, sync))
+    out = io.StringIO()
+    sink = E.Sink(out)
+    stop = torch_source.install(sink)
+    cap = stop.capture  # type: ignore[attr-defined]
+    if device == "cpu":
+        for a, b, c in tensors.values():
+            for t in (a, b, c):
+                cap.pinned[t.untyped_storage().data_ptr()] = {}
+    own: dict[tuple[int, str], float] = {}
+    for size in sizes:
+        for name, op in kinds(size).items():
+            for _ in range(rounds):
+                cap.on = False
+                keep((size, name, "mode"), _loop(op, ops, sync))
+                cap.on = True
+                before_ns, before_ops = cap.own_ns, cap.ops
+                keep((size, name, "capture"), _loop(op, ops, sync))
+                per = (cap.own_ns - before_ns) / max(1, cap.ops - before_ops) / 1e9
+                own[(size, name)] = min(own.get((size, name), per), per)
+    stop()
+    sink.flush()
+    events = [json.loads(line) for line in out.getvalue().splitlines()]
+    for size in sizes:
+        for name, op in kinds(size).items():
+            for _ in range(rounds):
+                keep((size, name, "bare"), _loop(op, ops, sync))
+    captured = [e for e in events if e[0] in ("op", "alloc", "free", "stream")]
+    analysis = RunAnalysis(None, {})
+    start = time.perf_counter()
+    analysis.feed(events)
+    analysis.close()
+    watching = (time.perf_counter() - start) / max(1, sum(e[0] == "op" for e in captured))
+    for size in sizes:
+        for name in kinds(size):
+            bare = best[(size, name, "bare")]
+            rows.append({
+                "bytes": size, "op": name, "bare_us": bare * 1e6,
+                "mode_us": (best[(size, name, "mode")] - bare) * 1e6,
+                "capture_us": (best[(size, name, "capture")] - bare) * 1e6,
+                "own_us": own[(size, name)] * 1e6})
+    return {"device": device, "machine": _machine(torch, device), "ops": ops, "rounds": rounds,
+            "rows": rows, "watching_us_per_op": watching * 1e6,
+            "events": len(events), "findings": len(analysis.findings)}
+
+
+def _machine(torch: Any, device: str) -> str:
+    where = torch.cuda.get_device_name() if device == "cuda" else (
+        platform.processor() or platform.machine())
+    return f"{where}, torch {torch.__version__}, Python {platform.python_version()}"
+
+
+def table(result: dict[str, Any]) -> str:
+    lines = [f"{result['device']}: {result['machine']}; {result['ops']} ops a round, "
+             f"fastest of {result['rounds']} rounds",
+             "| tensor bytes | op | bare µs/op | + dispatch mode µs | + capture µs | of which "
+             "the source's own µs |", "|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        lines.append(f"| {r['bytes']:,} | {r['op']} | {r['bare_us']:.2f} | {r['mode_us']:.2f} "
+                     f"| {r['capture_us']:.2f} | {r['own_us']:.2f} |")
+    lines.append(f"watching side (translator and detector): {result['watching_us_per_op']:.2f} "
+                 f"µs per captured op ({result['events']} events, {result['findings']} "
+                 "findings)")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m harness.capture.opcost",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument("--ops", type=int, default=5000, help="ops a timed round (5000)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of each (3)")
+    parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES),
+                        help="tensor sizes in bytes (4 KiB and 4 MiB)")
+    parser.add_argument("--json", action="store_true", help="the figures as JSON")
+    opts = parser.parse_args(argv)
+    try:
+        import torch
+    except ImportError:
+        print("python -m harness.capture.opcost needs PyTorch in this interpreter",
+              file=sys.stderr)
+        return 77
+    device = opts.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    result = measure(device, opts.ops, tuple(opts.sizes), opts.rounds)
+    print(json.dumps(result, indent=2) if opts.json else table(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""What a PyTorch op does to memory, as its schema says, and where a tensor's bytes are.
+
+The PyTorch source (:mod:`harness.capture.torch_source`) asks these once per op overload
+(:class:`Plan`) and once per tensor (:func:`spans`); nothing here imports PyTorch, so the rules
+are read without it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable
+from types import FrameType
+from typing import Any
+
+SLOW_NS = 10_000_000
+"""An op on which the capture's own code spent longer than this (10 ms) is listed in its stats:
+a pause of that size inside the program's work could change what its timing shows."""
+SLOWEST_KEPT = 20
+
+RUNS_MAX = 64
+"""Contiguous runs of a strided view listed one by one; a view with more is its hull (one range
+from its first byte to its last), which may take bytes between its rows for its own."""
+
+_NO_WORK = frozenset({
+    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "is_pinned",
+    "size", "stride", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "set_",
+    "resize_", "_has_compatible_shallow_copy_type", "lift_fresh", "detach", "alias",
+    "_unsafe_view", "record_stream", "is_same_size", "_local_scalar_dense_placeholder",
+})
+"""Ops that touch no tensor's bytes (allocate, look at metadata, or view): their new tensors
+are still allocations."""
+
+_COPIES = frozenset({"copy_", "_to_copy", "_copy_from", "_copy_from_and_resize", "copy"})
+PINS = frozenset({"_pin_memory", "pin_memory"})
+
+
+class Plan:
+    """What an op's schema says, worked out once per op overload."""
+
+    __slots__ = ("name", "kind", "kernel", "args", "written", "fresh_returns", "no_work",
+                 "device_at")
+
+    def __init__(self, func: Any) -> None:
+        schema = func._schema
+        self.name = schema.name.split("::")[-1]
+        self.no_work = self.name in _NO_WORK
+        self.kind = "copy" if self.name in _COPIES else (
+            "scalar" if self.name == "_local_scalar_dense" else "kernel")
+        self.kernel = "kernel:" + self.name
+        # (position, keyword, written) of each argument that may hold tensors.
+        self.args = []
+        self.device_at: tuple[int, str] | None = None  # where a device= argument is
+        for i, arg in enumerate(schema.arguments):
+            if "Tensor" in str(arg.type):
+                alias = arg.alias_info
+                self.args.append((i, arg.name, bool(alias is not None and alias.is_write)))
+            elif arg.name == "device":
+                self.device_at = (i, arg.name)
+        self.written = any(w for _, _, w in self.args)
+        self.fresh_returns = any(r.alias_info is None and "Tensor" in str(r.type)
+                                 for r in schema.returns)
+        if schema.returns and not self.written and all(
+                r.alias_info is not None for r in schema.returns):
+            self.no_work = True  # a view: every return is an input's bytes, nothing written
+
+
+class Pending:
+    """An op between its arguments' reading and its results': what it was found to touch."""
+
+    __slots__ = ("event", "reads", "writes", "bases", "frame", "site", "sid", "meta", "pins",
+                 "pinned", "lent_ns")
+
+    def __init__(self, reads: list[list[Any]], writes: list[list[Any]], bases: set[int],
+                 frame: FrameType | None, site: str | None, meta: dict[str, Any]) -> None:
+        self.event: list[Any] | None = None
+        self.reads, self.writes, self.bases = reads, writes, bases
+        self.frame, self.site, self.meta = frame, site, meta
+        self.sid: int | None = None
+        self.pins = False  # whether its new CPU tensors may be pinned
+        self.pinned: list[int] = []  # the pinned blocks a stream op copies from or into
+        self.lent_ns = 0  # of the capture's time, what the op itself would have spent
+
+
+def tensors_in(value: Any, tensor: type) -> Iterable[Any]:
+    if isinstance(value, tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            if isinstance(v, tensor):
+                yield v
+
+
+def spans(space: str, t: Any, start: int) -> list[list[Any]]:
+    """The byte ranges of tensor ``t`` (its first element at ``start``) as capture spans: one
+    for a contiguous tensor, one per run of contiguous bytes for a strided view (up to
+    :data:`RUNS_MAX`), else the hull."""
+    nbytes = t.nbytes
+    if nbytes == 0:
+        return []
+    if t.is_contiguous():
+        return [[space, start, nbytes]]
+    n, item = t.numel(), t.element_size()
+    sizes, strides = list(t.shape), list(t.stride())
+    if min(strides) >= 0 and 0 not in strides:
+        # The trailing dims that lie end to end make one run; the dims before it repeat it.
+        k, block = len(sizes), 1
+        while k > 0 and strides[k - 1] == block:
+            k -= 1
+            block *= sizes[k]
+        if n // block <= RUNS_MAX:
+            return [[space, start + sum(i * st for i, st in zip(index, strides)) * item,
+                     block * item] for index in itertools.product(*map(range, sizes[:k]))]
+    hi = sum((s - 1) * st for s, st in zip(sizes, strides) if st > 0)
+    lo = sum((s - 1) * st for s, st in zip(sizes, strides) if st < 0)
+    return [[space, start + lo * item, (hi - lo + 1) * item]]
+
+
+def what_of(t: Any) -> str:
+    dtype = str(t.dtype).replace("torch.", "")
+    return f"tensor {dtype}[{', '.join(str(s) for s in t.shape)}]"
+
+
+class Guard:
+    """What the source could not read, counted: each kind said once in the notes as it first
+    happens, and with its count when the capture stops. The program never sees these."""
+
+    def __init__(self, emit: Callable[[list[Any]], None]) -> None:
+        self.emit = emit
+        self.counts: dict[str, int] = {}
+
+    def failed(self, where: str, exc: BaseException) -> None:
+        text = str(exc).strip().splitlines()
+        key = f"{where}: {type(exc).__name__}" + (f": {text[0][:160]}" if text else "")
+        n = self.counts.get(key, 0)
+        self.counts[key] = n + 1
+        if n == 0:
+            self.emit(["note", f"the PyTorch source could not read {key}; those ops ran "
+                               "unwatched (counted at the end)"])
+
+    def summary(self) -> list[str]:
+        return [f"the PyTorch source could not read {key} ({n} time{'s' if n != 1 else ''}); "
+                "those ops ran unwatched" for key, n in self.counts.items()]
