@@ -3,25 +3,27 @@
     python -m pytest -q tests/test_capture_recorded_real.py
 
 tests/capture_recorded_real/ holds the capture events each corpus program wrote on a GPU under
-`gpurace watch` (``NAME.jsonl``), and a word for each entry that exited 77 there
+`gpurace watch` (``NAME.jsonl.gz``), and a word for each entry that exited 77 there
 (``NAME.exit77.txt``); `GPURACE_RECORD_DIR=tests/capture_recorded_real make test-gpu-real`
-records them again. Replayed through the translator and the detector as
-tests/test_capture_recorded.py replays its own, each is a whole run of its program (ops, and an
-exit of 0) with no finding; and every entry of the corpus has its recording.
+records them again (GPURACE_REAL_ITERS=2 keeps them small). Replayed through the translator and
+the detector as tests/test_capture_recorded.py replays its own, each is a whole run of its
+program (ops, and an exit) with no finding where its library is correct (exit 0), and a finding
+where it races (the corpus entry's ``expect``); and every entry of the corpus has its recording.
 """
 
 from __future__ import annotations
 
+import gzip
+import json
 from pathlib import Path
 
 import pytest
 
 from harness.capture.analysis import RunAnalysis
-from harness.capture.events import iter_file
-from tests.real_runs import CANNOT_RUN_SUFFIX, CORPUS_FILE, ROOT, load_corpus
+from tests.real_runs import CANNOT_RUN_SUFFIX, CORPUS_FILE, RACE, ROOT, load_corpus
 
 FOLDER = ROOT / "tests" / "capture_recorded_real"
-RECORDED = sorted(FOLDER.glob("*.jsonl"))
+RECORDED = sorted(FOLDER.glob("*.jsonl.gz"))
 CANNOT_RUN = sorted(FOLDER.glob(f"*{CANNOT_RUN_SUFFIX}"))
 RECORD = "record them on a GPU: GPURACE_RECORD_DIR=tests/capture_recorded_real make test-gpu-real"
 
@@ -30,28 +32,36 @@ def _replay(path: Path) -> RunAnalysis:
     """As tests/test_capture_recorded.py replays a recording; the analysis, to read its
     findings and what its translator saw."""
     analysis = RunAnalysis(None, {})
-    analysis.feed(list(iter_file(path)))
+    with gzip.open(path, "rt", encoding="utf-8") as lines:
+        analysis.feed([json.loads(line) for line in lines if line.strip()])
     analysis.close()
     return analysis
 
 
 def _name(path: Path) -> str:
-    return path.name[:-len(CANNOT_RUN_SUFFIX)] if path.name.endswith(CANNOT_RUN_SUFFIX) \
-        else path.stem
+    for suffix in (CANNOT_RUN_SUFFIX, ".jsonl.gz"):
+        if path.name.endswith(suffix):
+            return path.name[:-len(suffix)]
+    return path.stem
 
 
 @pytest.mark.parametrize(
     "path", RECORDED or [pytest.param(None, id="none-recorded", marks=pytest.mark.skip(
         reason=f"no recordings in {FOLDER.relative_to(ROOT)} yet: {RECORD}"))],
-    ids=lambda path: path.stem)
-def test_a_recorded_real_program_is_a_whole_run_and_clean(path):
+    ids=_name)
+def test_a_recorded_real_program_is_a_whole_run_clean_or_racing_as_expected(path):
     analysis = _replay(path)
     translator = analysis.translator
     # A recording of nothing would be clean too: it must hold the program's ops and its end.
     assert translator.ops > 0, f"{path.name}: no op recorded (notes: {translator.notes})"
-    assert translator.exit is not None and translator.exit.get("status") == 0, \
-        f"{path.name}: the program did not end with exit 0: {translator.exit}"
+    assert translator.exit is not None, f"{path.name}: the program's end is not recorded"
     findings = [f.to_json() for f in analysis.findings]
+    expect = {entry.name: getattr(entry, "expect", "clean") for entry in load_corpus()}
+    if expect.get(_name(path)) == RACE:
+        assert findings, f"{path.name}: its library's race was not found in the recording"
+        return
+    assert translator.exit.get("status") == 0, \
+        f"{path.name}: the program did not end with exit 0: {translator.exit}"
     assert findings == [], "\n".join(f["missing"] for f in findings)
 
 

@@ -144,6 +144,13 @@ cap.pinned[host.untyped_storage().data_ptr()] = {}
 pending = before(cap.plans.setdefault(aten.mul.Tensor, O.Plan(aten.mul.Tensor)),
                  (host, host), {}, 0)
 print(json.dumps({"host": pending.event[:3]}))
+# Factories on the device: their device= names the stream; an allocation alone is no op.
+plan = lambda op: cap.plans.setdefault(op, O.Plan(op))
+zeros = before(plan(aten.zeros.default), ([4],), {"device": torch.device("cuda", 0)}, 0)
+empty = before(plan(aten.empty.memory_format), ([4],), {"device": "cuda:0"}, 0)
+pinned = before(plan(aten.empty.memory_format), ([4],), {"pin_memory": True}, 0)
+print(json.dumps({"zeros": zeros.event[:3], "empty": [empty.sid, empty.event],
+                  "pinned": [pinned.sid, pinned.pins]}))
 # A failure inside the source: counted, said, and the op runs as it would.
 def broken(t):
     raise RuntimeError("no storage here")
@@ -162,8 +169,9 @@ def test_a_host_to_device_copy_is_a_stream_copy_and_failures_are_counted(tmp_pat
     """``pinned.to("cuda", non_blocking=True)`` is a copy on the current stream reading the
     pinned bytes (not the host's access); the host allocator's event is recorded after it, and
     the block's reuse waits for that event before freeing the old owner; a CPU op on pinned
-    bytes is the host's;
-    a failure of the source's own code is counted and said, and the op's answer unchanged."""
+    bytes is the host's; a factory's ``device=`` names its stream, and an allocation alone is
+    no op; a failure of the source's own code is counted and said, and the op's answer
+    unchanged."""
     prog = tmp_path / "ops.py"
     prog.write_text(_OPS)
     done = subprocess.run([TORCH_PYTHON, str(prog)], capture_output=True, text=True,
@@ -175,8 +183,10 @@ def test_a_host_to_device_copy_is_a_stream_copy_and_failures_are_counted(tmp_pat
     assert got[1] == {"edges": [["record", "host-allocator-1", 7],
                                 ["sync_event", "host-allocator-1"], ["free", []]]}
     assert got[2] == {"host": ["op", None, "host_read"]}
-    assert got[3]["twice"] == [0.0, 2.0, 4.0]
-    assert got[3]["failures"] == [1] and len(got[3]["notes"]) == 2, got[3]
+    assert got[3] == {"zeros": ["op", 7, "kernel:zeros"], "empty": [7, None],
+                      "pinned": [None, True]}
+    assert got[4]["twice"] == [0.0, 2.0, 4.0]
+    assert got[4]["failures"] == [1] and len(got[4]["notes"]) == 2, got[4]
     assert done.stderr == ""
 
 

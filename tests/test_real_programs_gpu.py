@@ -12,13 +12,14 @@ variant cannot run here) is skipped with what it said. What the capture failed t
 time (the programs that use NCCL bind port 0, so each gets a port of its own); the module ends
 with one line per entry.
 
-With GPURACE_RECORD_DIR set, each watched run's capture events are copied there as NAME.jsonl,
+With GPURACE_RECORD_DIR set, each watched run's capture events are copied there as NAME.jsonl.gz,
 and an entry that exits 77 leaves NAME.exit77.txt saying why: what
 tests/test_capture_recorded_real.py replays without a GPU.
 """
 
 from __future__ import annotations
 
+import gzip
 import os
 import shutil
 import subprocess
@@ -39,6 +40,9 @@ ENTRIES = load_corpus(CORPUS_FILE)
 # Programs at once on the one GPU (more would crowd a small card's memory); a big card can take
 # more: GPURACE_REAL_PARALLEL.
 PARALLEL = int(os.environ.get("GPURACE_REAL_PARALLEL", "4"))
+# Timed iterations for every program (its own default where unset): a recording of a short run
+# is small enough to keep, GPURACE_REAL_ITERS=2.
+ITERS = int(os.environ.get("GPURACE_REAL_ITERS", "0")) or None
 TIMEOUT_S = 900.0  # a run's limit: a real program under capture may take minutes
 
 pytestmark = pytest.mark.gpu
@@ -80,25 +84,27 @@ def _record(name: str, watched: WatchedRun | None = None, cannot: str | None = N
         return
     folder = Path(where)
     folder.mkdir(parents=True, exist_ok=True)
-    events, marker = folder / f"{name}.jsonl", folder / f"{name}{CANNOT_RUN_SUFFIX}"
+    events, marker = folder / f"{name}.jsonl.gz", folder / f"{name}{CANNOT_RUN_SUFFIX}"
     if cannot is not None:
         events.unlink(missing_ok=True)
         marker.write_text(cannot + "\n")
     elif watched is not None and watched.doc and watched.events is not None:
         marker.unlink(missing_ok=True)
-        shutil.copy(watched.events, events)
+        # Gzipped: a transformers run's capture is megabytes of JSON lines.
+        with open(watched.events, "rb") as src, gzip.open(events, "wb") as dst:
+            shutil.copyfileobj(src, dst)
 
 
 def _verdict(entry: Any, missing: dict[str, str], out: Path) -> Verdict:
     why = missing_need(entry, missing)
     if why:
         return Verdict(entry, skip=why)
-    bare = run_bare(entry, sys.executable, CORPUS_FILE, timeout=TIMEOUT_S)
+    bare = run_bare(entry, sys.executable, CORPUS_FILE, ITERS, timeout=TIMEOUT_S)
     if bare.code == CANNOT_RUN:
         said = f"exits {CANNOT_RUN} bare (cannot run here): {bare.why()}"
         _record(entry.name, cannot=said)
         return Verdict(entry, skip=said)
-    watched = run_watched(entry, sys.executable, out / entry.name, CORPUS_FILE,
+    watched = run_watched(entry, sys.executable, out / entry.name, CORPUS_FILE, ITERS,
                           timeout=TIMEOUT_S)
     _record(entry.name, watched)
     return Verdict(entry, bare=bare, watched=watched)
