@@ -151,6 +151,22 @@ empty = before(plan(aten.empty.memory_format), ([4],), {"device": "cuda:0"}, 0)
 pinned = before(plan(aten.empty.memory_format), ([4],), {"pin_memory": True}, 0)
 print(json.dumps({"zeros": zeros.event[:3], "empty": [empty.sid, empty.event],
                   "pinned": [pinned.sid, pinned.pins]}))
+# A result in pinned memory (a CPU build pins nothing: is_pinned is taken at its word here):
+# its allocation goes out before the op, and the op writes it.
+torch.Tensor.is_pinned = lambda self: True
+mul = plan(aten.mul.Tensor)
+pending = before(mul, (host, host), {}, 0)
+pending.pins = True
+cap.on = False
+result = host * host
+cap.on = True
+written = cap.outputs(mul, result, pending)
+sink.flush()
+allocs = [json.loads(l) for l in buf.getvalue().splitlines() if l.startswith('["alloc"')]
+print(json.dumps({"result": [[w[0], w[2]] for w in written],
+                  "alloc": [[a[1], a[3]] for a in allocs
+                            if a[2] == result.untyped_storage().data_ptr()]}))
+del torch.Tensor.is_pinned
 # A failure inside the source: counted, said, and the op runs as it would.
 def broken(t):
     raise RuntimeError("no storage here")
@@ -170,7 +186,7 @@ def test_a_host_to_device_copy_is_a_stream_copy_and_failures_are_counted(tmp_pat
     pinned bytes (not the host's access); the host allocator's event is recorded after it, and
     the block's reuse waits for that event before freeing the old owner; a CPU op on pinned
     bytes is the host's; a factory's ``device=`` names its stream, and an allocation alone is
-    no op; a failure of the source's own code is counted and said, and the op's answer
+    no op; a new result in watched memory is allocated, then written; a failure of the source's own code is counted and said, and the op's answer
     unchanged."""
     prog = tmp_path / "ops.py"
     prog.write_text(_OPS)
@@ -185,8 +201,9 @@ def test_a_host_to_device_copy_is_a_stream_copy_and_failures_are_counted(tmp_pat
     assert got[2] == {"host": ["op", None, "host_read"]}
     assert got[3] == {"zeros": ["op", 7, "kernel:zeros"], "empty": [7, None],
                       "pinned": [None, True]}
-    assert got[4]["twice"] == [0.0, 2.0, 4.0]
-    assert got[4]["failures"] == [1] and len(got[4]["notes"]) == 2, got[4]
+    assert got[4] == {"result": [["h", 64]], "alloc": [["h", 64]]}
+    assert got[5]["twice"] == [0.0, 2.0, 4.0]
+    assert got[5]["failures"] == [1] and len(got[5]["notes"]) == 2, got[5]
     assert done.stderr == ""
 
 

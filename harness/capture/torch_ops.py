@@ -1,7 +1,7 @@
 """What a PyTorch op does to memory, as its schema says, and where a tensor's bytes are.
 
 The PyTorch source (:mod:`harness.capture.torch_source`) asks these once per op overload
-(:class:`Plan`) and once per tensor (:func:`spans`); nothing here imports PyTorch, so the rules
+(:class:`Plan`) and once per tensor (:func:`byte_spans`); nothing here imports PyTorch, so the rules
 are read without it.
 """
 
@@ -90,7 +90,7 @@ def tensors_in(value: Any, tensor: type) -> Iterable[Any]:
                 yield v
 
 
-def spans(space: str, t: Any, start: int) -> list[list[Any]]:
+def byte_spans(space: str, t: Any, start: int) -> list[list[Any]]:
     """The byte ranges of tensor ``t`` (its first element at ``start``) as capture spans: one
     for a contiguous tensor, one per run of contiguous bytes for a strided view (up to
     :data:`RUNS_MAX`), else the hull."""

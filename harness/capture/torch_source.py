@@ -19,12 +19,13 @@ PyTorch's GPU trace callbacks (``torch.cuda._gpu_trace``) give what the dispatch
 event record and wait, stream, event and device synchronize, stream and event creation, and the
 caching allocator's frees. ``record_stream`` is an op: the streams it names go with the block's
 free, where the allocator defers reuse. Pinned blocks are PyTorch's caching host allocator's: it
-hands a block out again only once the streams that copied from or into it have passed the
-copies, so a pinned block seen again is freed with those streams named. Event and stream queries
-are read through their Python methods; ``Tensor.tolist`` and ``Tensor.numpy`` of a pinned tensor
-are host reads.
+records an event on the stream after each copy from or into a block, and hands the block out
+again only once those events completed; so the source says such an event after each copy, and
+a pinned block seen again is the host waiting for its own copies' events, nothing more. Event
+and stream queries are read through their Python methods; ``Tensor.tolist`` and ``Tensor.numpy``
+of a pinned tensor are host reads.
 
-The capture never changes what the program does (:class:`_Guard`): a tensor it cannot read
+The capture never changes what the program does (``torch_ops.Guard``): a tensor it cannot read
 (a subclass such as DTensor, which the mode lets handle the op and then sees the plain tensors
 it runs on; fake and functional tensors; sparse, nested, meta tensors; storages without data) is
 left out, any failure of the source's own code is caught, counted and said once in the notes,
@@ -51,8 +52,8 @@ from harness.capture import events as E
 from harness.capture.amplify import Amplifier, Delay
 from harness.capture.sites import (is_own_code, program_frame, site_of, thread_name,
                                    variable_for, warm_up)
-from harness.capture.torch_ops import (PINS, SLOW_NS, SLOWEST_KEPT, Guard, Pending, Plan, spans,
-                                       tensors_in, what_of)
+from harness.capture.torch_ops import (PINS, SLOW_NS, SLOWEST_KEPT, Guard, Pending, Plan,
+                                       byte_spans, tensors_in, what_of)
 
 
 def available() -> str | None:
@@ -194,12 +195,12 @@ class _Capture:
                 self.after(plan, args, pending, out, emitted)
             elif pending.event is not None and not emitted:
                 self.emit(pending.event)
+            if pending.pinned:
+                self.copied_pinned(pending)
         except Exception as exc:
             self.guard.failed(f"the results of {func}", exc)
             if pending.event is not None and not emitted:
                 self.emit(pending.event)  # what the arguments said still holds
-        if pending.pinned:
-            self.copied_pinned(pending)
         self.account(t1 - t0 + perf_counter_ns() - t2 - pending.lent_ns, pending.site,
                      pending.meta.get("op"))
         return out
@@ -249,7 +250,7 @@ class _Capture:
                 space, base = where
                 bases.add(base)
                 if not plan.no_work:
-                    (writes if written else reads).extend(spans(space, t, t.data_ptr()))
+                    (writes if written else reads).extend(byte_spans(space, t, t.data_ptr()))
         if cuda_index is None and plan.device_at is not None:
             i, key = plan.device_at
             device = args[i] if i < nargs else kwargs.get(key)
@@ -403,7 +404,7 @@ class _Capture:
                 else:
                     self.emit(alloc)
             if not plan.no_work:
-                spans.extend(spans(space, t, t.data_ptr()))
+                spans.extend(byte_spans(space, t, t.data_ptr()))
         return spans
 
     def copied_pinned(self, pending: Pending) -> None:
@@ -508,7 +509,7 @@ class _Capture:
             frame = program_frame(1)
             meta: dict[str, Any] = {"site": site_of(frame), "op": "host read",
                                     "t": perf_counter_ns(), "source": "torch"}
-            self.emit(["op", None, "host_read", spans(E.HOST, t, t.data_ptr()), [], meta])
+            self.emit(["op", None, "host_read", byte_spans(E.HOST, t, t.data_ptr()), [], meta])
 
     def stats(self) -> list[Any]:
         """What the capture cost and missed, for the run's record."""
