@@ -490,3 +490,21 @@ def test_an_emitted_event_is_written_as_it_was_and_a_held_one_as_it_is_at_the_fl
     sink.flush()
     lines = [json.loads(line) for line in out.getvalue().splitlines()]
     assert lines == [["note", "as it was"], ["alloc", "d", 1, 8, {"name": "kv"}]]
+
+
+def test_what_a_source_could_not_read_is_said_once_a_kind_and_counted():
+    """The PyTorch source's failures: each kind a note when first met and a count at the end;
+    past twenty kinds (a message with an address in it), the rest are counted together."""
+    from harness.capture.torch_ops import KINDS_KEPT, Guard
+    notes: list[list] = []
+    guard = Guard(notes.append)
+    for _ in range(3):
+        guard.failed("the arguments of aten.add.Tensor", RuntimeError("no storage\nmore"))
+    assert len(notes) == 1 and "aten.add.Tensor: RuntimeError: no storage" in notes[0][1]
+    assert guard.summary() == ["the PyTorch source could not read the arguments of "
+                               "aten.add.Tensor: RuntimeError: no storage (3 times); those "
+                               "ops ran unwatched"]
+    for i in range(KINDS_KEPT + 5):
+        guard.failed("a free", ValueError(f"at {i:#x}"))
+    assert len(guard.counts) == KINDS_KEPT + 1 and len(notes) == KINDS_KEPT + 1
+    assert sum(guard.counts.values()) == 3 + KINDS_KEPT + 5

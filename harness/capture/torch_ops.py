@@ -120,6 +120,10 @@ def what_of(t: Any) -> str:
     return f"tensor {dtype}[{', '.join(str(s) for s in t.shape)}]"
 
 
+KINDS_KEPT = 20
+"""Kinds of failure a run's notes list one by one; the rest are counted together."""
+
+
 class Guard:
     """What the source could not read, counted: each kind said once in the notes as it first
     happens, and with its count when the capture stops. The program never sees these."""
@@ -131,6 +135,8 @@ class Guard:
     def failed(self, where: str, exc: BaseException) -> None:
         text = str(exc).strip().splitlines()
         key = f"{where}: {type(exc).__name__}" + (f": {text[0][:160]}" if text else "")
+        if key not in self.counts and len(self.counts) >= KINDS_KEPT:
+            key = "other ops (more kinds of failure than are listed one by one)"
         n = self.counts.get(key, 0)
         self.counts[key] = n + 1
         if n == 0:
