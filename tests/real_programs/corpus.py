@@ -59,6 +59,8 @@ CORPUS: tuple[Entry, ...] = (
     *(Entry(f"sdpa-{backend}", "sdpa.py", ("--backend", backend), ("torch",), TORCH)
       for backend in ("flash", "efficient", "math", "cudnn")),
     Entry("item_loop", "item_loop.py", (), ("torch", "numpy"), TORCH),
+    Entry("item_loop-all_reduce", "item_loop.py", ("--all-reduce",),
+          ("torch", "numpy", "torch.distributed"), TORCH),
 )
 
 assert len({entry.name for entry in CORPUS}) == len(CORPUS), "entry names must be unique"
