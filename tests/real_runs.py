@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CORPUS_FILE = ROOT / "tests" / "real_programs" / "corpus.py"
 CANNOT_RUN = 77  # a program's own "this variant cannot run here"
 CANNOT_RUN_SUFFIX = ".exit77.txt"  # a recording folder's word that an entry exits 77 there
+PENDING_SUFFIX = ".pending.txt"  # its word that an entry's recording waits for a GPU run
 SANITIZER_ENV = {"TORCH_CUDA_SANITIZER": "1"}
 _SAID = re.compile(r"^(answer|step_max_s|work_s)=(.*?)[ \t\r]*$", re.M)
 _FRAME = re.compile(r'File "([^"]+)", line \d+, in ')

@@ -228,3 +228,55 @@ def test_the_op_cost_tool_times_each_part_and_its_capture_is_clean(tmp_path):
                                                              (4096, "add_new")]
     assert all(r["own_us"] > 0 and r["bare_us"] > 0 for r in result["rows"])
     assert result["findings"] == 0 and result["events"] > 400
+
+
+# Under inference_mode the dispatcher hands a dispatch mode composite ops whole: linear, and
+# .to(), whose schema says it may return its input. transformers' offloaded cache copies its
+# layers with .to() under generate's inference mode (transformers 5.17, cache_utils.py 79-86).
+_INFERENCE = r'''
+import io, json
+import torch
+from harness.capture import events as E, torch_source as T
+buf = io.StringIO()
+sink = E.Sink(buf)
+from torch.utils import checkpoint
+stop = T.install(sink)
+early_stop = [checkpoint._enable_checkpoint_early_stop]
+cap = stop.capture
+host = torch.arange(16, dtype=torch.float32).reshape(4, 4)
+cap.pinned[host.untyped_storage().data_ptr()] = {}  # as pin_memory() would make it
+weight = torch.eye(4)
+with torch.inference_mode():
+    wide = host.to(torch.float64)
+    same = host.to(torch.float32)
+    out = torch.nn.functional.linear(host, weight)
+stop()
+early_stop.append(checkpoint._enable_checkpoint_early_stop)
+sink.flush()
+ops = [json.loads(l) for l in buf.getvalue().splitlines() if l.startswith('["op"')]
+print(json.dumps({"ops": [[e[2], e[5]["op"]] for e in ops], "same": same is host,
+                  "wide": wide[1].tolist(), "out": out[1].tolist(), "early_stop": early_stop}))
+'''
+
+
+def test_under_inference_mode_the_ops_inside_composite_ops_are_seen(tmp_path):
+    """``.to(dtype)`` and ``linear`` of pinned bytes under ``torch.inference_mode()``: the
+    capture sees the copy and the matmul they run (``_to_copy``, ``addmm``), as it does with
+    autograd on; ``.to()`` to the dtype a tensor has still returns the tensor itself, and the
+    answers are the ones PyTorch gives. Activation checkpointing's early stop is off while the
+    capture is on (it raises through PyTorch's C++ code, which the GPU trace breaks), and back
+    as it was after."""
+    prog = tmp_path / "inference.py"
+    prog.write_text(_INFERENCE)
+    done = subprocess.run([TORCH_PYTHON, str(prog)], capture_output=True, text=True,
+                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)
+    names = [name for _, name in got["ops"]]
+    assert "_to_copy" in names and "to" not in names, got["ops"]
+    assert "linear" not in names and {"addmm", "mm", "matmul"} & set(names), got["ops"]
+    assert all(kind == "host_read" for kind, _ in got["ops"]), got["ops"]
+    assert got["same"] is True
+    assert got["wide"] == [4.0, 5.0, 6.0, 7.0] and got["out"] == [4.0, 5.0, 6.0, 7.0]
+    assert got["early_stop"] == [False, None]

@@ -32,9 +32,9 @@ from typing import Any
 
 import pytest
 
-from tests.real_runs import (CANNOT_RUN, CANNOT_RUN_SUFFIX, CORPUS_FILE, ProgramRun,
-                             WatchedRun, load_corpus, missing_need, probe, problems, run_bare,
-                             run_watched, stats_line)
+from tests.real_runs import (CANNOT_RUN, CANNOT_RUN_SUFFIX, CORPUS_FILE, PENDING_SUFFIX,
+                             ProgramRun, WatchedRun, load_corpus, missing_need, probe, problems,
+                             run_bare, run_watched, stats_line)
 
 ENTRIES = load_corpus(CORPUS_FILE)
 # Programs at once on the one GPU (more would crowd a small card's memory); a big card can take
@@ -78,13 +78,15 @@ def _selected(request: pytest.FixtureRequest) -> list[Any]:
 
 def _record(name: str, watched: WatchedRun | None = None, cannot: str | None = None) -> None:
     """The recording folder's copy of an entry's events, or its word that the entry exits 77
-    here; whichever is written replaces the other (a re-recording keeps the folder true)."""
+    here; whichever is written replaces the other and the word that it was pending (a
+    re-recording keeps the folder true)."""
     where = os.environ.get("GPURACE_RECORD_DIR")
     if not where:
         return
     folder = Path(where)
     folder.mkdir(parents=True, exist_ok=True)
     events, marker = folder / f"{name}.jsonl.gz", folder / f"{name}{CANNOT_RUN_SUFFIX}"
+    (folder / f"{name}{PENDING_SUFFIX}").unlink(missing_ok=True)
     if cannot is not None:
         events.unlink(missing_ok=True)
         marker.write_text(cannot + "\n")

@@ -13,7 +13,10 @@ host's back; a pageable one is the host's private copy.
 An op runs on the current stream of the device its CUDA tensors live on, its results and its
 ``device=`` argument included: ``pinned.to("cuda", non_blocking=True)`` is a copy on the
 current stream that reads the pinned bytes when it runs and writes the new device tensor, not
-the host's own access. Only an op that touches no CUDA memory at all is the host's.
+the host's own access. Only an op that touches no CUDA memory at all is the host's. Under
+``inference_mode`` the dispatcher hands the mode composite ops whole (``linear``, and ``.to()``,
+which may return its input and so reads as a view); the mode runs their decompositions with
+itself on, so that the copies and kernels inside them are seen.
 
 PyTorch's GPU trace callbacks (``torch.cuda._gpu_trace``) give what the dispatcher does not:
 event record and wait, stream, event and device synchronize, stream and event creation, and the
@@ -34,6 +37,8 @@ the capture off from its first instruction. ``torch.compile`` compiles as it wou
 mode steps aside while it traces, and the compiled code's kernels are seen only where they go
 through the dispatcher. What the mode needs imported (PyTorch's dynamo, which it wraps every
 dispatch in) is imported when the capture starts, never in the middle of the program's work.
+The one change the program may notice is its time: activation checkpointing's early stop is off
+while the capture is on (:func:`_checkpoint_early_stop_off` says why).
 
 Ops issued in threads the program starts are seen too (each thread enters the mode as it
 starts); ops of processes it starts are not.
@@ -544,6 +549,7 @@ def install(sink: E.Sink, amplifier: Amplifier | None = None) -> Callable[[], No
     cap.amplifier = amplifier
     mode_backed = _mode_backed_tensors()
     subclasses: dict[Any, bool | None] = {}  # an op's tensor types -> _subclass_handles
+    composite: dict[Any, bool] = {}  # an op -> whether the mode runs its decomposition
 
     class _Mode(TorchDispatchMode):
         @classmethod
@@ -560,6 +566,18 @@ def install(sink: E.Sink, amplifier: Amplifier | None = None) -> Callable[[], No
                     return NotImplemented if handles else func(*args, **(kwargs or {}))
             if not cap.on:
                 return func(*args, **(kwargs or {}))
+            decomposes = composite.get(func)
+            if decomposes is None:
+                decomposes = composite[func] = _decomposes(func, cap.guard)
+            if decomposes:
+                # Under inference_mode the dispatcher hands the mode composite ops whole
+                # (linear, and .to(), whose schema says it may return its input): their
+                # copies and kernels run inside it, unseen. Run the decomposition with the
+                # mode on, as PyTorch runs it without the mode, so each of them is seen.
+                with self:
+                    out = func.decompose(*args, **(kwargs or {}))
+                if out is not NotImplemented:
+                    return out
             return cap.dispatch(func, args, kwargs or {})
 
     def guarded(name: str, callback: Callable[..., None]) -> Callable[..., None]:
@@ -588,6 +606,7 @@ def install(sink: E.Sink, amplifier: Amplifier | None = None) -> Callable[[], No
              cap.on_sync_event)):
         register(guarded(name, callback))
 
+    early_stop = _checkpoint_early_stop_off()
     patched: list[tuple[Any, str, Any]] = []
 
     def patch(owner: Any, name: str, make: Callable[[Any], Any]) -> None:
@@ -681,6 +700,8 @@ def install(sink: E.Sink, amplifier: Amplifier | None = None) -> Callable[[], No
             cap.name_pending()
         cap.on = False
         mode.__exit__(None, None, None)
+        if early_stop is not None:
+            early_stop.__exit__(None, None, None)
         for owner, name, original in reversed(patched):
             setattr(owner, name, original)
         for line in cap.guard.summary():
@@ -689,6 +710,38 @@ def install(sink: E.Sink, amplifier: Amplifier | None = None) -> Callable[[], No
 
     uninstall.capture = cap  # type: ignore[attr-defined]  # for tests: the source's state
     return uninstall
+
+
+def _checkpoint_early_stop_off() -> Any:
+    """Have activation checkpointing recompute each segment whole; returns what undoes it.
+
+    With the GPU trace on, PyTorch calls into Python at every free, also while an exception
+    raised in Python passes through its C++ code, and such a call loses that exception: the op
+    then fails with ``SystemError: ... returned NULL without setting an exception``
+    (``TORCH_CUDA_SANITIZER=1`` does the same). Non-reentrant checkpointing stops its
+    recomputation early by raising from a saved-tensor hook, inside the op that saves. Without
+    the early stop it raises nothing; the recomputation runs the rest of the segment, whose
+    results it drops, so the program's gradients are the same."""
+    try:
+        from torch.utils.checkpoint import set_checkpoint_early_stop
+        off = set_checkpoint_early_stop(False)
+        off.__enter__()
+    except Exception:  # an older PyTorch without early stop: nothing to turn off
+        return None
+    return off
+
+
+def _decomposes(func: Any, guard: Guard) -> bool:
+    """Whether ``func`` is an op that PyTorch runs as its decomposition into other ops (it has a
+    CompositeImplicitAutograd kernel). The mode meets such ops only under ``inference_mode``:
+    elsewhere autograd's dispatch key has decomposed them already."""
+    import torch
+    try:
+        return bool(func.has_kernel_for_dispatch_key(
+            torch._C.DispatchKey.CompositeImplicitAutograd))
+    except Exception as exc:  # an op PyTorch cannot say this of: watched whole
+        guard.failed(f"the kernels of {func}", exc)
+        return False
 
 
 def _subclass_handles(types: Any, mode_backed: tuple[type, ...]) -> bool | None:
