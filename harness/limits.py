@@ -4,7 +4,7 @@ Scenario and suite YAML, tickets, op traces and the files `gpurace minimize` fol
 from people and from other machines: each is checked against these limits before anything is
 built from it, so a bad file is one error line (``file:line:col: field: what is wrong, the
 limit, what to do``, exit 2) within a second, never a traceback, a worker that dies on kvcore's
-refusal, or a run that takes unbounded time or memory. The README's "Input limits" section lists
+refusal, or a run that takes unbounded time or memory. docs/limits.md lists
 them for users; each docstring says why its number is what it is.
 """
 

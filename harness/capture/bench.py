@@ -17,7 +17,7 @@ CUDA context, which no tool changes, are left out). For each program this runs, 
 Detection is each tool's verdict on the buggy program at its default size, and false reports
 its verdict on the fixed twin; costs are each tool's work time over the bare program's, on the
 fixed twin (the sanitizer ends a buggy program early). Nothing here is a test: the figures go
-into the README and the closing notes, measured on the machine named in the output.
+into docs/ and the closing notes, measured on the machine named in the output.
 """
 
 from __future__ import annotations
