@@ -54,7 +54,6 @@ import kvcore
 from harness.races.detector import RaceDetector
 from harness.run.executor import TrialExecutor
 from harness.run.runner import choose_backend
-from harness.run.wire import FINDINGS, outcome_of
 from harness.lang.targets import SCENARIO_ROOT
 from harness.lang.scenario import load_scenario
 from harness.speed.blocks import alternate
@@ -121,8 +120,8 @@ def measure(trials: int, variant: str, delay_us: float, block: int = 100) -> dic
         (h, st, w, ws, b), manifested = alternate([
             lambda i: executor.run(i, i).outcome.manifested,
             lambda i: stepped.run(i, i).outcome.manifested,
-            lambda i: outcome_of(worker.run(i, i)) != "clean",
-            lambda i: outcome_of(worker_stepped.run(i, i)) != "clean",
+            lambda i: worker.run(i, i).outcome != "clean",
+            lambda i: worker_stepped.run(i, i).outcome != "clean",
             lambda i: not bare()], trials, block)
     return {"variant": variant, "delay_us": delay_us, "harness_us": h * 1e6,
             "stepped_us": st * 1e6, "worker_us": w * 1e6, "worker_stepped_us": ws * 1e6,
@@ -156,8 +155,8 @@ def measure_detector(backend: str, trials: int, variant: str, delay_us: float,
         off_worker = worker_here(scenario, variant, backend, delay_us, False, Path(tmp) / "off")
         pairs = {
             "executor": (executor_on, lambda i: bool(plain.run(i, i).outcome.manifested)),
-            "worker": (lambda i: bool(on_worker.run(i, i)[FINDINGS]),
-                       lambda i: bool(off_worker.run(i, i)[FINDINGS])),
+            "worker": (lambda i: bool(on_worker.run(i, i).findings),
+                       lambda i: bool(off_worker.run(i, i).findings)),
         }
         for name, (on, off) in pairs.items():
             (on_s, off_s), (found, _) = alternate([on, off], trials, block)
@@ -176,8 +175,8 @@ def measure_timeline(trials: int, variant: str, delay_us: float,
                             timeline=True)
         plain = worker_here(scenario, variant, "cuda", delay_us, True, Path(tmp) / "off")
         (on_s, off_s), (found, _) = alternate(
-            [lambda i: outcome_of(timed.run(i, i)) != "clean",
-             lambda i: outcome_of(plain.run(i, i)) != "clean"], trials, block)
+            [lambda i: timed.run(i, i).outcome != "clean",
+             lambda i: plain.run(i, i).outcome != "clean"], trials, block)
     return {"variant": variant, "delay_us": delay_us, "on_us": on_s * 1e6,
             "off_us": off_s * 1e6, "ratio": on_s / off_s, "manifested": found,
             "trials": max(1, trials // block) * block}

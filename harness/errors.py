@@ -109,12 +109,6 @@ class ExecutorError(HarnessError):
     exit_code = 2
 
 
-class WireError(HarnessError):
-    """A worker's message did not say what the parent expects of it (a trial's findings moved
-    on from a trial whose findings it never sent): a bug in gpurace. Report it with the run's
-    folder; the trials recorded before it are in the run's records."""
-
-
 class WatchError(HarnessError):
     """`gpurace watch` cannot run what it was given: no program after ``--``, a program file
     that does not exist, or a command that is not a Python program.

@@ -473,16 +473,3 @@ def test_the_detector_on_segments_finds_what_it_finds_on_records() -> None:
 
 
 
-def test_a_trial_made_fast_is_the_trial_its_dataclass_makes() -> None:
-    """The executor's TrialResult, built without the frozen dataclass's __init__: equal to the
-    one __init__ builds, field by field and as JSON, its lists its own, and still frozen."""
-    import dataclasses
-
-    given = (7, 42, Outcome.CORRUPTION, "bad bytes", "cudaErrorAssert", "check", 3, 0.25, True)
-    fast, slow = TrialResult.made(*given), TrialResult(*given[:8], reissued=True)
-    assert fast == slow and fast.to_json() == slow.to_json()
-    assert all(getattr(fast, f.name) == getattr(slow, f.name)
-               for f in dataclasses.fields(TrialResult))
-    assert fast.xids is not TrialResult.made(*given).xids
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        fast.index = 8  # type: ignore[misc]

@@ -14,7 +14,6 @@ import pytest
 from harness.run.runner import RunHooks, RunOptions, Runner
 from harness.lang.scenario import load_scenario
 from harness.lang.targets import SCENARIO_ROOT, resolve_targets
-from harness.run.wire import TrialReader
 from harness.run.worker import WorkerJob
 from harness.run.workers import WorkerSupply
 from programs import hang_file
@@ -469,57 +468,55 @@ def test_a_worker_keeps_only_the_traces_the_parent_can_use(tmp_path: Path,
                     str(tmp_path / "worker.log"), str(tmp_path), {}, record=record,
                     traces_kept=2)
     runner = TrialRunner(job)
-    reader = TrialReader()
-    trials = [reader.trial(runner.run(i, i)) for i in range(5)]
+    trials = [runner.run(i, i).trial() for i in range(5)]
     assert all(t.findings and t.race for t in trials)
     kept = [t.trace is not None for t in trials]
     assert kept == ([True] * 5 if record else [True, True, False, False, False])
     assert len(list(tmp_path.glob("trial-0*.jsonl"))) == sum(kept)
 
 
-def test_the_parent_makes_a_trials_moved_findings_as_the_detector_would(tmp_path: Path
-                                                                        ) -> None:
-    """A reissued trial that races as the one before it sends only how far its findings'
-    ops moved on; the parent's trial has the findings the detector builds in full, each
-    trial's its own copy. A stepped trial (its ops records, each with its own lines) sends
-    them in full."""
+def test_each_trials_message_carries_its_findings_as_the_detector_built_them(tmp_path: Path
+                                                                            ) -> None:
+    """Reissued or step by step, every trial's message stands alone: its findings in full,
+    the detector's own, and the parent's trial has them, each trial its own copy."""
     from harness.lang.targets import SCENARIO_ROOT
-    from harness.run.wire import FINDINGS
     from harness.run.worker import TrialRunner
 
     scenario = load_scenario(SCENARIO_ROOT / "cross_stream_race.yaml")
-    sent = {}
     for reissue in (True, False):
         job = WorkerJob(scenario, "buggy", "sim", os.getpid(), False,
                         None, str(tmp_path / "worker.log"), str(tmp_path / str(reissue)), {},
                         reissue=reissue, keep_world=True)
-        runner, reader = TrialRunner(job), TrialReader()
-        messages, trials = [], []
+        runner = TrialRunner(job)
+        trials = []
         for i in range(8):
             message = runner.run(i, i)
-            messages.append(message)
-            trials.append(reader.trial(message))
-            assert trials[-1].findings == runner.detector.findings_json(), (reissue, i)
+            assert message.findings == runner.detector.findings_json(), (reissue, i)
+            trials.append(message.trial())
+            assert trials[-1].findings == message.findings and trials[-1].race
             assert trials[-1].findings[0]["first"]["seq"] > trials[0].findings[0]["first"][
                 "seq"] or i == 0
         assert trials[0].findings[0]["first"] is not trials[1].findings[0]["first"]
-        sent[reissue] = [type(m[FINDINGS]) for m in messages]
-    assert sent[True][0] is list and tuple in sent[True]  # moved, once a program was kept
-    assert set(sent[False]) == {list}
 
 
-def test_findings_moved_from_a_trial_the_parent_never_had_are_an_error() -> None:
-    from harness.errors import WireError
+def test_a_trials_message_is_the_trial_the_parent_keeps() -> None:
+    """What a worker sends of a trial, read back: every field as the executor and the worker
+    gave it, and a trial with no findings is no race."""
+    import pickle
+
     from harness.results.outcome import Outcome, TrialResult
-    from harness.run.wire import trial_message
+    from harness.run.wire import TrialMessage, trial_message
 
-    result = TrialResult.made(4, 4, Outcome.CLEAN, "", None, None, None, 0.0, True)
-    with pytest.raises(WireError, match="trial 3's moved on 5 ops.*none"):
-        TrialReader().trial(trial_message(result, 1, (3, 5), None, 9, None))
-    whole = trial_message(result, 1, [], None, 9, None)
-    trial = TrialReader().trial(whole)
-    assert (trial.index, trial.outcome, trial.race, trial.ops_total, trial.worker_pid) == (
-        4, Outcome.CLEAN, False, 9, 1)
+    result = TrialResult(4, 4, Outcome.CORRUPTION, "bad bytes", "cudaErrorAssert", "check", 3,
+                         0.25, reissued=True)
+    message = trial_message(result, 1, [], "t.jsonl", 9, ("t.jsonl", "ENOSPC"))
+    again = pickle.loads(pickle.dumps(message))
+    assert isinstance(again, TrialMessage) and again == message
+    trial = again.trial()
+    assert trial == TrialResult(4, 4, Outcome.CORRUPTION, "bad bytes", "cudaErrorAssert",
+                                "check", 3, 0.25, worker_pid=1, trace="t.jsonl", ops_total=9,
+                                reissued=True)
+    assert not trial.race and again.trace_error == ("t.jsonl", "ENOSPC")
 
 
 # -- a worker that outlives its variant --------------------------------------------------------

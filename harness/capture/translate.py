@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.capture import events as E
-from harness.races.detector import DEVICE_MEMORY, PINNED_MEMORY
+from harness.races.findings import DEVICE_MEMORY, PINNED_MEMORY
 from kvcore.device.oplog import HOST, Access, BufferInfo, OpRecord, StreamInfo
 
 WINDOW = 1 << 32

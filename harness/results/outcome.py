@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import re
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 from harness.results.rates import wilson
@@ -74,29 +74,9 @@ class TrialResult:
     # (see harness.run.executor): the same calls, with less of the harness between them.
     reissued: bool = False
 
-    @classmethod
-    def made(cls, index: int, seed: int, outcome: Outcome, detail: str, cuda_error: str | None,
-             step: str | None, requests: int | None, duration_s: float,
-             reissued: bool, *, worker_pid: int | None = None, trace: str | None = None,
-             ops_total: int = 0, findings: list[dict[str, object]] | None = None
-             ) -> TrialResult:
-        """What an executor's trial gives, or with the rest of what a worker says of it, the
-        parent's (the other fields their defaults; ``race`` when there are findings), built
-        without the frozen dataclass's ``__init__``, which sets each of its sixteen fields
-        through ``object.__setattr__``: a tenth of a reissued trial's host time."""
-        result = _new(cls)
-        own = result.__dict__
-        own.update(_TRIAL_DEFAULTS)  # every field, in order (to_json keeps it)
-        own["index"], own["seed"], own["outcome"], own["detail"] = index, seed, outcome, detail
-        own["cuda_error"], own["step"], own["requests"] = cuda_error, step, requests
-        own["duration_s"], own["reissued"], own["xids"] = duration_s, reissued, []
-        own["worker_pid"], own["trace"], own["ops_total"] = worker_pid, trace, ops_total
-        own["race"], own["findings"] = bool(findings), findings or []
-        return result
-
     def to_json(self) -> dict[str, object]:
         # By hand, not dataclasses.asdict: its deep copy cost as much as a trial's ops. Its
-        # fields are its __dict__, in order, however it was made (__init__ or made).
+        # fields are its __dict__, in order.
         out = self.__dict__.copy()
         # The enum's own field: its ``value`` is a property, a call for every trial.
         out["outcome"] = self.outcome._value_
@@ -116,11 +96,6 @@ class TrialResult:
         fields["outcome"] = Outcome(fields["outcome"])
         return cls(**fields)  # type: ignore[arg-type]
 
-
-_TRIAL_DEFAULTS = {f.name: None if f.default is MISSING else f.default
-                   for f in fields(TrialResult)}
-"""Every field of a trial in order, those without a default None until set."""
-_new = object.__new__
 
 _DIGEST_MOD = 2 ** 256
 """Trial hashes add up modulo the size of one sha256: the sum keeps a digest's width."""

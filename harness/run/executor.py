@@ -129,8 +129,8 @@ class TrialExecutor:
             gc.enable()
         if world.device.timeline and world.device.fault is None:
             world.device.settle_times()  # the trial ended with the device idle
-        return TrialResult.made(index, seed, outcome, detail, error, step, requests,
-                                time.perf_counter() - start, self.reissued != reissued)
+        return TrialResult(index, seed, outcome, detail, error, step, requests,
+                           time.perf_counter() - start, reissued=self.reissued != reissued)
 
     def _steps(self, world: World, seed: int) -> tuple[Outcome, str, str | None, int | None]:
         """A step-list trial: reissued when a program is kept, else step by step (captured

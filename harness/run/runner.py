@@ -39,7 +39,6 @@ from harness.results.outcome import Outcome, Status, TrialResult, VariantResult
 from harness.gpu.probe import cuda_state, cuda_usable, gpu_uuids
 from harness.limits import GPUS_MAX
 from harness.gpu.watch import FatalXid, GpuWatch, TrialXids, same_pci
-from harness.run.wire import TRACE_ERROR
 from harness.run.worker import WorkerJob, context_died
 from harness.run.workers import (
     GONE,
@@ -681,7 +680,7 @@ class Runner:
         if message[0] != "trial":
             return  # "done": the worker waits for more; the lane's inflight says it is free
         lane.inflight.popleft()
-        lost = message[1][TRACE_ERROR]
+        lost = message[1].trace_error
         if lost:
             self.faults.failed("trace", lost[0], lost[1])
         trial = worker.trial(message[1])

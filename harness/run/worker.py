@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from harness.faults.writes import reason
 from harness.processes.lifetime import die_with_parent, leave_fork_server
 from harness.results.outcome import Outcome
-from harness.run.wire import Moved, outcome_of, trial_message
+from harness.run.wire import TrialMessage, trial_message
 
 
 @dataclass(frozen=True)
@@ -173,25 +173,15 @@ class TrialRunner:
         self.pid = os.getpid()  # asked once: a worker never forks (and a call is a system call)
         self.info: dict[str, Any] = {**self.executor.device_info, "pid": self.pid}
         self.kept = 0  # traces of bad trials kept so far
-        # The remembered trial whose findings were last sent in full, the count its ops were
-        # moved on by for them, and their trial's index (see RaceDetector.moved_by).
-        self._sent: tuple[object, int, int] | None = None
 
-    def run(self, index: int, seed: int) -> tuple[Any, ...]:
+    def run(self, index: int, seed: int) -> TrialMessage:
         """One trial, as the message the parent reads it from (:mod:`harness.run.wire`)."""
         job, recorder, detector = self.job, self.recorder, self.detector
         recorder.start_trial(job.header, trial=index, seed=seed, pid=self.pid)
         if detector is not None:
             detector.reset()
         result = self.executor.run(index, seed)
-        findings: list[dict[str, Any]] | Moved = []
-        if detector is not None:
-            moved, sent = detector.moved_by(), self._sent
-            if moved is not None and sent is not None and moved[0] is sent[0]:
-                findings = (sent[2], moved[1] - sent[1])  # the parent has them, moved less
-            else:
-                findings = detector.findings_json()
-                self._sent = (*moved, index) if moved is not None else None
+        findings = detector.findings_json() if detector is not None else []
         bad = result.outcome is not Outcome.CLEAN or bool(findings)
         keep = job.record or bad and (job.traces_kept is None or self.kept < job.traces_kept)
         self.kept += bool(keep and bad)
@@ -203,15 +193,15 @@ class TrialRunner:
         """The worker is done: its scratch trace (the last trial's, not kept) goes."""
         self.recorder.close(discard=True)
 
-    def context_died(self, message: tuple[Any, ...]) -> bool:
+    def context_died(self, message: TrialMessage) -> bool:
         """Whether the trial crashed a CUDA context: the process must go."""
         return context_died(message, self.job.backend)
 
 
-def context_died(message: tuple[Any, ...], backend: str) -> bool:
+def context_died(message: TrialMessage, backend: str) -> bool:
     """Whether a trial (its message, :mod:`harness.run.wire`) crashed a CUDA context, so its
     worker's process must go: on the simulated device a crash leaves the worker whole."""
-    return outcome_of(message) == "crash" and backend == "cuda"
+    return message.outcome == "crash" and backend == "cuda"
 
 
 def handed_trials(conn: Connection, ended: list[tuple] | None = None

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.results.outcome import TrialResult
-from harness.run.wire import TrialReader
+from harness.run.wire import TrialMessage
 from harness.run.worker import WorkerJob, worker_main
 
 SILENT = ("silent",)
@@ -77,8 +77,6 @@ class Worker:
     fresh: bool = False  # started because no spare waited (not a warm one)
     # What tells that a message waits, made at the first ask (see has_message).
     _poller: Any = field(default=None, repr=False, compare=False)
-    # What makes its trials from its messages, in the order it sent them (see trial).
-    _reader: TrialReader = field(default_factory=TrialReader, repr=False, compare=False)
 
     @property
     def pid(self) -> int | None:
@@ -100,9 +98,9 @@ class Worker:
         """The message :meth:`has_message` said waits (GONE where the pipe's end closed)."""
         return taken(self.conn)
 
-    def trial(self, message: tuple[Any, ...]) -> TrialResult:
+    def trial(self, message: TrialMessage) -> TrialResult:
         """The trial of the worker's ("trial", ...) message's body (:mod:`harness.run.wire`)."""
-        return self._reader.trial(message)
+        return message.trial()
 
     def give(self, trials: Sequence[tuple[int, int]]) -> None:
         """Hand the worker its trials; it runs them in order and reports each."""

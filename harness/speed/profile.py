@@ -25,14 +25,15 @@ PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # The recorder's own files: the rest of traces/ (a ticket's requests and the engine's
     # batching plan) is the work a ticket replay's steps do, the executor's.
     ("flight recorder", ("harness/traces/flight.py", "harness/traces/optrace.py")),
-    ("race detector", ("harness/races/detector.py",)),
+    ("race detector", ("harness/races/",)),
     ("executor (steps, checks, world)", ("harness/run/executor.py", "harness/run/steps.py",
                                          "harness/run/checks.py", "harness/run/world.py",
                                          "harness/run/workloads.py", "harness/lang/steplist.py",
                                          "harness/lang/model.py", "harness/traces/batching.py",
                                          "harness/traces/ticket.py",
                                          "harness/traces/requests.py")),
-    ("worker (the trial's record)", ("harness/run/worker.py", "harness/results/outcome.py")),
+    ("worker (the trial's record)", ("harness/run/worker.py", "harness/run/wire.py",
+                                     "harness/results/outcome.py")),
     ("simulated device", ("kvcore/device/sim.py",)),
     ("CUDA device (kvcore's calls into CuPy)", ("kvcore/device/cuda.py",)),
     ("device layer (reissue, op log, pool)", ("kvcore/",)),

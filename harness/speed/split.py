@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.run.wire import outcome_of
 from harness.speed.blocks import alternate
 from harness.speed.inprocess import worker_here
 
@@ -108,7 +107,7 @@ def _kind(spec: tuple[str, str | None, bool, bool], scenario: Any, variant: str,
     if name == WORKER:
         runner = worker_here(scenario, variant, backend, delay_us, True, folder,
                              reissue=reissue, keep_world=True)
-        return _Kind(lambda index: outcome_of(runner.run(index, index)) != "clean",
+        return _Kind(lambda index: runner.run(index, index).outcome != "clean",
                      runner.executor, runner.close)
     recorder = FlightRecorder(folder) if recording else None
     detector = RaceDetector() if detecting else None
