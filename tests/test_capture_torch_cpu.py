@@ -181,19 +181,25 @@ print(json.dumps({"twice": twice[:3].tolist(), "failures": list(stats["failures"
 '''
 
 
+def _run_in_process(tmp_path: Path, program: str) -> subprocess.CompletedProcess[str]:
+    """``program`` run as a script with this checkout importable; it must exit 0."""
+    prog = tmp_path / "prog.py"
+    prog.write_text(program)
+    done = subprocess.run([TORCH_PYTHON, str(prog)], capture_output=True, text=True,
+                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    return done
+
+
 def test_a_host_to_device_copy_is_a_stream_copy_and_failures_are_counted(tmp_path):
     """``pinned.to("cuda", non_blocking=True)`` is a copy on the current stream reading the
     pinned bytes (not the host's access); the host allocator's event is recorded after it, and
     the block's reuse waits for that event before freeing the old owner; a CPU op on pinned
     bytes is the host's; a factory's ``device=`` names its stream, and an allocation alone is
-    no op; a new result in watched memory is allocated, then written; a failure of the source's own code is counted and said, and the op's answer
-    unchanged."""
-    prog = tmp_path / "ops.py"
-    prog.write_text(_OPS)
-    done = subprocess.run([TORCH_PYTHON, str(prog)], capture_output=True, text=True,
-                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                          timeout=300)
-    assert done.returncode == 0, done.stderr
+    no op; a new result in watched memory is allocated, then written; a failure of the
+    source's own code is counted and said, and the op's answer unchanged."""
+    done = _run_in_process(tmp_path, _OPS)
     got = [json.loads(line) for line in done.stdout.splitlines()]
     assert got[0] == {"to_cuda": ["op", 7, "copy_htod", [64]]}
     assert got[1] == {"edges": [["record", "host-allocator-1", 7],
@@ -266,12 +272,7 @@ def test_under_inference_mode_the_ops_inside_composite_ops_are_seen(tmp_path):
     answers are the ones PyTorch gives. Activation checkpointing's early stop is off while the
     capture is on (it raises through PyTorch's C++ code, which the GPU trace breaks), and back
     as it was after."""
-    prog = tmp_path / "inference.py"
-    prog.write_text(_INFERENCE)
-    done = subprocess.run([TORCH_PYTHON, str(prog)], capture_output=True, text=True,
-                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                          timeout=300)
-    assert done.returncode == 0, done.stderr
+    done = _run_in_process(tmp_path, _INFERENCE)
     got = json.loads(done.stdout)
     names = [name for _, name in got["ops"]]
     assert "_to_copy" in names and "to" not in names, got["ops"]
