@@ -8,9 +8,9 @@
 A variant's expectation is the test: it passes when the variant did what it expects (stay
 clean, reproduce, hang), fails with the run's summary, the first finding and the incident
 folders when it did not, and is skipped, with the reason, when it could not run here (a
-dangerous variant without ``--gpurace-dangerous``, no GPU for ``--gpurace-backend cuda``): what
-`gpurace run` says with exit 77. ``-k``, ``-x``, ``--junitxml`` work as for any test;
-``-p no:gpurace`` turns the plugin off. Installed with gpurace (entry point ``pytest11``).
+dangerous variant on a GPU without ``--gpurace-dangerous``, no GPU for ``--gpurace-backend
+cuda``): what `gpurace run` says with exit 77. ``-k``, ``-x``, ``--junitxml`` work as for any
+test; ``-p no:gpurace`` turns the plugin off. Installed with gpurace (entry point ``pytest11``).
 
 ``--gpurace-watch`` runs every test with `gpurace watch`'s capture on, in pytest's own process
 (a test marked ``@pytest.mark.gpurace_watch`` is watched without the option): a test whose
@@ -31,6 +31,7 @@ from harness.lang.model import Scenario, Suite
 from harness.results.outcome import Status, VariantResult
 from harness.run.runner import Runner, RunOptions
 from harness.lang.scenario import load_document
+from harness.words import counted
 
 SUFFIX = ".gpurace.yaml"
 
@@ -188,7 +189,7 @@ def _explain(result: VariantResult) -> str:
     first bad trial, and where the incident folders are."""
     counts = ", ".join(f"{k} {v}" for k, v in result.outcomes().items() if v)
     lines = [f"{result.scenario} ({result.variant}) expected {result.expect}: {result.reason}",
-             f"{result.trials} trials: {counts}; detected {result.detected}"]
+             f"{counted(result.trials, 'trial')}: {counts}; detected {result.detected}"]
     findings = result.finding_summary(1)
     if findings:
         lines.append(f"race: {findings[0]['missing']}")

@@ -115,7 +115,7 @@ def test_a_clean_watched_run_has_nothing_to_write(tmp_path):
     assert not (tmp_path / "x.yaml").exists()
     made = CliRunner().invoke(main, ["minimize", str(CORPUS / "torch_views-buggy.jsonl"), "-o",
                                      str(tmp_path / "x.yaml"), "--finding", "9"])
-    assert made.exit_code == 2 and "found 1 race(s)" in made.output
+    assert made.exit_code == 2 and "found 1 race" in made.output
 
 
 def test_a_race_that_begins_with_the_hosts_access_is_refused_with_why(tmp_path):

@@ -73,13 +73,6 @@ def test_cross_stream_race_hides_without_amplification(tmp_path: Path) -> None:
     assert r["status"] == "fail" and code == 1
 
 
-def test_dangerous_skipped_without_flag(tmp_path: Path) -> None:
-    code, doc = _run(ALL[1], tmp_path=tmp_path)
-    assert code == 77
-    assert {r["status"] for r in doc["results"]} == {"skip"}
-    assert "--dangerous" in doc["results"][0]["reason"]
-
-
 def test_same_seed_same_trials(tmp_path: Path) -> None:
     """Every trial's index, seed, outcome and detail go into a variant's digest."""
     def digests(seed: int) -> list[str]:

@@ -132,8 +132,9 @@ def _scenario(steps: list[dict[str, Any]], **spec: Any) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[dict, Path]]:
     """Runs on the simulated device, every trial's trace kept: races that pass and incidents
-    (release-fence), skipped dangerous variants (cross-stream-race), a sweep, crashes in a
-    workload (catalog-reactivation's buggy variant), a race that hid (a failure) and a hang."""
+    (release-fence, cross-stream-race), skipped variants (a shard with none of their trials),
+    a sweep, crashes in a workload (catalog-reactivation's buggy variant), a race that hid (a
+    failure) and a hang."""
     out = tmp_path_factory.mktemp("schema-runs")
     hang = out / "hang.yaml"
     hang.write_text("apiVersion: gpurace/v1\nkind: Scenario\nmetadata: {name: hang}\nspec:\n"
@@ -142,6 +143,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[dict, Path]]:
                     "    - {op: synchronize}\n")
     found = []
     for args in (["release-fence", "cross-stream-race", "--trials", "3", "--record"],
+                 ["cross-stream-race", "--trials", "1", "--shard", "3/3"],
                  ["release-fence", "--sweep", "--variant", "buggy", "--trials", "2"],
                  ["catalog-reactivation", "--dangerous", "--variant", "buggy", "--trials", "2",
                   "--record"],

@@ -75,7 +75,7 @@ def test_trace_export_of_an_incident_is_its_timeline(incidents: dict[str, Path],
     out = tmp_path / "new" / "t.json"
     result = CliRunner().invoke(main, ["trace", "export", str(folder), "-o", str(out)])
     assert result.exit_code == 0, result.output
-    assert "race(s) marked" in result.stdout and "ui.perfetto.dev" in result.stdout
+    assert "1 race marked" in result.stdout and "ui.perfetto.dev" in result.stdout
     assert json.loads(out.read_text()) == json.loads((folder / "timeline.json").read_text())
 
 

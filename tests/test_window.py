@@ -68,7 +68,7 @@ def test_report_window_draws_a_saved_sweep(tmp_path: Path) -> None:
     out = tmp_path / "pictures" / "window.png"
     result = CliRunner().invoke(main, ["report", "window", str(run_json), "-o", str(out)])
     assert result.exit_code == 0, result.output
-    assert out.read_bytes()[:8] == PNG and "2 curve(s), 14 points" in result.stdout
+    assert out.read_bytes()[:8] == PNG and "2 curves, 14 points" in result.stdout
     plain = CliRunner().invoke(main, ["report", "window", str(tmp_path / "run"), "-o",
                                       str(out)])
     assert plain.exit_code == 2 and "pass a run's run.json" in plain.stderr

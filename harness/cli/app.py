@@ -13,6 +13,7 @@ import kvcore
 from harness.errors import HarnessError
 from reports import ReportError
 from harness.cli.output import OUTPUT, _fail
+from harness.run.exitcodes import ExitCode
 
 
 class _Commands(click.Group):
@@ -30,20 +31,26 @@ class _Commands(click.Group):
             sys.exit(128 + signal.SIGPIPE)
 
 
-@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
+def _exit_codes() -> str:
+    """The help's list of exit codes, made from :class:`ExitCode` so that none is left out."""
+    said = ", ".join(f"{int(code)} {code.meaning}" for code in ExitCode)
+    return f"Exit codes: {said}."  # a paragraph of its own: click wraps it to the terminal
+
+
+_HELP = f"""gpurace: reproduce, detect and report GPU races in a paged KV page pool.
+
+Scenarios are YAML files (scenarios/*.yaml, the zoo of real bugs in scenarios/zoo/); each
+has variants (the buggy way and the fixed way: kvcore's defects switched, or steps that
+run in some variants only) and states what each must do: stay clean, or reproduce the
+race. A delay queued on the producer stream (amplification) makes a race that hides for
+50 requests show on the first trial; a happens-before detector finds it even when it does
+not show. `gpurace steps` lists what a scenario's steps can say.
+
+{_exit_codes()}
+"""
+
+
+@click.group(cls=_Commands, help=_HELP, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="gpurace")
 def main() -> None:
-    """gpurace: reproduce, detect and report GPU races in a paged KV page pool.
-
-    Scenarios are YAML files (scenarios/*.yaml, the zoo of real bugs in scenarios/zoo/); each
-    has variants (the buggy way and the fixed way: kvcore's defects switched, or steps that
-    run in some variants only) and states what each must do: stay clean, or reproduce the
-    race. A delay queued on the producer stream (amplification) makes a race that hides for
-    50 requests show on the first trial; a happens-before detector finds it even when it does
-    not show. `gpurace steps` lists what a scenario's steps can say.
-
-    \b
-    Exit codes: 0 every expectation met, 1 an expectation failed, 2 usage error or invalid
-    input, 3 internal error, 77 nothing could run here, 130 stopped by Ctrl-C, 143 stopped
-    by SIGTERM (what finished is kept).
-    """
+    pass  # the commands register themselves on this group (see harness.cli)

@@ -18,6 +18,7 @@ from harness.cli.app import main
 from harness.cli.options import format_option
 from harness.cli.output import _echo, out
 from harness.cli.runs import check_variants
+from harness.words import counted
 
 
 @main.command("explore")
@@ -63,9 +64,11 @@ def explore_cmd(target: str, variants: Sequence[str], strategy: str, bound: int,
         for scenario, variant, e in found:
             verdict = "as expected" if bool(e.failing) == (variant.expect != "clean") \
                 else "[bold red]NOT as expected[/]"
-            threads = f" and {e.decisions} thread decisions" if e.decisions else ""
-            out.print(f"{e.scenario} ({e.variant}, expects {variant.expect}): {e.tried} "
-                      f"schedules over {e.ops} ops{threads}, {len(e.failing)} failing; "
+            threads = f" and {counted(e.decisions, 'thread decision')}" if e.decisions \
+                else ""
+            out.print(f"{e.scenario} ({e.variant}, expects {variant.expect}): "
+                      f"{counted(e.tried, 'schedule')} over {counted(e.ops, 'op')}{threads}, "
+                      f"{len(e.failing)} failing; "
                       f"{e.stop.value}; {verdict}")
             # Random and PCT runs meet one failing schedule many times: each is listed once.
             seen: dict[str, list[Any]] = {}
@@ -76,7 +79,8 @@ def explore_cmd(target: str, variants: Sequence[str], strategy: str, bound: int,
                 out.print(f"  {t.token}{again}  {t.outcome.value}: {escape(t.detail)}",
                           highlight=False)
             if len(seen) > 10:
-                out.print(f"  and {len(seen) - 10} more failing schedules (--format json "
+                out.print(f"  and {counted(len(seen) - 10, 'more failing schedule')} "
+                          "(--format json "
                           "lists them)", highlight=False)
             if e.failing:
                 dangerous = " --dangerous" if scenario.dangerous else ""

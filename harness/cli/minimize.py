@@ -15,6 +15,7 @@ from harness.analyses.minimize import minimize, write_minimized
 from reports import write_atomic
 from harness.cli.app import main
 from harness.cli.output import err, out
+from harness.words import counted
 
 
 @main.command("minimize")
@@ -52,7 +53,7 @@ def minimize_cmd(source: Path, output: Path, defects: Sequence[str],
         if not watched.findings:
             raise click.UsageError(f"{source}: the watched run found no race: nothing to write")
         if finding_number > len(watched.findings):
-            raise click.BadParameter(f"the run found {len(watched.findings)} race(s)",
+            raise click.BadParameter(f"the run found {counted(len(watched.findings), 'race')}",
                                      param_hint="--finding")
         made = reproducer(watched.records, watched.findings[finding_number - 1],
                           program=watched.program, command=watched.command)
@@ -61,17 +62,19 @@ def minimize_cmd(source: Path, output: Path, defects: Sequence[str],
             write_atomic(output, made.text)
         except OSError as exc:
             raise click.FileError(str(output), hint=str(exc)) from None
-        out.print(f"{output}: scenario {made.name}, {made.steps} steps: {made.shape}, "
+        out.print(f"{output}: scenario {made.name}, {counted(made.steps, 'step')}: "
+                  f"{made.shape}, "
                   f"{made.finding['missing'].split(';')[0]}", highlight=False, soft_wrap=True)
         _check_reproducer(output)
         return
     result = minimize(source, defects=tuple(defects), amplify=amplify,
                       progress=lambda text: err.print(f"  {escape(text)}"))
     write_minimized(result, output)
-    kept = (f"{result.requests_from} requests -> {result.requests_kept}, "
+    kept = (f"{counted(result.requests_from, 'request')} -> {result.requests_kept}, "
             if result.requests_from is not None else "")
-    out.print(f"{output}: {result.steps} steps ({kept}{result.steps_from} steps -> "
-              f"{result.steps}; {result.tries} trial runs); it {result.failure.describe()}",
+    out.print(f"{output}: {counted(result.steps, 'step')} ({kept}"
+              f"{counted(result.steps_from, 'step')} -> {result.steps}; "
+              f"{counted(result.tries, 'trial run')}); it {result.failure.describe()}",
               highlight=False)
 
 

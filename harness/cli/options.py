@@ -79,7 +79,8 @@ _SHARED_RUN_OPTIONS = [
     click.option("--dangerous", is_flag=True,
                  help="Run what may crash the CUDA context (dangerous scenarios, a replay with "
                       "a defect): it crashes a worker process, and the GPU and this process "
-                      "survive. Without it, those are skipped."),
+                      "survive. Without it, those are skipped on a GPU; the simulated device, "
+                      "which has no context to crash, runs them always."),
     click.option("--insist", is_flag=True,
                  help="Run dangerous work even while other processes use the GPU."),
     click.option("--backend", type=click.Choice(list(kvcore.device.BACKENDS)), default="auto",

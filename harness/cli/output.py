@@ -12,11 +12,13 @@ from typing import TextIO
 from rich import box
 from rich.console import Console
 from rich.markup import escape
+from rich.measure import Measurement
 from rich.table import Table
 
-from harness.results.outcome import Status
+from harness.results.outcome import Status, VariantResult
 from reports import ReportError, percent_interval
 from harness.run.runner import ExitCode, RunResult
+from harness.words import counted
 
 
 class _Output:
@@ -127,9 +129,41 @@ def _log(line: str) -> None:
 
 INCIDENTS_LISTED = 10
 """Incident folders a summary lists by name; it says how many more there are, and where."""
-TABLE_MIN_WIDTH = 100
-"""Below this many columns the summary is a line per variant rather than a table: a table's
-columns would cut words (the CI logs of 80 columns)."""
+
+COLUMNS_EXPLAINED = ("manifested: trials that did not end clean (wrong data, a crash or a "
+                     "hang)", "detected: trials in which the race detector found two "
+                     "conflicting accesses with no happens-before order")
+"""What the summary's two counts mean, said once under them: new users read them as one."""
+
+
+def _summary_table(title: str, rows: list[tuple[VariantResult, str, str]], detect: bool,
+                   compact: bool) -> Table:
+    """The summary as a table. Every column but the outcomes keeps its values and header
+    whole (no_wrap, at least as wide as the header's longest line), so the table's measured
+    minimum is the width it needs without cutting a value ("98-100%" as "98-1…").
+    ``compact`` puts the two-word headers on two lines, for a narrower terminal."""
+    table = Table(title=title, box=box.SIMPLE_HEAD)
+    two = "\n" if compact else " "
+    delay, interval = f"delay{two}us", f"95%{two}interval"
+    numeric = (delay, "trials", "manifested", interval, "detected")
+    for column in ("scenario", "variant", "expect", delay, "trials", "manifested", interval,
+                   *(("detected",) if detect else ()), "outcomes", "status"):
+        whole = column != "outcomes"
+        table.add_column(column, justify="right" if column in numeric else "left",
+                         no_wrap=whole,
+                         min_width=max(map(len, column.split("\n"))) if whole else None)
+    for r, counts, status in rows:
+        table.add_row(r.scenario, r.variant, r.expect,
+                      "-" if r.delay_us is None else f"{r.delay_us:g}", str(r.trials),
+                      str(r.manifested), percent_interval(r.interval),
+                      *((str(r.detected),) if detect else ()), counts, status)
+    return table
+
+
+def _fits(table: Table) -> bool:
+    """Whether ``table`` fits the terminal with every value whole. Measured unbounded: rich
+    clamps a measurement to the width it is given, which would hide that it does not fit."""
+    return Measurement.get(out, out.options.update_width(10_000), table).minimum <= out.width
 
 
 def print_summary(result: RunResult, out_dir: Path, recorded: bool = False,
@@ -143,39 +177,35 @@ def print_summary(result: RunResult, out_dir: Path, recorded: bool = False,
         counts = ", ".join(f"{k} {v}" for k, v in r.outcomes().items() if v) or "-"
         status = "map" if r.sweep and r.status is not Status.SKIP else r.status.value
         rows.append((r, counts, f"[{_STATUS_STYLE[r.status]}]{status}[/]"))
-    if out.width < TABLE_MIN_WIDTH:
+    # A table too wide for the terminal would cut its values: then its headers on two lines,
+    # and below that (a CI log of 80 columns) a line per variant, which wraps between words.
+    table = next((t for t in (_summary_table(title, rows, detect, compact)
+                              for compact in (False, True)) if _fits(t)), None)
+    if table is None:
         out.print(title, highlight=False)
         for r, counts, status in rows:
             delay = "" if r.delay_us is None else f", delay {r.delay_us:g} us"
             found = f", detected {r.detected}" if detect else ""
             out.print(f"  {escape(r.scenario)} ({escape(r.variant)}) {status}: expects "
-                      f"{r.expect}; {r.trials} trials{delay}; manifested {r.manifested} "
-                      f"({percent_interval(r.interval)}){found}; {counts}", highlight=False)
+                      f"{r.expect}; {counted(r.trials, 'trial')}{delay}; manifested "
+                      f"{r.manifested} ({percent_interval(r.interval)}){found}; {counts}",
+                      highlight=False)
     else:
-        table = Table(title=title, box=box.SIMPLE_HEAD)
-        # The detector's column only once it has something to say.
-        numeric = ("delay us", "trials", "manifested", "95% interval", "detected")
-        for column in ("scenario", "variant", "expect", "delay us", "trials", "manifested",
-                       "95% interval", *(("detected",) if detect else ()), "outcomes",
-                       "status"):
-            table.add_column(column, justify="right" if column in numeric else "left",
-                             no_wrap=column in ("scenario", "status"))
-        for r, counts, status in rows:
-            table.add_row(r.scenario, r.variant, r.expect,
-                          "-" if r.delay_us is None else f"{r.delay_us:g}", str(r.trials),
-                          str(r.manifested), percent_interval(r.interval),
-                          *((str(r.detected),) if detect else ()), counts, status)
         out.print(table)
+    if any(r.trials for r in result.results):
+        for line in COLUMNS_EXPLAINED[:2 if detect else 1]:
+            out.print("  " + line, highlight=False)
     dangerous = [r for r in result.results if r.status is Status.SKIP and r.dangerous]
     if dangerous:
         names = sorted({r.scenario for r in dangerous})
-        out.print(f"  skipped {len(dangerous)} dangerous variants ({', '.join(names)}): they can "
-                  "crash the CUDA context; pass --dangerous to run them", highlight=False)
+        out.print(f"  skipped {counted(len(dangerous), 'dangerous variant')} "
+                  f"({', '.join(names)}): they can crash the CUDA context; pass --dangerous "
+                  "to run them", highlight=False)
     for r in result.results:
         findings = r.finding_summary(1)
         if findings and not r.sweep:
             out.print(f"  {r.scenario} ({r.variant}): race detected in {r.detected}/"
-                      f"{r.trials} trials", highlight=False)
+                      f"{counted(r.trials, 'trial')}", highlight=False)
             print_finding(findings[0])
     for r in result.results:
         if r.reason and not r.sweep and r not in dangerous:
@@ -187,8 +217,12 @@ def print_summary(result: RunResult, out_dir: Path, recorded: bool = False,
                       f"{first.outcome.value}: {escape(first.detail)}", highlight=False)
     incidents = [p for r in result.results for p in r.reports]
     if incidents:
-        out.print(f"  {len(incidents)} incident reports (gpurace report list {out_dir}):",
-                  highlight=False)
+        # Reports of reproductions that were expected are no incident to be alarmed by.
+        expected = not any(r.status is Status.FAIL for r in result.results) and all(
+            r.status is Status.PASS and r.expect != "clean" for r in result.results if r.reports)
+        what = (f"reproduced as expected; {counted(len(incidents), 'report')} in {out_dir}"
+                if expected else counted(len(incidents), "incident report"))
+        out.print(f"  {what} (gpurace report list {out_dir}):", highlight=False)
         for path in incidents[:INCIDENTS_LISTED]:
             out.print(f"    {path}", highlight=False)
         if len(incidents) > INCIDENTS_LISTED:
@@ -196,7 +230,7 @@ def print_summary(result: RunResult, out_dir: Path, recorded: bool = False,
                       highlight=False)
     if recorded:
         traces = sorted(Path(result.folder).glob("workers/*/trial-*.jsonl"))
-        out.print(f"  --record kept {len(traces)} trial traces: "
+        out.print(f"  --record kept {counted(len(traces), 'trial trace')}: "
                   f"{Path(result.folder) / 'workers'}/*/trial-*.jsonl (gpurace check FILE "
                   "reads one)", highlight=False, soft_wrap=True)
     for gap in result.watch_gaps:

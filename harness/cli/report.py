@@ -18,6 +18,7 @@ from reports.window import plot_png, sweep_window, trace_gaps
 from harness.cli.app import main
 from harness.cli.options import format_option
 from harness.cli.output import _echo, out
+from harness.words import counted
 
 
 @main.group("report")
@@ -52,7 +53,8 @@ def report_window(run: Path, output: Path) -> None:
         plot_png(window, output)
     except ImportError:
         raise ReportError("matplotlib is not installed: pip install 'gpurace[plot]'") from None
-    out.print(f"{output}: {len(window.curves())} curve(s), {len(window.points)} points",
+    out.print(f"{output}: {counted(len(window.curves()), 'curve')}, "
+              f"{counted(len(window.points), 'point')}",
               highlight=False)
 
 

@@ -35,6 +35,7 @@ from harness.cli.app import main
 from harness.cli.options import (PATH_OPTION, format_option, junit_option, run_options,
                                  shared_run_options)
 from harness.cli.output import _echo, _log, print_summary, err, out
+from harness.words import counted
 
 
 @main.command("run")
@@ -91,7 +92,7 @@ def _execute(scenarios: Sequence[Scenario], options: RunOptions, *, insist: bool
     if result.interrupted:
         done = sum(r.trials for r in result.results)
         err.print(f"interrupted ({result.interrupted}): {Path(result.folder) / 'run.json'} "
-                  f"keeps the {done} trials that finished", highlight=False)
+                  f"keeps the {counted(done, 'trial')} that finished", highlight=False)
     sys.exit(int(result.exit_code))
 
 
@@ -272,7 +273,7 @@ class _ProgressHooks(RunHooks):
         if self.live:
             self.task = self.progress.add_task(self._label(result), total=trials)
         else:
-            _log(f"start {result.scenario} ({result.variant}): {trials} trials")
+            _log(f"start {result.scenario} ({result.variant}): {counted(trials, 'trial')}")
 
     def trial_finished(self, result: VariantResult, trial: TrialResult) -> None:
         if self.live:
@@ -283,8 +284,9 @@ class _ProgressHooks(RunHooks):
         if now - self.said >= self.every_s:
             self.said = now
             rate = result.trials / max(now - self.started, 1e-9)
-            _log(f"  {result.scenario} ({result.variant}): {result.trials}/{self.planned} "
-                 f"trials, {self._counts(result)}, {rate:.1f} trials/s")
+            _log(f"  {result.scenario} ({result.variant}): {result.trials}/"
+                 f"{counted(self.planned, 'trial')}, {self._counts(result)}, "
+                 f"{rate:.1f} trials/s")
 
     def variant_finished(self, result: VariantResult) -> None:
         if not self.live and result.status is Status.SKIP:
@@ -292,7 +294,8 @@ class _ProgressHooks(RunHooks):
         elif not self.live:
             took = time.monotonic() - self.started if result.trials else 0.0
             _log(f"done {result.scenario} ({result.variant}): {result.status.value}, "
-                 f"{result.trials} trials ({self._counts(result)}), {took:.1f} s")
+                 f"{counted(result.trials, 'trial')} ({self._counts(result)}), "
+                 f"{took:.1f} s")
 
     def note(self, text: str) -> None:
         err.print(f"[yellow]note:[/] {escape(text)}", highlight=False)

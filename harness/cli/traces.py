@@ -18,6 +18,7 @@ from reports.timeline import chrome_trace, svg_timeline
 from harness.cli.app import main
 from harness.cli.options import format_option
 from harness.cli.output import _echo, print_finding, out
+from harness.words import counted
 
 
 CHECK_SCHEMA = "gpurace.check/1"
@@ -41,7 +42,8 @@ def check_cmd(trace: Path, fmt: str) -> None:
     else:
         what = f" ({header['scenario']}, variant {header.get('variant', '?')})" \
             if header.get("scenario") else ""
-        out.print(f"{path}{what}: {len(trace_file.ops)} ops, {len(findings)} race(s)",
+        out.print(f"{path}{what}: {counted(len(trace_file.ops), 'op')}, "
+                  f"{counted(len(findings), 'race')}",
                   highlight=False)
         for f in findings:
             print_finding(f.to_json())
@@ -84,12 +86,14 @@ def trace_export_cmd(trace: Path, output: Path) -> None:
     findings = [f.to_json() for f in check_trace(trace_file.records).findings]
     if output.suffix == ".svg":
         write_atomic(output, svg_timeline(trace_file.ops, findings) + "\n")
-        out.print(f"{output}: {len(trace_file.ops)} ops, {len(findings)} race(s) marked",
+        out.print(f"{output}: {counted(len(trace_file.ops), 'op')}, "
+                  f"{counted(len(findings), 'race')} marked",
                   highlight=False)
         return
     document = chrome_trace(trace_file.records, findings)
     write_atomic(output, json.dumps(document, separators=(",", ":"), default=str) + "\n")
     timed = "device times" if document["otherData"]["device_times"] else \
         "stream ops placed where the host issued them (no device times in the trace)"
-    out.print(f"{output}: {len(trace_file.ops)} ops, {len(findings)} race(s) marked; "
+    out.print(f"{output}: {counted(len(trace_file.ops), 'op')}, "
+              f"{counted(len(findings), 'race')} marked; "
               f"{timed}. Open it in https://ui.perfetto.dev", highlight=False)

@@ -22,6 +22,7 @@ from harness.cli.app import main
 from harness.cli.options import format_option, junit_option, out_option
 from harness.cli.output import _log, print_finding, err, out
 from harness.cli.runs import stop_on_sigterm, write_and_show
+from harness.words import counted
 
 
 @main.command("watch", context_settings={"ignore_unknown_options": True,
@@ -181,10 +182,10 @@ class _WatchHooks(RunHooks):
 
     def trial_finished(self, result: VariantResult, trial: TrialResult) -> None:
         if self.text:
-            races = f", {len(trial.findings)} race(s)" if trial.findings else ", no race"
+            races = f", {counted(len(trial.findings), 'race')}" if trial.findings else ", no race"
             which = f" {result.variant} ({result.delay_us:g} µs)" if result.amplified else ""
             _log(f"gpurace watch: run {trial.index + 1} of {result.scenario}{which}: "
-                 f"{trial.outcome.value}{races}, {trial.ops_total} ops, "
+                 f"{trial.outcome.value}{races}, {counted(trial.ops_total, 'op')}, "
                  f"{trial.duration_s:.2f} s")
 
     def note(self, text: str) -> None:
@@ -211,7 +212,7 @@ def _print_amplified(variant: VariantResult, entry: dict[str, Any]) -> None:
     against = f" against {entry['second']}" if entry.get("second") else ""
     out.print(f"gpurace watch: {variant.variant}: {delays}{against}: failed "
               f"{entry['failed']}/{entry['trials']} (95% {lo:.2f}-{hi:.2f}), "
-              f"{entry['queued']} delays queued, outcomes "
+              f"{counted(entry['queued'], 'delay')} queued, outcomes "
               + ", ".join(f"{k} {v}" for k, v in variant.outcomes().items() if v),
               highlight=False, soft_wrap=True)
     _print_first_and_incidents(variant)
@@ -227,11 +228,11 @@ def _print_first_and_incidents(variant: VariantResult) -> None:
 
 
 def _print_watched(result: RunResult, variant: VariantResult) -> None:
-    out.print(f"gpurace watch: {result.watch.get('command')}: {variant.trials} run(s), "
+    out.print(f"gpurace watch: {result.watch.get('command')}: {counted(variant.trials, 'run')}, "
               f"{variant.detected} with races, outcomes "
               + ", ".join(f"{k} {v}" for k, v in variant.outcomes().items() if v),
               highlight=False, soft_wrap=True)
     for f in variant.finding_summary():
         print_finding(f)
-        out.print(f"    in {f['trials']} of {variant.trials} run(s)", highlight=False)
+        out.print(f"    in {f['trials']} of {counted(variant.trials, 'run')}", highlight=False)
     _print_first_and_incidents(variant)

@@ -9,6 +9,7 @@ suite (``suites/NAME.yaml``), then a scenario file named after it (``-`` or ``_`
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import os
 from collections.abc import Iterable, Sequence
@@ -117,9 +118,22 @@ def named(name: str, extra: Sequence[Path] = ()) -> Path:
             deeper = sorted(p for p in folder.glob("**/*.yaml") if p.stem in stems)
             if deeper:
                 return deeper[0]
-    known = sorted(p.stem for p in SCENARIO_ROOT.glob("**/*.yaml"))
-    raise TargetError(f"{name}: no such file, folder, suite or scenario (looked in "
-                      f"{', '.join(str(f) for f in folders)}); built in: {', '.join(known)}")
+    raise TargetError(f"{name}: no such file, folder, suite or scenario."
+                      f"{_did_you_mean(name, folders, cwd)} `gpurace list` shows them all "
+                      f"(looked in {', '.join(str(f) for f in folders)})")
+
+
+def _did_you_mean(name: str, folders: Sequence[Path], cwd: Path) -> str:
+    """The closest names to a misspelt one, as " Did you mean a or b?", or "". The names are
+    those `gpurace list` shows (``-``, not ``_``): each can be typed as it is shown."""
+    known: set[str] = set()
+    for folder in folders:
+        # The working tree is searched only at its top (see named): so are its names.
+        found = [*folder.glob("*.yaml"), *folder.glob("suites/*.yaml")] if folder == cwd \
+            else folder.glob("**/*.yaml")
+        known.update(p.stem.replace("_", "-") for p in found)
+    close = difflib.get_close_matches(name.replace("_", "-"), sorted(known), n=3, cutoff=0.6)
+    return f" Did you mean {' or '.join(close)}?" if close else ""
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.results.rates import wilson
+from harness.words import counted
 
 
 def step_shape(step: object) -> object:
@@ -227,7 +228,8 @@ class VariantResult:
             shown = ", ".join(f"{k} {v}" for k, v in self.counts.items()
                               if v and k != Outcome.CLEAN.value)
             self.reason = "" if bad == 0 else (
-                f"expected clean; {bad}/{n} trials were not ({shown or 'race detected'})")
+                f"expected clean; {bad} of {counted(n, 'trial')} not clean "
+                f"({shown or 'race detected'})")
         else:
             got = self.reproduced
             rate = got / n
@@ -244,8 +246,9 @@ class VariantResult:
                                f"trials; reproduced in {got}/{n}: the race no longer shows "
                                "(the known bug is fixed here, or the amplification no longer "
                                "widens its window)"
-                               + (f" ({hung} trials hung, which is not a reproduction: say "
-                                  "`expect: hang` if the variant is meant to hang)"
+                               + (f" ({counted(hung, 'trial')} hung, which is not a "
+                                  "reproduction: say `expect: hang` if the variant is meant "
+                                  "to hang)"
                                   if hung else ""))
 
     def xid_summary(self) -> list[dict[str, object]]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 from collections import deque
 import dataclasses
-import enum
 import functools
 import hashlib
 import importlib.metadata
@@ -32,6 +31,7 @@ from harness.faults.writes import FOLDER_GONE, WriteFault, WriteFaults, WriteSto
 from harness.errors import BackendUnavailable, HarnessError, TargetError
 from harness.traces.flight import CURRENT, cut_torn_tail, trace_path
 from harness.traces.optrace import plain_file
+from harness.run.exitcodes import ExitCode
 from harness.run.incidents import build_report, reproduce_argv
 from harness.lang.model import Scenario, Variant
 from harness.run.outputs import RunFolder
@@ -40,6 +40,7 @@ from harness.gpu.probe import cuda_state, cuda_usable, gpu_uuids
 from harness.limits import GPUS_MAX
 from harness.gpu.watch import FatalXid, GpuWatch, TrialXids, same_pci
 from harness.run.worker import WorkerJob, context_died
+from harness.words import counted
 from harness.run.workers import (
     GONE,
     SILENT,
@@ -61,23 +62,6 @@ DEAD_END_S = 10.0
 down) before it is killed; its last trial is recorded once it ended."""
 
 RUN_SCHEMA = "gpurace.run/1"
-
-
-class ExitCode(enum.IntEnum):
-    """The process exit codes: 0 every expectation met, 1 one failed, 2 usage error or
-    invalid input, 3 internal error, 4 the run's files were not all written (a full disk, its
-    folder removed: run.json's ``write_errors`` says what was lost; its verdicts stand), 77
-    nothing could run here; an interrupted run exits as a shell reports a signal (128 + its
-    number: 130 for Ctrl-C, 143 for SIGTERM)."""
-
-    OK = 0
-    EXPECTATION_FAILED = 1
-    USAGE = 2
-    INTERNAL = 3
-    WRITE_FAILED = 4
-    NOTHING_RAN = 77
-    INTERRUPTED = 130
-    TERMINATED = 143
 
 
 class Interrupted(KeyboardInterrupt):
@@ -384,7 +368,8 @@ class Runner:
         partial = self._running
         if partial is not None and all(partial is not r for r in result.results):
             partial.judge()
-            partial.reason = f"{why} after {partial.trials} trials; {partial.reason}".rstrip("; ")
+            so_far = counted(partial.trials, "trial")
+            partial.reason = f"{why} after {so_far}; {partial.reason}".rstrip("; ")
             result.results.append(partial)
 
     def check_folder(self) -> None:
@@ -423,7 +408,8 @@ class Runner:
         self._running = result
         indices = self._shard_of([opts.trial] if opts.trial is not None else range(
             opts.trials or scenario.trials))
-        if scenario.dangerous and not opts.dangerous:
+        # --dangerous guards a real GPU's CUDA context; the simulated device has none to crash.
+        if scenario.dangerous and not opts.dangerous and self.backend != "sim":
             result.status = Status.SKIP
             result.reason = "dangerous: it can crash the CUDA context; pass --dangerous to run it"
             self.hooks.variant_finished(result)

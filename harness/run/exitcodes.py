@@ -1,0 +1,40 @@
+"""The process exit codes, each with the words that say what it means. The help lists them
+from here, so a new code cannot be left out of it."""
+
+from __future__ import annotations
+
+import enum
+
+
+class ExitCode(enum.IntEnum):
+    """The process exit codes (see :attr:`meaning`); an interrupted run exits as a shell
+    reports a signal (128 + its number). A new code needs its words in ``_MEANINGS``: the
+    help reads them all (tests/test_first_hour.py says so if one is missing)."""
+
+    OK = 0
+    EXPECTATION_FAILED = 1
+    USAGE = 2
+    INTERNAL = 3
+    WRITE_FAILED = 4
+    NOTHING_RAN = 77
+    INTERRUPTED = 130
+    TERMINATED = 143
+
+    @property
+    def meaning(self) -> str:
+        """What the code tells its reader, in a few words."""
+        return _MEANINGS[self]
+
+
+_MEANINGS = {
+    ExitCode.OK: "every expectation met",
+    ExitCode.EXPECTATION_FAILED: "an expectation failed",
+    ExitCode.USAGE: "usage error or invalid input",
+    ExitCode.INTERNAL: "internal error",
+    # A full disk or a removed folder.
+    ExitCode.WRITE_FAILED: "the run's files were not all written (run.json's write_errors "
+                           "says which; its verdicts stand)",
+    ExitCode.NOTHING_RAN: "nothing could run here",
+    ExitCode.INTERRUPTED: "stopped by Ctrl-C",
+    ExitCode.TERMINATED: "stopped by SIGTERM (what finished is kept)",
+}
