@@ -338,14 +338,24 @@ class RaceDetector:
         # reported: ordering this access after it orders it after all that thread did before
         # (program order), so the others add no edge to find and no fix to make.
         latest: dict[str, tuple[Any, ...]] = {}
+        get_clock, prune = vc.get, self.prune
+        now = (thread, epoch, lo, hi, write, source)
         for b in range(lo // block, (hi - 1) // block + 1):
             key = (buf, b)
-            history = self._history.get(key, ())
-            kept = []
-            for past in history:
-                p_thread, p_epoch, p_lo, p_hi, p_write, _ = past
-                ordered = p_thread == thread or p_epoch <= vc.get(p_thread, 0)
-                if not ordered and p_lo < hi and lo < p_hi and (write or p_write):
+            history = self._history.get(key)
+            if history is None:
+                self._history[key] = [now]
+                continue
+            kept = None  # a new list only once an entry is dropped: most accesses drop none
+            for i, past in enumerate(history):
+                p_lo, p_hi = past[2], past[3]
+                if p_lo >= hi or lo >= p_hi:
+                    if kept is not None:
+                        kept.append(past)
+                    continue  # other bytes: neither a race nor covered
+                p_thread, p_epoch, p_write = past[0], past[1], past[4]
+                ordered = p_thread == thread or p_epoch <= get_clock(p_thread, 0)
+                if not ordered and (write or p_write):
                     seen = latest.get(p_thread)
                     if seen is None or seen[1] < p_epoch:
                         latest[p_thread] = past
@@ -353,15 +363,19 @@ class RaceDetector:
                 # now on, if it is a write or the past one was a read: whatever would race the
                 # past access races this one too (an op issued later cannot be ordered before
                 # it). A read cannot stand for a write: a later read would race only the write.
-                if not (self.prune and ordered and (write or not p_write)
-                        and lo <= p_lo and p_hi <= hi):
+                if prune and ordered and (write or not p_write) and lo <= p_lo and p_hi <= hi:
+                    if kept is None:
+                        kept = history[:i]
+                elif kept is not None:
                     kept.append(past)
-            kept.append((thread, epoch, lo, hi, write, source))
+            if kept is None:
+                kept = history
+            kept.append(now)
             if len(kept) > HISTORY:
                 del kept[: len(kept) - HISTORY]
             self._history[key] = kept
         for past in latest.values():
-            self._report(buf, info, info.page_bytes, past, (thread, epoch, lo, hi, write, source))
+            self._report(buf, info, info.page_bytes, past, now)
 
     # ---- findings ------------------------------------------------------------------------------
     def _report(self, buf: int, info: _Buffer, page_bytes: int, past: tuple[Any, ...],
