@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from harness.capture.translate import Translator
-from harness.races.detector import Finding, RaceDetector
+from harness.races.detector import BLOCK, Finding, RaceDetector
 from harness.faults.writes import reason
 from harness.traces.flight import op_line
 from harness.traces.optrace import TRACE_SCHEMA
@@ -48,7 +48,11 @@ class RunAnalysis:
             self._lines.append(op_line(record))
 
     def _buffer(self, info: BufferInfo) -> None:
-        self.detector.buffer(info.id, info.name, info.space, info.role, 0, info.nbytes)
+        # A window is an address range, not an allocation: its tensors are small and many,
+        # and a history block sized by the window's 4 GiB would hold hundreds of them, each
+        # access reading all of their pasts. Blocks of BLOCK bytes hold a few.
+        self.detector.buffer(info.id, info.name, info.space, info.role, 0, info.nbytes,
+                             block=BLOCK)
         self._lines.append(json.dumps({"type": "buffer", "id": info.id, "name": info.name,
                                        "space": info.space, "nbytes": info.nbytes,
                                        "role": info.role, "page_bytes": 0},

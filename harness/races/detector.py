@@ -183,9 +183,11 @@ class RaceDetector:
             self.stream(s.name, s.blocking, s.legacy)
 
     def buffer(self, id: int, name: str, space: str, role: str, page_bytes: int = 0,
-               nbytes: int = 0) -> None:
+               nbytes: int = 0, block: int | None = None) -> None:
+        """Declare a buffer; ``block``, its history's block in bytes, where the caller knows
+        better than its size does (:func:`history_block`)."""
         self._buffers[id] = _Buffer(name, space, role, page_bytes,
-                                    history_block(nbytes, page_bytes))
+                                    block or history_block(nbytes, page_bytes))
 
     def stream(self, name: str, blocking: bool, legacy: bool) -> None:
         self._streams[name] = _Stream(blocking, legacy)
