@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.words import counted
+
 ROOT = Path(__file__).resolve().parent.parent
 INCIDENT_TRACE = ROOT / "tests" / "capture_recorded" / "torch_record_stream-buggy.jsonl"
 
@@ -150,7 +152,7 @@ def test_stop_on_write_error_ends_the_run_at_the_first(tmp_path):
     assert 0 < ran[0] < 300 and len(ran) == 1  # the variant in progress, kept as far as it got
     assert doc["results"][0]["reason"].startswith("stopped (")
     assert "No space left on device (ENOSPC)" in doc["results"][0]["reason"]
-    assert f"after {ran[0]} trials" in doc["results"][0]["reason"]
+    assert f"after {counted(ran[0], 'trial')}" in doc["results"][0]["reason"]
 
 
 def test_a_run_whose_folder_is_removed_ends_with_what_it_knows(tmp_path, monkeypatch):
