@@ -94,3 +94,19 @@ def test_a_built_in_scenario_of_an_installed_gpurace_is_named_by_its_name(monkey
     assert targets.shown_target(work / "mine.yaml", "mine") == "mine.yaml"
     elsewhere = tmp_path / "theirs.yaml"
     assert targets.shown_target(elsewhere, "theirs") == str(elsewhere)
+
+
+def test_the_replay_hint_of_a_dangerous_scenario_runs_on_the_simulator_as_printed() -> None:
+    """The simulator runs a dangerous variant without --dangerous, so the hint leaves it out,
+    and the command it prints replays the failing schedule."""
+    found = CliRunner().invoke(main, ["explore", "cross-stream-race", "--variant", "buggy",
+                                      "--strategy", "pct", "--runs", "20"])
+    (hint,) = [line.strip() for line in found.output.splitlines()
+               if line.strip().startswith("replay:")]
+    assert "--dangerous" not in hint, hint
+    argv = hint.split()[3:]  # after "replay: gpurace run"
+    replayed = CliRunner().invoke(main, ["run", *argv, "--trials", "3", "--no-detect",
+                                         "--format", "json"])
+    assert replayed.exit_code in (0, 1), replayed.output
+    doc = json.loads(replayed.output[replayed.output.index("{"):])
+    assert doc["results"][0]["outcomes"].get("corruption") == 3, doc["results"][0]

@@ -83,9 +83,10 @@ def explore_cmd(target: str, variants: Sequence[str], strategy: str, bound: int,
                           "(--format json "
                           "lists them)", highlight=False)
             if e.failing:
-                dangerous = " --dangerous" if scenario.dangerous else ""
+                # The simulator runs a dangerous variant without --dangerous: it guards a
+                # real GPU's context only.
                 out.print(f"  replay: gpurace run {shown_target(scenario.path, scenario.name)}"
                           " --backend sim --variant "
-                          f"{variant.name}{dangerous} --schedule {e.failing[0].token}",
+                          f"{variant.name} --schedule {e.failing[0].token}",
                           highlight=False)
     sys.exit(0 if met else 1)
