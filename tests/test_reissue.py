@@ -263,10 +263,10 @@ def test_a_fault_in_a_segment_hands_over_the_records_before_it() -> None:
         raise kvcore.DeviceFaultError("the copy failed", cuda_error="cudaErrorIllegalAddress")
 
     run = program.run(0, len(program.calls), False)
-    copy = next(k for k, (_, _, i) in enumerate(run.chunks[0][0])
-                if program.items[i].name == "_do_copy")
-    fn, args, i = run.chunks[0][0][copy]
-    run.chunks[0][0][copy] = (failing, args, i)
+    plain = run.chunks[0].plain
+    copy = next(k for k, call in enumerate(plain) if program.items[call.index].name == "_do_copy")
+    i = plain[copy].index
+    plain[copy] = plain[copy]._replace(fn=failing)
     with pytest.raises(kvcore.DeviceFaultError):
         device.reissue(program)
     assert program.failed_at == i
@@ -473,3 +473,23 @@ def test_the_detector_on_segments_finds_what_it_finds_on_records() -> None:
 
 
 
+
+
+def test_a_capture_goes_through_its_recorder_and_leaves_the_device_as_it_was(
+        backend: str, request: pytest.FixtureRequest) -> None:
+    """The device's actions go through one attribute: the recorder while a capture runs, the
+    device again after it, even when the block raised; nothing else of the device changes."""
+    from kvcore.device.recorder import Recorder
+
+    device = make_device(backend, request)
+    host = device.alloc_host(PAGE, name="host")
+    attributes = set(vars(device))
+    with device.capture() as program:
+        assert isinstance(device._actions, Recorder)
+        device.host_step()
+        device.host_fill(host, 0, 4, 1)
+    assert device._actions is device and set(vars(device)) == attributes
+    assert [item.name for item in program.items] == ["_do_host_step", "_do_fill"]
+    with pytest.raises(RuntimeError), device.capture() as program:
+        raise RuntimeError("inside the block")
+    assert device._actions is device and program.refused == "a call that raised"

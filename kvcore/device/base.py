@@ -2,7 +2,13 @@
 
 :class:`Device` validates every call, writes the op log, and hands the action to its backend
 through the ``_do_*`` methods; ``cuda.py`` (CuPy) and ``sim.py`` (the simulated device)
-implement only those. So both backends share one set of argument checks and one op log format.
+implement only those (see :mod:`kvcore.device.backend`). So both backends share one set of
+argument checks and one op log format.
+
+Every backend action, and every op-log record, goes through one attribute, ``_actions``: the
+device itself, or a :class:`~kvcore.device.recorder.Recorder` while :meth:`Device.capture`
+records a program. :meth:`Device.reissue` hands a program to the device's
+:class:`~kvcore.device.reissue.Reissuer`.
 
 Semantics follow CUDA's: every stream-ordered call returns before the device runs it; copies from
 pinned host memory read it when they run, not when issued; the legacy stream synchronizes
@@ -17,54 +23,24 @@ import itertools
 import os
 import sys
 import weakref
-from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from kvcore.defects import Defects
-from kvcore.device.graph import START, STREAM_AT, Graph, Node
+from kvcore.device.backend import Backend, DeviceInfo
+from kvcore.device.graph import Graph, Node
 # What a device hands out, in a module of its own that the kernels import too.
 from kvcore.device.handles import DEVICE, PINNED, Buffer, Event, Stream
 from kvcore.device.kernels import Kernel
-from kvcore.device.oplog import (
-    HOST,
-    KERNEL_PREFIX,
-    Access,
-    OpLog,
-    OpRecord,
-    Segment,
-    StreamInfo,
-    live_detail,
-)
-from kvcore.device.program import (
-    ACTION,
-    BLOCKING,
-    CALL,
-    CALLS,
-    CAPTURED,
-    RECORD,
-    REFUSED,
-    Item,
-    Live,
-    Program,
-    Run,
-)
+from kvcore.device.oplog import HOST, KERNEL_PREFIX, Access, OpLog, OpRecord, StreamInfo
+from kvcore.device.program import BLOCKING, RECORD, Item, Live, Lowered, Program
+from kvcore.device.recorder import Recorder
+from kvcore.device.reissue import Reissuer
 from kvcore.errors import DeviceFaultError, DeviceUsageError
 
-@dataclass(frozen=True)
-class DeviceInfo:
-    """What a run report says about the device it ran on."""
-
-    backend: str
-    name: str
-    details: dict[str, object] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, object]:
-        return {"backend": self.backend, "name": self.name, **self.details}
-
+__all__ = ["Device", "DeviceInfo"]
 
 _KVCORE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -83,7 +59,14 @@ def _call_site() -> str:
     return f"{frame.f_code.co_filename}:{frame.f_lineno}"
 
 
-class Device(ABC):
+class _Staging(NamedTuple):
+    """The pinned buffer pageable copies are staged in, and the event of its last copy."""
+
+    buffer: Buffer
+    done: Event
+
+
+class Device(Backend):
     """A GPU as the page pool sees it. Use :func:`kvcore.open_device` to get one."""
 
     kind: str = "abstract"
@@ -107,109 +90,22 @@ class Device(ABC):
         # trial), not whenever a garbage collection runs: cudaFree synchronizes the device, and
         # one in the middle of a trial would close the race window it is trying to widen.
         self._buffers: weakref.WeakValueDictionary[int, Buffer] = weakref.WeakValueDictionary()
-        self._pageable_staging: tuple[Buffer, Event] | None = None
-        self._program: Program | None = None  # the program being captured (see capture)
-        self._depth = 0  # > 0 inside a captured action or call: what it does is not captured
-        self._live_store: np.ndarray | None = None  # the bytes of a live host_write, meanwhile
-        self._live_value: Live | None = None  # and a memset's Live byte
-        self._live_issued: list[int] = []  # the bytes reissued Live memsets set, in order
-        # A program's run being reissued to observers that take segments: the records sent
-        # so far, and the first of those not yet issued (see _reissue_segments).
-        self._run: Run | None = None
-        self._run_sent = self._run_upto = 0
-        self._run_call: tuple[Any, ...] | None = None  # the call of the run now running
+        self._pageable_staging: _Staging | None = None
+        # What the backend actions and the records go through: the device, or the recorder
+        # of the program being captured (see capture).
+        self._actions: Device | Recorder = self
+        # Meanwhile, what a live host_write stores and a memset's Live byte: what the
+        # recorder keeps in their place.
+        self._live_store: np.ndarray | None = None
+        self._live_value: Live | None = None
+        self._reissuer = Reissuer(self)
+        # The reissuer while it hands a run's records out as segments: a record written
+        # meanwhile is a reissued call's (see Reissuer.in_call).
+        self._run: Reissuer | None = None
         self._graph: Graph | None = None  # the CUDA graph being captured (see begin_graph)
         self.legacy_stream = self._register_stream(
             Stream(0, "legacy_stream", True, True, self._legacy_handle())
         )
-
-    # ---- backend hooks -------------------------------------------------------------------------
-    @abstractmethod
-    def _legacy_handle(self) -> object: ...
-
-    @abstractmethod
-    def _do_stream(self, blocking: bool, priority: int) -> object: ...
-
-    @abstractmethod
-    def _do_alloc(self, nbytes: int, space: str) -> object: ...
-
-    @abstractmethod
-    def _do_event(self) -> object: ...
-
-    @abstractmethod
-    def _do_record(self, event: Event, stream: Stream) -> tuple[int, int] | None: ...
-
-    @abstractmethod
-    def _do_wait(self, stream: Stream, event: Event) -> tuple[int, int] | None: ...
-
-    @abstractmethod
-    def _do_copy(
-        self, dst: Buffer, dst_off: int, src: Buffer, src_off: int, nbytes: int, stream: Stream
-    ) -> tuple[int, int] | None: ...
-
-    @abstractmethod
-    def _do_copy_2d(
-        self, dst: Buffer, dst_off: int, dst_pitch: int, src: Buffer, src_off: int,
-        src_pitch: int, width: int, height: int, stream: Stream,
-    ) -> tuple[int, int] | None: ...
-
-    @abstractmethod
-    def _do_memset(
-        self, dst: Buffer, off: int, nbytes: int, value: int, stream: Stream
-    ) -> tuple[int, int] | None: ...
-
-    @abstractmethod
-    def _do_launch(self, kernel: Kernel, stream: Stream) -> tuple[int, int] | None: ...
-
-    @abstractmethod
-    def _do_graph_end(self, graph: Graph) -> object:
-        """What launches the captured ``graph`` (a CUDA graph's executable on the GPU)."""
-
-    @abstractmethod
-    def _do_graph_launch(self, graph: Graph, stream: Stream) -> None:
-        """Run the ended ``graph``'s nodes on ``stream``, in order, as one unit."""
-
-    @abstractmethod
-    def _do_host_view(self, buf: Buffer) -> np.ndarray:
-        """The pinned buffer as a uint8 array, after every device action that precedes 'now'."""
-
-    @abstractmethod
-    def _do_host_written(self, buf: Buffer, off: int, nbytes: int) -> None:
-        """The host wrote these bytes (lets the simulator account host time)."""
-
-    def _do_fill(self, buf: Buffer, off: int, nbytes: int, value: int) -> None:
-        """The host sets these bytes of pinned memory to ``value``."""
-        self._do_host_view(buf)[off:off + nbytes] = value
-        self._do_host_written(buf, off, nbytes)
-
-    def _do_write(self, buf: Buffer, off: int, raw: np.ndarray) -> None:
-        """The host stores ``raw`` (bytes) into pinned memory at ``off``."""
-        self._do_host_view(buf)[off:off + raw.size] = raw
-        self._do_host_written(buf, off, raw.size)
-
-    @abstractmethod
-    def _do_sync_device(self) -> None: ...
-
-    @abstractmethod
-    def _do_sync_stream(self, stream: Stream) -> None: ...
-
-    @abstractmethod
-    def _do_sync_event(self, event: Event) -> None: ...
-
-    @abstractmethod
-    def _do_query(self, event: Event) -> bool:
-        """cudaEventQuery: whether ``event``'s latest record has completed (an event never
-        recorded counts as completed, as in CUDA). Must not block."""
-
-    @abstractmethod
-    def _clock_ns(self) -> int:
-        """The host's clock for op records: virtual on sim, perf_counter on cuda."""
-
-    @abstractmethod
-    def info(self) -> DeviceInfo: ...
-
-    def close(self) -> None:
-        """Release what the backend holds. Safe to call twice."""
 
     # ---- the interface -------------------------------------------------------------------------
     def create_stream(self, name: str, *, blocking: bool = False, priority: int = 0) -> Stream:
@@ -218,7 +114,7 @@ class Device(ABC):
         each stream its own name: the op log and findings know streams by name."""
         self._alive()
         return self._register_stream(Stream(next(self._ids), name, blocking, False,
-                                            self._do_stream(blocking, priority), priority))
+                                            self._actions._do_stream(blocking, priority), priority))
 
     def rename_stream(self, stream: Stream, name: str) -> None:
         """Give ``stream`` the name the op log and findings use (the legacy stream of a scenario
@@ -242,36 +138,23 @@ class Device(ABC):
 
     def create_event(self, name: str) -> Event:
         self._alive()
-        return Event(next(self._ids), name, self._do_event())
+        return Event(next(self._ids), name, self._actions._do_event())
 
     def record_event(self, event: Event, stream: Stream) -> None:
         """Record ``event`` on ``stream``: it completes when all work issued before it does."""
         self._check_stream(stream)
-        graph = self._graph
-        if graph is not None:
-            if graph.captures(stream):  # a point of the graph, not an op (see kvcore.device.graph)
-                graph.mark(event.id, stream.name)
-                return
-            graph.marks.pop(event.id, None)  # recorded again outside the capture
-        times = self._do_record(event, stream)
+        if self._graph is not None and self._graph.record(event, stream):
+            return  # a point of the graph, not an op (see kvcore.device.graph)
+        times = self._actions._do_record(event, stream)
         if self.oplog.active:
             self._emit(stream.name, "event_record", records=event.name, times=times)
 
     def wait_event(self, stream: Stream, event: Event) -> None:
         """Make later work on ``stream`` wait for ``event``'s latest record: the fence."""
         self._check_stream(stream)
-        graph = self._graph
-        if graph is not None:
-            if event.id in graph.marks:  # a fork into the capture, or a join within it
-                graph.join(stream, event.id)
-                return
-            if graph.captures(stream):
-                raise DeviceUsageError(
-                    f"wait_event on {stream.name} while it captures graph {graph.name!r} for "
-                    f"event {event.name}, recorded outside the capture: CUDA refuses that "
-                    "(cudaErrorStreamCaptureIsolation); make the launching stream wait before "
-                    "launch_graph")
-        times = self._do_wait(stream, event)
+        if self._graph is not None and self._graph.wait(stream, event):
+            return  # a fork into the capture, or a join within it
+        times = self._actions._do_wait(stream, event)
         if self.oplog.active:
             self._emit(stream.name, "event_wait", waits=event.name, times=times)
 
@@ -291,7 +174,7 @@ class Device(ABC):
                              _COPY_KIND[src.space, dst.space], (Access(src.id, src_off, nbytes),),
                              (Access(dst.id, dst_off, nbytes),), {})
             return
-        times = self._do_copy(dst, dst_off, src, src_off, nbytes, stream)
+        times = self._actions._do_copy(dst, dst_off, src, src_off, nbytes, stream)
         if self.oplog.active:
             self._emit(
                 stream.name, _COPY_KIND[src.space, dst.space],
@@ -319,7 +202,7 @@ class Device(ABC):
                                 stream), kind, _rows(src, src_off, src_pitch, width, height),
                 _rows(dst, dst_off, dst_pitch, width, height), {})
             return
-        times = self._do_copy_2d(dst, dst_off, dst_pitch, src, src_off, src_pitch, width,
+        times = self._actions._do_copy_2d(dst, dst_off, dst_pitch, src, src_off, src_pitch, width,
                                  height, stream)
         if self.oplog.active:
             self._emit(stream.name, kind, reads=_rows(src, src_off, src_pitch, width, height),
@@ -339,12 +222,12 @@ class Device(ABC):
         flight. So the host is NOT ordered after the write, unlike :meth:`copy_sync`."""
         raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
         staging = self._pageable_staging
-        if staging is None or staging[0].nbytes < raw.size:
-            staging = (self.alloc_host(max(raw.size, 1 << 16), name="pageable-staging"),
-                       self.create_event("pageable-staging"))
+        if staging is None or staging.buffer.nbytes < raw.size:
+            staging = _Staging(self.alloc_host(max(raw.size, 1 << 16), name="pageable-staging"),
+                               self.create_event("pageable-staging"))
             self._pageable_staging = staging
         else:
-            self.synchronize_event(staging[1])  # the last staged copy has read the buffer
+            self.synchronize_event(staging.done)  # the last staged copy has read the buffer
         buf, done = staging
         self.host_write(buf, 0, raw)
         self.copy(dst, dst_off, buf, 0, raw.size, self.legacy_stream)
@@ -361,7 +244,7 @@ class Device(ABC):
         if type(value) is not Live:
             self._memset(dst, off, nbytes, value & 0xFF, stream)  # type: ignore[operator]
             return
-        self._live_value = value  # see _capture_action
+        self._live_value = value  # what a recorder keeps (see Recorder._do_memset)
         try:
             self._memset(dst, off, nbytes, value.value & 0xFF, stream)
         finally:
@@ -375,7 +258,7 @@ class Device(ABC):
             self._graph_node("_do_memset", (dst, off, nbytes, byte, stream), "memset", (),
                              (Access(dst.id, off, nbytes),), {"value": byte})
             return
-        times = self._do_memset(dst, off, nbytes, byte, stream)
+        times = self._actions._do_memset(dst, off, nbytes, byte, stream)
         if self.oplog.active:
             self._emit(stream.name, "memset", writes=(Access(dst.id, off, nbytes),), times=times,
                        detail={"value": byte})
@@ -393,7 +276,7 @@ class Device(ABC):
             self._graph_node("_do_launch", (kernel, stream), KERNEL_PREFIX + kernel.name,
                              kernel.reads(), kernel.writes(), kernel.detail())
             return
-        times = self._do_launch(kernel, stream)
+        times = self._actions._do_launch(kernel, stream)
         if self.oplog.active:
             self._emit(stream.name, KERNEL_PREFIX + kernel.name, reads=kernel.reads(),
                        writes=kernel.writes(), times=times, detail=kernel.detail())
@@ -416,20 +299,20 @@ class Device(ABC):
             if not flat:
                 raise DeviceUsageError("a live host_write stores from a contiguous 1-D array "
                                        "(its bytes are read again when a program reissues it)")
-            self._live_store = raw  # see _capture_action
+            self._live_store = raw  # what a recorder keeps (see Recorder._do_write)
             try:
-                self._do_write(buf, off, raw)
+                self._actions._do_write(buf, off, raw)
             finally:
                 self._live_store = None
         else:
-            self._do_write(buf, off, raw)
+            self._actions._do_write(buf, off, raw)
         if self.oplog.active:
             self._emit(HOST, "host_write", writes=(Access(buf.id, off, raw.size),))
 
     def host_fill(self, buf: Buffer, off: int, nbytes: int, value: int) -> None:
         """The host sets ``nbytes`` bytes of pinned memory to ``value`` (a memset on the CPU)."""
         self._host_access(buf, off, nbytes)
-        self._do_fill(buf, off, nbytes, value & 0xFF)
+        self._actions._do_fill(buf, off, nbytes, value & 0xFF)
         if self.oplog.active:
             self._emit(HOST, "host_write", writes=(Access(buf.id, off, nbytes),),
                        detail={"value": value & 0xFF})
@@ -443,7 +326,7 @@ class Device(ABC):
         them now (logged as the same read). A later device op or host store may change what it
         shows, so compare it at once and keep only what the comparison gives."""
         self._host_access(buf, off, nbytes)
-        out = self._do_host_view(buf)[off:off + nbytes]  # a view of its own
+        out = self._actions._do_host_view(buf)[off:off + nbytes]  # a view of its own
         out.flags.writeable = False
         if self.oplog.active:
             self._emit(HOST, "host_read", reads=(Access(buf.id, off, nbytes),))
@@ -462,11 +345,7 @@ class Device(ABC):
         if self._graph is not None:
             raise DeviceUsageError(f"graph {self._graph.name!r} is being captured already; "
                                    "end it before beginning another")
-        if stream.legacy:
-            raise DeviceUsageError("CUDA cannot capture the legacy default stream "
-                                   "(cudaErrorStreamCaptureUnsupported); capture on a "
-                                   "stream of your own")
-        self._graph = Graph(name, stream)
+        self._graph = Graph(name, stream)  # refuses the legacy stream, as CUDA does
 
     def end_graph(self) -> Graph:
         """End the capture (cudaStreamEndCapture, then instantiate): the graph, ready to
@@ -475,12 +354,7 @@ class Device(ABC):
         graph = self._graph
         if graph is None:
             raise DeviceUsageError("no graph is being captured; begin_graph first")
-        unjoined = graph.unjoined()
-        if unjoined:
-            raise DeviceUsageError(
-                f"stream {unjoined[0]} forked into graph {graph.name!r}'s capture and was not "
-                f"joined back (CUDA: cudaErrorStreamCaptureUnjoined): record an event on it "
-                f"after its last op and make {graph.stream.name} wait on it before end_graph")
+        graph.check_joined()
         self._graph = None
         graph.handle = self._do_graph_end(graph)
         graph.ended = True
@@ -494,9 +368,7 @@ class Device(ABC):
         """cudaGraphLaunch: run ``graph``'s nodes on ``stream`` in capture order, as one unit
         (see :mod:`kvcore.device.graph`). Each node writes its op-log record on ``stream``, at
         the launching step, its ``origin`` the line that captured it; ``detail`` names the
-        ``graph``, the step that captured the ``node``, the stream that did (``branch``), the
-        streams the graph was ``captured_on`` and ``launched_on``, and the line that
-        ``launched`` it."""
+        ``graph`` and where it was captured and launched (see :meth:`Graph.launch_records`)."""
         self._check_stream(stream)
         if not graph.ended:
             raise DeviceUsageError(f"graph {graph.name!r} is still being captured; end it "
@@ -505,88 +377,34 @@ class Device(ABC):
             raise DeviceUsageError(f"launching graph {graph.name!r} while graph "
                                    f"{self._graph.name!r} is captured is not modelled; end "
                                    "the capture first")
-        self._do_graph_launch(graph, stream)
-        if self.oplog.active:
-            self._graph_records(graph, stream)
-
-    def _graph_records(self, graph: Graph, stream: Stream) -> None:
-        """A launch's records: each node's on the launching stream, or on a stream of its own
-        for a branch's (``BRANCH in graph G on STREAM``), and the launch's edges between them
-        as event records and waits (``graph G node N``; ``graph G start``)."""
-        plan, origin, at = graph.plan(), graph.stream.name, self.oplog.origin
-        on = {b: stream.name if b == origin else f"{b} in graph {graph.name} on {stream.name}"
-              for b in graph.branches}
-        for name in on.values():
-            if name not in self.oplog.streams:
-                self.oplog.announce_stream(StreamInfo(name, False, False, 0))
-        mark = {i: f"graph {graph.name} node {i}" for i in plan.marked}
-        mark[START] = f"graph {graph.name} start"
-        edge: dict[str, object] = {"graph": graph.name}
-        if START in plan.marked:
-            self._record(stream.name, "event_record", (), (), mark[START], None, None, None,
-                         dict(edge))
-        for i, node in enumerate(graph.nodes):
-            lane = on[node.branch]
-            for dep in plan.waits[i]:
-                self._record(lane, "event_wait", (), (), None, mark[dep], None, None, dict(edge))
-            info: dict[str, object] = {**node.detail, "graph": graph.name,
-                                       "node": node.step or f"node {i}",
-                                       "captured_on": origin, "launched_on": stream.name,
-                                       "branch": node.branch}
-            if node.origin is not None:
-                info["origin"] = node.origin
-            if at is not None:
-                info["launched"] = at
-            self._record(lane, node.kind, node.reads, node.writes, None, None, None, None, info)
-            if i in plan.marked:
-                self._record(lane, "event_record", (), (), mark[i], None, None, None, dict(edge))
-        for dep in plan.tail:
-            self._record(stream.name, "event_wait", (), (), None, mark[dep], None, None,
-                         dict(edge))
-
-    def _issue_nodes(self, graph: Graph, lanes: dict[str, Stream], marks: dict[int, Event],
-                     head: Stream) -> None:
-        """A backend's issue of ``graph``'s nodes, each on its branch's lane, with the launch's
-        edges between them (:meth:`Graph.plan`): the start marked on ``head`` (the launching
-        stream, or the capture's), each marked node's event recorded after it, each wait before
-        the node that needs it, and ``head`` waiting for the branches' tail. The class's
-        actions are called, not the instance's: a program captures the launch, not its
-        nodes."""
-        plan, cls = graph.plan(), type(self)
-        if START in plan.marked:
-            cls._do_record(self, marks[START], head)
-        for i, node in enumerate(graph.nodes):
-            lane = lanes[node.branch]
-            for dep in plan.waits[i]:
-                cls._do_wait(self, lane, marks[dep])
-            getattr(cls, node.name)(self, *node.on(lane))
-            if i in plan.marked:
-                cls._do_record(self, marks[i], lane)
-        for dep in plan.tail:
-            cls._do_wait(self, head, marks[dep])
+        self._actions._do_graph_launch(graph, stream)
+        log = self.oplog
+        if log.active:
+            for lane in graph.lanes(stream.name).values():
+                if lane not in log.streams:
+                    log.announce_stream(StreamInfo(lane, False, False, 0))
+            record = self._actions._record
+            for r in graph.launch_records(stream.name, log.origin):
+                record(r.stream, r.kind, r.reads, r.writes, r.records, r.waits, None, None,
+                       r.detail)
 
     def _graph_node(self, name: str, args: tuple[Any, ...], kind: str, reads: tuple[Access, ...],
                     writes: tuple[Access, ...], detail: dict[str, object]) -> None:
         """A stream op on the capturing stream: a node of the graph, not run now."""
-        log = self.oplog
         assert self._graph is not None
-        stream = args[STREAM_AT[name]]
-        self._graph.add(Node(name, args, kind, reads, writes, detail, log.step, log.origin,
-                             stream.name))
+        self._graph.add(Node(name, args, kind, reads, writes, detail, self.oplog.step,
+                             self.oplog.origin))
 
     def _not_capturing(self, call: str) -> None:
         if self._graph is not None:
-            raise DeviceUsageError(
-                f"{call} while graph {self._graph.name!r} is captured: the host cannot wait for "
-                "the device during a capture (CUDA: cudaErrorStreamCaptureUnsupported); end "
-                "the capture first")
+            self._graph.refuse_host_wait(call)
 
     def synchronize(self) -> None:
         """cudaDeviceSynchronize: the host waits for every stream."""
         self._alive()
         self._not_capturing("synchronize")
         self._blocking()
-        self._do_sync_device()
+        self._actions._do_sync_device()
         if self.oplog.active:
             self._emit(HOST, "sync_device")
 
@@ -595,7 +413,7 @@ class Device(ABC):
         self._check_stream(stream)
         self._not_capturing("synchronize_stream")
         self._blocking()
-        self._do_sync_stream(stream)
+        self._actions._do_sync_stream(stream)
         if self.oplog.active:
             self._emit(HOST, "sync_stream", syncs=stream.name)
 
@@ -604,7 +422,7 @@ class Device(ABC):
         self._alive()
         self._not_capturing("synchronize_event")
         self._blocking()
-        self._do_sync_event(event)
+        self._actions._do_sync_event(event)
         if self.oplog.active:
             self._emit(HOST, "sync_event", waits=event.name)
 
@@ -613,7 +431,7 @@ class Device(ABC):
         query that saw "done" orders the host after the record, as a synchronize would; one
         that saw "not ready" orders nothing."""
         self._alive()
-        done = self._do_query(event)
+        done = self._actions._do_query(event)
         if self.oplog.active:
             self._emit(HOST, "event_query", waits=event.name, detail={"done": done})
         return done
@@ -625,7 +443,7 @@ class Device(ABC):
         self._alive()
         self._blocking()
         polls = 1
-        while not self._do_query(event):
+        while not self._actions._do_query(event):
             polls += 1
         if self.oplog.active:
             self._emit(HOST, "event_query", waits=event.name, detail={"done": True,
@@ -660,7 +478,7 @@ class Device(ABC):
         detail: dict[str, object] = {"name": name, "range": [buf.id, off, nbytes]}
         if stream is not None:
             detail["stream"] = stream
-        self._record(HOST, kind, (), (), None, None, None, None, detail)
+        self._actions._record(HOST, kind, (), (), None, None, None, None, detail)
 
     # ---- programs (see kvcore.device.program) ---------------------------------------------------
     @contextlib.contextmanager
@@ -669,106 +487,32 @@ class Device(ABC):
         :meth:`reissue` can issue again. The calls happen as usual meanwhile. A program whose
         block raised, or that saw a call it cannot stand for (``Program.refused`` says which),
         must not be issued."""
-        if self._program is not None:
+        if self._actions is not self:
             raise DeviceUsageError("a capture is running on this device already")
         program = Program(observed=self.oplog.active)
         if self.timeline:
             program.refuse("timed ops (each op's times are its own)")
-        wrapped: dict[str, bool] = {}  # name -> whether the instance had its own attribute
-        for name in (*CAPTURED, *REFUSED, "_record"):
-            wrapped[name] = name in self.__dict__
-            original = getattr(self, name)
-            setattr(self, name, self._capture_record(program, original) if name == "_record"
-                    else self._capture_refusal(program, name, original) if name in REFUSED
-                    else self._capture_action(program, name, original))
-        self._program, self._depth = program, 0
+        self._actions = Recorder(self, program)
         try:
             yield program
         except BaseException:
             program.refuse("a call that raised")
             raise
         finally:
-            self._program = None
-            for name, own in wrapped.items():
-                original = getattr(self, name).__wrapped__  # type: ignore[attr-defined]
-                if own:
-                    setattr(self, name, original)
-                else:
-                    delattr(self, name)
+            self._actions = self
         if program.refused is None:
-            program.calls = [(*self._lower(item), item.kind, item.name in BLOCKING,
-                              item.template) for item in program.items]
-
-    def _capture_action(self, program: Program, name: str,
-                        action: Callable[..., Any]) -> Callable[..., Any]:
-        def captured(*args: Any) -> Any:
-            if self._depth:
-                return action(*args)
-            # A store's bytes are copied (the caller may reuse its array), but a live one's.
-            kept = args
-            if name == "_do_write" and args[2] is not self._live_store:
-                kept = (args[0], args[1], args[2].copy())
-            elif name == "_do_memset" and self._live_value is not None:
-                kept = (*args[:3], self._live_value, args[4])
-            return self._capture_item(program, Item(ACTION, name, action, kept, None,
-                                                    self._where()), args)
-        captured.__wrapped__ = action  # type: ignore[attr-defined]
-        return captured
-
-    def _capture_refusal(self, program: Program, name: str,
-                         call: Callable[..., Any]) -> Callable[..., Any]:
-        def refusing(*args: Any) -> Any:
-            if not self._depth:
-                program.refuse(REFUSED[name])
-            return call(*args)
-        refusing.__wrapped__ = call  # type: ignore[attr-defined]
-        return refusing
-
-    def _capture_record(self, program: Program,
-                        record: Callable[..., None]) -> Callable[..., None]:
-        def recording(stream: str, kind: str, reads: tuple[Access, ...],
-                      writes: tuple[Access, ...], records: str | None, waits: str | None,
-                      syncs: str | None, times: object, info: dict[str, object]) -> None:
-            record(stream, kind, reads, writes, records, waits, syncs, times, info)
-            if self._depth:
-                return  # inside a call captured as itself: it writes its records again
-            # After _record: it has put the thread into ``info``.
-            template = (stream, kind, reads, writes, records, waits, syncs, self.oplog.step,
-                        info, times is not None, self._live_value)
-            items = program.items
-            last = items[-1] if items else None
-            if last is not None and last.kind == ACTION and last.template is None:
-                last.template = template  # the record of the action just taken
-            else:
-                items.append(Item(RECORD, "_record", None, (), template, self._where()))
-        recording.__wrapped__ = record  # type: ignore[attr-defined]
-        return recording
+            program.calls = [Lowered(*self._lower(item), item.kind, item.name in BLOCKING,
+                                     item.template) for item in program.items]
 
     def reissued(self, call: Callable[..., Any], *args: Any) -> Any:
         """``call(*args)``, captured as itself while a capture runs: issuing the program again
         calls it again, in full, at this point, instead of repeating what it did. For work
         that depends on state a program cannot see (a generation that grows, a comparison's
         answer)."""
-        program = self._program
-        if program is None or self._depth:
-            return call(*args)
-        return self._capture_item(program, Item(CALL, getattr(call, "__name__", "call"), call,
-                                                args, None, self._where()), args)
-
-    def _capture_item(self, program: Program, item: Item, args: tuple[Any, ...]) -> Any:
-        """Add ``item`` to ``program`` and make its call (with ``args``, what the caller was
-        given), capturing none of the calls it makes in turn."""
-        program.items.append(item)
-        self._depth += 1
-        try:
-            return item.fn(*args)  # type: ignore[misc]
-        finally:
-            self._depth -= 1
-
-    def _where(self) -> tuple[str | None, str | None, str | None]:
-        """The op log's step, origin and thread now: where a captured item came from."""
-        log = self.oplog
-        return log.step, log.origin, log.thread
+        actions = self._actions
+        if isinstance(actions, Recorder):
+            return actions.call(call, args)
+        return call(*args)
 
     def reissue(self, program: Program, start: int = 0, stop: int | None = None) -> None:
         """Issue items ``start`` to ``stop`` of a captured ``program`` again: the same device
@@ -776,116 +520,7 @@ class Device(ABC):
         segments, unbuilt, when every observer takes them so), the calls captured as
         themselves called again. On an error, ``program.failed_at`` is the item that raised;
         CUDA's errors arrive as kvcore's, as from any other call."""
-        if program.refused is not None:
-            raise DeviceUsageError(f"a program that captured {program.refused} cannot be "
-                                   "issued again; run the code instead")
-        if program.observed != self.oplog.active:
-            raise DeviceUsageError("the op log's observers changed since the program was "
-                                   "captured; capture it again")
-        if self.fault is not None:
-            raise self.fault
-        calls = program.calls
-        stop = len(calls) if stop is None else stop
-        self._live_issued.clear()
-        i = start
-        try:
-            if not program.observed and not self.oplog.blocking_hooks:
-                # Nobody reads the op log: the calls alone.
-                for fn, args, i in program.bare(start, stop):  # noqa: B007 - i: see except
-                    fn(*args)
-                return
-            if self.oplog.segmented:
-                i = -1  # the item that raised is set below
-                self._reissue_segments(program, start, stop)
-                return
-            items, log, new, clock = program.items, self.oplog, _new, self._clock_ns
-            observers = log.observers
-            for i in range(start, stop):
-                fn, args, kind, blocking, t = calls[i]
-                if kind == CALL:
-                    log.step, log.origin, log.thread = items[i].where
-                    fn(*args)
-                    continue
-                if blocking:
-                    self._blocking()
-                times = fn(*args) if fn is not None else None
-                if t is None:
-                    continue
-                start_ns, end_ns = times if t[9] and times is not None else (None, None)
-                seq = log.seq = log.seq + 1
-                record = new(OpRecord, (seq, t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7],
-                                        clock(), start_ns, end_ns,
-                                        t[8] if t[10] is None else self._live_detail(t)))
-                for observer in observers:
-                    observer(record)
-        except BaseException as exc:
-            if i >= 0:
-                program.failed_at = i
-            err = self._translate_error(exc) if isinstance(exc, Exception) else exc
-            if err is not exc:
-                raise err  # noqa: B904 - its cause is set
-            raise
-
-    def _reissue_segments(self, program: Program, start: int, stop: int) -> None:
-        """:meth:`reissue` for observers that all take segments: the calls, and the records
-        as one segment, unbuilt (the device's times left out). What comes between splits it:
-        a record a call writes (see :meth:`_in_call`), a blocking hook, an error (the records
-        of the items before the one that raised go out)."""
-        run = program.run(start, stop, bool(self.oplog.blocking_hooks))
-        self._run, self._run_sent, self._run_call = run, 0, None
-        i = start
-        try:
-            for plain, apart in run.chunks:
-                for fn, args, i in plain:  # noqa: B007 - i: see except
-                    fn(*args)
-                if apart is not None:
-                    fn, args, i, how, before, _ = apart
-                    if how == CALLS:
-                        # Its records, if it writes any, say where it is (see _in_call).
-                        self._run_call = apart
-                    else:
-                        self._run_upto = before
-                        self._flush_run()
-                        self._blocking()
-                    fn(*args)
-            i = stop
-        except BaseException:
-            program.failed_at = i
-            raise
-        finally:
-            self._run_upto = run.before.get(i, len(run.templates))
-            self._flush_run()
-            self._run = self._run_call = None
-
-    def _in_call(self) -> None:
-        """A record of a call in a reissued run: the run's records before the call go out
-        first, and the op log says where the call is."""
-        call = self._run_call
-        if call is not None:
-            log = self.oplog
-            log.step, log.origin, log.thread = call[5]
-            self._run_upto = call[4]
-        self._flush_run()
-
-    def _flush_run(self) -> None:
-        """Hand the observers the records of the reissued run's items issued so far (as far
-        as ``_run_upto``), numbered now."""
-        run = self._run
-        sent, upto = self._run_sent, self._run_upto
-        if run is None or upto <= sent:
-            return
-        self._run_sent = upto
-        templates, m = run.cut(sent, upto)
-        values: tuple[int, ...] = ()
-        if m:  # the bytes the run's Live memsets set, for their records
-            issued = self._live_issued
-            values = tuple(issued[:m])
-            del issued[:m]
-        log = self.oplog
-        segment = _new(Segment, (templates, log.seq + 1, values, self._clock_ns()))
-        log.seq += upto - sent
-        for observer in log.segment_observers:
-            observer(segment)
+        self._reissuer.issue(program, start, stop)
 
     def _lower(self, item: Item) -> tuple[Callable[..., Any] | None, tuple[Any, ...]]:
         """The call that issues ``item`` again (None: nothing to call, only its record). A
@@ -893,28 +528,8 @@ class Device(ABC):
         if item.kind == RECORD:
             return None, ()
         if item.name == "_do_memset" and type(item.args[3]) is Live:
-            return self._memset_live, (item.fn, *item.args)
+            return self._reissuer.memset_live, (item.fn, *item.args)
         return item.fn, item.args
-
-    def _memset_live(self, do_memset: Callable[..., Any], dst: Buffer, off: int, nbytes: int,
-                     value: Live, stream: Stream) -> Any:
-        """A reissued memset of the byte a :class:`Live` holds now."""
-        return do_memset(dst, off, nbytes, self._live_byte(value), stream)
-
-    def _live_byte(self, value: Live) -> int:
-        """The byte a reissued memset of ``value`` sets now, kept for its record."""
-        byte = value.value & 0xFF
-        self._live_issued.append(byte)
-        return byte
-
-    def _live_detail(self, template: tuple[Any, ...]) -> dict[str, object]:
-        """The detail of the next reissued record whose value was Live: the byte it set."""
-        return live_detail(template, self._live_issued.pop(0))
-
-    def _translate_error(self, exc: Exception) -> BaseException:
-        """The kvcore error for a backend's exception (``exc`` itself when it is not the
-        backend's): what a reissued call raises."""
-        return exc
 
     def settle_times(self) -> list[tuple[int, int, int]]:
         """The device times of the ops timed since the last call, as ``(seq, t_start_ns,
@@ -927,25 +542,17 @@ class Device(ABC):
             observer(times)
         return times
 
-    def _do_times(self, pending: list[tuple[int, object]]) -> list[tuple[int, int, int]]:
-        """The times of ``pending`` ops (a backend that times ops after the fact)."""
-        return []
-
-    def as_reissued(self) -> None:
-        """What this device runs from now on stands in for a program issued again (see
-        :meth:`reissue`): a simulated device, new every trial and so never given the program an
-        earlier trial captured, runs the code but times the host's steps as a reissued trial's.
-        Real time passes as it does on the GPU, where this does nothing."""
-
     def host_step(self) -> None:
         """The harness goes on to a scenario's next step. Real time passes on the GPU; the
         simulated device moves its clock on by what a step costs the harness there, so a small
         copy issued by the step before can land meanwhile, as it does."""
+        self._actions._do_host_step()
 
     def host_thread_switch(self, *, start: bool) -> None:
         """The host goes on in another of its threads (``start``: one that had not run yet).
         Real time passes on the GPU; the simulated device moves its clock on by what a start or
         a switch costs, so a device op issued just before can finish meanwhile, as it does."""
+        self._actions._do_host_thread_switch(start)
 
     def clock_ns(self) -> int:
         """The host clock in ns: virtual time on sim, perf_counter on cuda (for benchmarks)."""
@@ -971,7 +578,8 @@ class Device(ABC):
                                    "allocate before begin_graph")
         if nbytes <= 0:
             raise DeviceUsageError(f"cannot allocate {nbytes} bytes for {name}")
-        buf = Buffer(next(self._ids), name, space, nbytes, role, self._do_alloc(nbytes, space))
+        handle = self._actions._do_alloc(nbytes, space)
+        buf = Buffer(next(self._ids), name, space, nbytes, role, handle)
         buf.owner = self
         self._buffers[buf.id] = buf
         self.oplog.announce_buffer(buf.info())
@@ -1017,7 +625,7 @@ class Device(ABC):
         detail: dict[str, object] | None = None,
     ) -> None:
         if self._run is not None:  # a call of a reissued run: where it is, before the below
-            self._in_call()
+            self._run.in_call()
         log = self.oplog
         info: dict[str, object] = {} if detail is None else detail  # callers build it fresh
         # Where the op came from: the scenario's line when a scenario step issued it (what
@@ -1026,7 +634,7 @@ class Device(ABC):
             info["origin"] = log.origin
         elif self.record_call_sites:
             info["site"] = _call_site()
-        self._record(stream, kind, reads, writes, records, waits, syncs, times, info)
+        self._actions._record(stream, kind, reads, writes, records, waits, syncs, times, info)
 
     def _record(self, stream: str, kind: str, reads: tuple[Access, ...],
                 writes: tuple[Access, ...], records: str | None, waits: str | None,
@@ -1034,7 +642,7 @@ class Device(ABC):
         """Number an op, stamp it, and hand its record to the observers: every record of the
         log is made here."""
         if self._run is not None:  # a call of a reissued run
-            self._in_call()
+            self._run.in_call()
         log = self.oplog
         if log.thread is not None:  # a scenario's host thread: its own track in a timeline
             info["thread"] = log.thread

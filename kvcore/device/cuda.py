@@ -324,8 +324,8 @@ class CudaDevice(Device):
             raise _translate(self, exc)  # noqa: B904 - its cause is set
 
     def _memset_live_raw(self, address: int, value: Live, nbytes: int, stream: int) -> None:
-        """The runtime's memset of a :class:`Live` byte, reissued (see _memset_live)."""
-        self._rt.memsetAsync(address, self._live_byte(value), nbytes, stream)
+        """The runtime's memset of a :class:`Live` byte, reissued (see Reissuer.memset_live)."""
+        self._rt.memsetAsync(address, self._reissuer.live_byte(value), nbytes, stream)
 
     def _do_launch(self, kernel: Kernel, stream: Stream) -> None:
         s = stream.handle
@@ -488,7 +488,7 @@ class CudaDevice(Device):
         if name == "_do_write":
             buf, off, raw = args
             return np.copyto, (buf.handle.array[off:off + raw.size], raw)
-        if name in ("_do_host_view", "host_step", "host_thread_switch"):
+        if name in ("_do_host_view", "_do_host_step", "_do_host_thread_switch"):
             return None, ()  # the host's own steps and reads: nothing for the GPU to do
         if name == "_do_launch" and isinstance(args[0], Delay):
             return functools.partial(self._fns["kv_delay"], (1,), (1,),

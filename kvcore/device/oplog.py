@@ -11,7 +11,7 @@ import contextlib
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 HOST = "host"
 """The pseudo-stream name of actions the host performs itself (pinned writes, reads, waits)."""
@@ -183,6 +183,28 @@ class OpRecord(NamedTuple):
 Observer = Callable[[OpRecord], None]
 
 
+_new = tuple.__new__  # builds a named tuple without its Python-level __new__
+
+
+class Template(NamedTuple):
+    """An op record as a device program holds it, not numbered nor stamped yet: the record's
+    fields but ``seq`` and the times, then whether the backend times the action (``timed``)
+    and the :class:`~kvcore.device.program.Live` value it took (``live``), if any. Built once
+    per captured record; a reissue reads it for every op, so it stays a named tuple."""
+
+    stream: str
+    kind: str
+    reads: tuple[Access, ...]
+    writes: tuple[Access, ...]
+    records: str | None
+    waits: str | None
+    syncs: str | None
+    step: str | None
+    detail: dict[str, object]
+    timed: bool
+    live: object | None  # a kvcore.device.program.Live (that module builds on this one)
+
+
 class Segment(NamedTuple):
     """Records of a reissued device program, not yet built: one per template, numbered from
     ``first_seq`` (see ``Device.reissue``). An observer that subscribed for segments gets
@@ -190,28 +212,29 @@ class Segment(NamedTuple):
     They carry one time, ``t_issue_ns``: the host's clock when the device handed the segment
     over, its last op issued. A program is never issued with ``--timeline``, and an observer
     that wants each op's issue time subscribes for records. ``values``: what the templates
-    that take a live value (``kvcore.device.program.Live``, a template's last field) set, in
-    order. The same piece of the same program comes as the same ``templates`` tuple."""
+    that take a live value (``Template.live``) set, in order. The same piece of the same
+    program comes as the same ``templates`` tuple."""
 
-    templates: tuple[tuple[Any, ...], ...]  # (stream, kind, reads, ..., step, detail, ..., live)
+    templates: tuple[Template, ...]
     first_seq: int
     values: tuple[int, ...] = ()
     t_issue_ns: int | None = None
 
     def records(self) -> list[OpRecord]:
-        seq, values = self.first_seq, iter(self.values)
-        return [_new(OpRecord, (seq + i, t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], None,
-                                None, None, t[8] if t[10] is None else
-                                live_detail(t, next(values))))
-                for i, t in enumerate(self.templates)]
+        # Unpacked rather than read field by field: a detector may build every record.
+        values, out = iter(self.values), []
+        for seq, t in enumerate(self.templates, self.first_seq):
+            stream, kind, reads, writes, records, waits, syncs, step, detail, _, live = t
+            if live is not None:
+                detail = live_detail(t, next(values))
+            out.append(_new(OpRecord, (seq, stream, kind, reads, writes, records, waits, syncs,
+                                       step, None, None, None, detail)))
+        return out
 
 
-def live_detail(template: tuple[Any, ...], value: int) -> dict[str, object]:
+def live_detail(template: Template, value: int) -> dict[str, object]:
     """The detail of a record whose template took a live value: ``value`` as it was set."""
-    return {**template[8], "value": value}
-
-
-_new = tuple.__new__
+    return {**template.detail, "value": value}
 
 
 def expanded(entries: list[OpRecord | Segment]) -> list[OpRecord]:

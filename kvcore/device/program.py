@@ -28,29 +28,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
+
+from kvcore.device.oplog import Template
 
 ACTION, RECORD, CALL = 0, 1, 2
 """What an item of a program is: a backend action (with the record it wrote, if any), a record
 that no action wrote (an owner change), or a call captured as itself."""
 
-CAPTURED = ("_do_record", "_do_wait", "_do_copy", "_do_copy_2d", "_do_memset", "_do_launch",
-            "_do_fill", "_do_write", "_do_host_view", "_do_sync_device", "_do_sync_stream",
-            "_do_sync_event", "_do_graph_launch", "host_step", "host_thread_switch")
-"""The device methods whose calls a program captures: every action a backend takes on the
-device or in pinned memory, and the host's steps (which move a simulated device's clock)."""
-
 BLOCKING = frozenset({"_do_sync_device", "_do_sync_stream", "_do_sync_event"})
 """The actions the host waits in: the op log's blocking hooks run before each, as they do when
 the code runs."""
-
-REFUSED = {
-    "_do_query": "an event query (what it sees depends on the device's timing)",
-    "_do_alloc": "an allocation",
-    "_do_event": "an event's creation",
-    "_do_stream": "a stream's creation",
-}
-"""Backend calls that make a captured program unfit to issue again, and why."""
 
 
 class Live:
@@ -64,20 +52,46 @@ class Live:
         self.value = value
 
 
-@dataclass(eq=False)
+class Where(NamedTuple):
+    """The op log's step, origin and thread when an item was captured."""
+
+    step: str | None = None
+    origin: str | None = None
+    thread: str | None = None
+
+
+@dataclass(frozen=True, slots=True, eq=False)
 class Item:
     """One entry of a program. ``name`` is the device method an action called (what a backend
-    lowers it by); ``template`` the fields of its record (stream, kind, reads, writes,
-    records, waits, syncs, step, detail), then whether the backend times the action and the
-    :class:`Live` value it took (or None); ``where`` the op log's (step, origin, thread) when it
-    was captured."""
+    lowers it by), ``fn`` that method and ``args`` what it was given (as the program keeps
+    them); ``template`` the record it wrote, if any."""
 
-    kind: int
+    kind: int  # ACTION, RECORD or CALL
     name: str
     fn: Callable[..., Any] | None
     args: tuple[Any, ...]
-    template: tuple[Any, ...] | None = None
-    where: tuple[str | None, str | None, str | None] = (None, None, None)
+    template: Template | None = None
+    where: Where = Where()
+
+
+class Lowered(NamedTuple):
+    """An item as a backend issues it again (see ``Device._lower``): the call it makes (None:
+    nothing to call, only its record) with its arguments, the item's kind, whether the host
+    blocks in it, and the record it writes."""
+
+    fn: Callable[..., Any] | None
+    args: tuple[Any, ...]
+    kind: int
+    blocking: bool
+    template: Template | None
+
+
+class Issue(NamedTuple):
+    """A call of a reissued item: ``fn(*args)``, for item ``index`` (named when it raises)."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    index: int
 
 
 BLOCKS, CALLS = 1, 2
@@ -85,25 +99,42 @@ BLOCKS, CALLS = 1, 2
 blocking hooks), or it is a call captured as itself."""
 
 
+class Apart(NamedTuple):
+    """An item a run sets apart: its call, ``how`` (BLOCKS or CALLS), how many templates come
+    ``before`` it (a call's records, if it writes any, come after those), and its item's
+    ``where``."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    index: int
+    how: int
+    before: int
+    where: Where
+
+
+class Chunk(NamedTuple):
+    """Calls a run makes one after another (``plain``), then the item set apart after them
+    (None at the run's end)."""
+
+    plain: list[Issue]
+    apart: Apart | None
+
+
 @dataclass(eq=False)
 class Run:
     """Items of a program as issued to observers that take segments (see
     ``kvcore.device.oplog.Segment``): the templates of the records they write, which of them
-    take a :class:`Live` value (their positions), and what to call, in ``chunks``: actions
-    as ``(function, arguments, index)``, each chunk's followed by an item set apart (or None)
-    as ``(function, arguments, index, how, before, where)``: ``how`` BLOCKS or CALLS,
-    ``before`` how many templates come before it (a call's records, if it writes any, come
-    after those), ``where`` its item's. ``before`` also by index, for any item."""
+    take a :class:`Live` value (their positions), and what to call, in ``chunks``.
+    ``before``: by item index, how many templates come before the item."""
 
-    templates: tuple[tuple[Any, ...], ...]
+    templates: tuple[Template, ...]
     live: tuple[int, ...]
-    chunks: list[tuple[list[tuple[Any, ...]], tuple[Any, ...] | None]]
+    chunks: list[Chunk]
     before: dict[int, int]
-    _pieces: dict[tuple[int, int], tuple[tuple[Any, ...], ...]] = field(default_factory=dict)
-    _cuts: dict[tuple[int, int], tuple[tuple[tuple[Any, ...], ...], int]] = field(
-        default_factory=dict)
+    _pieces: dict[tuple[int, int], tuple[Template, ...]] = field(default_factory=dict)
+    _cuts: dict[tuple[int, int], tuple[tuple[Template, ...], int]] = field(default_factory=dict)
 
-    def piece(self, start: int, stop: int) -> tuple[tuple[Any, ...], ...]:
+    def piece(self, start: int, stop: int) -> tuple[Template, ...]:
         """Templates ``start`` to ``stop``: the same tuple each time, so that observers can
         know a piece of a run they saw before by its identity, as they know a whole run."""
         if not start and stop == len(self.templates):
@@ -113,7 +144,7 @@ class Run:
             got = self._pieces[start, stop] = self.templates[start:stop]
         return got
 
-    def cut(self, start: int, stop: int) -> tuple[tuple[tuple[Any, ...], ...], int]:
+    def cut(self, start: int, stop: int) -> tuple[tuple[Template, ...], int]:
         """:meth:`piece` ``start`` to ``stop``, and how many of its templates take a
         :class:`Live` value: a reissued run is cut at the same places every time it runs."""
         got = self._cuts.get((start, stop))
@@ -133,23 +164,21 @@ class Program:
     items: list[Item] = field(default_factory=list)
     refused: str | None = None
     marks: dict[str, int] = field(default_factory=dict)
-    # Per item, once lowered (see Device.capture): the call a backend makes for it (None:
-    # nothing to call) and its arguments, then its kind, whether the host blocks in it, and
-    # its record's template: what Device.reissue reads, in one tuple.
-    calls: list[tuple[Any, ...]] = field(default_factory=list)
+    # Per item, once lowered (see Device.capture): what Device.reissue reads.
+    calls: list[Lowered] = field(default_factory=list)
     failed_at: int | None = None  # the item that raised, in the last issue that raised
-    # Per (start, stop): only the items that call something, as (function, arguments, index):
-    # what Device.reissue runs when nobody reads the op log.
-    _bare: dict[tuple[int, int], list[tuple[Any, ...]]] = field(default_factory=dict)
+    # Per (start, stop): only the items that call something: what Device.reissue runs when
+    # nobody reads the op log.
+    _bare: dict[tuple[int, int], list[Issue]] = field(default_factory=dict)
     _runs: dict[tuple[int, int, bool], Run] = field(default_factory=dict)
 
-    def bare(self, start: int, stop: int) -> list[tuple[Any, ...]]:
+    def bare(self, start: int, stop: int) -> list[Issue]:
         """The calls of items ``start`` to ``stop`` (see ``_bare``)."""
         got = self._bare.get((start, stop))
         if got is None:
-            got = self._bare[start, stop] = [(fn, args, i) for i, (fn, args, *_) in
+            got = self._bare[start, stop] = [Issue(call.fn, call.args, i) for i, call in
                                              enumerate(self.calls[start:stop], start)
-                                             if fn is not None]
+                                             if call.fn is not None]
         return got
 
     def run(self, start: int, stop: int, hooks: bool) -> Run:
@@ -157,25 +186,30 @@ class Program:
         hooks (the actions the host blocks in are set apart)."""
         got = self._runs.get((start, stop, hooks))
         if got is None:
-            templates: list[tuple[Any, ...]] = []
-            chunks: list[tuple[list[tuple[Any, ...]], tuple[Any, ...] | None]] = []
-            plain: list[tuple[Any, ...]] = []
-            before: dict[int, int] = {}
-            for i in range(start, stop):
-                fn, args, kind, blocking, template = self.calls[i]
-                before[i] = len(templates)
-                if kind == CALL or fn is not None and hooks and blocking:
-                    chunks.append((plain, (fn, args, i, CALLS if kind == CALL else BLOCKS,
-                                           before[i], self.items[i].where)))
-                    plain = []
-                elif fn is not None:
-                    plain.append((fn, args, i))
-                if template is not None:
-                    templates.append(template)
-            chunks.append((plain, None))
-            live = tuple(k for k, t in enumerate(templates) if t[10] is not None)
-            got = self._runs[start, stop, hooks] = Run(tuple(templates), live, chunks, before)
+            got = self._runs[start, stop, hooks] = self._run(start, stop, hooks)
         return got
+
+    def _run(self, start: int, stop: int, hooks: bool) -> Run:
+        templates: list[Template] = []
+        chunks: list[Chunk] = []
+        plain: list[Issue] = []
+        before: dict[int, int] = {}
+        for i in range(start, stop):
+            fn, args, kind, blocking, template = self.calls[i]
+            before[i] = len(templates)
+            if kind == CALL or fn is not None and hooks and blocking:
+                how = CALLS if kind == CALL else BLOCKS
+                assert fn is not None  # a call captured as itself has its function
+                chunks.append(Chunk(plain, Apart(fn, args, i, how, before[i],
+                                                 self.items[i].where)))
+                plain = []
+            elif fn is not None:
+                plain.append(Issue(fn, args, i))
+            if template is not None:
+                templates.append(template)
+        chunks.append(Chunk(plain, None))
+        live = tuple(k for k, t in enumerate(templates) if t.live is not None)
+        return Run(tuple(templates), live, chunks, before)
 
     def mark(self, name: str) -> None:
         """Name the position of the next item (``issue(program, program.marks[name])``)."""
@@ -187,4 +221,4 @@ class Program:
 
     def step_at(self, index: int) -> str | None:
         """The op log's step when item ``index`` was captured."""
-        return self.items[index].where[0] if 0 <= index < len(self.items) else None
+        return self.items[index].where.step if 0 <= index < len(self.items) else None

@@ -444,7 +444,7 @@ class SimDevice(Device):
         self._advance()
         return _arr(buf)
 
-    def host_step(self) -> None:
+    def _do_host_step(self) -> None:
         self._advance(self._vary(self._step_ns))
 
     def _blocking(self) -> None:
@@ -466,7 +466,7 @@ class SimDevice(Device):
         # the calls, shows any call more, less or out of order.
         self._step_ns = self.cost.reissued_step_ns
 
-    def host_thread_switch(self, *, start: bool) -> None:
+    def _do_host_thread_switch(self, start: bool) -> None:
         self._advance(self._vary(self.cost.thread_start_ns if start
                                  else self.cost.thread_switch_ns))
 
