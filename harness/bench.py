@@ -187,7 +187,8 @@ def measure_lanes(backend: str, target: str, variant: str, trials: int, gpus: st
     """The same runs (``trials`` of one variant, dangerous ones too) on one lane and on
     ``gpus`` lanes, alternating, ``rounds`` times each: trials a second (median of the rounds)
     and, where workers died, the restart times (worker death to the next hand-over)."""
-    from harness.run.runner import RunOptions, Runner
+    from harness.run.options import RunOptions
+    from harness.run.runner import Runner
     from harness.lang.targets import resolve_targets
 
     scenarios = resolve_targets([target], ())

@@ -29,7 +29,8 @@ import pytest
 from harness.errors import BackendUnavailable, ScenarioError
 from harness.lang.model import Scenario, Suite
 from harness.results.outcome import Status, VariantResult
-from harness.run.runner import Runner, RunOptions
+from harness.run.options import RunOptions
+from harness.run.runner import Runner
 from harness.lang.scenario import load_document
 from harness.words import counted
 

@@ -219,17 +219,15 @@ def test_an_amplified_watch_writes_a_run_document_of_the_schema_and_its_window(t
     from harness.results.outcome import Outcome, TrialResult, VariantResult
     from harness.run.outputs import RunFolder
     from harness.results.rates import wilson
-    from harness.run.runner import RunResult
+    from harness.gpu.nvml import health_snapshot
+    from harness.results.watched import AmplifiedPlan, WatchResult
     (target,) = A.plan(_findings(CORPUS / "torch_views-buggy.jsonl"))
     folder = RunFolder.create(tmp_path)
-    result = RunResult(backend="cuda", device={"backend": "cuda"}, seed=0,
-                       folder=str(folder.path), run_id=folder.run_id)
     watched = VariantResult("torch_views", "watched", "clean", "torch_views.py", False, False,
                             None)
     watched.add(TrialResult(0, 0, Outcome.CLEAN, race=True, findings=[target.finding]))
     watched.judge()
-    result.results.append(watched)
-    entries = []
+    variants, plans = [watched], []
     for point, failed in zip(points([((target.delay,), target)], (0, 100, 1000)), (0, 3, 4)):
         v = VariantResult("torch_views", point.variant, "clean", "torch_views.py", False, True,
                           point.us, sweep=True)
@@ -237,23 +235,22 @@ def test_an_amplified_watch_writes_a_run_document_of_the_schema_and_its_window(t
             v.add(TrialResult(i, 0, Outcome.CORRUPTION if i < failed else Outcome.CLEAN,
                               detail="the program's output matched --fails-when: WRONG"))
         v.judge()
-        result.results.append(v)
-        entries.append({"variant": v.variant, "delays": [d.to_json() for d in point.delays],
-                        "first": target.first, "second": target.second,
-                        "stream": target.stream, "gap_us": target.gap_us, "trials": 4,
-                        "failed": failed,
-                        "interval": list(wilson(failed, 4)), "queued": 8 * 4 if point.us else 0})
-    result.watch = {"command": "python torch_views.py", "runs": [], "amplified": entries}
-    from harness.gpu.nvml import health_snapshot
-    from harness.run.runner import VERSION
-    result.health = {"before": health_snapshot(), "after": health_snapshot()}
-    result.plan = {"digest": "0" * 64, "version": VERSION, "backend": "cuda", "seed": 0,
-                   "sources": {}}
-    write_and_show(result, None, "text", show=_print_watch_summary)
+        variants.append(v)
+        plans.append(AmplifiedPlan(v.variant, tuple(d.to_json() for d in point.delays),
+                                   target.first, target.second, target.stream, target.gap_us,
+                                   4, failed, wilson(failed, 4), 8 * 4 if point.us else 0))
+    result = WatchResult(program="torch_views", command="python torch_views.py",
+                         folder=str(folder.path), run_id=folder.run_id,
+                         device={"backend": "cuda"},
+                         health={"before": health_snapshot(), "after": health_snapshot()},
+                         results=tuple(variants), runs=(), amplified=tuple(plans))
+    result = write_and_show(result, None, "text", show=_print_watch_summary)
     doc = json.loads((folder.path / "run.json").read_text())
     errors = list(jsonschema.Draft202012Validator(schemas.load("run")).iter_errors(doc))
     assert not errors, [e.message for e in errors]
     assert doc["exit_code"] == 1  # the race the plain run found; a sweep's points map it
+    assert doc["plan"] is None  # a watch runs no scenario: nothing for shards to share
+    assert doc["watch"]["amplified"][1]["failed"] == 3 and result.exit_code == 1
     rows = (folder.path / "window.csv").read_text().splitlines()
     assert [r.split(",")[2:5] for r in rows[1:]] == [["0", "4", "0"], ["100", "4", "3"],
                                                        ["1000", "4", "4"]]

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from harness.errors import ScenarioError
-from harness.run.runner import Runner, RunOptions
+from harness.run.options import RunOptions
+from harness.run.runner import Runner
 from harness.lang.scenario import load_scenario
 
 HEAD = """\

@@ -158,7 +158,10 @@ def test_stop_on_write_error_ends_the_run_at_the_first(tmp_path):
 def test_a_run_whose_folder_is_removed_ends_with_what_it_knows(tmp_path, monkeypatch):
     from harness.cli.runs import write_and_show
     from harness.faults.writes import FOLDER_GONE
-    from harness.run.runner import ExitCode, RunHooks, Runner, RunOptions
+    from harness.results.exitcodes import ExitCode
+    from harness.results.hooks import RunHooks
+    from harness.run.options import RunOptions
+    from harness.run.runner import Runner
     from harness.lang.targets import resolve_targets
 
     class RemoveAfter(RunHooks):  # a cleanup job, 30 trials in
@@ -179,7 +182,7 @@ def test_a_run_whose_folder_is_removed_ends_with_what_it_knows(tmp_path, monkeyp
     assert "stopped (the run's folder " in result.results[-1].reason
     assert result.exit_code is ExitCode.WRITE_FAILED
     assert [f.what for f in result.write_errors] == [FOLDER_GONE]
-    write_and_show(result, None, "json")
+    result = write_and_show(result, None, "json")
     doc = json.loads((tmp_path / "tmp" / "gpurace-fallback" / result.run_id / "run.json")
                      .read_text())
     assert doc["exit_code"] == 4 and doc["write_errors"][0]["what"] == FOLDER_GONE
@@ -244,7 +247,10 @@ def test_a_trace_the_disk_will_not_take_is_dropped_and_the_next_trial_tries_agai
 
 
 def test_a_worker_whose_log_cannot_be_made_runs_its_trials(tmp_path):
-    from harness.run.runner import ExitCode, RunHooks, Runner, RunOptions
+    from harness.results.exitcodes import ExitCode
+    from harness.results.hooks import RunHooks
+    from harness.run.options import RunOptions
+    from harness.run.runner import Runner
     from harness.lang.targets import resolve_targets
 
     class LogIsAFolder(RunHooks):  # where the first worker's log goes, a folder: EISDIR
@@ -265,7 +271,9 @@ def test_a_worker_whose_log_cannot_be_made_runs_its_trials(tmp_path):
 def test_run_json_goes_where_it_can_and_says_so(tmp_path, monkeypatch, capsys):
     from harness.cli.runs import write_and_show
     from harness.faults.writes import FOLDER_GONE
-    from harness.run.runner import ExitCode, Runner, RunOptions
+    from harness.results.exitcodes import ExitCode
+    from harness.run.options import RunOptions
+    from harness.run.runner import Runner
     from harness.lang.targets import resolve_targets
 
     result = Runner(RunOptions(backend="sim", trials=3, out_dir=tmp_path / "out")).run(
@@ -274,7 +282,7 @@ def test_run_json_goes_where_it_can_and_says_so(tmp_path, monkeypatch, capsys):
     nowhere = tmp_path / "file"
     nowhere.write_text("")
     monkeypatch.setattr(tempfile, "tempdir", str(nowhere))  # and the fallback under a file
-    write_and_show(result, None, "json")
+    result = write_and_show(result, None, "json")
     out, err = capsys.readouterr()
     doc = json.loads(out)  # --format json prints the whole document all the same
     assert doc["exit_code"] == 4 and result.exit_code is ExitCode.WRITE_FAILED
@@ -335,8 +343,9 @@ def test_a_watch_that_cannot_make_its_runs_files_ends_in_one_line_with_exit_4(
     """Before the program starts: the run's own events file cannot be made (here a file
     stands where its folder goes), so nothing can be captured; no traceback, exit 4."""
     from harness.capture import watch as watchmod
+    from harness.results.exitcodes import ExitCode
+    from harness.results.hooks import RunHooks
     from harness.run.outputs import RunFolder
-    from harness.run.runner import ExitCode
 
     made = RunFolder.create
 
@@ -348,7 +357,7 @@ def test_a_watch_that_cannot_make_its_runs_files_ends_in_one_line_with_exit_4(
     monkeypatch.setattr(watchmod.RunFolder, "create", folder_with_a_file_in_the_way)
     said = []
 
-    class Hooks(watchmod.RunHooks):
+    class Hooks(RunHooks):
         def note(self, text):
             said.append(text)
 

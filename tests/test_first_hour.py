@@ -21,8 +21,10 @@ from harness.cli import main, output
 from harness.lang.targets import resolve_targets
 from harness.results.outcome import Status, VariantResult
 from harness.run import runner as runner_module
-from harness.run.exitcodes import ExitCode
-from harness.run.runner import RunOptions, RunResult, Runner
+from harness.results.exitcodes import ExitCode
+from harness.results.run import RunResult
+from harness.run.options import RunOptions
+from harness.run.runner import Runner
 from harness.words import counted
 from reports import percent_interval
 

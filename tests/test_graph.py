@@ -9,7 +9,8 @@ import pytest
 
 from harness.errors import ScenarioError
 from harness.run.executor import TrialExecutor
-from harness.run.runner import Runner, RunOptions
+from harness.run.options import RunOptions
+from harness.run.runner import Runner
 from harness.lang.scenario import load_scenario
 from kvcore.device import open_device
 from kvcore.device.kernels import Delay

@@ -20,7 +20,8 @@ from click.testing import CliRunner
 from harness.cli import main
 from harness.results.outcome import Outcome, TrialResult, VariantResult
 from harness.run.outputs import RunFolder, sweep_dead_runs
-from harness.run.runner import Runner, RunOptions
+from harness.run.options import RunOptions
+from harness.run.runner import Runner
 from harness.lang.targets import SCENARIO_ROOT, resolve_targets
 from programs import hang_file
 from reports import ReportError, write_atomic

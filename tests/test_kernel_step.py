@@ -11,7 +11,8 @@ import pytest
 from harness.races.detector import check_trace
 from harness.errors import ScenarioError
 from harness.analyses.minimize import _closure
-from harness.run.runner import Runner, RunOptions
+from harness.run.options import RunOptions
+from harness.run.runner import Runner
 from harness.lang.scenario import load_scenario
 from harness.traces.optrace import load_trace
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.run.runner import Runner, RunOptions
+from harness.run.options import RunOptions
+from harness.run.runner import Runner
 from harness.lang.scenario import load_scenario
 from test_kernel_step import FORWARD_OFFLOAD, HEAD, parts
 

@@ -257,7 +257,8 @@ def test_a_killed_workers_trace_is_its_whole_lines(tmp_path: Path) -> None:
     """A worker killed in its trial (a hang, by the watchdog) leaves its trace file mapped and
     longer than its lines: the incident's trace is those lines, no zeros, and loads strictly,
     its last op the kernel that never ends (flushed before the wait on it)."""
-    from harness.run.runner import RunOptions, Runner
+    from harness.run.options import RunOptions
+    from harness.run.runner import Runner
     from harness.lang.targets import resolve_targets
     from programs import hang_file
 

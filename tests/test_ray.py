@@ -16,7 +16,8 @@ import pytest
 from click.testing import CliRunner
 
 from harness.cli import main
-from harness.run.runner import RunOptions, Runner
+from harness.run.options import RunOptions
+from harness.run.runner import Runner
 from harness.lang.targets import resolve_targets
 from programs import hang_file
 

@@ -11,7 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 from harness.cli import main
-from harness.run.runner import RunOptions, Runner
+from harness.run.options import RunOptions
+from harness.run.runner import Runner
 from harness.lang.targets import SCENARIO_ROOT, resolve_targets
 
 ALL = [str(SCENARIO_ROOT / n) for n in
@@ -205,7 +206,7 @@ def test_a_summary_lists_ten_incidents_and_says_how_many_more_and_where(monkeypa
 
     from harness.cli import output
     from harness.results.outcome import VariantResult
-    from harness.run.runner import RunResult
+    from harness.results.run import RunResult
     text = io.StringIO()
     monkeypatch.setattr(output, "out", Console(file=text, width=200))
     variant = VariantResult(scenario="s", variant="buggy", expect="reproduces", path="s.yaml",

@@ -91,7 +91,8 @@ def test_hung_worker_killed_gpu_fine_afterwards(tmp_path: Path) -> None:
 _PARENT = """
 import json, sys
 from pathlib import Path
-from harness.run.runner import Runner, RunOptions
+from harness.run.options import RunOptions
+from harness.run.runner import Runner
 from harness.lang.targets import resolve_targets
 
 if __name__ == "__main__":

@@ -90,7 +90,9 @@ def test_three_shards_merged_equal_one_run_trial_for_trial(campaign: dict,
 def test_shards_partition_the_trials_and_keep_their_seeds(tmp_path: Path) -> None:
     """Every (scenario, variant, trial index, seed) of one run is made by exactly one shard,
     with the seed the whole run gives it."""
-    from harness.run.runner import RunHooks, RunOptions, Runner
+    from harness.results.hooks import RunHooks
+    from harness.run.options import RunOptions
+    from harness.run.runner import Runner
     from harness.lang.targets import resolve_targets
 
     class Made(RunHooks):

@@ -11,7 +11,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness.run.runner import RunHooks, RunOptions, Runner
+from harness.results.hooks import RunHooks
+from harness.run.options import RunOptions
+from harness.run.runner import Runner
 from harness.lang.scenario import load_scenario
 from harness.lang.targets import SCENARIO_ROOT, resolve_targets
 from harness.run.worker import WorkerJob
@@ -210,7 +212,7 @@ def test_a_fatal_xid_retires_its_gpu_and_the_others_go_on(tmp_path: Path) -> Non
     from collections import deque
 
     from harness.gpu.watch import FatalXid
-    from harness.run.runner import _Lane
+    from harness.run.lanes import Lane
 
     runner = Runner(RunOptions(backend="sim", out_dir=tmp_path))
 
@@ -222,9 +224,9 @@ def test_a_fatal_xid_retires_its_gpu_and_the_others_go_on(tmp_path: Path) -> Non
 
     runner.watch, runner.started = Watch(), 0.0  # type: ignore[assignment]
     supply = WorkerSupply(lambda: None, 1.0)  # type: ignore[arg-type,return-value]
-    lanes = [_Lane("GPU 0", supply, device={"uuid": "GPU-a", "pci_bus_id": "0000:00:06"}),
-             _Lane("GPU 1", supply, device={"uuid": "GPU-b", "pci_bus_id": "0000:00:07"}),
-             _Lane("GPU 2", supply, device={"uuid": "GPU-c", "pci_bus_id": "0000:00:08"})]
+    lanes = [Lane("GPU 0", supply, device={"uuid": "GPU-a", "pci_bus_id": "0000:00:06"}),
+             Lane("GPU 1", supply, device={"uuid": "GPU-b", "pci_bus_id": "0000:00:07"}),
+             Lane("GPU 2", supply, device={"uuid": "GPU-c", "pci_bus_id": "0000:00:08"})]
     lanes[1].inflight = deque([(4, 44), (5, 55)])
     queue: deque = deque([(6, 66)])
     runner._retire_lanes(lanes, queue)
@@ -400,7 +402,7 @@ def test_a_worker_that_cannot_start_on_a_gpu_that_needs_a_reset_retires_its_lane
     from collections import deque
 
     from harness.errors import HarnessError
-    from harness.run.runner import _Lane
+    from harness.run.lanes import Lane
     from harness.run.workers import WorkerFailed
 
     class Dead:
@@ -421,7 +423,7 @@ def test_a_worker_that_cannot_start_on_a_gpu_that_needs_a_reset_retires_its_lane
     runner = Runner(RunOptions(backend="sim", out_dir=tmp_path))
     runner.backend = "cuda"
     runner.watch = _Health({"GPU-b": "the driver says the GPU requires a reset"})  # type: ignore
-    lane = _Lane("GPU 1", Supply(), pin="GPU-b")  # type: ignore[arg-type]
+    lane = Lane("GPU 1", Supply(), pin="GPU-b")  # type: ignore[arg-type]
     queue: deque = deque([(5, 55), (6, 66), (7, 77)])
     assert not runner._ready_worker(lane, queue)
     assert lane.retired.startswith("GPU 1 (GPU-b) cannot start a worker: the driver says")
@@ -429,7 +431,7 @@ def test_a_worker_that_cannot_start_on_a_gpu_that_needs_a_reset_retires_its_lane
     runner._stop_if_all_retired([lane])
     assert runner.stopped.startswith("GPU 1 (GPU-b) cannot start a worker")
     # On a GPU that is well, a worker that cannot start is the error it always was.
-    healthy = _Lane("GPU 0", Supply(), pin="GPU-a")  # type: ignore[arg-type]
+    healthy = Lane("GPU 0", Supply(), pin="GPU-a")  # type: ignore[arg-type]
     with pytest.raises(HarnessError, match="cudaErrorDevicesUnavailable"):
         runner._ready_worker(healthy, queue)
 

@@ -5,9 +5,10 @@ process of its own (:mod:`harness.capture.boot`, under the program's own interpr
 capture events as they come, feeds the race detector while the program runs, and ends each run
 with a trial result: ``clean``, ``crash`` (the program raised, exited non-zero, or died of a
 signal; ``cuda_error`` says when a CUDA error was why) or ``hang`` (it outlived ``--timeout``
-and was killed), with the races the detector found. The runs are one variant of a run document
-(``gpurace.run/1``: scenario = the program, variant ``watched``, expecting ``clean``), so the run
-folder, run.json, the exit codes and incident folders are the ones `gpurace run` writes.
+and was killed), with the races the detector found. The plain runs are one variant (scenario =
+the program, variant ``watched``, expecting ``clean``), each amplified plan another, and the
+whole a :class:`~harness.results.watched.WatchResult`: its run folder, run.json, exit codes and
+incident folders are the ones `gpurace run` writes, without the plan a scenario run has.
 """
 
 from __future__ import annotations
@@ -34,13 +35,13 @@ from harness.capture.events import LOST, read_events
 from harness.errors import CaptureFailed, NothingToCapture, TraceError, WatchError
 from harness.faults.writes import WriteFaults, WriteStop, reason
 from harness.gpu.nvml import health_snapshot
-from harness.run.incidents import trace_tail
+from harness.run.incidents import Subject, build_report, write_report
+from harness.results.hooks import RunHooks
 from harness.results.outcome import Outcome, TrialResult, VariantResult
 from harness.run.outputs import RunFolder
 from harness.results.rates import wilson
+from harness.results.watched import AmplifiedPlan, WatchedRun, WatchResult
 from harness.traces.optrace import load_trace
-from harness.run.runner import VERSION, RunHooks, RunResult
-from reports import write_incident
 
 POLL_S = 0.1
 """How often the watch reads the events the program wrote since it last looked."""
@@ -156,8 +157,8 @@ class ProgramEnd:
     # started the fork server, the server's start: its imports)
 
 
-def watch(options: WatchOptions, hooks: RunHooks | None = None) -> RunResult:
-    """Run the program ``options.runs`` times under capture; the run's result, its folder
+def watch(options: WatchOptions, hooks: RunHooks | None = None) -> WatchResult:
+    """Run the program ``options.runs`` times under capture; the watch's result, its folder
     written (run.json is the caller's, as for `gpurace run`)."""
     hooks = hooks or RunHooks()
     program = options.program
@@ -168,15 +169,14 @@ def watch(options: WatchOptions, hooks: RunHooks | None = None) -> RunResult:
                             delay_us=None)
     before = health_snapshot()
     device = {"backend": "cuda", **({"name": before["name"]} if before.get("name") else {})}
-    result = RunResult(backend="cuda", device=device, seed=0, folder=str(folder.path),
-                       run_id=folder.run_id)
     hooks.variant_started(variant, options.runs)
     notes: list[str] = []
-    runs: list[dict[str, Any]] = []
+    runs: list[WatchedRun] = []
     faults = WriteFaults(note=hooks.note)
-    amplified: list[dict[str, Any]] = []
+    amplified: list[_Amplified] = []
     variants = [] if options.delays else [variant]
     launcher = _Launcher(options, lambda text: _say(notes, hooks, text))
+    interrupted = ""
     try:
         if not options.delays:
             _runs(options, folder.path, variant, hooks, notes, runs, faults, launcher=launcher)
@@ -184,30 +184,55 @@ def watch(options: WatchOptions, hooks: RunHooks | None = None) -> RunResult:
             _amplify(options, folder.path, variant, hooks, notes, runs, faults, amplified,
                      variants, launcher)
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM through the CLI: keep what ended
-        result.interrupted = signal.Signals(getattr(exc, "signum", signal.SIGINT)).name
+        interrupted = signal.Signals(getattr(exc, "signum", signal.SIGINT)).name
     except WriteStop:
         pass  # a run's own files could not be made: said, and the runs before it are kept
     finally:
         launcher.close()
-    result.write_errors = faults.records
     for v in variants:
         v.judge()
         hooks.variant_finished(v)
-    result.results.extend(variants)
-    result.watch_notes = notes
-    result.health = {"before": before, "after": health_snapshot()}
-    result.wall_s = time.monotonic() - start
-    result.plan = {"digest": "0" * 64, "version": VERSION, "backend": "cuda", "seed": 0,
-                   "sources": {}}
-    result.watch = {"command": shlex.join(program.argv), "runs": runs}
-    if options.amplifying:
-        result.watch["amplified"] = amplified
-    return result
+    health = {"before": before, "after": health_snapshot()}
+    return WatchResult(
+        program=program.name, command=shlex.join(program.argv), folder=str(folder.path),
+        run_id=folder.run_id, device=device, health=health, results=tuple(variants),
+        runs=tuple(runs), amplified=tuple(a.plan() for a in amplified)
+        if options.amplifying else None, notes=tuple(notes),
+        wall_s=time.monotonic() - start, interrupted=interrupted,
+        write_errors=tuple(faults.records))
+
+
+@dataclass
+class _Amplified:
+    """An amplified variant while its runs go: what it delays, the pair it opens, and the
+    delays its runs queued so far."""
+
+    variant: VariantResult
+    delays: tuple[A.Delay, ...]
+    target: A.Target | None
+    queued: int = 0
+
+    def plan(self) -> AmplifiedPlan:
+        """What its runs came to, so far."""
+        trials, target = self.variant.trials, self.target
+        failed = trials - self.variant.counts[Outcome.CLEAN.value]
+        return AmplifiedPlan(
+            variant=self.variant.variant, delays=tuple(d.to_json() for d in self.delays),
+            first=target.first if target else None, second=target.second if target else None,
+            stream=target.stream if target else None,
+            gap_us=None if target is None or target.gap_us is None else round(
+                target.gap_us, 3), trials=trials, failed=failed,
+            interval=_rounded(wilson(failed, trials)), queued=self.queued)
+
+
+def _rounded(interval: tuple[float, float]) -> tuple[float, float]:
+    """An interval as the run document keeps it, and the summary prints it: to 4 places."""
+    return round(interval[0], 4), round(interval[1], 4)
 
 
 def _amplify(options: WatchOptions, folder: Path, watched: VariantResult, hooks: RunHooks,
-             notes: list[str], runs: list[dict[str, Any]], faults: WriteFaults,
-             amplified: list[dict[str, Any]], variants: list[VariantResult],
+             notes: list[str], runs: list[WatchedRun], faults: WriteFaults,
+             amplified: list[_Amplified], variants: list[VariantResult],
              launcher: _Launcher) -> None:
     """The amplified runs: for each racing pair the plain runs found (or the user's sites),
     ``trials`` runs with a delay before the pair's earlier op, as a variant of its own."""
@@ -230,15 +255,8 @@ def _amplify(options: WatchOptions, folder: Path, watched: VariantResult, hooks:
                                 expect="clean", path=options.program.target, dangerous=False,
                                 amplified=True, delay_us=point.us, sweep=bool(options.sweep))
         variants.append(variant)
-        entry: dict[str, Any] = {
-            "variant": variant.variant, "delays": [d.to_json() for d in delays],
-            "first": target.first if target else None,
-            "second": target.second if target else None,
-            "stream": target.stream if target else None,
-            "gap_us": None if target is None or target.gap_us is None else round(
-                target.gap_us, 3), "trials": 0, "failed": 0,
-            "interval": [0.0, 1.0], "queued": 0}
-        amplified.append(entry)
+        tally = _Amplified(variant, delays, target)
+        amplified.append(tally)
         hooks.variant_started(variant, options.trials)
         gap = target.gap_us if target else None
         _say(notes, hooks, f"{variant.variant}: {options.trials} run(s) with a delay of "
@@ -248,8 +266,8 @@ def _amplify(options: WatchOptions, folder: Path, watched: VariantResult, hooks:
                               "in the run that found it" if gap is not None else ""))
         queued = tuple(d for d in delays if d.us > 0)  # a sweep's 0: the program as it is
         _runs(options, folder, variant, hooks, notes, runs, faults, delays=queued,
-              label=point.folder, count=options.trials, entry=entry, launcher=launcher)
-        if options.delays and queued and not entry["queued"]:
+              label=point.folder, count=options.trials, tally=tally, launcher=launcher)
+        if options.delays and queued and not tally.queued:
             _say(notes, hooks, "no delay was queued: no op of the program's ran from "
                                + ", ".join(d.site for d in delays)
                                + " (check the file and line: a finding's side names them)")
@@ -304,37 +322,45 @@ def _say(notes: list[str], hooks: RunHooks, text: str) -> None:
 
 
 def _runs(options: WatchOptions, folder: Path, variant: VariantResult, hooks: RunHooks,
-          notes: list[str], runs: list[dict[str, Any]], faults: WriteFaults, *,
+          notes: list[str], runs: list[WatchedRun], faults: WriteFaults, *,
           launcher: _Launcher, delays: tuple[A.Delay, ...] = (), label: str = "",
-          count: int | None = None, entry: dict[str, Any] | None = None) -> None:
+          count: int | None = None, tally: _Amplified | None = None) -> None:
     """The program's runs, one after another, each folded into ``variant`` as it ends (with
-    ``delays`` queued, counted into ``entry``)."""
+    ``delays`` queued, counted into ``tally``)."""
     for index in range(options.runs if count is None else count):
-        trial, info = _one_run(options, folder, index, hooks, faults, launcher, delays,
-                               label)
+        trial, ran = _one_run(options, folder, index, hooks, faults, launcher, delays, label)
         variant.add(trial)
-        if entry is not None:
-            entry["trials"] = variant.trials
-            entry["failed"] = variant.trials - variant.counts[Outcome.CLEAN.value]
-            entry["interval"] = [round(x, 4) for x in wilson(entry["failed"], variant.trials)]
-            entry["queued"] += sum(int(d.get("queued", 0)) for d in info["delays"])
-        for note in info["notes"]:
+        if tally is not None:
+            tally.queued += sum(int(d.get("queued", 0)) for d in ran.delays)
+        for note in ran.notes:
             if note not in notes:
                 notes.append(note)
                 hooks.note(note)
-        runs.append(info["run"])
+        runs.append(ran.run)
         if (trial.outcome.manifested or trial.race) and \
                 len(variant.reports) < options.max_incidents:
             try:
-                variant.reports.append(str(_incident(folder, options, trial, info, delays)))
+                variant.reports.append(str(_write_incident(
+                    folder, options, trial, ran.end, ran.run.log, ran.notes, delays)))
             except OSError as exc:  # the run is counted; its report is what is lost
                 faults.failed("incident", folder, exc)
         hooks.trial_finished(variant, trial)
 
 
+@dataclass(frozen=True)
+class _Ran:
+    """What one run of the program left beside its trial: its record, how it ended, its
+    notes, and the delays its capture queued."""
+
+    run: WatchedRun
+    end: ProgramEnd
+    notes: list[str]
+    delays: list[dict[str, Any]]
+
+
 def _one_run(options: WatchOptions, folder: Path, index: int, hooks: RunHooks,
              faults: WriteFaults, launcher: _Launcher, delays: tuple[A.Delay, ...] = (),
-             label: str = "") -> tuple[TrialResult, dict[str, Any]]:
+             label: str = "") -> tuple[TrialResult, _Ran]:
     program = options.program
     work = folder / "watch" / label / f"run-{index + 1:03d}"
     events_path = work / "events.jsonl"
@@ -386,14 +412,13 @@ def _one_run(options: WatchOptions, folder: Path, index: int, hooks: RunHooks,
                             f"interpreter (exit {end.status}): "
                             + (end.stderr_tail.strip().splitlines() or ["no output"])[-1])
     notes = [*translator.notes, *notes]
-    run = {"index": index, **({"variant": label} if label else {}), "status": end.status,
-           "signal": end.signal, "timed_out": end.timed_out, "error": end.error,
-           "ops": translator.ops, "records": translator.seq,
-           "sources": translator.hello.get("sources", {}), "events": str(events_path),
-           "trace": str(trace_path), "log": str(work / "program.log"), "start": how,
-           "duration_s": round(end.duration_s, 4), "launch_s": round(end.launch_s, 4),
-           "capture": translator.stats}
-    return trial, {"notes": notes, "run": run, "end": end, "delays": translator.delays}
+    run = WatchedRun(index=index, label=label, status=end.status, signal=end.signal,
+                     timed_out=end.timed_out, error=end.error, ops=translator.ops,
+                     records=translator.seq, sources=translator.hello.get("sources", {}),
+                     events=str(events_path), trace=str(trace_path),
+                     log=str(work / "program.log"), start=how, duration_s=end.duration_s,
+                     launch_s=end.launch_s, capture=translator.stats)
+    return trial, _Ran(run, end, notes, translator.delays)
 
 
 def _failure_line(log: Path, pattern: str) -> str | None:
@@ -669,41 +694,36 @@ def _shim() -> Path:
     return _SHIM[0]
 
 
-def _incident(folder: Path, options: WatchOptions, trial: TrialResult,
-              info: dict[str, Any], delays: tuple[A.Delay, ...] = ()) -> Path:
-    """The incident folder of a run that raced or ended badly."""
+def _write_incident(folder: Path, options: WatchOptions, trial: TrialResult, end: ProgramEnd,
+                    log: str, notes: Sequence[str], delays: tuple[A.Delay, ...] = ()) -> Path:
+    """The incident folder of a run that raced or ended badly, as `gpurace run` writes one;
+    beside it the program's output (``log``), its traceback and the run's notes."""
     program = options.program
-    end: ProgramEnd = info["end"]
-    last_ops, buffers, _ = trace_tail(trial)
-    trace = Path(trial.trace) if trial.trace else None
+    subject = Subject(program.name, program.target,
+                      f"the program {shlex.join(program.argv)}, watched", False,
+                      "watched", "clean")
     argv = ["gpurace", "watch", *_amplify_argv(options, delays), "--", *program.argv]
-    report = {
-        "schema": "gpurace.report/1",
-        "scenario": {"name": program.name, "path": program.target,
-                     "description": f"the program {shlex.join(program.argv)}, watched",
-                     "dangerous": False},
-        "variant": {"name": "watched", "expect": "clean"},
-        "trial": {"index": trial.index, "seed": 0, "duration_s": round(trial.duration_s, 4),
-                  "worker_pid": trial.worker_pid},
-        "run_seed": 0, "backend": "cuda", "device": {"backend": "cuda"}, "health": {},
-        "outcome": trial.outcome.value, "detail": trial.detail,
-        "cuda_error": trial.cuda_error, "step": None, "request": None, "xids": [],
-        "xid_note": "", "kernel_log": [], "device_log": end.traceback or "",
-        "amplification": {"stream": None,
-                          "before": "; ".join(f"{d.kind + ' at ' if d.kind else ''}{d.site}"
-                                              for d in delays),
-                          "delay_us": max(d.us for d in delays)} if delays else None,
-        "findings": trial.findings, "last_ops": last_ops,
-        "buffers": buffers,
-        "ops_total": trial.ops_total, "trace": "trace.jsonl",
-        "reproduce": {"command": shlex.join(argv), "argv": argv},
-    }
-    extra = {"program.log": Path(info["run"]["log"]).read_text(errors="replace")[-200_000:]}
+    report = build_report(
+        subject, trial, backend="cuda", device={"backend": "cuda"}, health={}, run_seed=0,
+        amplification={"stream": None,
+                       "before": "; ".join(f"{d.kind + ' at ' if d.kind else ''}{d.site}"
+                                           for d in delays),
+                       "delay_us": max(d.us for d in delays)} if delays else None,
+        argv=argv, device_log=end.traceback or "")
+    extra = {"program.log": Path(log).read_text(errors="replace")[-200_000:]}
     if end.traceback:
         extra["traceback.txt"] = end.traceback
-    if info["notes"]:
-        extra["notes.txt"] = "\n".join(info["notes"]) + "\n"
-    return write_incident(folder, report, trace, extra)
+    if notes:
+        extra["notes.txt"] = "\n".join(notes) + "\n"
+    return write_report(folder, report, trial, extra)
+
+
+def _incident(folder: Path, options: WatchOptions, trial: TrialResult,
+              info: dict[str, Any], delays: tuple[A.Delay, ...] = ()) -> Path:
+    """:func:`_write_incident` from a dict of what the run left (``end``, ``run``'s
+    ``log``, ``notes``), as tests/test_capture.py calls it."""
+    return _write_incident(folder, options, trial, info["end"], info["run"]["log"],
+                           info["notes"], delays)
 
 
 def _amplify_argv(options: WatchOptions, delays: tuple[A.Delay, ...]) -> list[str]:

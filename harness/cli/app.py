@@ -13,7 +13,7 @@ import kvcore
 from harness.errors import HarnessError
 from reports import ReportError
 from harness.cli.output import OUTPUT, _fail
-from harness.run.exitcodes import ExitCode
+from harness.results.exitcodes import ExitCode
 
 
 class _Commands(click.Group):

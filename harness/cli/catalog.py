@@ -18,7 +18,7 @@ from harness.errors import TargetError
 from harness import schemas
 from harness.lang import vocabulary
 from harness.lang.model import Scenario, Suite
-from harness.run.runner import ExitCode
+from harness.results.exitcodes import ExitCode
 from harness.lang.targets import catalog
 from harness.cli.app import main
 from harness.cli.options import PATH_OPTION, format_option

@@ -12,7 +12,7 @@ import click
 
 import kvcore
 from harness.limits import DELAY_MAX_US, GPUS_MAX, SHARDS_MAX, SPARES_MAX, TIMEOUT_MAX_S, TRIALS_MAX
-from harness.run.runner import RunOptions
+from harness.run.options import RunOptions
 from harness.lang.targets import PATH_VARIABLE
 
 

@@ -17,7 +17,8 @@ from rich.table import Table
 
 from harness.results.outcome import Status, VariantResult
 from reports import ReportError, percent_interval
-from harness.run.runner import ExitCode, RunResult
+from harness.results.exitcodes import ExitCode
+from harness.results.run import RunResult
 from harness.words import counted
 
 

@@ -11,7 +11,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 from rich.markup import escape
@@ -29,13 +29,20 @@ from reports import render_junit, write_atomic
 from harness.faults.writes import FOLDER_GONE, WriteFaults, fallback_folder
 from harness.run.outputs import check_file, check_folder, sweep_dead_runs
 from reports.window import Window, plot_png, render_terminal, sweep_window, trace_gaps
-from harness.run.runner import Interrupted, RunHooks, RunOptions, RunResult, Runner
+from harness.results.hooks import RunHooks
+from harness.results.run import RunResult
+from harness.results.watched import WatchResult
+from harness.run.options import RunOptions
+from harness.run.runner import Interrupted, Runner
 from harness.lang.targets import resolve_targets
 from harness.cli.app import main
 from harness.cli.options import (PATH_OPTION, format_option, junit_option, run_options,
                                  shared_run_options)
 from harness.cli.output import _echo, _log, print_summary, err, out
 from harness.words import counted
+
+Done = TypeVar("Done", RunResult, WatchResult)
+"""What a command's run came to: a run of scenarios (run, replay, merge) or a watch."""
 
 
 @main.command("run")
@@ -87,7 +94,7 @@ def _execute(scenarios: Sequence[Scenario], options: RunOptions, *, insist: bool
             result = runner.run(scenarios)
     finally:
         signal.signal(signal.SIGTERM, previous)
-    write_and_show(result, junit, fmt, show=lambda r: print_summary(
+    result = write_and_show(result, junit, fmt, show=lambda r: print_summary(
         r, Path(r.folder), recorded=options.record, command=command))
     if result.interrupted:
         done = sum(r.trials for r in result.results)
@@ -96,16 +103,18 @@ def _execute(scenarios: Sequence[Scenario], options: RunOptions, *, insist: bool
     sys.exit(int(result.exit_code))
 
 
-def write_and_show(result: RunResult, junit: Path | None, fmt: str,
-                   show: Callable[[RunResult], None] | None = None) -> None:
+def write_and_show(result: Done, junit: Path | None, fmt: str,
+                   show: Callable[[Done], None] | None = None) -> Done:
     """Write the run's run.json (and JUnit) in its folder, and print it (``show``: the
-    summary; a table of variants by default): run, replay, merge, watch."""
+    summary; a table of variants by default): run, replay, merge, watch. Returns the result
+    with the files this lost added to its own, whose exit code the command exits with."""
     faults = WriteFaults(note=lambda text: err.print(f"[yellow]note:[/] {escape(text)}",
                                                      highlight=False), ended=True)
     lost = list(result.write_errors)
 
     def document() -> dict[str, Any]:
-        result.write_errors = lost + faults.records  # the run's, then its own files'
+        nonlocal result
+        result = result.with_write_errors(lost + faults.records)  # the run's, then its own
         doc = result.to_json()
         if window.points:
             doc["window"] = window.to_json()
@@ -152,6 +161,7 @@ def write_and_show(result: RunResult, junit: Path | None, fmt: str,
         if show is not None:
             show(result)
         else:
+            assert isinstance(result, RunResult)  # a watch brings its own summary
             print_summary(result, Path(result.folder))
         if window.points:
             out.print("\nThe race window (manifested against the injected delay):\n"
@@ -159,6 +169,7 @@ def write_and_show(result: RunResult, junit: Path | None, fmt: str,
             out.print(escape(f"  {Path(result.folder) / 'window.csv'}" + (
                 f", {picture}" if picture else " (pip install 'gpurace[plot]' for window.png)")),
                 highlight=False)
+    return result
 
 
 def _plot_window(window: Window, path: Path) -> Path | None:
@@ -196,7 +207,7 @@ def merge_cmd(runs: Sequence[Path], out_dir: Path, junit: Path | None, fmt: str)
         check_file(junit, "--junit")
     result = merge_runs(runs, out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_and_show(result, junit, fmt)
+    result = write_and_show(result, junit, fmt)
     sys.exit(int(result.exit_code))
 
 

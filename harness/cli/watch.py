@@ -15,9 +15,10 @@ import click
 from rich.markup import escape
 
 from harness.limits import DELAY_MAX_US, TIMEOUT_MAX_S, TRIALS_MAX
+from harness.results.hooks import RunHooks
 from harness.results.outcome import TrialResult, VariantResult
+from harness.results.watched import AmplifiedPlan, WatchResult
 from harness.run.outputs import check_file, check_folder, sweep_dead_runs
-from harness.run.runner import RunHooks, RunResult
 from harness.cli.app import main
 from harness.cli.options import format_option, junit_option, out_option
 from harness.cli.output import _log, print_finding, err, out
@@ -129,7 +130,7 @@ def watch_cmd(command: Sequence[str], runs: int, timeout_s: float, sources: str,
                                     fresh=fresh), hooks)
     finally:
         signal.signal(signal.SIGTERM, previous)
-    write_and_show(result, junit, fmt, show=_print_watch_summary)
+    result = write_and_show(result, junit, fmt, show=_print_watch_summary)
     if result.interrupted:
         err.print(f"interrupted ({result.interrupted}): the program was stopped; "
                   f"{Path(result.folder) / 'run.json'} keeps the runs that finished",
@@ -193,11 +194,11 @@ class _WatchHooks(RunHooks):
             _log(f"gpurace watch: note: {text}")
 
 
-def _print_watch_summary(result: RunResult) -> None:
-    entries = iter(result.watch.get("amplified", []))  # in the amplified variants' order
+def _print_watch_summary(result: WatchResult) -> None:
+    plans = iter(result.amplified or ())  # in the amplified variants' order
     for variant in result.results:
         if variant.amplified:
-            _print_amplified(variant, next(entries))
+            _print_amplified(variant, next(plans))
         else:
             _print_watched(result, variant)
     out.print(f"  run.json: {Path(result.folder) / 'run.json'}", highlight=False)
@@ -205,14 +206,14 @@ def _print_watch_summary(result: RunResult) -> None:
               f"{result.wall_s:.1f} s", highlight=False)
 
 
-def _print_amplified(variant: VariantResult, entry: dict[str, Any]) -> None:
-    lo, hi = entry["interval"]
+def _print_amplified(variant: VariantResult, plan: AmplifiedPlan) -> None:
+    lo, hi = plan.interval
     delays = "; ".join(f"{d['us']:g} µs before {d['kind'] + ' at ' if d['kind'] else ''}"
-                       f"{d['path']}:{d['line']}" for d in entry["delays"])
-    against = f" against {entry['second']}" if entry.get("second") else ""
+                       f"{d['path']}:{d['line']}" for d in plan.delays)
+    against = f" against {plan.second}" if plan.second else ""
     out.print(f"gpurace watch: {variant.variant}: {delays}{against}: failed "
-              f"{entry['failed']}/{entry['trials']} (95% {lo:.2f}-{hi:.2f}), "
-              f"{counted(entry['queued'], 'delay')} queued, outcomes "
+              f"{plan.failed}/{plan.trials} (95% {lo:.2f}-{hi:.2f}), "
+              f"{counted(plan.queued, 'delay')} queued, outcomes "
               + ", ".join(f"{k} {v}" for k, v in variant.outcomes().items() if v),
               highlight=False, soft_wrap=True)
     _print_first_and_incidents(variant)
@@ -227,8 +228,8 @@ def _print_first_and_incidents(variant: VariantResult) -> None:
         out.print(f"  incident: {path}", highlight=False)
 
 
-def _print_watched(result: RunResult, variant: VariantResult) -> None:
-    out.print(f"gpurace watch: {result.watch.get('command')}: {counted(variant.trials, 'run')}, "
+def _print_watched(result: WatchResult, variant: VariantResult) -> None:
+    out.print(f"gpurace watch: {result.command}: {counted(variant.trials, 'run')}, "
               f"{variant.detected} with races, outcomes "
               + ", ".join(f"{k} {v}" for k, v in variant.outcomes().items() if v),
               highlight=False, soft_wrap=True)

@@ -20,7 +20,7 @@ from harness.errors import MergeError
 from harness.inputs import Unreadable, read_input, show_path
 from harness.limits import RUN_MAX_BYTES
 from harness.results.outcome import VariantResult
-from harness.run.runner import RUN_SCHEMA, RunResult
+from harness.results.run import RUN_SCHEMA, RunResult
 
 _VARIANT_KEYS = ("scenario", "variant", "delay_us", "sweep")
 """What names one entry of a run's results: the same in every shard, in the same order."""

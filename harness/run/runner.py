@@ -10,49 +10,38 @@ or Ray actors (:mod:`harness.run.rayexec`); ``--shard`` keeps a deterministic pa
 from __future__ import annotations
 
 import contextlib
-from collections import deque
 import dataclasses
 import functools
-import hashlib
-import importlib.metadata
-import json
-import multiprocessing
 import os
 import signal
 import tempfile
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from multiprocessing.connection import Connection
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import kvcore
-from harness.faults.writes import FOLDER_GONE, WriteFault, WriteFaults, WriteStop
 from harness.errors import BackendUnavailable, HarnessError, TargetError
-from harness.traces.flight import CURRENT, cut_torn_tail, trace_path
-from harness.traces.optrace import plain_file
-from harness.run.exitcodes import ExitCode
-from harness.run.incidents import build_report, reproduce_argv
-from harness.lang.model import Scenario, Variant
-from harness.run.outputs import RunFolder
-from harness.results.outcome import Outcome, Status, TrialResult, VariantResult
+from harness.faults.writes import FOLDER_GONE, WriteFaults, WriteStop
 from harness.gpu.probe import cuda_state, cuda_usable, gpu_uuids
+from harness.gpu.watch import GpuWatch, TrialXids
+from harness.lang.model import Scenario, Variant
 from harness.limits import GPUS_MAX
-from harness.gpu.watch import FatalXid, GpuWatch, TrialXids, same_pci
+from harness.results.hooks import RunHooks
+from harness.results.outcome import Outcome, Status, TrialResult, VariantResult
+from harness.results.run import RunResult
+from harness.run.endings import death, keep_current_trace, log_tail, worker_failed
+from harness.run.incidents import Subject, build_report, reproduce_argv, write_report
+from harness.run.lanes import BATCH_MAX, SPARES_DEFAULT, Lane, lane_count
+from harness.run.options import RunOptions
+from harness.run.outputs import RunFolder
+from harness.run.plan import run_plan, trial_seed
 from harness.run.worker import WorkerJob, context_died
+from harness.run.workers import GONE, Worker, WorkerFailed, WorkerSupply, start_local, wait_any
+from harness.traces.flight import CURRENT
 from harness.words import counted
-from harness.run.workers import (
-    GONE,
-    SILENT,
-    Worker,
-    WorkerFailed,
-    WorkerSupply,
-    receive,
-    start_local,
-    wait_any,
-)
 from kvcore.device.schedule import Schedule
-from reports import write_incident
 
 WORKER_START_TIMEOUT_S = 120.0
 """How long a new worker may take to import, open its device and compile kernels."""
@@ -60,9 +49,6 @@ WORKER_START_TIMEOUT_S = 120.0
 DEAD_END_S = 10.0
 """How long a worker whose CUDA context died may take to end (the driver tears the context
 down) before it is killed; its last trial is recorded once it ended."""
-
-RUN_SCHEMA = "gpurace.run/1"
-
 
 class Interrupted(KeyboardInterrupt):
     """The run was asked to stop (Ctrl-C, SIGTERM): the runner keeps what finished."""
@@ -72,114 +58,6 @@ class Interrupted(KeyboardInterrupt):
         self.signum = signum
 
 
-@dataclass(frozen=True)
-class RunOptions:
-    backend: str = "auto"
-    dangerous: bool = False
-    trials: int | None = None
-    seed: int = 0
-    variants: tuple[str, ...] = ()
-    amplify: bool = True
-    delay_us: float | None = None
-    timeout_s: float | None = None
-    sweep: bool = False
-    out_dir: Path | None = None  # worker logs go to out_dir/workers (a temp folder if None)
-    trial: int | None = None  # run only this trial index of each variant (a reproduction)
-    max_incidents: int = 3  # incident folders written per variant; the rest are counted
-    detect: bool = True  # run the race detector in every trial
-    schedule: str | None = None  # replay this schedule token in every trial (sim only)
-    record: bool = False  # keep every trial's op trace under out_dir/workers
-    poison: bool = False  # the pool poisons released pages (kvcore's DeviceKVPagePool)
-    timeline: bool = False  # time every stream op with CUDA events (the incidents' timelines)
-    reissue: bool = True  # issue a captured clean trial's device calls again (harness.run.executor)
-    shard: tuple[int, int] | None = None  # (K, N): run the K-th of N parts of the trials
-    spares: int | None = None  # workers kept ready once a variant's workers die (None: the
-    # backend's default, SPARES_DEFAULT; see harness.run.workers)
-    gpus: str | None = None  # "all", "N" or "0,2": a lane of workers per GPU (sim: N devices)
-    executor: str = "local"  # "ray": workers are Ray actors (harness.run.rayexec)
-    address: str | None = None  # the Ray cluster's address; None: a local instance
-    stop_on_write_error: bool = False  # stop at the first file that cannot be written
-
-
-class RunHooks:
-    """Progress callbacks; the CLI subclasses this. Every method is optional."""
-
-    def variant_started(self, result: VariantResult, trials: int) -> None: ...
-
-    def trial_finished(self, result: VariantResult, trial: TrialResult) -> None: ...
-
-    def variant_finished(self, result: VariantResult) -> None: ...
-
-    def note(self, text: str) -> None: ...
-
-
-@dataclass
-class RunResult:
-    backend: str
-    device: dict[str, object]
-    seed: int
-    results: list[VariantResult] = field(default_factory=list)
-    wall_s: float = 0.0
-    health: dict[str, object] = field(default_factory=dict)
-    stopped: str = ""  # why the run stopped early (a GPU-fatal Xid), or ""
-    watch_notes: list[str] = field(default_factory=list)
-    interrupted: str = ""  # the signal that stopped the run (SIGINT, SIGTERM), or ""
-    folder: str = ""  # the run's own folder under --out
-    run_id: str = ""
-    poison: bool = False  # released pages were poisoned (--poison)
-    shard: tuple[int, int] | None = None  # (K, N) when the run was one part of N
-    plan: dict[str, object] = field(default_factory=dict)  # what shards must agree on
-    shards: list[dict[str, object]] = field(default_factory=list)  # a merged run's parts
-    lanes: list[str] = field(default_factory=list)  # the GPUs (or simulated devices) it used
-    retired: list[str] = field(default_factory=list)  # GPUs a fatal Xid took out of the run
-    watch: dict[str, object] = field(default_factory=dict)  # `gpurace watch`: the program
-    write_errors: list[WriteFault] = field(default_factory=list)  # files the run lost
-    watch_gaps: list[str] = field(default_factory=list)  # when Xid watching stopped mid-run
-
-    @property
-    def exit_code(self) -> ExitCode:
-        if self.interrupted:
-            return ExitCode.TERMINATED if self.interrupted == "SIGTERM" \
-                else ExitCode.INTERRUPTED
-        if self.stopped or self.retired:  # a GPU that needs attention comes first
-            return ExitCode.EXPECTATION_FAILED
-        if self.write_errors:
-            return ExitCode.WRITE_FAILED
-        ran = [r for r in self.results if r.status is not Status.SKIP]
-        # A sweep maps the race window; its points at small delays are not expected to pass.
-        if any(r.status is Status.FAIL and not r.sweep for r in ran):
-            return ExitCode.EXPECTATION_FAILED
-        return ExitCode.OK if ran else ExitCode.NOTHING_RAN
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "schema": RUN_SCHEMA,
-            "version": VERSION,
-            "run_id": self.run_id,
-            "folder": self.folder,
-            "interrupted": self.interrupted,
-            "backend": self.backend,
-            "device": self.device,
-            "seed": self.seed,
-            "poison": self.poison,
-            "wall_s": round(self.wall_s, 3),
-            "exit_code": int(self.exit_code),
-            "stopped": self.stopped,
-            "health": self.health,
-            "watch_notes": self.watch_notes,
-            "shard": None if self.shard is None else {"index": self.shard[0],
-                                                      "count": self.shard[1]},
-            "plan": self.plan,
-            "shards": self.shards,
-            "lanes": self.lanes,
-            "retired": self.retired,
-            "results": [r.to_json() for r in self.results],
-            "write_errors": [f.to_json() for f in self.write_errors],
-            "watch_gaps": self.watch_gaps,
-            **({"watch": self.watch} if self.watch else {}),
-        }
-
-
 def choose_backend(requested: str) -> str:
     if requested == "sim":
         return "sim"
@@ -187,51 +65,6 @@ def choose_backend(requested: str) -> str:
     if requested == "cuda" and not ok:
         raise BackendUnavailable(f"--backend cuda: {why}")
     return "cuda" if ok else "sim"
-
-
-def _version() -> str:
-    try:
-        return importlib.metadata.version("gpurace")
-    except importlib.metadata.PackageNotFoundError:
-        return "0+source"  # run from a source tree that was never installed
-
-
-VERSION = _version()
-"""This gpurace's version, in every run document: shards of different versions do not merge."""
-
-
-def run_plan(scenarios: Sequence[Scenario], options: RunOptions, backend: str
-             ) -> dict[str, object]:
-    """What decides which trials a run makes and how: this gpurace, the backend, the options
-    that change a trial, and each scenario's file contents. Shards of one run share it; the
-    digest is what `gpurace merge` compares, the sources say which scenario differs."""
-    sources = {}
-    for scenario in scenarios:
-        try:
-            sources[scenario.name] = hashlib.sha256(Path(scenario.path).read_bytes()).hexdigest()
-        except OSError:
-            sources[scenario.name] = ""  # nothing on disk to compare: the name must do
-    same = {"version": VERSION, "backend": backend, "sources": sources,
-            **{k: v for k, v in dataclasses.asdict(options).items()
-               if k not in ("out_dir", "record", "max_incidents", "shard", "spares", "gpus",
-                            "executor", "address", "timeline", "reissue")}}
-    digest = hashlib.sha256(json.dumps(same, sort_keys=True, default=str).encode()).hexdigest()
-    return {"digest": digest, "version": VERSION, "backend": backend, "seed": options.seed,
-            "sources": sources}
-
-
-def _lane_count(spec: str, everything: int) -> int:
-    """How many lanes ``--gpus`` asks for where it names no GPU of its own: ``all`` is
-    ``everything``, ``N`` is N, ``0,2`` is two."""
-    return everything if spec == "all" else int(spec) if spec.isdigit() else len(
-        spec.split(","))
-
-
-def trial_seed(seed: int, scenario: str, variant: str, index: int) -> int:
-    """The seed of one trial, from the run's seed: stable whatever else the run contains, so
-    ``--seed S`` replays a scenario's trials exactly even when run alone."""
-    digest = hashlib.sha256(f"{seed}:{scenario}:{variant}:{index}".encode()).digest()
-    return int.from_bytes(digest[:4], "little")
 
 
 class Runner:
@@ -272,12 +105,12 @@ class Runner:
         the simulated device N devices side by side (``all``: one a CPU core)."""
         if self.options.executor == "ray":
             # Ray gives each actor its GPU: lanes are only how many run side by side.
-            n = 1 if spec is None else _lane_count(spec, GPUS_MAX)
+            n = 1 if spec is None else lane_count(spec, GPUS_MAX)
             return [(f"ray {i}", None) for i in range(n)]
         if spec is None:
             return [("GPU 0" if self.backend == "cuda" else "sim", None)]
         if self.backend == "sim":
-            n = _lane_count(spec, min(os.cpu_count() or 1, GPUS_MAX))
+            n = lane_count(spec, min(os.cpu_count() or 1, GPUS_MAX))
             return [(f"sim {i}", None) for i in range(n)]
         uuids = gpu_uuids()
         count = len(uuids)
@@ -454,7 +287,7 @@ class Runner:
             return job
 
         spares = SPARES_DEFAULT[self.backend] if opts.spares is None else opts.spares
-        lanes = [_Lane(name, WorkerSupply(make_job(gpu), WORKER_START_TIMEOUT_S, spares,
+        lanes = [Lane(name, WorkerSupply(make_job(gpu), WORKER_START_TIMEOUT_S, spares,
                                           self._start_worker), pin=gpu)
                  for name, gpu in self.lanes if name not in self.retired]
         finished = False
@@ -470,7 +303,7 @@ class Runner:
         self.hooks.variant_finished(result)
         return result
 
-    def _park(self, lane: _Lane) -> None:
+    def _park(self, lane: Lane) -> None:
         """Keep the lane's worker for the next variant, when its trials all ended and it lives
         (a worker whose context died has left; a hung one was killed): the next variant's job
         goes to it (see :meth:`_start_worker`), and a zoo of short variants pays one process
@@ -554,7 +387,7 @@ class Runner:
         k, n = self.options.shard
         return [i for place, i in enumerate(indices, start) if place % n == k - 1]
 
-    def _run_trials(self, lanes: list[_Lane], pending: list[tuple[int, int]],
+    def _run_trials(self, lanes: list[Lane], pending: list[tuple[int, int]],
                     timeout: float, run: _VariantRun) -> None:
         """Hand the trials out to the lanes until all ended. One lane gets them all at once;
         several get them in small batches, the next batch to whichever lane is free, so a
@@ -573,7 +406,7 @@ class Runner:
                 if not lane.inflight and queue and not lane.retired \
                         and self._ready_worker(lane, queue):
                     size = len(queue) if len(lanes) == 1 else max(
-                        1, min(_BATCH_MAX, len(queue) // (4 * len(lanes))))
+                        1, min(BATCH_MAX, len(queue) // (4 * len(lanes))))
                     self._hand(lane, [queue.popleft() for _ in range(size)], run)
                 if lane.dead is not None and lane.dead_ended():
                     self._finish_dead(lane, run)
@@ -586,7 +419,7 @@ class Runner:
                 return
             self._wait(lanes, active, starting, dead, timeout, run, queue)
 
-    def _ready_worker(self, lane: _Lane, queue: deque[tuple[int, int]]) -> bool:
+    def _ready_worker(self, lane: Lane, queue: deque[tuple[int, int]]) -> bool:
         """Whether the lane has a worker ready for trials, taking its supply's once that one
         said it is ready. One that could not start retires its lane where its GPU needs a
         reset (the others go on); anywhere else it stops the run."""
@@ -600,7 +433,7 @@ class Runner:
             gpu = lane.uuid or self._gpu_of(lane.pin)
             why = self._needs_reset(gpu)
             if not why:
-                raise HarnessError(_worker_failed(failed.worker, failed.message)) from None
+                raise HarnessError(worker_failed(failed.worker, failed.message)) from None
             self._retire_lane(lane, f"{lane.name} ({gpu}) cannot start a worker: {why}", queue)
             return False
         if worker is None:
@@ -613,7 +446,7 @@ class Runner:
         self.device.update(lane.device)
         return True
 
-    def _hand(self, lane: _Lane, batch: list[tuple[int, int]], run: _VariantRun) -> None:
+    def _hand(self, lane: Lane, batch: list[tuple[int, int]], run: _VariantRun) -> None:
         assert lane.worker is not None
         lane.worker.give(batch)
         lane.inflight = deque(batch)
@@ -623,8 +456,8 @@ class Runner:
             lane.died_at = None
         lane.supply.refill()
 
-    def _wait(self, lanes: list[_Lane], active: list[_Lane], starting: list[Worker],
-              dead: list[_Lane], timeout: float, run: _VariantRun,
+    def _wait(self, lanes: list[Lane], active: list[Lane], starting: list[Worker],
+              dead: list[Lane], timeout: float, run: _VariantRun,
               queue: deque[tuple[int, int]]) -> None:
         """Take every message that came, or once a lane's trial has run past the timeout,
         end it: a living, silent worker hangs and is killed; a dead one crashed. After each
@@ -653,7 +486,7 @@ class Runner:
                     and not lane.worker.conn.poll():
                 self._ended_unreported(lane, timeout, queue)
 
-    def _message(self, lane: _Lane, message: tuple, run: _VariantRun,
+    def _message(self, lane: Lane, message: tuple, run: _VariantRun,
                  queue: deque[tuple[int, int]]) -> None:
         worker = lane.worker
         assert worker is not None
@@ -662,7 +495,7 @@ class Runner:
             return
         if message[0] == "error":
             worker.stop(1.0)
-            raise HarnessError(_worker_failed(worker, message))
+            raise HarnessError(worker_failed(worker, message))
         if message[0] != "trial":
             return  # "done": the worker waits for more; the lane's inflight says it is free
         lane.inflight.popleft()
@@ -677,7 +510,7 @@ class Runner:
         self._record(run, trial, lane.started, worker.job, lane)
         lane.started = time.monotonic()
 
-    def _ended_unreported(self, lane: _Lane, timeout: float | None,
+    def _ended_unreported(self, lane: Lane, timeout: float | None,
                           queue: deque[tuple[int, int]]) -> None:
         """The lane's trial in flight ended without a report: past ``timeout`` with a living
         worker, a hang (the watchdog kills it); otherwise the worker died, a crash."""
@@ -697,17 +530,17 @@ class Runner:
                 f"after {waited:.2f} s")
         else:
             kind, detail = Outcome.CRASH, (
-                f"worker {proc.pid} {_death(proc)} after {waited:.2f} s, before it reported "
+                f"worker {proc.pid} {death(proc)} after {waited:.2f} s, before it reported "
                 "the trial")
         try:
-            trace = _keep_current_trace(job, index)
+            trace = keep_current_trace(job, index)
         except OSError as exc:  # the trial is recorded without it
             trace = None
             self.faults.failed("trace", Path(job.trace_dir) / CURRENT, exc)
         self._died(lane, TrialResult(index, seed, kind, detail=detail, duration_s=waited,
                                      worker_pid=proc.pid, trace=trace), queue)
 
-    def _died(self, lane: _Lane, trial: TrialResult, queue: deque[tuple[int, int]]) -> None:
+    def _died(self, lane: Lane, trial: TrialResult, queue: deque[tuple[int, int]]) -> None:
         lane.died_at = time.monotonic()
         lane.dead_by = lane.died_at + DEAD_END_S
         queue.extendleft(reversed(lane.inflight))  # back in front, in order
@@ -716,18 +549,18 @@ class Runner:
         lane.dead, lane.dead_started, lane.worker = (lane.worker, trial), lane.started, None
         lane.supply.died()
 
-    def _finish_dead(self, lane: _Lane, run: _VariantRun) -> None:
+    def _finish_dead(self, lane: Lane, run: _VariantRun) -> None:
         """Record the trial a worker died in, once it is gone (or due to be put down): the
         device's own words (the assert's file, line, block and thread) reach its log only
         when the process ends."""
         assert lane.dead is not None
         worker, trial = lane.dead
         lane.dead = None
-        trial = dataclasses.replace(trial, device_log=_tail(worker.job.log_path))
+        trial = dataclasses.replace(trial, device_log=log_tail(worker.job.log_path))
         worker.stop()
         self._record(run, trial, lane.dead_started, worker.job, lane)
 
-    def _retire_lanes(self, lanes: list[_Lane], queue: deque[tuple[int, int]]) -> None:
+    def _retire_lanes(self, lanes: list[Lane], queue: deque[tuple[int, int]]) -> None:
         """A GPU that reported a fatal Xid runs nothing more: its lane is retired (its trials
         go to the others); with none left, the run stops. An NVML Xid that names no GPU of
         ours, or any on a run of one GPU, stops it all; a kernel-log line counts for the lane
@@ -741,18 +574,18 @@ class Runner:
                 self._retire_lane(lane, f"{lane.name} reported {xids}", queue)
         self._stop_if_all_retired(lanes)
 
-    def _stop_if_all_retired(self, lanes: list[_Lane]) -> None:
+    def _stop_if_all_retired(self, lanes: list[Lane]) -> None:
         if lanes and all(lane.retired for lane in lanes) and not self.stopped:
             self.stopped = "; ".join(lane.retired for lane in lanes) + "; the run stopped here"
 
-    def _retire_lane(self, lane: _Lane, why: str, queue: deque[tuple[int, int]]) -> None:
+    def _retire_lane(self, lane: Lane, why: str, queue: deque[tuple[int, int]]) -> None:
         lane.retired = self._retire(lane.name, why)
         queue.extendleft(reversed(lane.inflight))  # for the other lanes, if any
         lane.inflight.clear()
         lane.close()
 
     def _record(self, run: _VariantRun, trial: TrialResult, started: float,
-                job: WorkerJob, lane: _Lane) -> None:
+                job: WorkerJob, lane: Lane) -> None:
         """Keep a finished trial; for one that was not clean, gather what its GPU said and
         write its incident."""
         assert self.watch is not None
@@ -797,7 +630,7 @@ class Runner:
     def _incident(self, run: _VariantRun, trial: TrialResult, said: TrialXids,
                   job: WorkerJob, device: dict[str, object]) -> Path:
         report = build_report(
-            run.scenario, run.variant, trial, backend=self.backend,
+            Subject.of_scenario(run.scenario, run.variant), trial, backend=self.backend,
             device=dict(device or self.device),  # the trial's own GPU, where a lane said
             health={"before": self.health.get("before"), "after": self.watch.health()
                     if self.watch else None, "note": ""},
@@ -806,14 +639,11 @@ class Runner:
             # The lane's GPU: with several, another one would not be the GPU that failed.
             env={"CUDA_VISIBLE_DEVICES": job.gpu} if job.gpu and self.backend == "cuda"
             else None)
-        log = _tail(job.log_path, 400)
+        log = log_tail(job.log_path, 400)
         extra = {"worker.log": log + "\n"} if log.strip() else {}
         if said.kernel_log:
             extra["kernel-log.txt"] = "\n".join(said.kernel_log) + "\n"
-        # Its reissued runs written out as op lines: the incident's trace is for people and
-        # other tools too.
-        trace = plain_file(Path(trial.trace)) if trial.trace else None
-        return write_incident(self.out_dir, report, trace, extra)
+        return write_report(self.out_dir, report, trial, extra)
 
 
 @dataclass
@@ -826,125 +656,3 @@ class _VariantRun:
     amplification: dict[str, object] | None
     argv: Callable[[TrialResult], list[str]]
     incidents_tried: int = 0  # incident folders written, or tried and lost
-
-
-SPARES_DEFAULT = {"sim": 4, "cuda": 0}
-"""Spare workers a run keeps once its workers start dying, by backend, unless --spares says.
-None on a GPU: there each spare is a CUDA context that lives while a crashed one is torn down,
-and two fast crash soaks with spares (about three crashes a second, five or more contexts on
-the GPU) each ended with an H200's firmware not answering the driver (Xid 119, a GSP timeout)
-and the GPU needing a reset; one worker at a time had survived over a thousand."""
-
-
-_BATCH_MAX = 64
-"""Trials handed to one lane at a time when there are several: small enough that a slow lane
-holds few back, large enough that a hand-over is rare."""
-
-
-@dataclass
-class _Lane:
-    """One device the run's trials go to (a GPU, or a simulated device): its worker supply,
-    the worker that runs its trials, the trials handed to it and not yet ended, and the last
-    trial of a worker that died, still to record."""
-
-    name: str
-    supply: WorkerSupply
-    pin: str | None = None  # its workers' CUDA_VISIBLE_DEVICES (a GPU's UUID where known)
-    worker: Worker | None = None
-    inflight: deque[tuple[int, int]] = field(default_factory=deque)
-    started: float = 0.0  # monotonic: when the trial in flight started (its Xids since)
-    died_at: float | None = None
-    dead: tuple[Worker, TrialResult] | None = None
-    dead_started: float = 0.0  # when the dead worker's last trial started
-    dead_by: float = 0.0  # monotonic: when a dead worker still not ended is put down
-    retired: str = ""
-    device: dict[str, object] = field(default_factory=dict)  # what its worker said it runs on
-
-    @property
-    def uuid(self) -> str | None:
-        """The GPU's UUID, as its workers said or its pin names (None on sim, or before a
-        worker of a lane not pinned by UUID started)."""
-        said = self.device.get("uuid")
-        return str(said) if said else (self.pin if self.pin and self.pin.startswith("GPU-")
-                                       else None)
-
-    def dead_ended(self) -> bool:
-        """Whether the dead worker's process has ended, or is due to be put down."""
-        assert self.dead is not None
-        return not self.dead[0].proc.is_alive() or time.monotonic() >= self.dead_by
-
-    def dead_signal(self) -> Connection | int:
-        """What becomes ready when the dead worker's process ends: its sentinel (a Ray actor
-        has none; its pipe closes once Ray has said it ended)."""
-        assert self.dead is not None
-        worker = self.dead[0]
-        return getattr(worker.proc, "sentinel", None) or worker.conn
-
-    def hit_by(self, ev: FatalXid, lanes: int) -> bool:
-        """Whether fatal report ``ev`` is about this lane's GPU, on a run of ``lanes`` lanes."""
-        if ev.pci is not None:
-            return same_pci(ev.pci, self.device.get("pci_bus_id"))  # type: ignore[arg-type]
-        return lanes == 1 or ev.gpu_uuid is None or self.uuid is None or ev.gpu_uuid == self.uuid
-
-    def close(self) -> None:
-        """Stop the lane's workers: the one running (it is idle or its GPU is retired) and the
-        spares."""
-        if self.worker is not None:
-            self.worker.stop()
-            self.worker = None
-        if self.dead is not None:
-            self.dead[0].stop()
-        self.supply.close()
-
-
-def _death(proc: multiprocessing.process.BaseProcess) -> str:
-    """How a worker process ended, in words: the signal that killed it, or its exit code (or,
-    for a Ray actor, what Ray said when it lost it)."""
-    lost = getattr(proc, "lost", "")
-    if lost:
-        return f"was lost ({lost})"
-    code = proc.exitcode
-    if code is None:
-        return "is still running"
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        return f"was killed by {name}"
-    return f"exited with code {code}"
-
-
-def _keep_current_trace(job: WorkerJob, index: int) -> str | None:
-    """The trace of the trial a worker died in: everything flushed before its last wait."""
-    current = Path(job.trace_dir) / CURRENT
-    if not current.exists():
-        return None
-    # Killed in the middle of a flush, the worker may have left half a line: drop it here, the
-    # one place a trace can be torn, so every reader downstream refuses a torn trace.
-    cut_torn_tail(current)
-    kept = trace_path(Path(job.trace_dir), index)
-    current.replace(kept)
-    return str(kept)
-
-
-def _tail(path: str, lines: int = 20) -> str:
-    """The last lines of a worker's log (what CUDA and Python printed), for the trial record."""
-    try:
-        text = Path(path).read_text(errors="replace")
-    except OSError:
-        return ""
-    return "\n".join(text.splitlines()[-lines:])
-
-
-def _worker_failed(worker: Worker, message: tuple) -> str:
-    job, proc = worker.job, worker.proc
-    if message in (SILENT, GONE):
-        proc.join(1)
-        return (f"the worker for {Path(job.scenario.path).name} ({job.variant}) did not start "
-                f"(it {_death(proc)}; its log: {job.log_path}); run with --backend sim to "
-                "check the scenario")
-    return (f"the worker for {Path(job.scenario.path).name} ({job.variant}) failed "
-            f"(its log: {job.log_path}):\n{message[1]}")
-
-

@@ -16,7 +16,7 @@ def worker_here(scenario: Any, variant: str, backend: str, delay_us: float, dete
     under ``folder``; it keeps as many traces of bad trials as a run's workers do.
     ``keep_world`` keeps the world from trial to trial on the simulated device too (a GPU
     worker always does), so a sim benchmark measures the trials a GPU's worker runs."""
-    from harness.run.runner import RunOptions
+    from harness.run.options import RunOptions
     from harness.run.worker import TrialRunner, WorkerJob
 
     job = WorkerJob(scenario=scenario, variant=variant, backend=backend, parent_pid=os.getpid(),

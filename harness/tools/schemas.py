@@ -27,7 +27,8 @@ from harness.cli.traces import CHECK_SCHEMA
 from harness.analyses.explore import StopReason, Strategy
 from harness.lang.model import EXPECTATIONS, STREAM_KINDS, WORKLOAD_PHASES
 from harness.results.outcome import Outcome, Status
-from harness.run.runner import RUN_SCHEMA, ExitCode
+from harness.results.exitcodes import ExitCode
+from harness.results.run import RUN_SCHEMA
 from harness.lang.scenario import API_VERSION, KINDS, WORKLOAD_KINDS
 from harness.traces.optrace import TRACE_SCHEMA
 from harness.traces.ticket import KV_DTYPES, TICKET_SCHEMA
@@ -293,12 +294,13 @@ def run_schema() -> Schema:
         "shard": described(nullable(closed({"index": integer(1, L.SHARDS_MAX),
                                             "count": integer(1, L.SHARDS_MAX)})),
                            "K of N with --shard K/N, else null"),
-        "plan": described(closed({
+        "plan": described(nullable(closed({
             "digest": string(pattern="^[0-9a-f]{64}$"), "version": string(),
             "backend": enum(["cuda", "sim"]), "seed": integer(),
             "sources": described({"type": "object", "additionalProperties": string()},
                                  "each scenario's file sha256 (empty: none on disk)"),
-        }), "what the shards of one run must share: gpurace merge compares it"),
+        })), "what the shards of one run must share: gpurace merge compares it; null for "
+            "`gpurace watch`, which runs no scenario"),
         "shards": described(array(closed({
             "index": integer(1), "count": integer(1), "path": string(), "run_id": string(),
             "folder": string(), "device": ref("device"),

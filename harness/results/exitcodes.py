@@ -4,6 +4,9 @@ from here, so a new code cannot be left out of it."""
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
+
+from harness.results.outcome import Status, VariantResult
 
 
 class ExitCode(enum.IntEnum):
@@ -38,3 +41,21 @@ _MEANINGS = {
     ExitCode.INTERRUPTED: "stopped by Ctrl-C",
     ExitCode.TERMINATED: "stopped by SIGTERM (what finished is kept)",
 }
+
+
+def run_exit_code(*, interrupted: str, gpu_failed: bool, write_errors: bool,
+                  results: Iterable[VariantResult]) -> ExitCode:
+    """What a run (or a watch) exits with. The first that holds wins: a signal that stopped
+    it, a GPU that needs attention, a file it lost, an expectation that failed; 77 when
+    nothing ran."""
+    if interrupted:
+        return ExitCode.TERMINATED if interrupted == "SIGTERM" else ExitCode.INTERRUPTED
+    if gpu_failed:
+        return ExitCode.EXPECTATION_FAILED
+    if write_errors:
+        return ExitCode.WRITE_FAILED
+    ran = [r for r in results if r.status is not Status.SKIP]
+    # A sweep maps the race window; its points at small delays are not expected to pass.
+    if any(r.status is Status.FAIL and not r.sweep for r in ran):
+        return ExitCode.EXPECTATION_FAILED
+    return ExitCode.OK if ran else ExitCode.NOTHING_RAN
