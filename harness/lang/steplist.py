@@ -7,102 +7,30 @@ variant the step runs in, so a reference that is valid in one variant and not in
 error naming both steps, each at its file:line:col. Names that are given back (a released
 lease, a freed pinned buffer) may not be used or given back again.
 
-Each variant's scope also follows what kvcore would refuse when the steps run, so that the
-loader refuses it first, at the step (a worker never dies on it): pages leased at once against
-the pool's pages, table rows bound against the table's rows, pages a catalog publishes or a
-reader reads against a row's entries, a catalog published with a page it no longer leases, a
-copy or a check that overruns a host buffer, host buffers past the world's byte limit.
+Each variant's steps are also followed as kvcore would see them, so that the loader refuses
+what kvcore would, first, at the step (:mod:`harness.lang.capacity`: the pool's pages, the
+table's rows, host buffers' sizes), and as CUDA would capture them
+(:mod:`harness.lang.graphs`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from harness import limits as L
 from harness.lang import vocabulary as V
+from harness.lang.capacity import Capacity
 from harness.lang.footprint import Footprint
 from harness.inputs import echo
-from harness.lang.model import STREAM_ALIASES, Location, StreamSpec, Step
+from harness.lang.graphs import GraphCaptures
+from harness.lang.model import STREAM_ALIASES, StreamSpec, Step
+from harness.lang.scope import Scope, Sites
 from harness.lang.yamlnodes import Fields, Reader, suggest
-from kvcore.device.kernels import TABLE_ENTRY_BYTES
 
 _PLURAL = {"lease": "leases", "catalog": "catalogs", "buffer": "buffers", "event": "events",
            "graph": "graphs"}
-
-
-@dataclass
-class _Catalog:
-    """A catalog as one variant's steps leave it: the leases it retains (-> the step that
-    retained it), its pages, and the table rows bound to it."""
-
-    leases: dict[str, int] = field(default_factory=dict)
-    pages: int = 0
-    binds: list[int] = field(default_factory=list)  # the bind steps of its rows
-
-    @property
-    def rows(self) -> int:
-        return len(self.binds)
-
-
-@dataclass
-class _Capture:
-    """A graph's capture as one variant's steps leave it: the graph, the stream it is captured
-    from and its graph_capture step; per stream capturing (the capture stream and those that
-    forked in) its steps so far and how many were joined back; per event recorded inside it,
-    the stream and that stream's steps then."""
-
-    name: str
-    stream: str
-    began: int
-    streams: dict[str, int] = field(default_factory=dict)
-    back: dict[str, int] = field(default_factory=dict)
-    events: dict[str, tuple[str, int]] = field(default_factory=dict)
-
-
-@dataclass
-class _Scope:
-    """What one variant has seen so far, step by step."""
-
-    ids: dict[str, int] = field(default_factory=dict)
-    names: dict[tuple[str, str], int] = field(default_factory=dict)  # -> defining step
-    gone: dict[tuple[str, str], int] = field(default_factory=dict)   # -> step that gave it back
-    allocated: dict[str, int] = field(default_factory=dict)  # host_alloc'd buffer -> pages
-    lease_pages: dict[str, int] = field(default_factory=dict)
-    world: dict[str, int] = field(default_factory=dict)  # world buffer -> pages (largest use)
-    alloc_pages: int = 0  # pages of every host_alloc (the executor sizes its arena for all)
-    leased: int = 0  # pool pages leased now
-    rows: list[int] = field(default_factory=list)  # the steps that bound each table row
-    catalogs: dict[str, _Catalog] = field(default_factory=dict)
-    counted: int = 0  # read_table and attention steps that count instead of asserting
-    bytes: set[int] = field(default_factory=set)  # byte values steps write or expect
-    held: dict[tuple[str, str], int] = field(default_factory=dict)  # (thread, mutex) -> lock
-    page_lists: dict[str, int] = field(default_factory=dict)  # buffer -> entries last written
-    capturing: _Capture | None = None  # the graph being captured
-    graphs: dict[str, int] = field(default_factory=dict)  # ended graph -> its graph_end step
-
-    def host_pages(self) -> int:
-        return sum(self.world.values()) + self.alloc_pages
-
-
-@dataclass
-class _Need:
-    """What a step needs of a world buffer in one variant, checked once every step is read (a
-    world buffer is as large as its largest use in the variant): pages, bytes, or as many pages
-    as another world buffer has (``like``)."""
-
-    node: Node
-    path: str
-    variant: str
-    buffer: str
-    page_end: int = 0  # pages the step needs the buffer to have
-    byte_end: int = 0  # bytes likewise
-    like: str | None = None  # a buffer whose pages this one must have at least
-    why: str = ""  # what the step does with them, for the message
-    pages: int = 0  # what the buffer has, once known
-    fixed: bool = False  # ``pages`` is a host_alloc'd buffer's, known when the step was read
 
 
 class StepList:
@@ -115,16 +43,14 @@ class StepList:
         self.variants = tuple(variants)
         self.streams = {s.name: s for s in streams}
         self.declared = declared
-        self.world = world
         self.page_bytes = world.page_bytes
-        self.host_budget = world.host_pages(L.WORLD_MAX_BYTES)  # pages of host buffers
-        self.scopes = {v: _Scope() for v in self.variants}
+        self.scopes = {v: Scope() for v in self.variants}
+        self.sites = Sites(self.variants)
+        self.capacity = Capacity(reader, world, self.scopes, self.sites)
+        self.captures = GraphCaptures(reader, self.streams, self.sites)
         self.nodes: list[Node] = []
-        self.where: list[Location] = []
         self.runs_everywhere: list[bool] = []
         self.index = 0
-        self.needs: list[_Need] = []  # on world buffers: checked once every step is read
-        self.now: list[_Need] = []  # on allocated buffers: checked once the step is read
 
     # ---- the list ------------------------------------------------------------------------------
     def parse(self, node: Node, path: str) -> tuple[Step, ...]:
@@ -133,23 +59,15 @@ class StepList:
         steps = tuple(self.step(n, f"{path}[{i}]", i) for i, n in enumerate(self.nodes))
         for v in self.variants:
             self.end_section(v, self.nodes[-1], f"{path}[{len(self.nodes) - 1}]", "the last step")
-        open_in = [v for v in self.variants if self.scopes[v].capturing is not None]
-        if open_in:
-            left = self.scopes[open_in[0]].capturing
-            assert left is not None
-            name, began = left.name, left.began
-            within = "" if len(open_in) == len(self.variants) else self._within(open_in[0])
-            raise self.reader.error(self.nodes[began], f"{path}[{began}]", (
-                f"graph {name!r} is captured here and never ended{within}: add a graph_end "
-                f"step (graph: {name}) after the steps it captures"))
-        self.check_world_needs()
+        self.captures.all_ended(self.nodes, path)
+        self.capacity.check_world_needs()
         return steps
 
     def step(self, node: Node, path: str, index: int) -> Step:
         reader = self.reader
         self.index = index
         f = reader.fields(node, path, "a step (a mapping with an op)")
-        self.where.append(reader.where(node, path))
+        self.sites.where.append(reader.where(node, path))
         if "op" not in f:
             raise reader.error(node, path, f"a step needs an op; use one of {', '.join(V.OPS)}")
         said = reader.value(f.values["op"], f.sub("op"))
@@ -176,10 +94,10 @@ class StepList:
         thread = reader.name(f.values[V.THREAD_KEY], f.sub(V.THREAD_KEY)) \
             if V.THREAD_KEY in f else None
         self.threads(f, op, args, thread, runs)
-        self.graphs(f, op, step_id, args, thread, runs)
+        self.captures.step(f, op, step_id, args, thread, runs, index)
         self.effects(f, op, step_id, args, runs)
         only = None if len(runs) == len(self.variants) else frozenset(runs)
-        return Step(op=op, args=args, id=step_id, index=index, where=self.where[index],
+        return Step(op=op, args=args, id=step_id, index=index, where=self.sites.where[index],
                     only=only, thread=thread)
 
     def variants_of(self, f: Fields) -> tuple[str, ...]:
@@ -221,7 +139,7 @@ class StepList:
                 f"both run in variant {v}; rename one, or give them `only:` lists that do not " \
                 "overlap"
             raise self.reader.error(node, path, f"duplicate step id {step_id!r}: steps[{other}] "
-                                    f"({self._at(other)}) has it too; {remedy}")
+                                    f"({self.sites.at(other)}) has it too; {remedy}")
         for v in runs:
             self.scopes[v].ids[step_id] = index
         return step_id
@@ -349,9 +267,10 @@ class StepList:
                     raise reader.error(node, path, (
                         f"{what} is outside lease {name!r}, which has {have} "
                         f"page{'s' if have != 1 else ''} of {self.page_bytes} bytes"
-                        f"{self._within(v)}; name less of it, or materialize more pages"))
+                        f"{self.sites.within(v)}; name less of it, or materialize more pages"))
             else:
-                self.need_pages(node, path, v, name, end, f"a kernel touches {what} of it")
+                self.capacity.need_pages(node, path, v, name, end,
+                                         f"a kernel touches {what} of it")
         return out
 
     def stream(self, node: Node, path: str) -> str:
@@ -376,7 +295,7 @@ class StepList:
             made = self.scopes[v].names.get(("buffer", name))
             if made is not None and ("buffer", name) not in self.scopes[v].gone:
                 raise self.reader.error(node, path, f"buffer {name!r} exists already "
-                                        f"(steps[{made}], {self._at(made)}, made it); free it "
+                                        f"(steps[{made}], {self.sites.at(made)}, made it); free it "
                                         "with host_free first, or pick another name")
         return name
 
@@ -395,7 +314,7 @@ class StepList:
             made = self.scopes[having[0]].names[key]
             raise self.reader.error(node, path, (
                 f"{kind} {name!r} exists in variant {', '.join(having)} (steps[{made}], "
-                f"{self._at(made)}, makes it) but not in variant {', '.join(missing)}, where "
+                f"{self.sites.at(made)}, makes it) but not in variant {', '.join(missing)}, where "
                 f"this step runs too; limit this step with `only: [{', '.join(having)}]`, or "
                 f"make {name!r} in {', '.join(missing)} as well"))
         other = [k for k in _PLURAL if k != kind and any(
@@ -435,10 +354,10 @@ class StepList:
         op = self._op_at(self.index)
         if V.OPS[op].frees == (path.rsplit(".", 1)[-1], kind):
             raise self.reader.error(node, path, f"{kind} {name!r} is {verb} twice: steps[{gone}] "
-                                    f"({self._at(gone)}) {verb} it already{where}; remove one "
+                                    f"({self.sites.at(gone)}) {verb} it already{where}; remove one "
                                     f"{op} step")
         raise self.reader.error(node, path, f"{kind} {name!r} was {verb} at steps[{gone}] "
-                                f"({self._at(gone)}){where}; it cannot be used after that: "
+                                f"({self.sites.at(gone)}){where}; it cannot be used after that: "
                                 f"{remedy}")
 
     # ---- host threads --------------------------------------------------------------------------
@@ -463,12 +382,12 @@ class StepList:
             if op == "lock" and since is not None:
                 raise self.reader.error(node, path, (
                     f"thread {thread!r} locks mutex {mutex!r} again while it holds it (since "
-                    f"steps[{since}], {self._at(since)}){self._within(v)}: that waits forever; "
-                    "unlock it first"))
+                    f"steps[{since}], {self.sites.at(since)}){self.sites.within(v)}: that "
+                    "waits forever; unlock it first"))
             if op == "unlock" and since is None:
                 raise self.reader.error(node, path, (
                     f"thread {thread!r} unlocks mutex {mutex!r}, which it does not hold"
-                    f"{self._within(v)}; lock it first, on the same thread"))
+                    f"{self.sites.within(v)}; lock it first, on the same thread"))
             if op == "lock":
                 held[(thread, mutex)] = self.index
             else:
@@ -482,106 +401,8 @@ class StepList:
         (thread, mutex), since = next(iter(scope.held.items()))
         raise self.reader.error(node, path, (
             f"thread {thread!r} still holds mutex {mutex!r} (locked at steps[{since}], "
-            f"{self._at(since)}) when its threads end at {what}{self._within(v)}; unlock it "
-            "on that thread before"))
-
-    # ---- CUDA graphs -----------------------------------------------------------------------------
-    def graphs(self, f: Fields, op: str, step_id: str | None, args: dict[str, object],
-               thread: str | None, runs: tuple[str, ...]) -> None:
-        """A graph is captured from one stream of the scenario's own, by the capturable steps
-        between its graph_capture and its graph_end on the streams capturing (that stream, and
-        those that forked in by waiting for an event recorded in the capture), on the
-        scenario's thread; each forked stream joins back before the graph_end (a replay inside
-        the capture, before the graph is ended, is refused as a nested graph)."""
-        for v in runs:
-            capture = self.scopes[v].capturing
-            if capture is not None and op != "graph_end":
-                self.captured(f, op, args, thread, capture, self._within(v))
-            if op == "graph_capture":
-                self.capture_begins(f, step_id, args, thread, v)
-            elif op == "graph_end":
-                self.capture_ends(f, args, v)
-
-    def captured(self, f: Fields, op: str, args: dict[str, object], thread: str | None,
-                 capture: _Capture, within: str) -> None:
-        """A step inside a capture: one a graph holds, on a stream capturing (or a wait that
-        forks one in), on the scenario's thread."""
-        reader = self.reader
-        since = (f"graph {capture.name!r} is being captured (steps[{capture.began}], "
-                 f"{self._at(capture.began)}){within}")
-        if op not in V.CAPTURABLE:
-            raise reader.error(f.values["op"], f.sub("op"), f"{op} cannot stand inside a "
-                               f"graph's capture ({since}): {V.NOT_CAPTURED[op]}")
-        if thread is not None:
-            raise reader.error(f.values[V.THREAD_KEY], f.sub(V.THREAD_KEY), (
-                f"{since} on the scenario's own thread; a step of thread {thread!r} cannot "
-                "join it: capture from one thread"))
-        stream = str(args["stream"])
-        if op == "wait_event":
-            event = str(args["event"])
-            if event not in capture.events:
-                raise reader.error(f.values["event"], f.sub("event"), (
-                    f"event {event!r} was recorded outside the capture ({since}): CUDA "
-                    "refuses a captured wait for it (cudaErrorStreamCaptureIsolation); wait on "
-                    "the replaying stream before graph_replay, or record the event inside"))
-            on, steps = capture.events[event]
-            capture.streams.setdefault(stream, 0)  # a fork, when the stream was not capturing
-            if stream == capture.stream and on != capture.stream:
-                capture.back[on] = steps  # a join of what `on` did until its record
-        elif stream not in capture.streams:
-            forked = ", ".join(s for s in capture.streams if s != capture.stream)
-            raise reader.error(f.values["stream"], f.sub("stream"), (
-                f"{since} from stream {capture.stream!r}"
-                + (f" (and {forked}, forked in)" if forked else "")
-                + f"; this step on {stream!r} would run now, outside the graph: give it a "
-                "capturing stream, fork it in (wait_event on it for an event recorded in the "
-                "capture), or move it before graph_capture or after graph_end"))
-        elif op == "record_event":
-            capture.events[str(args["event"])] = (stream, capture.streams[stream])
-        else:
-            capture.streams[stream] += 1
-
-    def capture_begins(self, f: Fields, step_id: str | None, args: dict[str, object],
-                       thread: str | None, v: str) -> None:
-        reader = self.reader
-        stream = str(args["stream"])
-        if self.streams[stream].kind == "legacy":
-            raise reader.error(f.values["stream"], f.sub("stream"), (
-                f"{stream!r} is the legacy default stream, which CUDA cannot capture "
-                "(cudaErrorStreamCaptureUnsupported; PyTorch: \"CUDA graphs must be captured "
-                "on a non-default stream\"); capture on a stream of your own"))
-        if thread is not None:
-            raise reader.error(f.values[V.THREAD_KEY], f.sub(V.THREAD_KEY),
-                               "a graph is captured on the scenario's own thread; remove the "
-                               "thread")
-        self.scopes[v].capturing = _Capture(str(step_id), stream, self.index, streams={stream: 0})
-
-    def capture_ends(self, f: Fields, args: dict[str, object], v: str) -> None:
-        reader, scope, within = self.reader, self.scopes[v], self._within(v)
-        name = str(args["graph"])
-        node, path = f.values["graph"], f.sub("graph")
-        capture = scope.capturing
-        if name in scope.graphs:
-            ended = scope.graphs[name]
-            raise reader.error(node, path, f"graph {name!r} was ended at steps[{ended}] "
-                               f"({self._at(ended)}){within}; remove one graph_end")
-        if capture is None or capture.name != name:
-            raise reader.error(node, path, f"graph {name!r} is not being captured here{within}: "
-                               "graph_end ends the graph_capture before it"
-                               + (f" (now {capture.name!r})" if capture else ""))
-        if not any(capture.streams.values()):
-            raise reader.error(node, path, (
-                f"graph {name!r} captures nothing{within}: put the stream ops it replays (on "
-                f"{capture.stream!r}) between its graph_capture and this graph_end"))
-        for stream, steps in capture.streams.items():
-            if stream != capture.stream and capture.back.get(stream, 0) < steps:
-                raise reader.error(node, path, (
-                    f"stream {stream!r} forked into graph {name!r}'s capture and is not joined "
-                    f"back{within} (CUDA: cudaErrorStreamCaptureUnjoined): record an event on "
-                    f"{stream!r} after its last step in the capture, and make "
-                    f"{capture.stream!r} wait on it before this graph_end"))
-        scope.capturing = None
-        scope.graphs[name] = self.index
+            f"{self.sites.at(since)}) when its threads end at {what}{self.sites.within(v)}; "
+            "unlock it on that thread before"))
 
     # ---- what a step makes and gives back --------------------------------------------------------
     def effects(self, f: Fields, op: str, step_id: str | None, args: dict[str, object],
@@ -592,7 +413,7 @@ class StepList:
         elif op == "record_stream" or (op == "materialize" and "stream" in args):
             self.caching(f, op)
         for v in runs:
-            self.resources(f, op, step_id, args, v)
+            self.capacity.resources(f, op, step_id, args, v, index)
         freed = V.frees(op, args)
         if freed is not None:
             self.give_back(f, op, freed, runs)
@@ -606,9 +427,8 @@ class StepList:
             elif op == "host_alloc":
                 scope.allocated[str(args["buffer"])] = int(args.get("pages", 1))  # type: ignore
         for v in runs:
-            self.sizes(f, op, args, v)
-        self.check_needs(self.now)
-        self.now = []
+            self.capacity.sizes(f, op, args, v)
+        self.capacity.check_now()
 
     def kernel(self, f: Fields, args: dict[str, object]) -> None:
         """A kernel step: it reads or writes something, writes a byte (or what it read) where
@@ -648,332 +468,13 @@ class StepList:
             if kind == "buffer" and name not in scope.allocated:
                 made = scope.names[key]
                 raise self.reader.error(node, path, f"buffer {name!r} is a world buffer "
-                                        f"(steps[{made}], {self._at(made)}, made it with "
+                                        f"(steps[{made}], {self.sites.at(made)}, made it with "
                                         f"{self._op_at(made)}); only buffers from host_alloc "
                                         "can be freed")
             scope.gone[key] = self.index
             scope.allocated.pop(name, None)
 
-    def resources(self, f: Fields, op: str, step_id: str | None, args: dict[str, object],
-                  v: str) -> None:
-        """What kvcore would refuse when this step runs in variant ``v`` (module docstring),
-        checked against the variant's state before the step, which is then brought up to
-        date."""
-        scope = self.scopes[v]
-        within = self._within(v)
-        if op == "materialize":
-            pages = int(args["pages"])  # type: ignore[arg-type]
-            if scope.leased + pages > self.world.pages:
-                raise self.reader.error(f.values["pages"], f.sub("pages"), (
-                    f"{pages} more page{'s' if pages != 1 else ''} while {scope.leased} of "
-                    f"the pool's {self.world.pages} are leased{within}: the pool would run "
-                    "out; release pages first, or raise spec.pool.pages"))
-            scope.leased += pages
-        elif op == "release":
-            scope.leased -= scope.lease_pages[str(args["lease"])]
-        elif op == "retain":
-            catalog = scope.catalogs[str(args["catalog"])]
-            lease = str(args["lease"])
-            if lease in catalog.leases:
-                first = catalog.leases[lease]
-                raise self.reader.error(f.values["lease"], f.sub("lease"), (
-                    f"catalog {args['catalog']!r} retains lease {lease!r} already (steps[{first}], "
-                    f"{self._at(first)}){within}; a catalog keeps a page once (kvcore would give "
-                    "it back twice when the conversation ends): remove this retain"))
-            catalog.leases[lease] = self.index
-            catalog.pages += scope.lease_pages[lease]
-        elif op == "catalog":
-            scope.catalogs[str(step_id)] = _Catalog()
-        elif op == "bind":
-            if len(scope.rows) >= self.world.table_rows:
-                rows = self.world.table_rows
-                by = ", ".join(f"steps[{i}]" for i in scope.rows[:8])
-                raise self.reader.error(f.node, f.path, (
-                    f"no table row is left to bind{within}: the table's {rows} "
-                    f"row{'s are' if rows != 1 else ' is'} bound already ({by}; "
-                    "spec.pool.table_rows), and a catalog bound twice takes two; raise "
-                    "table_rows or bind fewer times"))
-            scope.rows.append(self.index)
-            scope.catalogs[str(args["catalog"])].binds.append(self.index)
-        elif op == "release_catalog":
-            catalog = scope.catalogs[str(args["catalog"])]
-            for lease in catalog.leases:
-                gone = scope.gone.get(("lease", lease))
-                if gone is not None:
-                    raise self.reader.error(f.values["catalog"], f.sub("catalog"), (
-                        f"catalog {args['catalog']!r} retains lease {lease!r}, released at "
-                        f"steps[{gone}] ({self._at(gone)}){within}: kvcore would release it "
-                        "twice; leave the lease to the catalog"))
-                scope.gone[("lease", lease)] = self.index
-                scope.leased -= scope.lease_pages[lease]
-            for bind in catalog.binds:
-                scope.rows.remove(bind)
-        elif op in ("kv_write", "attention", "gather", "scatter") and "page_list" in args:
-            self.list_use(f, op, args, v)
-        elif op in ("activate", "publish", "read_table", "kv_write", "attention"):
-            self.table_use(f, op, args, v)
-        elif op == "page_list":
-            entries = scope.lease_pages[str(args["lease"])]
-            most = self.page_bytes // TABLE_ENTRY_BYTES
-            if entries > most:
-                raise self.reader.error(f.values["lease"], f.sub("lease"), (
-                    f"lease {args['lease']!r} has {entries} pages; a page list holds at most "
-                    f"{most} entries of {TABLE_ENTRY_BYTES} bytes (one page of the buffer): "
-                    "list a smaller lease"))
-            scope.page_lists[str(args["buffer"])] = entries
-        elif op == "read_pinned":
-            self.count_slot(f.node, f.path, v)
-        elif op in ("copy_from_host", "copy_to_host"):
-            lease, buffer = (args["dst"], args["src"]) if op == "copy_from_host" else \
-                (args["src"], args["dst"])
-            key = "src" if op == "copy_from_host" else "dst"
-            pages = scope.lease_pages[str(lease)]
-            if op == "copy_from_host":
-                # The lease holds what the buffer holds: a page list copied in is a device
-                # index kernels can follow; anything else copied over one is not.
-                listed = scope.page_lists.get(str(buffer))
-                if listed is not None:
-                    scope.page_lists[str(lease)] = listed
-                else:
-                    scope.page_lists.pop(str(lease), None)
-            self.need_pages(f.values[key], f.sub(key), v, str(buffer), pages,
-                            f"lease {lease!r} has {pages} page{'s' if pages != 1 else ''}, "
-                            "all copied")
-        elif op == "check" and "equals" in args:
-            if "lease" in args:
-                pages = scope.lease_pages[str(args["lease"])]
-                self.need_pages(f.values["equals"], f.sub("equals"), v, str(args["equals"]),
-                                pages, f"lease {args['lease']!r} has {pages} "
-                                f"page{'s' if pages != 1 else ''}, all compared")
-            else:
-                self.need_like(f, v, str(args["equals"]), str(args["buffer"]))
-        elif op == "host_alloc":
-            pages = int(args.get("pages", 1))  # type: ignore[arg-type]
-            scope.alloc_pages += pages
-            self.host_budget_left(f.values["buffer"], f.sub("buffer"), v, str(args["buffer"]))
-        if "byte" in args:
-            scope.bytes.add(int(args["byte"]))  # type: ignore[arg-type]
-            if len(scope.bytes - {0}) >= 255:
-                # The GPU scrubs pages between trials with a byte no step uses.
-                raise self.reader.error(f.values["byte"], f.sub("byte"), (
-                    f"steps{within} use every byte value from 1 to 255; leave one unused (the "
-                    "GPU fills pages between trials with a byte no step writes or expects)"))
-
-    def table_use(self, f: Fields, op: str, args: dict[str, object], v: str) -> None:
-        """An activation publishes a catalog's pages into each row bound to it; a reader reads
-        the first row's entries (at least one). kvcore refuses an unbound catalog, more pages
-        than a row has entries, a page no longer leased (at a publish), and more counting
-        readers than the counter buffer has slots."""
-        scope = self.scopes[v]
-        name = str(args["catalog"])
-        catalog = scope.catalogs[name]
-        node, path = f.values["catalog"], f.sub("catalog")
-        within = self._within(v)
-        if not catalog.rows:
-            made = scope.names[("catalog", name)]
-            raise self.reader.error(node, path, (
-                f"catalog {name!r} (steps[{made}], {self._at(made)}) is bound to no table "
-                f"row{within}; bind it first (a bind step before this one)"))
-        row = self.world.row_pages
-        follows = op in ("read_table", "kv_write", "attention")  # read the row on the device
-        entries = max(1, catalog.pages) if follows else catalog.pages
-        if entries > row:
-            verb = "reads" if follows else "publishes"
-            raise self.reader.error(node, path, (
-                f"this {op} {verb} {entries} entries of catalog {name!r}{within}, more than a "
-                f"table row's {row} (spec.pool.max_pages_per_row, or the pool's pages when "
-                "0); raise max_pages_per_row, or retain fewer pages"))
-        if not follows:
-            for lease in catalog.leases:
-                gone = scope.gone.get(("lease", lease))
-                if gone is not None:
-                    raise self.reader.error(node, path, (
-                        f"catalog {name!r} retains lease {lease!r}, released at steps[{gone}] "
-                        f"({self._at(gone)}){within}: kvcore refuses to publish a page no "
-                        "longer leased; activate before that release, or release the lease "
-                        "only when the conversation ends"))
-        elif op != "kv_write" and args.get("assert") is False:
-            self.count_slot(f.values["assert"], f.sub("assert"), v)
-
-    def list_use(self, f: Fields, op: str, args: dict[str, object], v: str) -> None:
-        """A kernel that follows a page list needs one written before it (in the variant); a
-        gather or scatter moves as many pages of its pinned buffer as the list has entries."""
-        scope = self.scopes[v]
-        name = str(args["page_list"])
-        entries = scope.page_lists.get(name)
-        if entries is None:
-            lease = ("lease", name) in scope.names
-            raise self.reader.error(f.values["page_list"], f.sub("page_list"), (
-                f"lease {name!r} holds no page list{self._within(v)} when this {op} runs: "
-                "copy one into it first (copy_from_host of a buffer a page_list step wrote)"
-                if lease else
-                f"buffer {name!r} holds no page list{self._within(v)} when this {op} runs: "
-                "write one into it first (a page_list step)"))
-        if op == "attention" and args.get("assert") is False:
-            self.count_slot(f.values["assert"], f.sub("assert"), v)
-        elif op in ("gather", "scatter"):
-            key = "to" if op == "gather" else "from"
-            self.need_pages(f.values[key], f.sub(key), v, str(args[key]), entries,
-                            f"page list {name!r} has {entries} entr"
-                            f"{'ies' if entries != 1 else 'y'}, a page each")
-
-    def count_slot(self, node: Node, path: str, v: str) -> None:
-        """A kernel that counts takes one of the executor's counters."""
-        scope = self.scopes[v]
-        scope.counted += 1
-        if scope.counted > L.COUNTED_READS_MAX:
-            raise self.reader.error(node, path, (
-                f"more than {L.COUNTED_READS_MAX} counting kernels (read_table and attention "
-                f"with assert: false, read_pinned){self._within(v)}, the most there are "
-                "counters for; let the table readers assert, or read fewer times"))
-
-    # ---- host buffer sizes -----------------------------------------------------------------------
-    def sizes(self, f: Fields, op: str, args: dict[str, object], v: str) -> None:
-        """World buffers grow to their largest use in the variant (as the executor sizes
-        them); ranges of allocated buffers are checked now, those of world buffers once every
-        step is read."""
-        scope = self.scopes[v]
-        if op in ("copy_to_host", "gather", "page_list"):
-            # The pages the device writes there (a page list fits in one).
-            key, pages = {
-                "copy_to_host": ("dst", lambda: scope.lease_pages.get(str(args["src"]), 1)),
-                "gather": ("to", lambda: scope.page_lists.get(str(args["page_list"]), 1)),
-                "page_list": ("buffer", lambda: 1)}[op]
-            name = str(args[key])
-            if name not in scope.allocated:
-                self.grow(f.values[key], f.sub(key), v, name, pages())
-            return
-        if op != "host_fill":
-            return
-        name = str(args["buffer"])
-        allocated = scope.allocated.get(name)
-        if allocated is None:
-            node, path = (f.values["pages"], f.sub("pages")) if "pages" in args else \
-                (f.values["buffer"], f.sub("buffer"))
-            self.grow(node, path, v, name, int(args.get("pages", 1)))  # type: ignore[arg-type]
-        elif "pages" in args:
-            raise self.reader.error(f.keys["pages"], f.sub("pages"), f"buffer {name!r} comes "
-                                    "from host_alloc, which sets its size; use `page` to fill "
-                                    "some of its pages")
-        for key in ("page", "offset"):
-            if key not in args:
-                continue
-            value = args[key]
-            if key == "page":
-                pages = value if isinstance(value, tuple) else (value,)
-                need = _Need(f.values[key], f.sub(key), v, name, page_end=max(pages) + 1)
-            else:
-                length = int(args.get("length", 1))  # type: ignore[arg-type]
-                need = _Need(f.values[key], f.sub(key), v, name,
-                             byte_end=int(value) + length)  # type: ignore[arg-type]
-            if allocated is not None:
-                need.pages = allocated
-                self.now.append(need)
-            else:
-                self.needs.append(need)
-        if "length" in args and "offset" not in args:
-            raise self.reader.error(f.keys["length"], f.sub("length"),
-                                    "`length` goes with `offset` (a byte range); add offset")
-
-    def grow(self, node: Node, path: str, v: str, name: str, pages: int) -> None:
-        """World buffer ``name`` is at least ``pages`` pages in variant ``v``."""
-        scope = self.scopes[v]
-        if pages > scope.world.get(name, 0):
-            scope.world[name] = pages
-            self.host_budget_left(node, path, v, name)
-
-    def host_budget_left(self, node: Node, path: str, v: str, name: str) -> None:
-        scope = self.scopes[v]
-        if scope.host_pages() > self.host_budget:
-            total = scope.host_pages() * self.page_bytes
-            raise self.reader.error(node, path, (
-                f"with buffer {name!r}, the pinned host buffers{self._within(v)} take "
-                f"{total:,} bytes; beside the pool's other allocations "
-                f"({self.world.describe()}), the world would take more than "
-                f"{L.WORLD_MAX_BYTES:,} bytes (1 GiB), the most it may: use fewer or "
-                "smaller buffers"))
-
-    def need_pages(self, node: Node, path: str, v: str, buffer: str, pages: int,
-                   why: str) -> None:
-        """Buffer ``buffer`` must have ``pages`` pages when this step runs in ``v``."""
-        allocated = self.scopes[v].allocated.get(buffer)
-        need = _Need(node, path, v, buffer, page_end=pages, why=why)
-        if allocated is not None:
-            need.pages = allocated
-            self.now.append(need)
-        else:
-            self.needs.append(need)
-
-    def need_like(self, f: Fields, v: str, equals: str, read: str) -> None:
-        """A check of buffer ``read`` against buffer ``equals`` compares every page of the
-        first: the second must have as many."""
-        scope = self.scopes[v]
-        pages = scope.allocated.get(read)
-        node, path = f.values["equals"], f.sub("equals")
-        if pages is None:
-            # The buffer read is a world buffer, sized once every step is read; the one it is
-            # compared with may be either.
-            allocated = scope.allocated.get(equals)
-            self.needs.append(_Need(node, path, v, equals, like=read,
-                                    why=f"buffer {read!r} is compared page by page",
-                                    pages=allocated or 0, fixed=allocated is not None))
-        else:
-            self.need_pages(node, path, v, equals, pages, f"buffer {read!r} has {pages} "
-                            f"page{'s' if pages != 1 else ''}, all compared")
-
-    def check_world_needs(self) -> None:
-        for need in self.needs:
-            world = self.scopes[need.variant].world
-            if need.like is not None:
-                need.page_end = world.get(need.like, 1)
-                need.why += f" ({need.page_end} page{'s' if need.page_end != 1 else ''})"
-            if not need.fixed:
-                need.pages = world.get(need.buffer, 1)
-        self.check_needs(self.needs)
-
-    def check_needs(self, needs: list[_Need]) -> None:
-        """Check needs, grouped by the node that asks (one need per variant the step runs
-        in): the message names a variant only when the step fails in some of them."""
-        groups: dict[int, list[_Need]] = {}
-        for need in needs:
-            groups.setdefault(id(need.node), []).append(need)
-        for group in groups.values():
-            failing = [n for n in group if self.fails(n)]
-            if failing:
-                self.check_need(failing[0], len(failing) < len(group))
-
-    def fails(self, need: _Need) -> bool:
-        return need.page_end > need.pages or need.byte_end > need.pages * self.page_bytes
-
-    def check_need(self, need: _Need, some: bool) -> None:
-        """Raise the error of a need that fails; ``some``: it fails in some variants only."""
-        pages = need.pages
-        nbytes = pages * self.page_bytes
-        within = self._within(need.variant) if some else ""
-        has = f"{pages} page{'s' if pages != 1 else ''}"
-        if need.why and need.page_end > pages:
-            raise self.reader.error(need.node, need.path, (
-                f"buffer {need.buffer!r} has {has}{within}, but {need.why}: the step would "
-                f"overrun it; give the buffer {need.page_end} pages (host_fill pages:, or "
-                "host_alloc pages:)"))
-        if need.page_end > pages:
-            raise self.reader.error(need.node, need.path, f"page {need.page_end - 1} is "
-                                    f"outside buffer {need.buffer!r}, which has {has} "
-                                    f"(0..{pages - 1}){within}")
-        if need.byte_end > nbytes:
-            raise self.reader.error(need.node, need.path, f"bytes up to {need.byte_end} are "
-                                    f"outside buffer {need.buffer!r}, which has {nbytes} "
-                                    f"bytes ({has} of {self.page_bytes}){within}")
-
-    def _within(self, variant: str) -> str:
-        """" in variant v" for a message, when the scenario has more than one."""
-        return "" if len(self.variants) == 1 else f" in variant {variant}"
-
     # ---- messages ------------------------------------------------------------------------------
-    def _at(self, index: int) -> str:
-        w = self.where[index]
-        return f"{w.file}:{w.line}:{w.column}"
-
     def _op_at(self, index: int) -> str:
         return _raw_scalars(self.nodes[index]).get("op", "?")
 
