@@ -1,13 +1,11 @@
 """One trial of a step-list scenario: its steps in order, or its host threads interleaved (by a
-seeded schedule on the simulated device, by real threads on the GPU), each step's handler by
-its op, and what the trial leaves to clean up. The checks are :mod:`harness.run.checks`."""
+seeded schedule on the simulated device, by real threads on the GPU: :mod:`harness.run.threads`),
+each step's handler by its op, and what the trial leaves to clean up. The checks are
+:mod:`harness.run.checks`."""
 
 from __future__ import annotations
 
-import functools
 import math
-import random
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -21,6 +19,7 @@ from kvcore.device.program import Program
 from kvcore.device.schedule import Schedule
 
 from harness.run.checks import _Checks, _Corruption
+from harness.run.threads import HostThreads, _Deadlock
 from harness.run.world import World, _HostBuffer
 
 
@@ -56,35 +55,6 @@ def _section(steps: list[Step]) -> Section:
     return Section(tuple(steps), tuple((name, tuple(s)) for name, s in by.items()))
 
 
-class _Deadlock(Exception):
-    """No host thread can go on: ends the trial as ``hang``."""
-
-    def __init__(self, step: str, detail: str) -> None:
-        super().__init__(detail)
-        self.step = step
-
-
-_WAITING_STEPS = ("synchronize", "event_query")
-"""Steps that wait for the device: on the GPU, a host thread runs them without holding the
-others back, as an engine's threads do."""
-
-PREEMPT_CHANCE = 0.02
-"""How often a seeded interleaving on the simulated device switches threads after a host-only
-step. CPython switches threads when one blocks or its 5 ms interval ends, and a scenario's host
-steps take microseconds, so real threads rarely cut each other short there; ``explore`` and
-schedule tokens take the preemptions that matter on purpose."""
-
-RELEASE_CHANCE = 0.1
-"""How often it switches after a step that called the device. The call lets go of the
-interpreter lock, and whether the caller or a waiting thread runs next is a race of microseconds
-either way, so the chance follows the harness's own host time between a thread's steps, and is
-set where the simulated device finds cudf-22284's race as often as the H200 does: unamplified,
-the H200 detected it in 509 of 600 trials (three runs of 200: 180, 168, 161), and the simulated
-device detects it in 168 of 200 at 0.1 (176 at 0.05, 160 at 0.15, and 152 at 0.2, set when the
-H200 detected it in 152 to 166 of 200). When the trial path's speed changes, the GPU zoo test (a
-thread race's rate on sim against the GPU) says whether this needs measuring again."""
-
-
 class Trials(Protocol):
     """What a trial's steps read of the executor that runs them (a
     :class:`harness.run.executor.TrialExecutor`), said here so that the steps need not import
@@ -113,7 +83,7 @@ class _Steps(_Checks):
         self.seed = seed
         executor.decisions = 0  # counted per trial: a schedule's preemptions name them
         self.current: Step | None = None  # the step running (the last one begun)
-        self.held: dict[str, str] = {}  # mutex -> the thread holding it (the interleaved threads)
+        self.host = HostThreads(executor, world.device, seed, self._one, self._exists)
         self.freed: dict[str, _HostBuffer] = {}  # host_free'd buffers another thread may use
         # Who wrote each byte value, for a check's findings: (what, name, step) as recorded,
         # put into words only if a check fails (host steps sit inside race windows).
@@ -145,9 +115,9 @@ class _Steps(_Checks):
                 if not section.threads:
                     self._in_order(section.steps)
                 elif self.ex.real_threads:
-                    self._threads(section)
+                    self.host.in_parallel(section.threads)
                 else:
-                    self._interleave(section)
+                    self.host.interleave(section.threads)
             if self.scrubbed and self.quiet:
                 pass  # the last check's wait was the scrub's: nothing runs on the device
             elif self.quiet and w.scrubs and w.pool.poison is None:
@@ -204,165 +174,8 @@ class _Steps(_Checks):
         _HANDLERS[step.op](self, step)
         self.quiet = False  # another host thread may have work in flight
 
-    # ---- host threads ----------------------------------------------------------------------------
-    def _interleave(self, section: Section) -> None:
-        """A parallel section on the simulated device: one step at a time, from a thread that
-        can go on. As under CPython's GIL, the threads begin in the order they are declared, and
-        a thread keeps going until it ends or must wait, then the next ready one goes on; the
-        device sees the host's time pass at each start and switch. Preemptions are the
-        schedule's under a schedule; without one, the trial's seed preempts often after a step
-        that called the device (the call let go of the interpreter lock) and rarely after
-        another, so a seeded run predicts what real threads do, and ``explore`` covers the
-        other interleavings."""
-        names = [name for name, _ in section.threads]
-        queues = {name: list(steps) for name, steps in section.threads}
-        schedule = self.ex.schedule
-        rng = random.Random(f"threads-{self.seed}") if schedule is None else None
-        hold = self.ex.held_steps()
-        device = self.w.device
-        current: str | None = None
-        begun: set[str] = set()
-        called = False  # the last step called the device (let go of the interpreter lock)
-        while any(queues.values()):
-            ready = [t for t in names if queues[t] and self._ready(queues[t][0])]
-            if not ready:
-                raise self._deadlock(queues)
-            if hold:
-                # The amplified hold: a held thread goes on only once no other one can, and
-                # then the one held first in the list.
-                free = [t for t in ready if queues[t][0].id not in hold]
-                ready = free or [min(ready, key=lambda t: hold.index(str(queues[t][0].id)))]
-            pick = current if current in ready else ready[0]
-            if len(ready) > 1:
-                if rng is not None:
-                    if rng.random() < (RELEASE_CHANCE if called else PREEMPT_CHANCE):
-                        pick = rng.choice([t for t in ready if t != current] or ready)
-                else:
-                    wanted = schedule.thread_at(self.ex.decisions)  # type: ignore[union-attr]
-                    if wanted is not None and wanted < len(names) and names[wanted] in ready:
-                        pick = names[wanted]
-                self.ex.decisions += 1
-            if pick != current:
-                device.host_thread_switch(start=pick not in begun)
-                begun.add(pick)
-            current = pick
-            calls = device.calls
-            self._threaded(queues[pick].pop(0), pick)
-            called = device.calls != calls
-
-    def _threads(self, section: Section) -> None:
-        """A parallel section on the GPU: a real thread per host thread. A step that names what
-        another thread makes waits until it is made, and a mutex is taken under the same
-        condition as that check; one thread's device calls are not cut by another's (the op
-        log's step labels are the trial's), except while a step waits for the device. The
-        amplified hold is the simulated device's: a held step begins only once every other
-        thread has ended or waits."""
-        changed = threading.Condition()
-        issue = threading.Lock()
-        hold = self.ex.held_steps()
-        # The simulated device is not thread-safe; its waits take no real time anyway.
-        simulated = self.ex.backend != "cuda"
-        names = [name for name, _ in section.threads]
-        waiting: dict[str, Step] = {}  # thread -> the step it waits to begin
-        done: set[str] = set()
-        failed: list[BaseException] = []
-
-        def may_go(name: str) -> bool:
-            step = waiting[name]
-            if not self._ready(step):
-                return False
-            if step.id is None or step.id not in hold:
-                return True
-            mine = hold.index(step.id)
-            for other in names:
-                if other == name or other in done:
-                    continue
-                theirs = waiting.get(other)
-                if theirs is None:
-                    return False  # still running: it may reach the window the hold opens
-                if self._ready(theirs) and not (theirs.id in hold and
-                                                hold.index(str(theirs.id)) > mine):
-                    return False
-            return True
-
-        def wake(name: str) -> bool:
-            if failed or may_go(name):
-                return True
-            if all(t in done or (t in waiting and not may_go(t)) for t in names):
-                failed.append(self._deadlock({t: [s] for t, s in waiting.items()}))
-                changed.notify_all()
-                return True
-            return False
-
-        def body(name: str, steps: tuple[Step, ...]) -> None:
-            try:
-                for step in steps:
-                    with changed:
-                        waiting[name] = step
-                        changed.notify_all()  # what this one made, or that it now waits
-                        changed.wait_for(functools.partial(wake, name))
-                        del waiting[name]
-                        if failed:
-                            return
-                        if step.op in ("lock", "unlock"):
-                            self._threaded(step, name)
-                            continue
-                    if step.op in _WAITING_STEPS and not simulated:
-                        self._threaded(step, name)  # blocks: the others must go on meanwhile
-                    else:
-                        with issue:
-                            self._threaded(step, name)
-            except BaseException as exc:  # ends the trial; the other threads stop at a step
-                with changed:
-                    failed.append(exc)
-                    # A thread waiting for a mutex this one holds must not wait forever.
-                    for mutex in [m for m, t in self.held.items() if t == name]:
-                        self._give(mutex)
-            finally:
-                with changed:
-                    done.add(name)
-                    changed.notify_all()
-
-        workers = [threading.Thread(target=body, args=item, name=f"gpurace-host-{item[0]}",
-                                    daemon=True) for item in section.threads]
-        for worker in workers:
-            worker.start()
-        for worker in workers:
-            worker.join()
-        if failed:
-            raise failed[0]
-
-    def _threaded(self, step: Step, thread: str) -> None:
-        """One step of a host thread. What the pool refuses here (a lease another thread has
-        released, a pool another thread has emptied) is the race's consequence, not a fault of
-        the scenario: the trial ends as corruption, saying which thread did what."""
-        try:
-            if step.op == "lock":
-                self._take(str(step.args["mutex"]), thread)
-            elif step.op == "unlock":
-                self._give(str(step.args["mutex"]))
-            else:
-                self._one(step)
-        except kvcore.DeviceError:
-            raise
-        except kvcore.KVCoreError as exc:
-            raise _Corruption(step.label, f"{step.label} (thread {thread}): the pool refused: "
-                                          f"{exc}") from exc
-
-    def _take(self, mutex: str, thread: str) -> None:
-        self.held[mutex] = thread
-
-    def _give(self, mutex: str) -> None:
-        del self.held[mutex]
-
-    def _ready(self, step: Step) -> bool:
-        """Whether a thread's next step can run now: what it names exists (another thread may
-        not have made it yet), and the mutex it takes is free."""
-        if step.op == "lock" and str(step.args["mutex"]) in self.held:
-            return False
-        return all(self._exists(kind, name) for kind, name in V.uses(step.op, step.args))
-
     def _exists(self, kind: str, name: str) -> bool:
+        """Whether the trial has made ``name`` of ``kind`` (a host thread waits until it has)."""
         if kind == "memory":  # a kernel's: a lease or a pinned buffer
             return self._exists("lease", name) or self._exists("buffer", name)
         if kind == "lease":
@@ -372,24 +185,6 @@ class _Steps(_Checks):
         if kind == "event":
             return name in self.events
         return name in self.allocs or name in self.w.host or name in self.freed
-
-    def _deadlock(self, queues: dict[str, list[Step]]) -> _Deadlock:
-        waits = []
-        for thread, steps in queues.items():
-            if not steps:
-                continue
-            step = steps[0]
-            if step.op == "lock" and str(step.args["mutex"]) in self.held:
-                mutex = str(step.args["mutex"])
-                waits.append(f"thread {thread} waits at {step.label} for mutex {mutex} (held "
-                             f"by thread {self.held[mutex]})")
-            else:
-                missing = [f"{k} {n}" for k, n in V.uses(step.op, step.args)
-                           if not self._exists(k, n)]
-                waits.append(f"thread {thread} waits at {step.label} for "
-                             f"{', '.join(missing)}, which no thread can make now")
-        first = next(steps[0] for steps in queues.values() if steps)
-        return _Deadlock(first.label, "the host threads deadlocked: " + "; ".join(waits))
 
     def _mark(self, name: str) -> None:
         """Name the position the trial has reached in the program it is captured in, if any."""
