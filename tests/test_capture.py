@@ -495,9 +495,9 @@ def test_an_emitted_event_is_written_as_it_was_and_a_held_one_as_it_is_at_the_fl
 def test_what_a_source_could_not_read_is_said_once_a_kind_and_counted():
     """The PyTorch source's failures: each kind a note when first met and a count at the end;
     past twenty kinds (a message with an address in it), the rest are counted together."""
-    from harness.capture.torch_ops import KINDS_KEPT, Guard
+    from harness.capture.source import KINDS_KEPT, Failures
     notes: list[list] = []
-    guard = Guard(notes.append)
+    guard = Failures(notes.append, "the PyTorch source")
     for _ in range(3):
         guard.failed("the arguments of aten.add.Tensor", RuntimeError("no storage\nmore"))
     assert len(notes) == 1 and "aten.add.Tensor: RuntimeError: no storage" in notes[0][1]

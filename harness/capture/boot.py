@@ -15,7 +15,6 @@ PyTorch nor CuPy imports in this interpreter); exit 2 when the program or module
 from __future__ import annotations
 
 import argparse
-import importlib
 import importlib.abc
 import importlib.util
 import os
@@ -23,13 +22,12 @@ import runpy
 import sys
 import sysconfig
 import traceback
-from collections.abc import Callable
 from typing import Any
 
 from harness.capture import events as E
 from harness.capture.amplify import Amplifier, decode
+from harness.capture.source import REGISTERED, Installed, Source, load
 
-SOURCES = ("torch", "cupy")
 NOTHING_TO_CAPTURE = 77
 USAGE = 2
 
@@ -60,17 +58,20 @@ class _InstallOnImport(importlib.abc.MetaPathFinder):
     """Switches a source on the moment the program's import of its framework has finished, so
     a program pays for no framework it does not use, and the source sees all of its work."""
 
-    def __init__(self, sink: E.Sink, names: tuple[str, ...],
+    def __init__(self, sink: E.Sink, sources: tuple[Source, ...],
                  amplifier: Amplifier | None = None) -> None:
         self.sink = sink
         self.amplifier = amplifier
-        self.waiting = set(names)
-        self.stops: list[Callable[[], None]] = []
+        # A framework's module -> the sources its import switches on, in their order.
+        self.waiting: dict[str, list[Source]] = {}
+        for source in sources:
+            self.waiting.setdefault(source.module, []).append(source)
+        self.stops: list[Installed] = []
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
         if fullname not in self.waiting:
             return None
-        self.waiting.discard(fullname)
+        sources = self.waiting.pop(fullname)
         spec = importlib.util.find_spec(fullname)  # the real one: we are out of the way now
         loader = getattr(spec, "loader", None)
         if loader is None or not hasattr(loader, "exec_module"):
@@ -79,22 +80,27 @@ class _InstallOnImport(importlib.abc.MetaPathFinder):
 
         def exec_module(module: Any) -> None:
             run(module)
-            self.install(fullname)
+            for source in sources:
+                self.install(source)
 
         loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
 
-    def install(self, name: str) -> None:
+    def install_now(self, module: str) -> None:
+        """Switch on the sources of a framework the process has imported already."""
+        for source in self.waiting.pop(module, ()):
+            self.install(source)
+
+    def install(self, source: Source) -> None:
         try:
-            source = importlib.import_module(f"harness.capture.{name}_source")
             version = source.available()
             if version is None:
                 return
             self.stops.append(source.install(self.sink, self.amplifier))
-            self.sink.emit(["source", name, version])
+            self.sink.emit(["source", source.name, version])
         except Exception as exc:  # a source that cannot start must not stop the program
-            self.sink.emit(["note", f"the {name} source could not start ({exc!r}): its work "
-                                    "is not watched"])
+            self.sink.emit(["note", f"the {source.name} source could not start ({exc!r}): "
+                                    "its work is not watched"])
 
 
 def _watch_forks(sink: E.Sink) -> None:
@@ -132,15 +138,17 @@ def _watch_forks(sink: E.Sink) -> None:
 def main(argv: list[str] | None = None) -> int:
     opts = _parse(sys.argv[1:] if argv is None else argv)
     sink = E.Sink.to_path(opts.events)
-    wanted = SOURCES if opts.sources == "auto" else tuple(
+    wanted = REGISTERED if opts.sources == "auto" else tuple(
         s for s in opts.sources.split(",") if s)
-    found = tuple(name for name in wanted if name in SOURCES and _importable(name))
+    known = {name: load(name) for name in wanted if name in REGISTERED}
+    found = tuple(source for source in known.values() if _importable(source.module))
     sink.emit(["hello", {"schema": E.CAPTURE_SCHEMA, "pid": os.getpid(),
                          "argv": [opts.program, *opts.args], "cwd": os.getcwd(),
                          "python": sys.version.split()[0], "executable": sys.executable,
-                         "importable": list(found), "module": opts.module}])
+                         "importable": [source.name for source in found],
+                         "module": opts.module}])
     if not found:
-        names = " nor ".join({"torch": "PyTorch (torch)", "cupy": "CuPy (cupy)"}.get(n, n)
+        names = " nor ".join(f"{known[n].title} ({known[n].module})" if n in known else n
                              for n in wanted)
         return _end(sink, NOTHING_TO_CAPTURE,
                     f"{sys.executable} cannot import {names}: gpurace watch captures PyTorch "
@@ -154,10 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     amplifier = Amplifier(decode(opts.delays), sink.emit) if opts.delays else None
     hook = _InstallOnImport(sink, found, amplifier)
     sys.meta_path.insert(0, hook)
-    for name in found:
-        if name in sys.modules:  # imported already (a sitecustomize): switch it on now
-            hook.waiting.discard(name)
-            hook.install(name)
+    for module in list(hook.waiting):
+        if module in sys.modules:  # imported already (a sitecustomize): switch it on now
+            hook.install_now(module)
     uninstall = hook.stops
     _watch_forks(sink)
     sys.argv = [opts.program, *opts.args]
@@ -178,8 +185,8 @@ def main(argv: list[str] | None = None) -> int:
         if hook in sys.meta_path:
             sys.meta_path.remove(hook)
         if not uninstall:
-            sink.emit(["note", "the program imported neither " + " nor ".join(found) +
-                               ": nothing of its work was captured"])
+            sink.emit(["note", "the program imported neither " + " nor ".join(
+                source.name for source in found) + ": nothing of its work was captured"])
         for off in reversed(uninstall):
             try:
                 off()

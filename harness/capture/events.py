@@ -61,7 +61,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, NamedTuple, TextIO
 
 from harness.faults.writes import reason
 
@@ -70,6 +70,15 @@ DEVICE = "d"
 HOST = "h"
 LEGACY_STREAM = 0
 PER_THREAD_STREAM = 2
+
+
+class Span(NamedTuple):
+    """One access, ``[space, address, nbytes]``: JSON writes it as that very list."""
+
+    space: str  # DEVICE or HOST
+    address: int
+    nbytes: int
+
 
 LOST = "gpurace watch: capture stopped, the events file cannot be written: "
 """The line a program's capture says on its standard error when its events file will not take

@@ -10,17 +10,14 @@ tests are not looked for.
 
 from __future__ import annotations
 
-import importlib
 import io
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from harness.capture.analysis import RunAnalysis
 from harness.capture.events import Sink
-
-SOURCES = ("torch", "cupy")
+from harness.capture.source import REGISTERED, Installed, load
 
 
 @dataclass(frozen=True)
@@ -38,16 +35,16 @@ class InProcessWatch:
     def __init__(self) -> None:
         self._buffer = io.StringIO()
         self._sink = Sink(self._buffer)
-        self._stops: list[Callable[[], None]] = []
+        self._stops: list[Installed] = []
         self.sources: dict[str, str] = {}
-        for name in SOURCES:
+        for name in REGISTERED:
             try:
-                source = importlib.import_module(f"harness.capture.{name}_source")
+                source = load(name)
             except ImportError:
                 continue
             version = source.available()
             if version is not None:
-                self.sources[name] = version
+                self.sources[source.name] = version
                 self._stops.append(source.install(self._sink))
         self._taken = 0
 

@@ -8,9 +8,9 @@ are read without it.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from types import FrameType
-from typing import Any
+from typing import Any, NamedTuple
 
 SLOW_NS = 10_000_000
 """An op on which the capture's own code spent longer than this (10 ms) is listed in its stats:
@@ -34,6 +34,21 @@ _COPIES = frozenset({"copy_", "_to_copy", "_copy_from", "_copy_from_and_resize",
 PINS = frozenset({"_pin_memory", "pin_memory"})
 
 
+class TensorArg(NamedTuple):
+    """An argument of an op's schema that may hold tensors."""
+
+    index: int  # its position
+    name: str  # its keyword
+    written: bool  # annotated Tensor(a!): the op writes it
+
+
+class ArgAt(NamedTuple):
+    """Where an op's schema has an argument: its position and its keyword."""
+
+    index: int
+    name: str
+
+
 class Plan:
     """What an op's schema says, worked out once per op overload."""
 
@@ -47,16 +62,16 @@ class Plan:
         self.kind = "copy" if self.name in _COPIES else (
             "scalar" if self.name == "_local_scalar_dense" else "kernel")
         self.kernel = "kernel:" + self.name
-        # (position, keyword, written) of each argument that may hold tensors.
-        self.args = []
-        self.device_at: tuple[int, str] | None = None  # where a device= argument is
+        self.args: list[TensorArg] = []
+        self.device_at: ArgAt | None = None  # where a device= argument is
         for i, arg in enumerate(schema.arguments):
             if "Tensor" in str(arg.type):
                 alias = arg.alias_info
-                self.args.append((i, arg.name, bool(alias is not None and alias.is_write)))
+                self.args.append(TensorArg(i, arg.name,
+                                           bool(alias is not None and alias.is_write)))
             elif arg.name == "device":
-                self.device_at = (i, arg.name)
-        self.written = any(w for _, _, w in self.args)
+                self.device_at = ArgAt(i, arg.name)
+        self.written = any(a.written for a in self.args)
         self.fresh_returns = any(r.alias_info is None and "Tensor" in str(r.type)
                                  for r in schema.returns)
         if schema.returns and not self.written and all(
@@ -118,31 +133,3 @@ def byte_spans(space: str, t: Any, start: int) -> list[list[Any]]:
 def what_of(t: Any) -> str:
     dtype = str(t.dtype).replace("torch.", "")
     return f"tensor {dtype}[{', '.join(str(s) for s in t.shape)}]"
-
-
-KINDS_KEPT = 20
-"""Kinds of failure a run's notes list one by one; the rest are counted together."""
-
-
-class Guard:
-    """What the source could not read, counted: each kind said once in the notes as it first
-    happens, and with its count when the capture stops. The program never sees these."""
-
-    def __init__(self, emit: Callable[[list[Any]], None]) -> None:
-        self.emit = emit
-        self.counts: dict[str, int] = {}
-
-    def failed(self, where: str, exc: BaseException) -> None:
-        text = str(exc).strip().splitlines()
-        key = f"{where}: {type(exc).__name__}" + (f": {text[0][:160]}" if text else "")
-        if key not in self.counts and len(self.counts) >= KINDS_KEPT:
-            key = "other ops (more kinds of failure than are listed one by one)"
-        n = self.counts.get(key, 0)
-        self.counts[key] = n + 1
-        if n == 0:
-            self.emit(["note", f"the PyTorch source could not read {key}; those ops ran "
-                               "unwatched (counted at the end)"])
-
-    def summary(self) -> list[str]:
-        return [f"the PyTorch source could not read {key} ({n} time{'s' if n != 1 else ''}); "
-                "those ops ran unwatched" for key, n in self.counts.items()]

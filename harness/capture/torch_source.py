@@ -28,7 +28,7 @@ a pinned block seen again is the host waiting for its own copies' events, nothin
 and stream queries are read through their Python methods; ``Tensor.tolist`` and ``Tensor.numpy``
 of a pinned tensor are host reads.
 
-The capture never changes what the program does (``torch_ops.Guard``): a tensor it cannot read
+The capture never changes what the program does (``source.Failures``): a tensor it cannot read
 (a subclass such as DTensor, which the mode lets handle the op and then sees the plain tensors
 it runs on; fake and functional tensors; sparse, nested, meta tensors; storages without data) is
 left out, any failure of the source's own code is caught, counted and said once in the notes,
@@ -57,17 +57,33 @@ from harness.capture import events as E
 from harness.capture.amplify import Amplifier, Delay
 from harness.capture.sites import (is_own_code, program_frame, site_of, thread_name,
                                    variable_for, warm_up)
-from harness.capture.torch_ops import (PINS, SLOW_NS, SLOWEST_KEPT, Guard, Pending, Plan,
-                                       byte_spans, tensors_in, what_of)
+from harness.capture.source import Failures, Installed
+from harness.capture.torch_ops import (PINS, SLOW_NS, SLOWEST_KEPT, Pending, Plan, byte_spans,
+                                       tensors_in, what_of)
+
+
+class TorchSource:
+    """The PyTorch source, as every source is (:class:`harness.capture.source.Source`)."""
+
+    name = "torch"
+    module = "torch"
+    title = "PyTorch"
+
+    def available(self) -> str | None:
+        """PyTorch's version when it imports here, else None."""
+        try:
+            import torch
+        except Exception:  # any failure to import is "not here"
+            return None
+        return str(torch.__version__)
+
+    def install(self, sink: E.Sink, amplifier: Amplifier | None = None) -> Installed:
+        return install(sink, amplifier)
 
 
 def available() -> str | None:
     """PyTorch's version when it imports here, else None."""
-    try:
-        import torch
-    except Exception:  # any failure to import is "not here"
-        return None
-    return str(torch.__version__)
+    return SOURCE.available()
 
 
 class _Capture:
@@ -81,7 +97,7 @@ class _Capture:
         self.sink = sink
         self.emit = sink.emit
         self.on = True
-        self.guard = Guard(sink.emit)
+        self.guard = Failures(sink.emit, "the PyTorch source")
         self.plans: dict[Any, Plan] = {}
         self.streams: set[int] = set()
         self.stream_sites: dict[int, str | None] = {}
@@ -242,8 +258,8 @@ class _Capture:
         cuda_index = None
         nargs = len(args)
         Tensor = self.Tensor
-        for i, key, written in plan.args:
-            value = args[i] if i < nargs else kwargs.get(key)
+        for arg in plan.args:
+            value = args[arg.index] if arg.index < nargs else kwargs.get(arg.name)
             if value is None:
                 continue
             for t in tensors_in(value, Tensor):
@@ -255,10 +271,11 @@ class _Capture:
                 space, base = where
                 bases.add(base)
                 if not plan.no_work:
-                    (writes if written else reads).extend(byte_spans(space, t, t.data_ptr()))
+                    (writes if arg.written else reads).extend(
+                        byte_spans(space, t, t.data_ptr()))
         if cuda_index is None and plan.device_at is not None:
-            i, key = plan.device_at
-            device = args[i] if i < nargs else kwargs.get(key)
+            at = plan.device_at
+            device = args[at.index] if at.index < nargs else kwargs.get(at.name)
             if device is not None:
                 cuda_index = self.device_index(device)  # zeros(device=), .to("cuda")
         if cuda_index is None and not reads and not writes and not plan.fresh_returns:
@@ -536,9 +553,9 @@ _PLAIN: frozenset[type] = frozenset()
 other type is a subclass the capture does not read (it sees the plain tensors inside it)."""
 
 
-def install(sink: E.Sink, amplifier: Amplifier | None = None) -> Callable[[], None]:
+def install(sink: E.Sink, amplifier: Amplifier | None = None) -> Installed:
     """Capture the program's PyTorch work into ``sink`` from now on, queueing the delays
-    ``amplifier`` asks for; returns what stops it."""
+    ``amplifier`` asks for; returns what stops it (its ``capture``: the source's state)."""
     global _PLAIN
     import torch
     import torch.cuda._gpu_trace as trace
@@ -704,12 +721,10 @@ def install(sink: E.Sink, amplifier: Amplifier | None = None) -> Callable[[], No
             early_stop.__exit__(None, None, None)
         for owner, name, original in reversed(patched):
             setattr(owner, name, original)
-        for line in cap.guard.summary():
-            sink.emit(["note", line])
+        cap.guard.say_summary()
         sink.emit(cap.stats())
 
-    uninstall.capture = cap  # type: ignore[attr-defined]  # for tests: the source's state
-    return uninstall
+    return Installed(uninstall, cap.guard, cap)
 
 
 def _checkpoint_early_stop_off() -> Any:
@@ -731,7 +746,7 @@ def _checkpoint_early_stop_off() -> Any:
     return off
 
 
-def _decomposes(func: Any, guard: Guard) -> bool:
+def _decomposes(func: Any, guard: Failures) -> bool:
     """Whether ``func`` is an op that PyTorch runs as its decomposition into other ops (it has a
     CompositeImplicitAutograd kernel). The mode meets such ops only under ``inference_mode``:
     elsewhere autograd's dispatch key has decomposed them already."""
@@ -771,3 +786,6 @@ def _mode_backed_tensors() -> tuple[type, ...]:
     except Exception:
         pass
     return tuple(found)
+
+
+SOURCE = TorchSource()
