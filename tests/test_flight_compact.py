@@ -240,62 +240,38 @@ def test_the_worker_s_scratch_trace_is_the_current_trial_s(tmp_path):
     assert load_trace(copy).header["trial"] == 3 and load_trace(copy).ops
 
 
-def test_a_reissued_trial_s_flushes_from_their_format_are_the_lines_written_out(tmp_path):
-    """A flush of runs alone is written from the format of the last flush of its shape (or of
-    the last trial's flush at its place), its numbers put in: byte for byte what writing it
-    line by line gives, trial after trial, the
-    same file beside it written line by line (both recorders on one device, traces not kept,
-    as a worker runs; the first trial runs its steps, the next captures them), on every
-    reissued case of the catalog and the zoo, amplified or not."""
-
-    class LineByLine(FlightRecorder):
-        def _runs(self):
-            return None, [None]
-
-    formatted_cases = 0
-    for k, (path, variant) in enumerate(CASES):
-        for amplify in (False, True):
-            folder = tmp_path / f"{k}-{amplify}"
-            formatted, lines = FlightRecorder(folder / "f"), LineByLine(folder / "l")
-
-            def attach(device) -> None:
-                formatted.attach(device)
-                lines.attach(device)
-
-            scenario = load_scenario(path)
-            executor = TrialExecutor(scenario, scenario.variant(variant), "sim",
-                                     amplify=amplify, on_device=attach, keep_world=True)
-            for index in range(7):  # stepped, captured, then reissued (its pieces learnt)
-                for recorder in (formatted, lines):
-                    recorder.start_trial(HEADER, trial=index, seed=index, pid=1234)
-                executor.run(index, index)
-                for recorder in (formatted, lines):
-                    recorder.flush()  # what a kept trace has at its end
-                    recorder.end_trial(index, keep=False)
-                got, want = (r.path.read_bytes().rstrip(b"\0") for r in (formatted, lines))
-                assert got == want, (path, variant, amplify, index)
-                assert formatted.total == lines.total > 0
-            formatted_cases += bool(formatted._formats)
-    assert formatted_cases >= len(CASES)  # reissued, their flushes formatted
-    # The same piece twice in a flush, and again in the next ones, live values of each their
-    # own: the first trial learns the piece, the second the flushes' formats, the rest reuse
-    # the last trial's.
-    [piece] = [e.templates for e in _segments_of(path, variant) if type(e) is Segment]
-    for index, first in enumerate((100, 5000, 100, 7)):
-        for recorder in (formatted, lines):
-            recorder.start_trial(HEADER, trial=index)
-            recorder._pending += [Segment(piece, first, (1, 2), 7), Segment(piece, first + 9, ())]
-            recorder.flush()  # two runs in a flush
-            live = (3, index) if index != 3 else (3,)  # the last: not the shape learnt
-            for seq, values, issued in ((first + 50, live, None), (first + 70, (), 8)):
-                recorder._pending.append(Segment(piece, seq, values, issued))
-                recorder.flush()  # one run a flush, as a reissued trial's waits cut them
-            recorder._pending.append(Segment(piece, first + 90, (9, index), 11))
-            recorder.flush()
-            recorder.end_trial(index, keep=False)
-        got, want = (r.path.read_bytes().rstrip(b"\0") for r in (formatted, lines))
-        assert got == want and got.count(b'"type":"program"') == 1, index
-        assert f'"seq":{first + 90},"t_issue_ns":11,"values":[9,{index}]'.encode() in got
+def test_a_piece_s_program_record_comes_once_a_trace_each_run_a_line(tmp_path):
+    """The same piece twice in a flush, and again in the next ones, live values of each their
+    own: every trace has the piece's program record once, before its first run, and each run
+    one line with its own numbers; the runs expand to the segments' records."""
+    path, variant = next((p, v) for p, v in CASES if any(
+        type(e) is Segment and e.values for e in _segments_of(p, v)))
+    taken = next(e for e in _segments_of(path, variant) if type(e) is Segment and e.values)
+    piece, live = taken.templates, len(taken.values)  # every run of it sets as many bytes
+    recorder = FlightRecorder(tmp_path)
+    for index, first in enumerate((100, 5000, 100)):
+        recorder.start_trial(HEADER, trial=index)
+        segments = [Segment(piece, first, (1,) * live, 7),
+                    Segment(piece, first + 50, (index,) * live)]
+        recorder._pending += segments  # two runs in a flush
+        recorder.flush()
+        later = Segment(piece, first + 90, (9,) * live, 11)
+        recorder._pending.append(later)  # one run a flush, as a reissued trial's waits cut them
+        recorder.flush()
+        segments.append(later)
+        kept = Path(recorder.end_trial(index, keep=True))
+        text = kept.read_text()
+        assert text.count('"type":"program"') == 1, index
+        assert text.index('"type":"program"') < text.index('"type":"run"')
+        values = ",".join(["9"] * live)
+        assert f'"seq":{first + 90},"t_issue_ns":11,"values":[{values}]}}' in text
+        want = [op for s in segments for op in s.records()]
+        # No device attached, so no buffers declared: expanded, not loaded.
+        got = [json.loads(line) for line in plain(text).splitlines()[1:]]
+        assert [r["seq"] for r in got] == [r.seq for r in want]
+        assert [r.get("detail") for r in got] == [json.loads(json.dumps(r.detail)) or None
+                                                 for r in want]
+        assert recorder.total == len(want)
 
 
 def _segments_of(path: str, variant: str) -> list:

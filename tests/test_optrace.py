@@ -163,12 +163,12 @@ def test_minimize_from_a_recorded_op_trace(tmp_path: Path) -> None:
 
 
 def test_the_recorders_op_lines_are_what_the_json_encoder_writes() -> None:
-    """The flight recorder builds op lines from pieces (and remembers the recurring ones):
-    each must be byte for byte what json.dumps writes for the record, whatever its fields
-    hold (quotes, non-ASCII, nested detail, values json cannot take as they are)."""
+    """The trace writer's op lines (the flight recorder's and a watched run's) are byte for
+    byte what json.dumps writes for the record, whatever its fields hold (quotes, non-ASCII,
+    nested detail, values json cannot take as they are)."""
     import random
 
-    from harness.traces.flight import op_line
+    from harness.traces.lines import op_line
     from kvcore.device.oplog import Access, OpRecord
 
     rng = random.Random(5)

@@ -2,14 +2,13 @@
 
 The watching process feeds a run's events here as the program makes them (:meth:`feed`): the
 translator turns them into op records, which go to the race detector and, line by line, to the
-run's ``trace.jsonl``, the same op trace format a scenario's trial writes, so `gpurace check` on
-it finds what the online detector found.
+run's ``trace.jsonl``, written by the flight recorder's writer (:mod:`harness.traces.lines`), so
+`gpurace check` on it finds what the online detector found.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import stat
 from pathlib import Path
@@ -18,8 +17,7 @@ from typing import Any, TextIO
 from harness.capture.translate import Translator
 from harness.races.detector import BLOCK, Finding, RaceDetector
 from harness.faults.writes import reason
-from harness.traces.flight import op_line
-from harness.traces.optrace import TRACE_SCHEMA
+from harness.traces.lines import buffer_line, header_line, op_line, stream_line
 from kvcore.device.oplog import BufferInfo, OpRecord, StreamInfo
 
 
@@ -36,9 +34,7 @@ class RunAnalysis:
         if trace is not None:
             try:
                 self._trace = open(trace, "w", encoding="utf-8")  # noqa: SIM115
-                self._trace.write(json.dumps({"type": "header", "schema": TRACE_SCHEMA,
-                                              "level": "ops", **header},
-                                             separators=(",", ":")) + "\n")
+                self._trace.write(header_line(header) + "\n")
             except OSError as exc:
                 self._drop(exc)
 
@@ -53,16 +49,11 @@ class RunAnalysis:
         # access reading all of their pasts. Blocks of BLOCK bytes hold a few.
         self.detector.buffer(info.id, info.name, info.space, info.role, 0, info.nbytes,
                              block=BLOCK)
-        self._lines.append(json.dumps({"type": "buffer", "id": info.id, "name": info.name,
-                                       "space": info.space, "nbytes": info.nbytes,
-                                       "role": info.role, "page_bytes": 0},
-                                      separators=(",", ":")))
+        self._lines.append(buffer_line(info, page_bytes=0))
 
     def _stream(self, info: StreamInfo) -> None:
         self.detector.stream(info.name, info.blocking, info.legacy)
-        self._lines.append(json.dumps({"type": "stream", "name": info.name,
-                                       "blocking": info.blocking, "legacy": info.legacy,
-                                       "priority": info.priority}, separators=(",", ":")))
+        self._lines.append(stream_line(info))
 
     def feed(self, events: list[list[Any]]) -> None:
         """Translate and analyse ``events``; the trace gets their records."""
