@@ -16,7 +16,6 @@ a host wait on each, before the new owner exists.
 
 from __future__ import annotations
 
-import bisect
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ from typing import Any
 
 from harness.capture import events as E
 from harness.races.findings import DEVICE_MEMORY, PINNED_MEMORY
+from kvcore.bytemap import ByteMap
 from kvcore.device.oplog import HOST, Access, BufferInfo, OpRecord, StreamInfo
 
 WINDOW = 1 << 32
@@ -75,7 +75,7 @@ class Translator:
         self._events: dict[Any, str] = {}
         self._event_names: set[str] = set()
         # Live allocations per space, sorted by start address.
-        self._live: dict[str, list[_Alloc]] = {E.DEVICE: [], E.HOST: []}
+        self._live: dict[str, ByteMap] = {E.DEVICE: ByteMap(), E.HOST: ByteMap()}
         # Bytes given back with events to wait for before they are handed out again.
         self._deferred: list[_Alloc] = []
         self._unknown_frees = 0
@@ -189,16 +189,10 @@ class Translator:
                                 detail={"site": meta.get("site"),
                                         "why": "the allocator waited for the streams the "
                                                "block was recorded on before reusing it"})
-        live = self._live[space]
-        i = bisect.bisect_left(live, lo, key=_lo)
-        # An allocation over bytes still held replaces their owner (a pool's block carved
-        # anew, or a free the sources did not see).
-        while i > 0 and live[i - 1].hi > lo:
-            i -= 1
-        while i < len(live) and live[i].lo < hi:
-            del live[i]
         name = _owner_name(meta)
-        live.insert(i, _Alloc(space, lo, hi, name))
+        # An allocation over bytes still held replaces their owner whole (a pool's block
+        # carved anew, or a free the sources did not see).
+        self._live[space].put(lo, hi, _Alloc(space, lo, hi, name), whole=True)
         # PyTorch's caching allocator orders a block's reuse by the stream it allocated the
         # block on (and record_stream's): the finding of a reuse race names it. (CuPy's pool
         # has no record_stream to offer, so its blocks say no stream.)
@@ -215,12 +209,12 @@ class Translator:
     def _free(self, space: str, addr: int, meta: dict[str, Any] | None = None) -> None:
         meta = meta or {}
         addr = int(addr)
-        live = self._live.get(space, [])
-        i = bisect.bisect_left(live, addr, key=_lo)
-        if i >= len(live) or live[i].lo != addr:
+        live = self._live.get(space)
+        span = live.pop(addr) if live is not None else None
+        if span is None:
             self._unknown_frees += 1  # memory the sources never saw handed out
             return
-        gone = live.pop(i)
+        gone: _Alloc = span.value
         site = meta.get("site")
         for sid in meta.get("streams") or ():
             # record_stream: the allocator records an event on each stream that used the
@@ -304,9 +298,9 @@ class Translator:
 
     def owner_at(self, space: str, addr: int) -> str | None:
         """Who holds byte ``addr`` of ``space`` now (for tests and notes)."""
-        live = self._live.get(space, [])
-        i = bisect.bisect_right(live, addr, key=_lo) - 1
-        return live[i].name if i >= 0 and live[i].lo <= addr < live[i].hi else None
+        live = self._live.get(space)
+        span = live.at(addr) if live is not None else None
+        return span.value.name if span is not None else None
 
 
 def _unique(base: str, taken: set[str]) -> str:
@@ -316,10 +310,6 @@ def _unique(base: str, taken: set[str]) -> str:
         n += 1
         name = f"{base} #{n}"
     return name
-
-
-def _lo(alloc: _Alloc) -> int:
-    return alloc.lo
 
 
 def _stream_name(sid: int, legacy: bool, site: str | None) -> str:

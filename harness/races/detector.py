@@ -409,7 +409,7 @@ class RaceDetector:
         before = self._owners.at(buf, offset, finding.first.seq)
         now = self._owners.at(buf, offset, finding.second.seq)
         finding.owner = now.name if now else None
-        if before is not None and before is not now:
+        if before is not None and before != now:
             finding.first_owner = before.name
             finding.reused = before.until is not None and before.until <= finding.second.seq
             finding.freed_at = before.freed_at

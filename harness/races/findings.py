@@ -6,15 +6,15 @@ owner of memory given back and handed out again.
 
 from __future__ import annotations
 
-import bisect
 import functools
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from harness.results.outcome import is_site, step_shape
+from kvcore.bytemap import ByteMap
 from kvcore.device import OpRecord
-from kvcore.device.oplog import Segment
+from kvcore.device.oplog import Segment, Template
 
 HOST = "host"
 """The host's thread of the detector's clocks (every other thread is a stream, by name)."""
@@ -59,7 +59,7 @@ class OpRef(NamedTuple):
                 "bytes": [self.offset, self.offset + self.length]}
 
 
-@dataclass
+@dataclass(frozen=True)
 class Owner:
     """Who held some bytes of a buffer, from one op to another: a lease, a pinned buffer, a
     table row (``name`` says which, in the scenario's words)."""
@@ -73,21 +73,25 @@ class Owner:
     stream: str | None = None  # the stream a caching allocator handed the bytes out on
 
 
-def _lo(owner: Owner) -> int:
-    return owner.lo
+class _Held(NamedTuple):
+    """What a live owner's bytes hold in the byte map (its range is the map's)."""
+
+    name: str
+    since: int
+    stream: str | None
 
 
 class Owners:
     """Every owner each buffer's bytes have had, so a finding can name the bytes as the
     scenario does, and say "reuse" only when bytes really were given back and handed out.
 
-    A buffer's live owners hold disjoint ranges (an alloc frees what it overlaps), kept sorted,
-    so an alloc or a free finds what it overlaps by bisection: a long trial's thousands of
-    leases cost no more each than its first. Owners that gave their bytes back are only
-    looked through when a finding names its bytes."""
+    A buffer's live owners are a :class:`ByteMap` (an alloc frees what it overlaps), so an
+    alloc or a free finds what it overlaps by bisection: a long trial's thousands of leases
+    cost no more each than its first. Owners that gave their bytes back are only looked
+    through when a finding names its bytes."""
 
     def __init__(self) -> None:
-        self._live: dict[int, list[Owner]] = defaultdict(list)  # sorted by lo
+        self._live: dict[int, ByteMap] = defaultdict(ByteMap)
         self._past: dict[int, list[Owner]] = defaultdict(list)
         self._snapshot: tuple[tuple[int, int, int, str], ...] | None = None
 
@@ -95,41 +99,26 @@ class Owners:
               stream: str | None = None) -> None:
         self.free(buffer, lo, hi, seq, None)
         self._snapshot = None
-        live = self._live[buffer]
-        owner = Owner(lo, hi, name, seq, stream=stream)
-        live.insert(bisect.bisect_right(live, lo, key=_lo), owner)
+        self._live[buffer].put(lo, hi, _Held(name, seq, stream))
 
     def free(self, buffer: int, lo: int, hi: int, seq: int, step: str | None) -> None:
         live = self._live.get(buffer)
         if not live or lo >= hi:
             return
         self._snapshot = None
-        # The first live owner that may overlap [lo, hi): the last starting at or before lo.
-        first = max(0, bisect.bisect_right(live, lo, key=_lo) - 1)
-        end = first
-        while end < len(live) and live[end].lo < hi:
-            end += 1
-        kept: list[Owner] = []
-        for owner in live[first:end]:
-            if not (owner.lo < hi and lo < owner.hi):
-                kept.append(owner)
-                continue
-            # The part outside [lo, hi) stays with the owner, as a piece of its own.
-            for a, b in ((owner.lo, lo), (hi, owner.hi)):
-                if a < b:
-                    kept.append(Owner(a, b, owner.name, owner.since, stream=owner.stream))
-            owner.lo, owner.hi = max(owner.lo, lo), min(owner.hi, hi)
-            owner.until, owner.freed_at = seq, step
-            self._past[buffer].append(owner)
-        kept.sort(key=_lo)
-        live[first:end] = kept
+        past = self._past[buffer]
+        # What stays outside [lo, hi) stays with its owner; the rest is the owner's past.
+        for span in live.cut(lo, hi):
+            held = span.value
+            past.append(Owner(span.lo, span.hi, held.name, held.since, seq, step, held.stream))
 
     def at(self, buffer: int, offset: int, seq: int) -> Owner | None:
         """Who held byte ``offset`` of ``buffer`` when op ``seq`` ran."""
-        live = self._live.get(buffer, [])
-        i = bisect.bisect_right(live, offset, key=_lo) - 1
-        if i >= 0 and live[i].lo <= offset < live[i].hi and live[i].since <= seq:
-            return live[i]
+        live = self._live.get(buffer)
+        span = live.at(offset) if live else None
+        if span is not None and span.value.since <= seq:
+            held = span.value
+            return Owner(span.lo, span.hi, held.name, held.since, stream=held.stream)
         for owner in reversed(self._past.get(buffer, [])):
             if owner.lo <= offset < owner.hi and owner.since <= seq < owner.until:  # type: ignore
                 return owner
@@ -151,7 +140,7 @@ class Owners:
                 templates = r.templates
                 for k in _owner_places(templates):
                     t = templates[k]
-                    self.apply(t[1], t[8] or {}, r.first_seq + k, t[7])
+                    self.apply(t.kind, t.detail or {}, r.first_seq + k, t.step)
             elif r.kind in _OWNER_KINDS and r.stream == HOST:
                 self.apply(r.kind, r.detail or {}, r.seq, r.step)
 
@@ -159,8 +148,8 @@ class Owners:
         """Who owns what now: the start of a trial, which its findings' names depend on (not
         since when: every owner at a trial's start came before all of its ops)."""
         if self._snapshot is None:  # kept until an owner changes: most trials change none
-            self._snapshot = tuple((buf, o.lo, o.hi, o.name) for buf, live in self._live.items()
-                                   for o in live)
+            self._snapshot = tuple((buf, span.lo, span.hi, span.value.name)
+                                   for buf, live in self._live.items() for span in live)
         return self._snapshot
 
     def forget_past(self) -> None:
@@ -294,14 +283,14 @@ _PLACES: dict[int, tuple[tuple[Any, ...], tuple[int, ...]]] = {}
 _PLACES_MAX = 4096
 
 
-def _owner_places(templates: tuple[tuple[Any, ...], ...]) -> tuple[int, ...]:
+def _owner_places(templates: tuple[Template, ...]) -> tuple[int, ...]:
     """Where a segment's templates hand out or give back bytes (the host's alloc and free),
     by the templates' identity: a piece of a program recurs trial after trial. The templates
     are held with their places, so no other tuple takes their id meanwhile."""
     known = _PLACES.get(id(templates))
     if known is None or known[0] is not templates:
         places = tuple(k for k, t in enumerate(templates)
-                       if t[1] in _OWNER_KINDS and t[0] == HOST)
+                       if t.kind in _OWNER_KINDS and t.stream == HOST)
         if len(_PLACES) >= _PLACES_MAX:
             _PLACES.clear()
         known = _PLACES[id(templates)] = (templates, places)
