@@ -35,7 +35,7 @@ def _shape(entries: list[OpRecord | Segment]) -> tuple[list[Any], list[Any]]:
     details: list[Any] = []
     for e in entries:
         if type(e) is Segment:
-            shape.append(e[0])
+            shape.append(e.templates)
         else:
             shape.append(_shape_of(e))
             if e.kind in _DETAIL_KINDS:  # type: ignore[union-attr]
@@ -54,8 +54,9 @@ def _span(entries: list[OpRecord | Segment]) -> tuple[int, int]:
     """The numbers of the first op of ``entries`` and of the one after the last (ops are
     numbered in order: they were numbered one after another when the span is their count)."""
     first, last = entries[0], entries[-1]
-    lo = first[1] if type(first) is Segment else first[0]
-    hi = last[1] + len(last[0]) if type(last) is Segment else last[0] + 1
+    lo = first.first_seq if type(first) is Segment else first.seq
+    hi = (last.first_seq + len(last.templates) if type(last) is Segment  # type: ignore[union-attr]
+          else last.seq + 1)  # type: ignore[union-attr]
     return lo, hi  # type: ignore[return-value]
 
 
@@ -65,7 +66,7 @@ def _places(entries: list[OpRecord | Segment]) -> list[int | None]:
     out: list[int | None] = []
     for k, e in enumerate(entries):
         if type(e) is Segment:
-            out.extend([None] * len(e[0]))
+            out.extend([None] * len(e.templates))
         else:
             out.append(k)
     return out
@@ -233,7 +234,7 @@ def _run_key(entries: list[OpRecord | Segment]) -> tuple[int, ...] | None:
     for e in entries:
         if type(e) is not Segment:
             return None
-        run.append(id(e[0]))
+        run.append(id(e.templates))
     return tuple(run)
 
 
@@ -285,7 +286,7 @@ def _moved_ref(plan: tuple[Any, ...], entries: list[OpRecord | Segment]) -> OpRe
     _, rest, at = plan
     record = entries[at]
     detail = record.detail or {}  # type: ignore[union-attr]
-    return _new_ref(OpRef, (record[0], rest[0], rest[1], rest[2], detail.get("site"), rest[4],
+    return _new_ref(OpRef, (record.seq, rest[0], rest[1], rest[2], detail.get("site"), rest[4],
                             rest[5], rest[6], detail.get("origin")))
 
 

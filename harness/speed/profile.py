@@ -24,11 +24,14 @@ from typing import Any
 PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # The recorder's own files: the rest of traces/ (a ticket's requests and the engine's
     # batching plan) is the work a ticket replay's steps do, the executor's.
-    ("flight recorder", ("harness/traces/flight.py", "harness/traces/optrace.py")),
+    ("flight recorder", ("harness/traces/flight.py", "harness/traces/lines.py",
+                         "harness/traces/optrace.py")),
     ("race detector", ("harness/races/",)),
     ("executor (steps, checks, world)", ("harness/run/executor.py", "harness/run/steps.py",
                                          "harness/run/checks.py", "harness/run/world.py",
-                                         "harness/run/workloads.py", "harness/lang/steplist.py",
+                                         "harness/run/workloads.py", "harness/run/threads.py",
+                                         "harness/lang/steplist.py", "harness/lang/capacity.py",
+                                         "harness/lang/graphs.py", "harness/lang/scope.py",
                                          "harness/lang/model.py", "harness/traces/batching.py",
                                          "harness/traces/ticket.py",
                                          "harness/traces/requests.py")),
