@@ -196,6 +196,29 @@ def test_the_recorders_op_lines_are_what_the_json_encoder_writes() -> None:
         assert op_line(record) == json.dumps(data, separators=(",", ":"), default=str)
 
 
+def test_the_recorders_header_and_run_lines_are_what_the_json_encoder_writes() -> None:
+    """The header's numbers and a reissued piece's run line are written by hand: they must be
+    the encoder's bytes all the same."""
+    from harness.traces.lines import header_line, run_line
+    from harness.traces.optrace import TRACE_SCHEMA
+    from kvcore.device.oplog import Segment
+
+    header = {"scenario": 'q"uote', "variant": "fixed", "delay_us": None, "amplify": {"a": 1.5},
+              "path": "sc\u00e9narios/x.yaml"}
+    expected = {"type": "header", "schema": TRACE_SCHEMA, "level": "ops", **header,
+                "trial": 7, "seed": 2**63 + 5, "pid": 0}
+    assert header_line(header, trial=7, seed=2**63 + 5, pid=0) == json.dumps(
+        expected, separators=(",", ":"))
+    for segment in (Segment((), 12), Segment((), 0, (171, 0), 5_000_000_123),
+                    Segment((), 3, (), 9)):
+        record: dict[str, Any] = {"type": "run", "program": 4, "seq": segment.first_seq}
+        if segment.t_issue_ns is not None:
+            record["t_issue_ns"] = segment.t_issue_ns
+        if segment.values:
+            record["values"] = list(segment.values)
+        assert run_line(4, segment) == json.dumps(record, separators=(",", ":"))
+
+
 def test_the_recorder_starts_each_trial_on_an_empty_trace(tmp_path: Path) -> None:
     """A trial's trace file is emptied, not made again, when the last one was not kept: its
     whole lines (what the parent takes of a dead worker's file) are that trial's only, and a

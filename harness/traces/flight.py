@@ -40,7 +40,7 @@ from typing import Any
 
 from harness.faults.writes import reason
 from harness.traces.lines import (buffer_line, header_line, label_line, op_line, program_line,
-                                  run_line, stream_line, times_line)
+                                  run_line, stream_line, times_line, with_numbers)
 from kvcore.device import Device, OpRecord
 from kvcore.device.oplog import Label, OpLog, Segment
 
@@ -85,8 +85,12 @@ class FlightRecorder:
         self._device: Device | None = None
         self._log = OpLog()  # the device's op log (this one until a device is attached)
         # Who owned which bytes when the trial began: the trial's first flush writes them,
-        # with every buffer and stream (then None).
+        # with every buffer and stream (then None). Those lines are kept while the op log
+        # declares nothing new (``_opening``): a worker's trials mostly begin alike.
         self._labels: list[Label] | None = []
+        self._opening: tuple[tuple[OpLog, int] | None, list[str]] = (None, [])
+        # The header's line without the trial's numbers, for the header it was made of.
+        self._header: tuple[dict[str, Any] | None, str] = (None, "")
         # How many of the op log's buffers and streams this trace has declared. The op log
         # only ever adds to them, in order: what is new lies past these counts.
         self._buffers_told = 0
@@ -134,7 +138,9 @@ class FlightRecorder:
             # than the rest of a trial's recording.
             self._map[:self._used] = bytes(self._used)
             self._used = 0
-        self._write((header_line(header, **numbers) + "\n").encode())
+        if self._header[0] is not header:
+            self._header = (header, header_line(header))
+        self._write((with_numbers(self._header[1], **numbers) + "\n").encode())
 
     def _open(self) -> None:
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -202,17 +208,26 @@ class FlightRecorder:
         if self._device is None:
             return []
         log = self._device.oplog
+        told = (len(log.buffers), len(log.streams))
         if self._labels is not None:  # the trial's first flush: everything from the start
-            self._buffers_told = self._streams_told = 0
-        lines = [buffer_line(info, log.page_bytes.get(info.id, 0)) for info in
-                 itertools.islice(log.buffers.values(), self._buffers_told, None)]
-        lines += [stream_line(info) for info in
-                  itertools.islice(log.streams.values(), self._streams_told, None)]
-        if self._labels is not None:
-            lines += [label_line(label) for label in self._labels]
+            if self._opening[0] != (log, log.declared):
+                self._opening = ((log, log.declared), self._declared(log, 0, 0))
+            lines = self._opening[1] + [label_line(label) for label in self._labels]
             self._labels = None
-        self._buffers_told, self._streams_told = len(log.buffers), len(log.streams)
+        elif told != (self._buffers_told, self._streams_told):
+            lines = self._declared(log, self._buffers_told, self._streams_told)
+        else:
+            lines = []
+        self._buffers_told, self._streams_told = told
         return lines
+
+    @staticmethod
+    def _declared(log: OpLog, buffers_from: int, streams_from: int) -> list[str]:
+        """The buffers and streams of ``log`` from these counts on."""
+        lines = [buffer_line(info, log.page_bytes.get(info.id, 0)) for info in
+                 itertools.islice(log.buffers.values(), buffers_from, None)]
+        return lines + [stream_line(info) for info in
+                        itertools.islice(log.streams.values(), streams_from, None)]
 
     def _run_lines(self, segment: Segment) -> list[str]:
         """A reissued piece of a program: its "program" record, the first time this trace

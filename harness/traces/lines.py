@@ -26,8 +26,14 @@ _remembered = functools.lru_cache(maxsize=4096)
 
 def header_line(header: dict[str, Any], **numbers: int) -> str:
     """The first line: ``header``'s keys, then ``numbers`` (a trial's own: index, seed, pid)."""
-    return _encode({"type": "header", "schema": TRACE_SCHEMA, "level": "ops", **header,
-                    **numbers})
+    return with_numbers(_encode({"type": "header", "schema": TRACE_SCHEMA, "level": "ops",
+                                 **header}), **numbers)
+
+
+def with_numbers(line: str, **numbers: int) -> str:
+    """``line`` with ``numbers`` (integers) as its last fields, as the encoder writes them: a
+    worker's trials share their header but for these, and the rest is encoded once."""
+    return line[:-1] + "".join(f',"{key}":{value:d}' for key, value in numbers.items()) + "}"
 
 
 @_remembered
@@ -52,15 +58,58 @@ def label_line(label: Label) -> str:
 
 def op_line(record: OpRecord) -> str:
     """What ``json.dumps(record.to_json() | {"type": "op"})`` writes, compactly. The part
-    from the stream to the step recurs trial after trial and is encoded once; the general
-    encoder on every op was most of a stepped trial's recording."""
-    times = "".join(f',"{key}":{value}' for key, value in (
-        ("t_issue_ns", record.t_issue_ns), ("t_start_ns", record.t_start_ns),
-        ("t_end_ns", record.t_end_ns)) if value is not None)
-    detail = f',"detail":{_encode(record.detail)}' if record.detail else ""
+    from the stream to the step, and the detail, recur trial after trial and are encoded
+    once; the general encoder on every op was most of a stepped trial's recording."""
+    times = ""
+    if record.t_issue_ns is not None:
+        times = f',"t_issue_ns":{record.t_issue_ns:d}'
+    if record.t_start_ns is not None:  # the simulated device's (or a timeline's) times
+        times += f',"t_start_ns":{record.t_start_ns:d}'
+    if record.t_end_ns is not None:
+        times += f',"t_end_ns":{record.t_end_ns:d}'
+    detail = f',"detail":{_detail(record.detail)}' if record.detail else ""
     middle = _middle(record.stream, record.kind, record.reads, record.writes, record.records,
                      record.waits, record.syncs, record.step)
-    return f'{{"seq":{record.seq}{middle}{times}{detail},"type":"op"}}'
+    return f'{{"seq":{record.seq:d}{middle}{times}{detail},"type":"op"}}'
+
+
+_DETAILS: dict[tuple[Any, ...] | str, str] = {}  # by items, or a lone origin
+_DETAILS_MAX = 65536
+
+
+def _detail(detail: dict[str, object]) -> str:
+    """An op's detail as JSON, found again by its items where it was seen before (a fill's
+    byte and line, a lease's name and range). Each value is keyed with its type, since True
+    is 1 to a dict and not to JSON; a list of ints as a tuple. Any other list, or a value
+    that cannot be a key, is encoded every time. Most ops' detail is only the scenario line
+    that issued them, found by that line alone."""
+    if len(detail) == 1:
+        origin = detail.get("origin")
+        if origin.__class__ is str:
+            text = _DETAILS.get(origin)
+            if text is None:
+                text = _encode(detail)
+                if len(_DETAILS) < _DETAILS_MAX:
+                    _DETAILS[origin] = text
+            return text
+    items = []
+    for key, value in detail.items():
+        kind = value.__class__
+        if kind is list or kind is tuple:
+            if not all(x.__class__ is int for x in value):  # type: ignore[attr-defined]
+                return _encode(detail)
+            value = tuple(value)  # type: ignore[arg-type]
+        items.append((key, kind, value))
+    found = tuple(items)
+    try:
+        text = _DETAILS.get(found)
+    except TypeError:  # a dict among the values
+        return _encode(detail)
+    if text is None:
+        text = _encode(detail)
+        if len(_DETAILS) < _DETAILS_MAX:
+            _DETAILS[found] = text
+    return text
 
 
 @functools.lru_cache(maxsize=65536)
@@ -95,13 +144,14 @@ def program_line(number: int, templates: tuple[tuple[Any, ...], ...]) -> str:
 
 def run_line(number: int, segment: Segment) -> str:
     """Program ``number``'s piece issued again: its first seq, its one issue time, the bytes
-    its live memsets set."""
-    record: dict[str, Any] = {"type": "run", "program": number, "seq": segment.first_seq}
+    its live memsets set. Written by hand, as the encoder would: one goes out per piece of
+    every reissued trial."""
+    line = f'{{"type":"run","program":{number:d},"seq":{segment.first_seq:d}'
     if segment.t_issue_ns is not None:
-        record["t_issue_ns"] = segment.t_issue_ns
+        line += f',"t_issue_ns":{segment.t_issue_ns:d}'
     if segment.values:
-        record["values"] = list(segment.values)
-    return _encode(record)
+        line += f',"values":{_encode(list(segment.values))}'
+    return line + "}"
 
 
 def times_line(times: list[tuple[int, int, int]]) -> str:
