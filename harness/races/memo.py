@@ -6,9 +6,11 @@ a run's worker (docs/testing.md has the figures).
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import operator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from harness.races.findings import _OWNER_KINDS, Finding, OpRef, Owners
 from kvcore.device import OpRecord
@@ -20,6 +22,28 @@ _shape_of = operator.itemgetter(1, 2, 3, 4, 5, 6, 7, 8)
 """What the analysis reads of every record: stream, kind, reads, writes, records, waits, syncs
 and step (not its number, its times, or its detail, read only of the kinds below)."""
 _DETAIL_KINDS = _OWNER_KINDS | {"event_query"}
+
+
+class _Side(NamedTuple):
+    """How to move one op of a remembered finding to another trial of the same shape: its
+    number, the rest of it, and where its record lies among the trial's entries (None: in a
+    segment, so the rest stands as it is)."""
+
+    seq: int
+    rest: tuple[Any, ...]
+    at: int | None
+
+
+class _Kept(NamedTuple):
+    """A remembered finding: its key, the finding itself (a copy: later records of its trial
+    may count more of it), whether its missing edge in words holds for any trial (it names
+    both ops by their steps, not by their numbers), and how to move each of its ops."""
+
+    key: tuple[Any, ...]
+    finding: Finding
+    worded: bool
+    first: _Side
+    second: _Side
 
 
 def _shape(entries: list[OpRecord | Segment]) -> tuple[list[Any], list[Any]]:
@@ -77,31 +101,27 @@ class _Remembered:
     shape: tuple[list[Any], list[Any]]
     first_seq: int
     count: int  # ops
-    # Per finding: its key, its fields, and how to move each of its ops to another trial
-    # (_plan).
-    findings: list[tuple[tuple[Any, ...], dict[str, Any], tuple[Any, ...], tuple[Any, ...]]]
+    findings: list[_Kept]
     racing: set[int]
     owners: tuple[Any, ...]  # who owned what when the trial began
     neutral: bool  # and owned it again when it ended
     run: tuple[int, ...] | None  # its pieces' identities, when it was segments alone
-    # Its findings' JSON, and how to move each one's ops (_plan; see json_moved); False: it
+    # Its findings' JSON, and how to move each one's ops (see json_moved); False: it
     # cannot be moved as JSON (the words of its missing edge name ops by their numbers).
-    json: list[tuple[dict[str, Any], dict[str, Any], dict[str, Any], tuple[Any, ...],
-                     tuple[Any, ...]]] | bool | None = None
+    json: list[tuple[dict[str, Any], dict[str, Any], dict[str, Any], _Side, _Side]] | bool \
+        | None = None
 
     def moved(self, shift: int, entries: list[OpRecord | Segment]
               ) -> dict[tuple[Any, ...], Finding]:
         """Its findings, by key, for a trial of its shape whose ops are numbered ``shift``
         on from its own, of ``entries``."""
         folded = {}
-        for key, fields, a, b in self.findings:  # a loop: a comprehension costs a call
-            # A copy with its ops moved: dataclasses.replace and OpRef._replace cost several
-            # times as much, and this runs for every finding of every trial.
-            copy = folded[key] = _new_finding(Finding)
-            copy.__dict__ = fields.copy()
-            copy.first = _new_ref(OpRef, (a[0] + shift,) + a[1]) if a[2] is None else \
+        for kept in self.findings:  # a loop: a comprehension costs a call
+            a, b = kept.first, kept.second
+            moved = folded[kept.key] = copy.copy(kept.finding)  # its words, when worded, too
+            moved.first = OpRef(a.seq + shift, *a.rest) if a.at is None else \
                 _moved_ref(a, entries)
-            copy.second = _new_ref(OpRef, (b[0] + shift,) + b[1]) if b[2] is None else \
+            moved.second = OpRef(b.seq + shift, *b.rest) if b.at is None else \
                 _moved_ref(b, entries)
         return folded
 
@@ -113,9 +133,10 @@ class _Remembered:
         but for numbers (and, of an op that was a record, its Python line and scenario line)."""
         known = self.json
         if known is None:
-            if all("missing" in fields for _, fields, _, _ in self.findings):
-                known = self.json = [(j, j["first"], j["second"], a, b) for (_, _, a, b), j in zip(
-                    self.findings, (f.to_json() for f in self.moved(0, entries).values()))]
+            if all(kept.worded for kept in self.findings):
+                known = self.json = [(j, j["first"], j["second"], k.first, k.second)
+                                     for k, j in zip(self.findings, (
+                                         f.to_json() for f in self.moved(0, entries).values()))]
             else:
                 known = self.json = False
         if known is False:
@@ -211,8 +232,8 @@ class Memo:
                 r.step is None for r in records if r.kind in _EVENT_KINDS):
             return  # a note may name an op by its number
         places = _places(entries)
-        plans = [(f.key, _fields(f), _plan(f.first, first, places),
-                  _plan(f.second, first, places)) for f in findings]
+        plans = [_kept(f, _side(f.first, first, places), _side(f.second, first, places))
+                 for f in findings]
         run = _run_key(entries)
         kept = _Remembered(_shape(entries), first, count, plans, set(racing), owners, neutral,
                            run)
@@ -250,45 +271,38 @@ def _same_pieces(shape: list[Any], entries: list[OpRecord | Segment]) -> bool:
     return True
 
 
-def _fields(finding: Finding) -> dict[str, Any]:
-    """A copy of a finding's fields, for the findings of later trials of the same shape (a
-    copy: analysing later records of the trial may count more of it). Its missing edge in
-    words goes with them when the words name both ops by their steps (not by number)."""
-    fields = dict(finding.__dict__)
-    if finding.first.step and finding.second.step:
-        fields["missing"] = finding.missing
-    else:
-        fields.pop("missing", None)
-    return fields
+def _kept(finding: Finding, first: _Side, second: _Side) -> _Kept:
+    """A finding remembered for later trials of the same shape: a fresh copy, with its
+    missing edge in words worked out now when the words name both ops by their steps (its
+    copies then carry them; else each copy works its own out, by its own numbers)."""
+    fresh = dataclasses.replace(finding)
+    worded = bool(finding.first.step and finding.second.step)
+    if worded:
+        fresh.missing  # noqa: B018 (worked out once, and kept by the copies)
+    return _Kept(finding.key, fresh, worded, first, second)
 
 
-def _plan(ref: OpRef, first_seq: int, places: list[int | None]) -> tuple[Any, ...]:
-    """How to move ``ref`` (of a trial whose first op was ``first_seq``) to another trial of
-    the same shape: its number and the rest of it, and where its record lies among the
-    entries (None: in a segment, so the rest stands as it is)."""
-    return ref.seq, tuple(ref)[1:], places[ref.seq - first_seq]
+def _side(ref: OpRef, first_seq: int, places: list[int | None]) -> _Side:
+    """How to move ``ref``, of a trial whose first op was ``first_seq``."""
+    return _Side(ref.seq, tuple(ref)[1:], places[ref.seq - first_seq])
 
 
-def _moved_json(side: dict[str, Any], plan: tuple[Any, ...], shift: int,
+def _moved_json(side: dict[str, Any], plan: _Side, shift: int,
                 entries: list[OpRecord | Segment]) -> dict[str, Any]:
     """One side of a remembered finding's JSON, moved as :func:`_moved_ref` moves its op."""
-    _, _, at = plan
-    if at is None:  # its JSON was made for the remembered trial: its number is plan[0]
+    if plan.at is None:  # its JSON was made for the remembered trial: its number is plan.seq
         return _seq_moved(side, shift)
-    record = entries[at]
+    record = entries[plan.at]
     detail = record.detail or {}  # type: ignore[union-attr]
-    return {**side, "seq": record[0], "site": detail.get("site"),
+    return {**side, "seq": record.seq, "site": detail.get("site"),
             "origin": detail.get("origin"), "bytes": side["bytes"][:]}
 
 
-def _moved_ref(plan: tuple[Any, ...], entries: list[OpRecord | Segment]) -> OpRef:
+def _moved_ref(plan: _Side, entries: list[OpRecord | Segment]) -> OpRef:
     """An op of a remembered finding, at the place of a record of ``entries``."""
-    _, rest, at = plan
-    record = entries[at]
+    rest = plan.rest
+    record = entries[plan.at]  # type: ignore[index]
     detail = record.detail or {}  # type: ignore[union-attr]
-    return _new_ref(OpRef, (record.seq, rest[0], rest[1], rest[2], detail.get("site"), rest[4],
-                            rest[5], rest[6], detail.get("origin")))
+    return OpRef(record.seq, rest[0], rest[1], rest[2], detail.get("site"), rest[4], rest[5],
+                 rest[6], detail.get("origin"))
 
-
-_new_finding = object.__new__
-_new_ref = tuple.__new__
