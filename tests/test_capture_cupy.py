@@ -126,6 +126,11 @@ def test_allocation_map() -> None:
     assert blocks.find(0x1000 + 100) == ex.Block(0x1000, 256, None)
     assert blocks.remove(0x2000) == ex.Block(0x2000, 512, 7)
     assert blocks.remove(0x2000) is None and blocks.find(0x2001) is None and len(blocks) == 1
+    # A block handed out over one never freed replaces it; an empty block is still freed.
+    blocks.add(0x1080, 64, stream=3)
+    assert blocks.find(0x1000) is None and blocks.find(0x1080) == ex.Block(0x1080, 64, 3)
+    blocks.add(0x5000, 0)
+    assert blocks.find(0x5000) is None and blocks.remove(0x5000) == ex.Block(0x5000, 0, None)
 
 
 @pytest.mark.parametrize(("key", "basic"), [

@@ -7,12 +7,12 @@ and an access is a :class:`~harness.capture.events.Span`.
 
 from __future__ import annotations
 
-import bisect
 import threading
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 from harness.capture.events import Span
+from kvcore.bytemap import ByteMap
 
 
 class Extent(NamedTuple):
@@ -65,35 +65,31 @@ class Block(NamedTuple):
 
 class AllocationMap:
     """The live blocks of one space, by start address: which block an address a kernel was
-    handed as a bare integer lies in, and which stream a freed block belonged to."""
+    handed as a bare integer lies in, and which stream a freed block belonged to. A block
+    handed out over bytes still held replaces the old block whole (a free not reported)."""
 
     def __init__(self) -> None:
-        self._starts: list[int] = []
-        self._blocks: dict[int, Block] = {}
+        self._blocks = ByteMap()
         self._lock = threading.Lock()  # the pools report from any of the program's threads
 
     def add(self, ptr: int, nbytes: int, stream: int | None = None) -> None:
         with self._lock:
-            if ptr not in self._blocks:
-                bisect.insort(self._starts, ptr)
-            self._blocks[ptr] = Block(ptr, nbytes, stream)
+            # An empty block holds one byte in the map, so that its free still finds it.
+            self._blocks.put(ptr, ptr + max(nbytes, 1), Block(ptr, nbytes, stream), whole=True)
 
     def remove(self, ptr: int) -> Block | None:
         """Forget the block at ``ptr``; the block, or None if it was not known."""
         with self._lock:
-            block = self._blocks.pop(ptr, None)
-            if block is not None:
-                del self._starts[bisect.bisect_left(self._starts, ptr)]
-            return block
+            span = self._blocks.pop(ptr)
+        return span.value if span is not None else None
 
     def find(self, address: int) -> Block | None:
         """The live block holding ``address``."""
         with self._lock:
-            i = bisect.bisect_right(self._starts, address) - 1
-            if i < 0:
-                return None
-            block = self._blocks[self._starts[i]]
-            return block if address < block.start + block.nbytes else None
+            span = self._blocks.at(address)
+        if span is None or address >= span.value.start + span.value.nbytes:
+            return None
+        return span.value
 
     def __len__(self) -> int:
         return len(self._blocks)

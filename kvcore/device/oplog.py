@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from kvcore.bytemap import ByteMap
+
 HOST = "host"
 """The pseudo-stream name of actions the host performs itself (pinned writes, reads, waits)."""
 
@@ -105,40 +107,28 @@ class Labels:
     owners that were already there."""
 
     def __init__(self) -> None:
-        self._by_buffer: dict[int, list[Label]] = {}
+        self._by_buffer: dict[int, ByteMap] = {}
         # How many times the owners changed: a reader that took them at a count has them
         # still while the count is the same (a reissued trial changes none).
         self.changes = 0
 
     def alloc(self, buffer: int, offset: int, length: int, name: str) -> None:
         self.changes += 1
-        self._cut(buffer, offset, offset + length)
-        self._by_buffer.setdefault(buffer, []).append(Label(buffer, offset, length, name))
+        spans = self._by_buffer.get(buffer)
+        if spans is None:
+            spans = self._by_buffer[buffer] = ByteMap()
+        spans.put(offset, offset + length, name)
 
     def free(self, buffer: int, offset: int, length: int) -> str | None:
         """Forget the owners of these bytes; returns the first one's name."""
         self.changes += 1
-        return self._cut(buffer, offset, offset + length)
-
-    def _cut(self, buffer: int, lo: int, hi: int) -> str | None:
-        labels = self._by_buffer.get(buffer, [])
-        first = None
-        kept = []
-        for label in labels:
-            end = label.offset + label.length
-            if label.offset < hi and lo < end:
-                first = first or label.name
-                if label.offset < lo:
-                    kept.append(Label(buffer, label.offset, lo - label.offset, label.name))
-                if hi < end:
-                    kept.append(Label(buffer, hi, end - hi, label.name))
-            else:
-                kept.append(label)
-        self._by_buffer[buffer] = kept
-        return first
+        spans = self._by_buffer.get(buffer)
+        cut = spans.cut(offset, offset + length) if spans is not None else []
+        return cut[0].value if cut else None
 
     def live(self) -> list[Label]:
-        return [label for labels in self._by_buffer.values() for label in labels]
+        return [Label(buffer, span.lo, span.hi - span.lo, span.value)
+                for buffer, spans in self._by_buffer.items() for span in spans]
 
 
 class OpRecord(NamedTuple):
