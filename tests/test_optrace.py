@@ -242,7 +242,8 @@ def test_the_recorder_starts_each_trial_on_an_empty_trace(tmp_path: Path) -> Non
         if trial != 1:
             assert lines[0] == {"type": "header", "schema": TRACE_SCHEMA, "level": "ops",
                                 "trial": trial}
-            assert [r["detail"]["value"] for r in lines if r.get("kind") == "host_write"] == [value] * value
+            written = [r["detail"]["value"] for r in lines if r.get("kind") == "host_write"]
+            assert written == [value] * value
     text = Path(str(kept)).read_text()
     assert text.endswith("\n") and "\0" not in text
     records = [json.loads(line) for line in text.splitlines()]

@@ -93,8 +93,8 @@ class CostModel:
     20 us (most trials manifest from 20 us on); it is off on cutorch-222 (the GPU: 15 of 20 at
     20 us; here none until 100 us) and on stale-row-write, measured while its catalog steps were
     still run step by step on the GPU, each costing the host more than a plain step (the GPU:
-    none until 200 us; here 7 at 20 us, all at 50 us). A host thread starts in about 62 us there (median, CPython) and two threads hand over in
-    about 11 us.
+    none until 200 us; here 7 at 20 us, all at 50 us). A host thread starts in about 62 us
+    there (median, CPython) and two threads hand over in about 11 us.
 
     Under a run's worker the host does more before each wait: the op log's blocking hooks (the
     flight recorder writing the records since the last wait) run first, and the device works on
