@@ -53,11 +53,12 @@ class Plan:
     """What an op's schema says, worked out once per op overload."""
 
     __slots__ = ("name", "kind", "kernel", "args", "written", "fresh_returns", "no_work",
-                 "device_at")
+                 "device_at", "collective")
 
     def __init__(self, func: Any) -> None:
         schema = func._schema
         self.name = schema.name.split("::")[-1]
+        self.collective = schema.name.startswith("c10d::")  # torch.distributed's own ops
         self.no_work = self.name in _NO_WORK
         self.kind = "copy" if self.name in _COPIES else (
             "scalar" if self.name == "_local_scalar_dense" else "kernel")

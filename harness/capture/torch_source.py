@@ -58,6 +58,8 @@ from harness.capture.amplify import Amplifier, Delay
 from harness.capture.sites import (is_own_code, program_frame, site_of, thread_name,
                                    variable_for, warm_up)
 from harness.capture.source import Failures, Installed
+from harness.capture.torch_collectives import Collectives
+from harness.capture.torch_patches import patch_calls
 from harness.capture.torch_ops import (PINS, SLOW_NS, SLOWEST_KEPT, Pending, Plan, byte_spans,
                                        tensors_in, what_of)
 
@@ -122,6 +124,7 @@ class _Capture:
         self.max_site: str | None = None
         self.slow: list[list[Any]] = []  # [ns, site, op] of the first ops over SLOW_NS
         self.ready: set[int] = set()  # devices whose current stream was asked for once
+        self.collectives: Collectives | None = None  # where torch.distributed is
 
     # ---- names -------------------------------------------------------------------------------
     def name_pending(self) -> None:
@@ -187,11 +190,14 @@ class _Capture:
 
     def dispatch(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         t0 = perf_counter_ns()
+        plan: Plan | None = None
         try:
             plan = self.plans.get(func)
             if plan is None:
                 plan = self.plans[func] = Plan(func)
-            if plan.no_work and not plan.fresh_returns:
+            if plan.collective and self.collectives is not None:
+                pending = None  # torch_collectives says it (outside: its errors its own)
+            elif plan.no_work and not plan.fresh_returns:
                 if plan.name == "record_stream":
                     self.record_stream(args, kwargs)
                 pending = None  # a view or a look at metadata: no bytes touched
@@ -201,6 +207,8 @@ class _Capture:
             self.guard.failed(f"the arguments of {func}", exc)
             pending = None
         if pending is None:
+            if plan is not None and plan.collective and self.collectives is not None:
+                return self.collectives.dispatch(plan, func, args, kwargs)
             self.account(perf_counter_ns() - t0, None)
             return func(*args, **kwargs)
         t1 = perf_counter_ns()
@@ -631,56 +639,9 @@ def install(sink: E.Sink, amplifier: Amplifier | None = None) -> Installed:
         patched.append((owner, name, original))
         setattr(owner, name, make(original))
 
-    def event_query(original: Any) -> Any:
-        def query(self: Any) -> bool:
-            done = original(self)
-            if cap.on:
-                try:
-                    _, site = cap._edge()
-                    cap.emit(["query", self.cuda_event, bool(done), site])
-                except Exception as exc:
-                    cap.guard.failed("Event.query", exc)
-            return done
-        return query
-
-    def stream_query(original: Any) -> Any:
-        def query(self: Any) -> bool:
-            done = original(self)
-            if cap.on and done:  # all the stream's work is done: as a synchronize orders
-                try:
-                    frame, site = cap._edge()
-                    cap._seen_stream(self.cuda_stream, frame)
-                    cap.emit(["sync_stream", self.cuda_stream, site])
-                except Exception as exc:
-                    cap.guard.failed("Stream.query", exc)
-            return done
-        return query
-
-    def host_reader(original: Any) -> Any:
-        def read(self: Any, *a: Any, **k: Any) -> Any:
-            if cap.on:
-                try:
-                    cap.host_read(self)
-                except Exception as exc:
-                    cap.guard.failed(f"Tensor.{original.__name__}", exc)
-            return original(self, *a, **k)
-        return read
-
-    def graph_replay(original: Any) -> Any:
-        def replay(self: Any, *a: Any, **k: Any) -> Any:
-            if cap.on:
-                cap.emit(["note", "the program replayed a CUDA graph (torch.cuda.CUDAGraph."
-                                  "replay): its kernels run as one launch that no source "
-                                  "sees; what they read and write is not checked"])
-            return original(self, *a, **k)
-        return replay
-
-    patch(torch.cuda.Event, "query", event_query)
-    patch(torch.cuda.Stream, "query", stream_query)
-    patch(torch.Tensor, "tolist", host_reader)
-    patch(torch.Tensor, "numpy", host_reader)
-    if hasattr(torch.cuda, "CUDAGraph"):
-        patch(torch.cuda.CUDAGraph, "replay", graph_replay)
+    if torch.distributed.is_available():
+        cap.collectives = Collectives(cap)
+    patch_calls(cap, torch, patch)
 
     # Each thread the program starts enters a mode of its own (modes are per thread).
     def bootstrap(original: Any) -> Any:
@@ -721,6 +682,9 @@ def install(sink: E.Sink, amplifier: Amplifier | None = None) -> Installed:
             early_stop.__exit__(None, None, None)
         for owner, name, original in reversed(patched):
             setattr(owner, name, original)
+        if cap.collectives is not None:
+            for line in cap.collectives.notes():
+                sink.emit(["note", line])
         cap.guard.say_summary()
         sink.emit(cap.stats())
 

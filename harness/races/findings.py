@@ -18,6 +18,10 @@ from kvcore.device.oplog import Segment, Template
 
 HOST = "host"
 """The host's thread of the detector's clocks (every other thread is a stream, by name)."""
+
+COLLECTIVE = "kernel:c10d."
+"""How a captured collective's kind begins (``kernel:c10d.allreduce``): it runs on its process
+group's own stream, ordered after by the program's wait on its work."""
 DEVICE_MEMORY = "device memory"
 PINNED_MEMORY = "pinned host memory"
 CAPTURED_MEMORY = frozenset({DEVICE_MEMORY, PINNED_MEMORY})
@@ -220,6 +224,13 @@ class Finding:
         head = f"nothing orders {a.who} before {b.who} on {self.where}"
         if self.event_note:
             return f"{head}: {self.event_note}"
+        if a.kind.startswith(COLLECTIVE) and not self.reused:
+            # The collective's own stream: only the program's wait on its work orders it.
+            return (f"{head}; call wait() on the work that {a.kind[len(COLLECTIVE):]} at "
+                    f"{a.at} returned (async_op=True) before {b.at}, or issue it without "
+                    "async_op: the collective runs on its process group's stream, which "
+                    f"{'the host' if b.stream == HOST else b.stream} follows only from that "
+                    "wait")
         if a.stream != HOST and b.stream != HOST and self.reused and \
                 self.allocated_on not in (None, a.stream):
             # A caching allocator orders a freed block's reuse by the stream it handed the

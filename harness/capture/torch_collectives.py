@@ -1,0 +1,322 @@
+"""c10d's collectives, as the stream work they are: the PyTorch source's part for
+``torch.distributed``.
+
+A collective (``dist.all_reduce``, ``all_gather_into_tensor``, ``reduce_scatter_tensor``,
+``broadcast``, ``send``/``recv``, ...) passes the dispatcher as a ``c10d`` op, but it does not run
+on the current stream. ProcessGroupNCCL runs it on a stream of the process group's own: that
+stream waits for the current stream when the collective is issued, the collective reads its
+inputs and writes its outputs there, and the current stream is ordered after it only when the
+program calls ``work.wait()`` (at once for a blocking call, whose ``wait`` torch.distributed
+makes itself; whenever the program chooses with ``async_op=True``). Gloo runs it on a thread of
+its own, and ``wait`` blocks the host until it is done.
+
+So each collective is said in the capture vocabulary as exactly that: the group's stream (one
+per process group and device, named after the group), an event recorded on the current stream
+that the group's stream waits on, the op on the group's stream, an event recorded after it,
+and, at the program's ``Work.wait`` or ``Work.synchronize``, the current stream's wait on that
+event (NCCL) or the host's (any other backend). ``Work.is_completed`` is the host's query of the
+same event. A tensor read or written before that wait races with the collective, as in
+pytorch/pytorch#188655. The streams and events are the source's own numbers (negative: no CUDA
+handle is), since PyTorch does not hand out NCCL's.
+
+A collective issued from PyTorch's C++ code (DDP's reducer, a coalesced broadcast) is waited on
+there too, where no source sees the wait: it is said as an op on the stream it was issued on,
+in the program's order, which may miss a race with it but makes none up, and a note counts
+them. Which call came through torch.distributed's Python functions is told by the stack.
+
+The c10d schemas mark no argument as written, so which ones are comes from the arguments'
+names (:func:`roles`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from time import perf_counter_ns
+from typing import Any, NamedTuple
+
+from harness.capture import events as E
+from harness.capture.sites import program_frame, site_of
+from harness.capture.torch_ops import ArgAt, Plan, byte_spans
+from harness.races.findings import COLLECTIVE
+
+WORKS_HELD = 1024
+"""Collectives not yet waited for whose Work the source holds (to know it again at its wait);
+past this, the oldest is let go and its wait, if it ever comes, is not seen (a note says so)."""
+
+_WRITTEN = frozenset({"output_tensors", "output_tensor", "output", "outputs"})
+_READ = frozenset({"input_tensors", "input_tensor", "input", "inputs"})
+_SENDING = frozenset({"send"})
+_RECEIVING = frozenset({"recv_", "recv_any_source_"})
+
+
+class Role(NamedTuple):
+    """What a collective does to one of its tensor arguments."""
+
+    index: int
+    name: str
+    read: bool
+    written: bool
+
+
+class Shape(NamedTuple):
+    """What a c10d op's schema says, worked out once per op: its tensor arguments' roles and
+    where its process group is."""
+
+    roles: tuple[Role, ...]
+    group: ArgAt | None
+
+
+def shape_of(plan: Plan, func: Any) -> Shape:
+    group = next((ArgAt(i, a.name) for i, a in enumerate(func._schema.arguments)
+                  if a.name == "process_group"), None)
+    return Shape(roles(plan), group)
+
+
+def roles(plan: Plan) -> tuple[Role, ...]:
+    """Which of a c10d op's tensor arguments it reads and which it writes: outputs written,
+    inputs read, and ``tensors`` (all_reduce, broadcast, reduce: in place) both, but for
+    ``send`` (read) and ``recv`` (written)."""
+    out = []
+    for arg in plan.args:
+        if arg.name in _WRITTEN:
+            read, written = False, True
+        elif arg.name in _READ:
+            read, written = True, False
+        elif plan.name in _SENDING:
+            read, written = True, False
+        elif plan.name in _RECEIVING:
+            read, written = False, True
+        else:
+            read = written = True
+        out.append(Role(arg.index, arg.name, read, written))
+    return tuple(out)
+
+
+class _Issue(NamedTuple):
+    """A collective said up to its op: the event recorded after it, its CUDA device (None:
+    host memory), whether its wait is a stream's (NCCL) or the host's, and its site."""
+
+    event: int
+    device: int | None
+    stream_wait: bool
+    site: str | None
+
+
+class Issued(NamedTuple):
+    """A collective the program has not waited for yet: its Work (held, so the program's own
+    wrapper of it is this one), the event recorded after it, the CUDA device of its tensors
+    (None: host memory), and whether its wait is a stream's (NCCL) or the host's."""
+
+    work: Any
+    event: int
+    device: int | None
+    stream_wait: bool
+
+
+class Collectives:
+    """The collectives of one capture (``cap``: the PyTorch source's state)."""
+
+    def __init__(self, cap: Any) -> None:
+        self.cap = cap
+        self.shapes: dict[Any, Shape] = {}
+        self.streams: dict[tuple[str, int | None], int] = {}  # (group, device) -> its stream
+        self.issued: dict[int, Issued] = {}  # id of the Work's Python object -> the collective
+        self.ids = 0  # the source's own streams and events: -1, -2, ...
+        self.let_go = 0
+        self.unseen = 0  # collectives issued from C++, kept in the program's order
+        import torch.distributed as dist
+        c10d = dist.distributed_c10d
+        self.Work = c10d.Work
+        self.unbox_group = c10d.ProcessGroup.unbox
+        self.unbox_work = c10d.Work.unbox
+
+    def _new_id(self) -> int:
+        self.ids += 1
+        return -self.ids
+
+    def dispatch(self, plan: Plan, func: Any, args: tuple[Any, ...],
+                 kwargs: dict[str, Any]) -> Any:
+        """Run the collective, said as the group's stream work before it runs."""
+        cap = self.cap
+        t0 = perf_counter_ns()
+        try:
+            issue = self._before(plan, func, args, kwargs, t0)
+        except Exception as exc:  # never the program's failure: its collective runs unwatched
+            cap.guard.failed(f"the arguments of {func}", exc)
+            issue = None
+        t1 = perf_counter_ns()
+        out = func(*args, **kwargs)  # the program's own errors are its own
+        t2 = perf_counter_ns()
+        if issue is not None:
+            try:
+                self._after(issue, out)
+            except Exception as exc:
+                cap.guard.failed(f"the Work of {func}", exc)
+        cap.account(t1 - t0 + perf_counter_ns() - t2, None if issue is None else issue.site,
+                    plan.name)
+        return out
+
+    def _before(self, plan: Plan, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                t0: int) -> _Issue | None:
+        """Say the collective up to its op (None: nothing of it is watched, or it was said
+        whole, issued from C++)."""
+        cap = self.cap
+        shape = self.shapes.get(func)
+        if shape is None:
+            shape = self.shapes[func] = shape_of(plan, func)
+        reads: list[list[Any]] = []
+        writes: list[list[Any]] = []
+        device = None
+        nargs = len(args)
+        at = shape.group
+        group = None if at is None else args[at.index] if at.index < nargs else kwargs.get(
+            at.name)
+        for role in shape.roles:
+            value = args[role.index] if role.index < nargs else kwargs.get(role.name)
+            for t in _tensors(value, cap.Tensor):
+                where = cap.memory(t)
+                if where is None:
+                    continue
+                if device is None and where[0] == E.DEVICE:
+                    device = t.get_device()
+                spans = byte_spans(where[0], t, t.data_ptr())
+                if role.read:
+                    reads.extend(spans)
+                if role.written:
+                    writes.extend(spans)
+        if not reads and not writes or group is None:
+            return None  # no watched memory (a barrier, host tensors): nothing to order
+        frame = program_frame(1)
+        site = site_of(frame)
+        meta: dict[str, Any] = {"site": site, "op": plan.name, "source": "torch", "t": t0}
+        if not _through_python_api():
+            # Issued from C++ (DDP's reducer, _broadcast_coalesced), which waits on the Work
+            # where no source sees it: said where it was issued, in the program's order (what
+            # it orders by itself is missed, never a race made up).
+            current = None if device is None else cap.current_stream(device, _Lent())
+            if current is not None and current not in cap.streams:
+                cap.stream(current, frame)
+            cap.emit(["op", current, COLLECTIVE + plan.name.rstrip("_"), reads, writes, meta])
+            self.unseen += 1
+            return None
+        pg = self.unbox_group(group)
+        backend = str(pg.name())
+        stream = self._stream(pg, backend, device, site)
+        what = f"{plan.name.rstrip('_')} at {site}" if site else plan.name.rstrip("_")
+        if device is not None:
+            # The group's stream waits for the work queued before it on the current stream.
+            current = cap.current_stream(device, _Lent())
+            if current not in cap.streams:
+                cap.stream(current, frame)
+            start = self._event(f"before {what}", site)
+            cap.emit(["record", start, current, site])
+            cap.emit(["wait", start, stream, site])
+        cap.emit(["op", stream, COLLECTIVE + plan.name.rstrip("_"), reads, writes, meta])
+        end = self._event(f"after {what}", site)
+        cap.emit(["record", end, stream, site])
+        return _Issue(end, device, backend == "nccl" and device is not None, site)
+
+    def _after(self, issue: _Issue, out: Any) -> None:
+        work = out[-1] if isinstance(out, (tuple, list)) else out
+        if work is None:
+            return
+        # The Python object the program gets for this Work is this one while it is held.
+        held = self.unbox_work(work)
+        if len(self.issued) >= WORKS_HELD:
+            self.issued.pop(next(iter(self.issued)))
+            self.let_go += 1
+        self.issued[id(held)] = Issued(held, issue.event, issue.device, issue.stream_wait)
+
+    def _stream(self, pg: Any, backend: str, device: int | None, site: str | None) -> int:
+        key = (str(pg.group_name), device)
+        sid = self.streams.get(key)
+        if sid is None:
+            sid = self.streams[key] = self._new_id()
+            desc = getattr(pg, "group_desc", "") or ""
+            label = f"process group {key[0]}" + (f" ({desc})" if desc and desc != "undefined"
+                                                 else "")
+            where = f"cuda:{device}" if device is not None else "the host"
+            self.cap.emit(["stream", sid, {"blocking": False, "legacy": False,
+                                           "name": f"{label}'s {backend} stream on {where}",
+                                           "site": site, "source": "torch"}])
+        return sid
+
+    def _event(self, name: str, site: str | None) -> int:
+        eid = self._new_id()
+        self.cap.emit(["event", eid, {"name": name, "site": site, "source": "torch"}])
+        return eid
+
+    # ---- the program's calls on a Work -------------------------------------------------------
+    def waited(self, work: Any) -> None:
+        """``Work.wait`` or ``Work.synchronize``: the program is ordered after the collective
+        from here on, by the current stream's wait (NCCL) or the host's."""
+        issued = self.issued.get(id(work))
+        if issued is None or issued.work is not work:
+            return
+        del self.issued[id(work)]
+        cap = self.cap
+        frame = program_frame(1)
+        site = site_of(frame)
+        if issued.stream_wait and issued.device is not None:
+            current = cap.current_stream(issued.device, _Lent())
+            if current not in cap.streams:
+                cap.stream(current, frame)
+            cap.emit(["wait", issued.event, current, site])
+        else:
+            cap.emit(["sync_event", issued.event, site])
+
+    def queried(self, work: Any, done: bool) -> None:
+        """``Work.is_completed``: what the host saw of the collective."""
+        issued = self.issued.get(id(work))
+        if issued is None or issued.work is not work:
+            return
+        if done:
+            self.issued.pop(id(work))
+        self.cap.emit(["query", issued.event, bool(done), site_of(program_frame(1))])
+
+    def notes(self) -> list[str]:
+        out = []
+        if self.unseen:
+            out.append(f"{self.unseen} collectives were issued from PyTorch's C++ code (DDP's "
+                       "reducer, coalesced broadcasts), which waits on them unseen: they were "
+                       "taken to run in the program's order on the stream they were issued "
+                       "on, so a race with them is not looked for")
+        if self.let_go:
+            out.append(f"{self.let_go} collectives were not waited for while {WORKS_HELD} "
+                       "newer ones were outstanding: a wait on one of them later was not seen")
+        return out
+
+
+class _Lent:
+    """Where :meth:`current_stream` puts the time a first look at a device lends the program
+    (a collective's accounting does not subtract it)."""
+
+    lent_ns = 0
+
+
+_C10D_PY = os.path.join("torch", "distributed", "distributed_c10d.py")
+
+
+def _through_python_api(depth: int = 12) -> bool:
+    """Whether the collective was called through torch.distributed's Python functions, which
+    hand its Work to the program (``async_op=True``) or wait on it themselves: a frame of
+    distributed_c10d.py close above the source's own."""
+    frame = sys._getframe(2)
+    for _ in range(depth):
+        if frame is None:
+            return False
+        if frame.f_code.co_filename.endswith(_C10D_PY):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _tensors(value: Any, tensor: type) -> Iterator[Any]:
+    """The tensors of an argument: one, a list of them, or a list of lists (all_gather's)."""
+    if isinstance(value, tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _tensors(v, tensor)

@@ -1,0 +1,212 @@
+"""torch.distributed's collectives under the PyTorch source: each runs on its process group's
+own stream, and the program is ordered after it only by its wait (``Work.wait``,
+``synchronize``, a completed ``is_completed``). A tensor read before that wait races with the
+collective, as in pytorch/pytorch#188655 (an async all_reduce's gradient read by the default
+stream while NCCL still wrote it).
+
+On PyTorch for the CPU (this interpreter or GPURACE_TEST_PYTHON) the programs below run on one
+gloo rank, their tensor taken for pinned memory (a CPU build cannot pin): gloo runs the
+collective on a thread of its own, and its ``wait`` blocks the host, so the host's read before
+it races as a stream's would. tests/capture_recorded_cpu/ holds what they captured there
+(GPURACE_RECORD_DIR records them again), which CI replays without PyTorch. On a GPU,
+tests/test_collectives_gpu.py runs the same shapes on one NCCL rank under `gpurace watch`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.capture.analysis import RunAnalysis
+from harness.capture.events import iter_file
+from harness.races.findings import COLLECTIVE
+
+ROOT = Path(__file__).resolve().parent.parent
+RECORDED = ROOT / "tests" / "capture_recorded_cpu"
+SHAPES = ("buggy", "fixed", "blocking", "polled", "from_cpp")
+
+
+def _findings(events: list[list]) -> list[dict]:
+    analysis = RunAnalysis(None, {})
+    analysis.feed(events)
+    analysis.close()
+    return [f.to_json() for f in analysis.findings]
+
+
+def _check(shape: str, findings: list[dict], events: list[list]) -> None:
+    """What each program must come to: the collective on its group's stream, and a race only
+    where the host read before the wait."""
+    ops = [e for e in events if e[0] == "op"]
+    assert [op[2] for op in ops] == [COLLECTIVE + "allreduce", "host_read"], ops
+    if shape == "from_cpp":
+        # Issued from C++, whose wait no source sees: in the program's order, said so.
+        assert ops[0][1] is None and findings == [], findings
+        assert any(e[0] == "note" and "issued from PyTorch's C++ code" in e[1] for e in events)
+        return
+    streams = {e[1]: e[2]["name"] for e in events if e[0] == "stream"}
+    assert streams[ops[0][1]] == "process group 0 (default_pg)'s gloo stream on the host"
+    assert ops[0][3] == ops[0][4] and ops[0][3], "all_reduce reads and writes its tensor"
+    if shape != "buggy":
+        assert findings == [], findings
+        return
+    assert len(findings) == 1, findings
+    race = findings[0]
+    assert race["first"]["kind"] == COLLECTIVE + "allreduce"
+    assert race["first"]["access"] == "write"
+    assert race["second"]["stream"] == "host" and race["second"]["access"] == "read"
+    assert "call wait() on the work that allreduce" in race["missing"], race["missing"]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_a_recorded_collective_is_ordered_only_by_its_wait(shape: str) -> None:
+    path = RECORDED / f"c10d_allreduce-{shape}.jsonl"
+    events = list(iter_file(path))
+    _check(shape, _findings(events), events)
+
+
+def _torch_python() -> str | None:
+    for python in (sys.executable, os.environ.get("GPURACE_TEST_PYTHON")):
+        if python and subprocess.run([python, "-c", "import torch.distributed"],
+                                     capture_output=True).returncode == 0:
+            return python
+    return None
+
+
+TORCH_PYTHON = _torch_python()
+needs_torch = pytest.mark.skipif(TORCH_PYTHON is None,
+                                 reason="no interpreter with PyTorch here (GPURACE_TEST_PYTHON)")
+
+# One gloo rank; each shape watched on its own, its events written to OUT/<shape>.jsonl.
+_PROGRAM = r'''
+import json, os, socket, sys
+import torch
+import torch.distributed as dist
+from harness.capture import events as E, torch_source as T
+
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(s.getsockname()[1]))
+dist.init_process_group("gloo", rank=0, world_size=1)
+
+
+def buggy(grad):  # the sum before the wait
+    work = dist.all_reduce(grad, async_op=True)
+    total = float(grad.sum())
+    work.wait()
+    return total
+
+
+def fixed(grad):
+    work = dist.all_reduce(grad, async_op=True)
+    work.wait()
+    return float(grad.sum())
+
+
+def blocking(grad):
+    dist.all_reduce(grad)
+    return float(grad.sum())
+
+
+def polled(grad):
+    work = dist.all_reduce(grad, async_op=True)
+    while not work.is_completed():
+        pass
+    return float(grad.sum())
+
+
+def from_cpp(grad):  # the process group's own method: C++ issues it, and waits unseen
+    work = dist.distributed_c10d._get_default_group().allreduce([grad])
+    total = float(grad.sum())
+    work.wait()
+    return total
+
+
+answers = {}
+for name in sys.argv[2:]:
+    sink = E.Sink.to_path(os.path.join(sys.argv[1], name + ".jsonl"))
+    stop = T.install(sink)
+    grad = torch.ones(256)
+    stop.capture.pinned[grad.untyped_storage().data_ptr()] = {}  # as pin_memory() makes it
+    answers[name] = globals()[name](grad)
+    stop()
+    sink.close()
+dist.destroy_process_group()
+print(json.dumps(answers))
+'''
+
+
+@needs_torch
+def test_collectives_on_one_gloo_rank_race_only_before_their_wait(tmp_path: Path) -> None:
+    """The shapes live: the answers are PyTorch's (256, one rank), the buggy one races,
+    the others do not; the source's roles for c10d's schemas are right."""
+    prog = tmp_path / "prog.py"
+    prog.write_text(_PROGRAM)
+    done = subprocess.run([TORCH_PYTHON, str(prog), str(tmp_path), *SHAPES],
+                          capture_output=True, text=True, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {shape: 256.0 for shape in SHAPES}
+    assert done.stderr == ""
+    for shape in SHAPES:
+        path = tmp_path / f"{shape}.jsonl"
+        events = list(iter_file(path))
+        _check(shape, _findings(events), events)
+        where = os.environ.get("GPURACE_RECORD_DIR")
+        if where:
+            Path(where).mkdir(parents=True, exist_ok=True)
+            shutil.copy(path, Path(where) / f"c10d_allreduce-{shape}.jsonl")
+
+
+_ROLES = r'''
+import json
+import torch, torch.distributed
+from harness.capture.torch_collectives import roles
+from harness.capture.torch_ops import Plan
+out = {}
+for name in ("allreduce_", "_allgather_base_", "allgather_", "_reduce_scatter_base_",
+             "send", "recv_", "alltoall_base_"):
+    func = getattr(torch.ops.c10d, name).default
+    out[name] = [[r.name, r.read, r.written] for r in roles(Plan(func))]
+print(json.dumps(out))
+'''
+
+
+@needs_torch
+def test_the_roles_of_c10d_arguments_come_from_their_names(tmp_path: Path) -> None:
+    prog = tmp_path / "roles.py"
+    prog.write_text(_ROLES)
+    done = subprocess.run([TORCH_PYTHON, str(prog)], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)
+    assert got["allreduce_"] == [["tensors", True, True], ["sparse_indices", True, True]]
+    assert got["_allgather_base_"] == [["output_tensor", False, True],
+                                       ["input_tensor", True, False]]
+    assert got["allgather_"] == [["output_tensors", False, True], ["input_tensors", True, False]]
+    assert got["_reduce_scatter_base_"] == [["output_tensor", False, True],
+                                            ["input_tensor", True, False]]
+    assert got["send"] == [["tensors", True, False]]
+    assert got["recv_"] == [["tensors", False, True]]
+    assert got["alltoall_base_"] == [["output", False, True], ["input", True, False]]
+
+
+@pytest.mark.parametrize("prog", sorted((ROOT / "tests" / "collective_programs").glob("n*.py")),
+                         ids=lambda p: p.stem)
+def test_a_collective_program_names_its_racing_lines_and_its_fix(prog: Path) -> None:
+    """The lines a GPU program's docstring names (tests/test_collectives_gpu.py holds the
+    findings to them) are its collective, its read, and its fix."""
+    import re
+    text = prog.read_text()
+    race = re.search(r"\(line (\d+)\) and .* \(line (\d+)\)\. The fix is line (\d+)\.",
+                     " ".join(text.split()))
+    assert race, "the docstring names the racing lines and the fix"
+    lines = text.splitlines()
+    collective, read, fix = (lines[int(n) - 1] for n in race.groups())
+    assert "async_op=True" in collective
+    assert "work.wait()" in fix and "work.wait()" not in read

@@ -1,0 +1,77 @@
+"""`gpurace watch` on the collective programs of tests/collective_programs, on a GPU with NCCL
+(one rank): each buggy program found on its first unamplified run, at the lines its docstring
+names, with the collective on its process group's stream; each fixed twin clean in every run.
+
+With GPURACE_RECORD_DIR set, each program's capture events (buggy and fixed, first run) are
+copied there, to be committed beside the CPU suite's recordings.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.races.findings import COLLECTIVE
+
+ROOT = Path(__file__).resolve().parent.parent
+PROGRAMS = sorted(p for p in (ROOT / "tests" / "collective_programs").glob("*.py")
+                  if p.name != "conftest.py")
+FIXED_RUNS = 10
+
+
+def _nccl_ok() -> bool:
+    code = ("import torch, torch.distributed as d; assert torch.cuda.is_available(); "
+            "assert d.is_nccl_available()")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
+
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not _nccl_ok(), reason="needs PyTorch with NCCL on a GPU")]
+
+
+def _watch(out: Path, prog: Path, *flags: str, runs: int) -> tuple[int, dict, str]:
+    done = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "watch", "--format", "json", "--out", str(out),
+         "--runs", str(runs), "--timeout", "300", "--", sys.executable, str(prog), *flags],
+        capture_output=True, text=True, cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=1800)
+    try:
+        doc = json.loads(done.stdout)
+    except ValueError:
+        doc = {}
+    where = os.environ.get("GPURACE_RECORD_DIR")
+    if where and doc.get("watch"):
+        Path(where).mkdir(parents=True, exist_ok=True)
+        version = "fixed" if flags else "buggy"
+        shutil.copy(doc["watch"]["runs"][0]["events"], Path(where) / f"{prog.stem}-{version}.jsonl")
+    return done.returncode, doc, done.stderr
+
+
+@pytest.mark.parametrize("prog", PROGRAMS, ids=[p.stem for p in PROGRAMS])
+def test_a_collective_read_before_its_wait_is_found_first_time(tmp_path, prog):
+    code, doc, err = _watch(tmp_path / "buggy", prog, runs=1)
+    assert doc, err[-2000:]
+    result = doc["results"][0]
+    assert result["trials"] == 1 and result["detected"] == 1, result
+    named = {int(n) for n in re.findall(r"\(line (\d+)\)", prog.read_text())}
+    lines = {int(f[side]["step"].rsplit(":", 1)[1]) for f in result["findings"]
+             for side in ("first", "second")}
+    assert lines == named, (sorted(lines), sorted(named))
+    assert all(f["first"]["kind"].startswith(COLLECTIVE) for f in result["findings"])
+    assert any("call wait() on the work" in f["missing"] for f in result["findings"])
+
+
+@pytest.mark.parametrize("prog", PROGRAMS, ids=[p.stem for p in PROGRAMS])
+def test_a_collective_waited_for_is_clean_in_every_run(tmp_path, prog):
+    code, doc, err = _watch(tmp_path / "fixed", prog, "--fixed", runs=FIXED_RUNS)
+    assert doc, err[-2000:]
+    result = doc["results"][0]
+    assert result["trials"] == FIXED_RUNS and result["detected"] == 0, result
+    assert code == 0
