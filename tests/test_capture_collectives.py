@@ -29,7 +29,7 @@ from harness.races.findings import COLLECTIVE
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDED = ROOT / "tests" / "capture_recorded_cpu"
-SHAPES = ("buggy", "fixed", "blocking", "polled", "from_cpp")
+SHAPES = ("buggy", "fixed", "blocking", "polled", "from_cpp", "future", "coalesced")
 
 
 def _findings(events: list[list]) -> list[dict]:
@@ -43,7 +43,8 @@ def _check(shape: str, findings: list[dict], events: list[list]) -> None:
     """What each program must come to: the collective on its group's stream, and a race only
     where the host read before the wait."""
     ops = [e for e in events if e[0] == "op"]
-    assert [op[2] for op in ops] == [COLLECTIVE + "allreduce", "host_read"], ops
+    name = "allreduce_coalesced" if shape == "coalesced" else "allreduce"
+    assert [op[2] for op in ops] == [COLLECTIVE + name, "host_read"], ops
     if shape == "from_cpp":
         # Issued from C++, whose wait no source sees: in the program's order, said so.
         assert ops[0][1] is None and findings == [], findings
@@ -52,6 +53,9 @@ def _check(shape: str, findings: list[dict], events: list[list]) -> None:
     streams = {e[1]: e[2]["name"] for e in events if e[0] == "stream"}
     assert streams[ops[0][1]] == "process group 0 (default_pg)'s gloo stream on the host"
     assert ops[0][3] == ops[0][4] and ops[0][3], "all_reduce reads and writes its tensor"
+    if shape == "future":
+        # The future's wait is not seen: ordered from get_future() on, and said so.
+        assert any(e[0] == "note" and "Work.get_future" in e[1] for e in events)
     if shape != "buggy":
         assert findings == [], findings
         return
@@ -125,6 +129,19 @@ def from_cpp(grad):  # the process group's own method: C++ issues it, and waits 
     total = float(grad.sum())
     work.wait()
     return total
+
+
+def future(grad):  # a DDP comm hook's way: the work's future, waited on
+    fut = dist.all_reduce(grad, async_op=True).get_future()
+    fut.wait()
+    return float(grad.sum())
+
+
+def coalesced(grad):  # one Work for the block
+    with dist._coalescing_manager(async_ops=True) as cm:
+        dist.all_reduce(grad)
+    cm.wait()
+    return float(grad.sum())
 
 
 answers = {}
@@ -209,4 +226,4 @@ def test_a_collective_program_names_its_racing_lines_and_its_fix(prog: Path) -> 
     lines = text.splitlines()
     collective, read, fix = (lines[int(n) - 1] for n in race.groups())
     assert "async_op=True" in collective
-    assert "work.wait()" in fix and "work.wait()" not in read
+    assert ".wait()" in fix and ".wait()" not in read

@@ -96,21 +96,24 @@ def roles(plan: Plan) -> tuple[Role, ...]:
 
 class _Issue(NamedTuple):
     """A collective said up to its op: the event recorded after it, its CUDA device (None:
-    host memory), whether its wait is a stream's (NCCL) or the host's, and its site."""
+    host memory), whether its wait is a stream's (NCCL) or the host's, its site, and its
+    process group's name."""
 
     event: int
     device: int | None
     stream_wait: bool
     site: str | None
+    group: str
 
 
 class Issued(NamedTuple):
-    """A collective the program has not waited for yet: its Work (held, so the program's own
-    wrapper of it is this one), the event recorded after it, the CUDA device of its tensors
-    (None: host memory), and whether its wait is a stream's (NCCL) or the host's."""
+    """Collectives the program has not waited for yet, with one Work between them (one, or
+    those of a coalesced block): the Work (held, so the program's own wrapper of it is this
+    one), the events recorded after them, their CUDA device (None: host memory), and whether
+    their wait is a stream's (NCCL) or the host's."""
 
     work: Any
-    event: int
+    events: tuple[int, ...]
     device: int | None
     stream_wait: bool
 
@@ -126,9 +129,14 @@ class Collectives:
         self.ids = 0  # the source's own streams and events: -1, -2, ...
         self.let_go = 0
         self.unseen = 0  # collectives issued from C++, kept in the program's order
+        self.futures = 0  # Works whose future the program took: ordered from then on
+        # A group coalescing (between its _start_coalescing and _end_coalescing): the
+        # collectives issued there, which the Work _end_coalescing returns stands for.
+        self.coalescing: dict[str, list[_Issue]] = {}
         import torch.distributed as dist
         c10d = dist.distributed_c10d
         self.Work = c10d.Work
+        self.ProcessGroup = c10d.ProcessGroup
         self.unbox_group = c10d.ProcessGroup.unbox
         self.unbox_work = c10d.Work.unbox
 
@@ -216,18 +224,47 @@ class Collectives:
         cap.emit(["op", stream, COLLECTIVE + plan.name.rstrip("_"), reads, writes, meta])
         end = self._event(f"after {what}", site)
         cap.emit(["record", end, stream, site])
-        return _Issue(end, device, backend == "nccl" and device is not None, site)
+        issue = _Issue(end, device, backend == "nccl" and device is not None, site,
+                       str(pg.group_name))
+        block = self.coalescing.get(issue.group)
+        if block is not None:
+            block.append(issue)
+        return issue
 
     def _after(self, issue: _Issue, out: Any) -> None:
         work = out[-1] if isinstance(out, (tuple, list)) else out
-        if work is None:
-            return
+        if work is None or issue.group in self.coalescing:
+            return  # inside a coalesced block, the block's Work is the one waited on
         # The Python object the program gets for this Work is this one while it is held.
         held = self.unbox_work(work)
+        self._hold(held, [issue])
+
+    def _hold(self, work: Any, issues: list[_Issue]) -> None:
         if len(self.issued) >= WORKS_HELD:
             self.issued.pop(next(iter(self.issued)))
             self.let_go += 1
-        self.issued[id(held)] = Issued(held, issue.event, issue.device, issue.stream_wait)
+        first = issues[0]
+        self.issued[id(work)] = Issued(work, tuple(i.event for i in issues), first.device,
+                                       first.stream_wait)
+
+    def coalescing_started(self, group: Any) -> None:
+        """``ProcessGroup._start_coalescing``: the collectives until its end are one block."""
+        self.coalescing[str(group.group_name)] = []
+
+    def coalescing_ended(self, group: Any, work: Any) -> None:
+        """``ProcessGroup._end_coalescing``: its Work is the block's, a wait on it a wait on
+        every collective of the block (NCCL hands the ones inside no Work of their own)."""
+        issues = self.coalescing.pop(str(group.group_name), [])
+        if work is not None and issues:
+            self._hold(work, issues)
+
+    def future_taken(self, work: Any) -> None:
+        """``Work.get_future``: the future's wait (often in C++, a DDP comm hook's) is not
+        seen, so the program is taken to be ordered after the collective from here on: a
+        race between here and that wait is missed, none is made up."""
+        if id(work) in self.issued:
+            self.futures += 1
+            self.waited(work)
 
     def _stream(self, pg: Any, backend: str, device: int | None, site: str | None) -> int:
         key = (str(pg.group_name), device)
@@ -263,9 +300,11 @@ class Collectives:
             current = cap.current_stream(issued.device, _Lent())
             if current not in cap.streams:
                 cap.stream(current, frame)
-            cap.emit(["wait", issued.event, current, site])
+            for event in issued.events:
+                cap.emit(["wait", event, current, site])
         else:
-            cap.emit(["sync_event", issued.event, site])
+            for event in issued.events:
+                cap.emit(["sync_event", event, site])
 
     def queried(self, work: Any, done: bool) -> None:
         """``Work.is_completed``: what the host saw of the collective."""
@@ -274,7 +313,9 @@ class Collectives:
             return
         if done:
             self.issued.pop(id(work))
-        self.cap.emit(["query", issued.event, bool(done), site_of(program_frame(1))])
+        site = site_of(program_frame(1))
+        for event in issued.events:
+            self.cap.emit(["query", event, bool(done), site])
 
     def notes(self) -> list[str]:
         out = []
@@ -283,6 +324,10 @@ class Collectives:
                        "reducer, coalesced broadcasts), which waits on them unseen: they were "
                        "taken to run in the program's order on the stream they were issued "
                        "on, so a race with them is not looked for")
+        if self.futures:
+            out.append(f"the program took the future of {self.futures} collectives' works "
+                       "(Work.get_future): its wait on a future is not seen, so it was taken "
+                       "to be ordered after each collective from there on")
         if self.let_go:
             out.append(f"{self.let_go} collectives were not waited for while {WORKS_HELD} "
                        "newer ones were outstanding: a wait on one of them later was not seen")

@@ -92,6 +92,38 @@ def patch_calls(cap: Any, torch: Any, patch: Callable[[Any, str, Callable[[Any],
             return done
         return is_completed
 
+    def work_future(original: Any) -> Any:
+        def get_future(self: Any) -> Any:
+            future = original(self)
+            if cap.on:
+                try:
+                    collectives.future_taken(self)
+                except Exception as exc:
+                    cap.guard.failed("Work.get_future", exc)
+            return future
+        return get_future
+
+    def coalescing(original: Any) -> Any:
+        started = original.__name__ == "_start_coalescing"
+
+        def bracket(self: Any, *a: Any, **k: Any) -> Any:
+            out = original(self, *a, **k)
+            if cap.on:
+                try:
+                    if started:
+                        collectives.coalescing_started(self)
+                    else:
+                        collectives.coalescing_ended(self, out)
+                except Exception as exc:
+                    cap.guard.failed(f"ProcessGroup.{original.__name__}", exc)
+            return out
+        return bracket
+
+    group = collectives.ProcessGroup
+    if hasattr(group, "_start_coalescing") and hasattr(group, "_end_coalescing"):
+        patch(group, "_start_coalescing", coalescing)
+        patch(group, "_end_coalescing", coalescing)
+    patch(collectives.Work, "get_future", work_future)
     patch(collectives.Work, "wait", work_wait)
     patch(collectives.Work, "synchronize", work_wait)
     patch(collectives.Work, "is_completed", work_completed)

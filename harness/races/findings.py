@@ -227,8 +227,9 @@ class Finding:
         if a.kind.startswith(COLLECTIVE) and not self.reused:
             # The collective's own stream: only the program's wait on its work orders it.
             return (f"{head}; call wait() on the work that {a.kind[len(COLLECTIVE):]} at "
-                    f"{a.at} returned (async_op=True) before {b.at}, or issue it without "
-                    "async_op: the collective runs on its process group's stream, which "
+                    f"{a.at} returned (async_op=True; in a coalescing manager, the manager's) "
+                    f"before {b.at}, or issue it without async_op: the collective runs on "
+                    "its process group's stream, which "
                     f"{'the host' if b.stream == HOST else b.stream} follows only from that "
                     "wait")
         if a.stream != HOST and b.stream != HOST and self.reused and \
