@@ -227,3 +227,40 @@ def test_a_collective_program_names_its_racing_lines_and_its_fix(prog: Path) -> 
     collective, read, fix = (lines[int(n) - 1] for n in race.groups())
     assert "async_op=True" in collective
     assert ".wait()" in fix and ".wait()" not in read
+
+
+_LET_GO = r'''
+import gc, io, json, os, socket, weakref
+import torch
+import torch.distributed as dist
+from harness.capture import events as E, torch_source as T
+
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(s.getsockname()[1]))
+dist.init_process_group("gloo", rank=0, world_size=1)
+stop = T.install(E.Sink(io.StringIO()))
+grad = torch.ones(64)
+stop.capture.pinned[grad.untyped_storage().data_ptr()] = {}
+first = weakref.ref(dist.all_reduce(grad, async_op=True))  # the program lets it go at once
+kept = dist.all_reduce(grad, async_op=True)
+gc.collect()
+followed = len(stop.capture.collectives.issued)
+kept.wait()
+print(json.dumps({"first_gone": first() is None, "followed": followed,
+                  "after_wait": len(stop.capture.collectives.issued)}))
+stop()
+dist.destroy_process_group()
+'''
+
+
+@needs_torch
+def test_the_source_keeps_no_work_alive_that_the_program_let_go(tmp_path: Path) -> None:
+    """A Work (and the tensors it holds) lives as long as the program keeps it: the source
+    follows it weakly once the program has it, and forgets it when it goes or is waited on."""
+    prog = tmp_path / "let_go.py"
+    prog.write_text(_LET_GO)
+    done = subprocess.run([TORCH_PYTHON, str(prog)], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"first_gone": True, "followed": 1, "after_wait": 0}

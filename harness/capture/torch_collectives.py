@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import os
 import sys
+import weakref
 from collections.abc import Iterator
 from time import perf_counter_ns
 from typing import Any, NamedTuple
@@ -41,9 +42,10 @@ from harness.capture.sites import program_frame, site_of
 from harness.capture.torch_ops import ArgAt, Plan, byte_spans
 from harness.races.findings import COLLECTIVE
 
-WORKS_HELD = 1024
-"""Collectives not yet waited for whose Work the source holds (to know it again at its wait);
-past this, the oldest is let go and its wait, if it ever comes, is not seen (a note says so)."""
+WORKS_KNOWN = 4096
+"""Collectives not yet waited for that the source follows (to know their Work again at its
+wait); past this, the oldest is forgotten and its wait, if it ever comes, is not seen (a note
+says so). A Work the program lets go is forgotten at once."""
 
 _WRITTEN = frozenset({"output_tensors", "output_tensor", "output", "outputs"})
 _READ = frozenset({"input_tensors", "input_tensor", "input", "inputs"})
@@ -108,11 +110,11 @@ class _Issue(NamedTuple):
 
 class Issued(NamedTuple):
     """Collectives the program has not waited for yet, with one Work between them (one, or
-    those of a coalesced block): the Work (held, so the program's own wrapper of it is this
-    one), the events recorded after them, their CUDA device (None: host memory), and whether
+    those of a coalesced block): a weak reference to the Work's Python object (the program's
+    own), the events recorded after them, their CUDA device (None: host memory), and whether
     their wait is a stream's (NCCL) or the host's."""
 
-    work: Any
+    work: weakref.ref[Any]
     events: tuple[int, ...]
     device: int | None
     stream_wait: bool
@@ -126,6 +128,7 @@ class Collectives:
         self.shapes: dict[Any, Shape] = {}
         self.streams: dict[tuple[str, int | None], int] = {}  # (group, device) -> its stream
         self.issued: dict[int, Issued] = {}  # id of the Work's Python object -> the collective
+        self._newest: Any = None  # the last collective's Work, until the program has it
         self.ids = 0  # the source's own streams and events: -1, -2, ...
         self.let_go = 0
         self.unseen = 0  # collectives issued from C++, kept in the program's order
@@ -235,17 +238,26 @@ class Collectives:
         work = out[-1] if isinstance(out, (tuple, list)) else out
         if work is None or issue.group in self.coalescing:
             return  # inside a coalesced block, the block's Work is the one waited on
-        # The Python object the program gets for this Work is this one while it is held.
+        # The Python object the program gets for this Work is this one while it is alive: it
+        # is held until the program has it (the next collective), then followed weakly, so
+        # that the source keeps no Work (and none of its tensors) alive the program let go.
         held = self.unbox_work(work)
-        self._hold(held, [issue])
+        self._newest = held
+        self._follow(held, [issue])
 
-    def _hold(self, work: Any, issues: list[_Issue]) -> None:
-        if len(self.issued) >= WORKS_HELD:
+    def _follow(self, work: Any, issues: list[_Issue]) -> None:
+        if len(self.issued) >= WORKS_KNOWN:
             self.issued.pop(next(iter(self.issued)))
             self.let_go += 1
+        key = id(work)
+
+        def gone(ref: weakref.ref[Any]) -> None:
+            if (known := self.issued.get(key)) is not None and known.work is ref:
+                del self.issued[key]
+
         first = issues[0]
-        self.issued[id(work)] = Issued(work, tuple(i.event for i in issues), first.device,
-                                       first.stream_wait)
+        self.issued[key] = Issued(weakref.ref(work, gone), tuple(i.event for i in issues),
+                                  first.device, first.stream_wait)
 
     def coalescing_started(self, group: Any) -> None:
         """``ProcessGroup._start_coalescing``: the collectives until its end are one block."""
@@ -256,7 +268,7 @@ class Collectives:
         every collective of the block (NCCL hands the ones inside no Work of their own)."""
         issues = self.coalescing.pop(str(group.group_name), [])
         if work is not None and issues:
-            self._hold(work, issues)
+            self._follow(work, issues)
 
     def future_taken(self, work: Any) -> None:
         """``Work.get_future``: the future's wait (often in C++, a DDP comm hook's) is not
@@ -290,9 +302,11 @@ class Collectives:
         """``Work.wait`` or ``Work.synchronize``: the program is ordered after the collective
         from here on, by the current stream's wait (NCCL) or the host's."""
         issued = self.issued.get(id(work))
-        if issued is None or issued.work is not work:
+        if issued is None or issued.work() is not work:
             return
         del self.issued[id(work)]
+        if self._newest is work:
+            self._newest = None
         cap = self.cap
         frame = program_frame(1)
         site = site_of(frame)
@@ -309,7 +323,7 @@ class Collectives:
     def queried(self, work: Any, done: bool) -> None:
         """``Work.is_completed``: what the host saw of the collective."""
         issued = self.issued.get(id(work))
-        if issued is None or issued.work is not work:
+        if issued is None or issued.work() is not work:
             return
         if done:
             self.issued.pop(id(work))
@@ -329,7 +343,7 @@ class Collectives:
                        "(Work.get_future): its wait on a future is not seen, so it was taken "
                        "to be ordered after each collective from there on")
         if self.let_go:
-            out.append(f"{self.let_go} collectives were not waited for while {WORKS_HELD} "
+            out.append(f"{self.let_go} collectives were not waited for while {WORKS_KNOWN} "
                        "newer ones were outstanding: a wait on one of them later was not seen")
         return out
 

@@ -123,7 +123,7 @@ def patch_calls(cap: Any, torch: Any, patch: Callable[[Any, str, Callable[[Any],
     if hasattr(group, "_start_coalescing") and hasattr(group, "_end_coalescing"):
         patch(group, "_start_coalescing", coalescing)
         patch(group, "_end_coalescing", coalescing)
-    patch(collectives.Work, "get_future", work_future)
-    patch(collectives.Work, "wait", work_wait)
-    patch(collectives.Work, "synchronize", work_wait)
-    patch(collectives.Work, "is_completed", work_completed)
+    for name, make in (("get_future", work_future), ("wait", work_wait),
+                       ("synchronize", work_wait), ("is_completed", work_completed)):
+        if hasattr(collectives.Work, name):  # each, where this PyTorch's Work has it
+            patch(collectives.Work, name, make)

@@ -640,7 +640,10 @@ def install(sink: E.Sink, amplifier: Amplifier | None = None) -> Installed:
         setattr(owner, name, make(original))
 
     if torch.distributed.is_available():
-        cap.collectives = Collectives(cap)
+        try:
+            cap.collectives = Collectives(cap)
+        except Exception as exc:  # a torch.distributed without what the model reads
+            cap.guard.failed("torch.distributed's Work and ProcessGroup", exc)
     patch_calls(cap, torch, patch)
 
     # Each thread the program starts enters a mode of its own (modes are per thread).
