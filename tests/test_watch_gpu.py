@@ -150,9 +150,10 @@ def test_a_program_that_hangs_is_killed_at_the_timeout_and_told_as_a_hang(tmp_pa
     assert doc["watch"]["runs"][0]["records"] >= 2  # what it did before it hung is kept
 
 
-def test_a_program_that_forks_workers_is_watched_in_its_own_process_and_says_so(tmp_path):
+def test_spawned_workers_that_use_the_gpu_are_watched_each_on_its_own(tmp_path):
     prog = _program(tmp_path, "import multiprocessing as mp, torch\n"
-                              "def work(n):\n    return n * n\n"
+                              "def work(n):\n"
+                              "    return float((torch.ones(4, device='cuda') * n).sum())\n"
                               "if __name__ == '__main__':\n"
                               "    x = torch.ones(4, device='cuda')\n"
                               "    with mp.get_context('spawn').Pool(2) as pool:\n"
@@ -160,8 +161,24 @@ def test_a_program_that_forks_workers_is_watched_in_its_own_process_and_says_so(
                               "    print(x.sum().item())\n")
     code, doc, err = watch(tmp_path / "out", sys.executable, str(prog))
     assert code == 0, err[-2000:]
-    notes = " ".join(doc["watch_notes"])
-    assert "only the process gpurace started is watched" in notes
+    children = doc["watch"]["runs"][0]["children"]
+    assert [c["role"] for c in children] == ["a multiprocessing spawn worker"] * 2, children
+    assert doc["results"][0]["findings"] == []
+
+
+def test_a_race_in_a_python_subprocess_is_found_and_names_its_process(tmp_path):
+    """An engine core in a process of its own (vLLM V1's shape): the watch programs' buggy
+    wait_stream program run as a subprocess of the watched one."""
+    child = ROOT / "tests" / "watch_programs" / "torch_wait_stream.py"
+    prog = _program(tmp_path, "import subprocess, sys\n"
+                              f"subprocess.run([sys.executable, {str(child)!r}])\n")
+    code, doc, err = watch(tmp_path / "out", sys.executable, str(prog))
+    (child_run,) = doc["watch"]["runs"][0]["children"]
+    assert child_run["role"] == "a Python subprocess (torch_wait_stream.py)"
+    findings = doc["results"][0]["findings"]
+    assert findings and child_run["findings"] == len(findings), findings
+    assert all(f["missing"].startswith(f"in child process {child_run['pid']} ")
+               for f in findings)
 
 
 def test_pytest_gpurace_watch_fails_a_racing_test_with_the_finding(tmp_path):

@@ -22,6 +22,7 @@ import runpy
 import sys
 import sysconfig
 import traceback
+from pathlib import Path
 from typing import Any
 
 from harness.capture import events as E
@@ -30,6 +31,20 @@ from harness.capture.source import REGISTERED, Installed, Source, load
 
 NOTHING_TO_CAPTURE = 77
 USAGE = 2
+
+CHILDREN_ENV = "GPURACE_WATCH_CHILDREN"
+"""The folder a watched program's Python children write their events files into."""
+
+CHILD_SITE = Path(__file__).resolve().parent / "child_site"
+"""The folder whose sitecustomize watches a child (:mod:`harness.capture.children`)."""
+
+
+def hand_down(events: str) -> None:
+    """Set this process's environment so that its Python children are watched: their events
+    beside ``events``, in a ``children`` folder."""
+    os.environ[CHILDREN_ENV] = str(Path(events).resolve().parent / "children")
+    path = os.environ.get("PYTHONPATH", "")
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(CHILD_SITE), *([path] if path else [])])
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -45,7 +60,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _importable(name: str) -> bool:
+def importable(name: str) -> bool:
     """Whether the program could import the framework here (found, not imported: importing
     PyTorch costs seconds, and a CuPy program should not pay for it)."""
     try:
@@ -54,7 +69,7 @@ def _importable(name: str) -> bool:
         return False
 
 
-class _InstallOnImport(importlib.abc.MetaPathFinder):
+class InstallOnImport(importlib.abc.MetaPathFinder):
     """Switches a source on the moment the program's import of its framework has finished, so
     a program pays for no framework it does not use, and the source sees all of its work."""
 
@@ -103,7 +118,7 @@ class _InstallOnImport(importlib.abc.MetaPathFinder):
                                     "its work is not watched"])
 
 
-def _watch_forks(sink: E.Sink) -> None:
+def watch_forks(sink: E.Sink) -> None:
     """A child the program forks inherits the sources and the events file: it must not write
     to it (its events would tear the parent's lines), and the watch must say it is not seen."""
     said: list[bool] = []
@@ -112,8 +127,8 @@ def _watch_forks(sink: E.Sink) -> None:
         if not said:
             said.append(True)
             sink.emit(["note", f"the program forked a child process (pid {os.getpid()} "
-                               "forked): only the process gpurace started is watched; the "
-                               "children's CUDA work is not"])
+                               "forked): a forked child is not watched; its CUDA work is "
+                               "not seen (a child started by spawn or as a subprocess is)"])
         sink.flush()
 
     def in_child() -> None:
@@ -127,9 +142,13 @@ def _watch_forks(sink: E.Sink) -> None:
     start = mp.BaseProcess.start
 
     def noted_start(self: Any) -> None:
-        sink.emit(["note", "the program started worker processes (multiprocessing): only the "
-                           "process gpurace started is watched; the workers' CUDA work is "
-                           "not"])
+        import multiprocessing
+        method = getattr(self, "_start_method", None) or multiprocessing.get_start_method(
+            allow_none=True) or "fork"
+        if method == "fork":
+            sink.emit(["note", "the program started worker processes by fork "
+                               "(multiprocessing): forked workers are not watched; their "
+                               "CUDA work is not seen (spawned workers are)"])
         start(self)
 
     mp.BaseProcess.start = noted_start  # type: ignore[method-assign]
@@ -141,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     wanted = REGISTERED if opts.sources == "auto" else tuple(
         s for s in opts.sources.split(",") if s)
     known = {name: load(name) for name in wanted if name in REGISTERED}
-    found = tuple(source for source in known.values() if _importable(source.module))
+    found = tuple(source for source in known.values() if importable(source.module))
     sink.emit(["hello", {"schema": E.CAPTURE_SCHEMA, "pid": os.getpid(),
                          "argv": [opts.program, *opts.args], "cwd": os.getcwd(),
                          "python": sys.version.split()[0], "executable": sys.executable,
@@ -155,18 +174,19 @@ def main(argv: list[str] | None = None) -> int:
                     "and CuPy programs; install torch, or cupy-cuda13x (pip install "
                     "'gpurace[cuda]'), into the interpreter the program runs with")
     if opts.module:
-        if not _importable(opts.program):
+        if not importable(opts.program):
             return _end(sink, USAGE, f"no module named {opts.program!r} for {sys.executable}")
     elif not os.path.isfile(opts.program):
         return _end(sink, USAGE, f"{opts.program}: no such file")
     amplifier = Amplifier(decode(opts.delays), sink.emit) if opts.delays else None
-    hook = _InstallOnImport(sink, found, amplifier)
+    hook = InstallOnImport(sink, found, amplifier)
     sys.meta_path.insert(0, hook)
     for module in list(hook.waiting):
         if module in sys.modules:  # imported already (a sitecustomize): switch it on now
             hook.install_now(module)
     uninstall = hook.stops
-    _watch_forks(sink)
+    watch_forks(sink)
+    hand_down(opts.events)  # its Python children are watched too, each into a file of its own
     sys.argv = [opts.program, *opts.args]
     status, error, tb = 0, None, None
     try:

@@ -30,6 +30,7 @@ from typing import IO, Any
 
 from harness.capture import amplify as A
 from harness.capture.analysis import RunAnalysis
+from harness.capture.children import analyse_children
 from harness.capture.forkserver import ForkServer
 from harness.capture.events import LOST, read_events
 from harness.errors import CaptureFailed, NothingToCapture, TraceError, WatchError
@@ -389,6 +390,9 @@ def _one_run(options: WatchOptions, folder: Path, index: int, hooks: RunHooks,
         faults.failed("trace", trace_path, analysis.lost)
     translator = analysis.translator
     findings = [f.to_json() for f in analysis.findings]
+    children = analyse_children(work / "children")
+    for child in children:  # each analysed alone: what crosses processes is not followed
+        findings += child.findings
     said = (translator.exit or {}).get("status")  # the boot's own word on why it ended
     if end.status == said == 77:
         raise NothingToCapture(end.error)
@@ -412,12 +416,19 @@ def _one_run(options: WatchOptions, folder: Path, index: int, hooks: RunHooks,
                             f"interpreter (exit {end.status}): "
                             + (end.stderr_tail.strip().splitlines() or ["no output"])[-1])
     notes = [*translator.notes, *notes]
+    for child in children:
+        notes += child.notes
+    if children:
+        notes.append(f"run {index + 1}: {len(children)} Python child process(es) watched, each "
+                     "on its own: " + "; ".join(f"{c.pid} ({c.role}), {c.ops} ops"
+                                                for c in children))
     run = WatchedRun(index=index, label=label, status=end.status, signal=end.signal,
                      timed_out=end.timed_out, error=end.error, ops=translator.ops,
                      records=translator.seq, sources=translator.hello.get("sources", {}),
                      events=str(events_path), trace=str(trace_path),
                      log=str(work / "program.log"), start=how, duration_s=end.duration_s,
-                     launch_s=end.launch_s, capture=translator.stats)
+                     launch_s=end.launch_s, capture=translator.stats,
+                     children=tuple(child.to_json() for child in children))
     return trial, _Ran(run, end, notes, translator.delays)
 
 

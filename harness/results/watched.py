@@ -37,6 +37,7 @@ class WatchedRun:
     duration_s: float  # from its launch to its end, the launch included
     launch_s: float
     capture: dict[str, Any]  # per source, what the capture cost the program
+    children: tuple[dict[str, Any], ...] = ()  # Python children watched: pid, role, ops, ...
 
     def to_json(self) -> dict[str, Any]:
         return {"index": self.index, **({"variant": self.label} if self.label else {}),
@@ -45,7 +46,8 @@ class WatchedRun:
                 "sources": self.sources, "events": self.events, "trace": self.trace,
                 "log": self.log, "start": self.start,
                 "duration_s": round(self.duration_s, 4), "launch_s": round(self.launch_s, 4),
-                "capture": self.capture}
+                "capture": self.capture,
+                **({"children": [dict(c) for c in self.children]} if self.children else {})}
 
 
 @dataclass(frozen=True)

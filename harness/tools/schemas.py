@@ -353,7 +353,14 @@ def run_schema() -> Schema:
                     "failures": {"type": "object", "additionalProperties": integer(1)}})},
                     "per source, what the capture cost the program: ops it handled, "
                     "nanoseconds of its own code over them all and on the costliest one "
-                    "(at max_site), and what it could not read, counted")},
+                    "(at max_site), and what it could not read, counted"),
+                "children": described(array(closed({
+                    "pid": nullable(integer(0)), "role": string(), "events": string(),
+                    "ops": integer(0), "findings": integer(0)})),
+                    "the run's Python children watched, each on its own (a spawned "
+                    "multiprocessing worker, a Python subprocess): its pid, what it is, its "
+                    "events file, the ops captured, and how many of the run's findings are "
+                    "its")},
                 required=["index", "status", "signal", "timed_out", "error", "ops", "records",
                           "sources", "events", "trace", "log"])),
             "amplified": described(array(closed({

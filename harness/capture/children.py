@@ -1,0 +1,180 @@
+"""The watched program's Python children: each one that uses the GPU through PyTorch or CuPy is
+watched into an events file of its own, and analysed on its own.
+
+The boot (:mod:`harness.capture.boot`) hands its children, through their environment, a folder
+for their events (``boot.CHILDREN_ENV``) and a PYTHONPATH whose first entry holds a
+``sitecustomize`` (``harness/capture/child_site``). A child interpreter runs it before its first
+line: a ``multiprocessing`` worker started by spawn or forkserver (``torch.multiprocessing.spawn``
+is spawn), a ``subprocess`` of a Python, the multiprocessing fork server itself. There
+:func:`watch_child` waits, as the boot does, for the child's import of a framework (and for
+PyTorch, for its first use of CUDA), and only then is the child watched: its file
+``child-PID.jsonl`` is written from its first source on, so a child that never touches the GPU
+(multiprocessing's resource tracker, a DataLoader worker) pays nothing and leaves no file. A child
+forked from the program or from a child is not watched (its parent's capture is off in it, as
+the boot says in its notes); a child whose environment the program replaced is not either.
+
+After each run, the watch reads every child's file (:func:`analyse_children`): its findings
+join the run's, each saying in its words which process it is (its pid and what it is: "a
+multiprocessing spawn worker"); its notes join the run's too. What crosses processes (CUDA IPC
+handles, shared pinned memory) is not followed: each process is analysed alone.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+from pathlib import Path
+from typing import Any, NamedTuple, TextIO
+
+from harness.capture import events as E
+from harness.capture.boot import CHILDREN_ENV, InstallOnImport, importable, watch_forks
+
+def role_of(argv: list[str]) -> str:
+    """What a child is, from its command line (``sys.orig_argv``)."""
+    code = argv[argv.index("-c") + 1] if "-c" in argv[:-1] else ""
+    if "multiprocessing.spawn" in code:
+        return "a multiprocessing spawn worker"
+    if "multiprocessing.forkserver" in code:
+        return "the multiprocessing fork server"
+    if code:
+        return "a Python subprocess (python -c)"
+    if "-m" in argv[:-1]:
+        return f"a Python subprocess (python -m {argv[argv.index('-m') + 1]})"
+    script = next((a for a in argv[1:] if not a.startswith("-")), None)
+    return f"a Python subprocess ({os.path.basename(script)})" if script else \
+        "a Python subprocess"
+
+
+class _OnFirstWrite:
+    """A file opened at the first write: a child that never starts a source leaves none."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._file: TextIO | None = None
+
+    def write(self, text: str) -> int:
+        if self._file is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
+        return self._file.write(text)
+
+    def flush(self) -> None:
+        if self._file is not None:
+            self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+
+
+def watch_child() -> None:
+    """Watch this child, if its parent was watched: called by the child's sitecustomize."""
+    folder = os.environ.get(CHILDREN_ENV)
+    if not folder:
+        return
+    from harness.capture.source import REGISTERED, load
+
+    argv = list(getattr(sys, "orig_argv", sys.argv))
+    sink = E.Sink(_OnFirstWrite(Path(folder) / f"child-{os.getpid()}.jsonl"))  # type: ignore[arg-type]
+    found = tuple(source for source in (load(name) for name in REGISTERED)
+                  if importable(source.module))
+    sink.emit(["hello", {"schema": E.CAPTURE_SCHEMA, "pid": os.getpid(),
+                         "parent": os.getppid(), "role": role_of(argv), "argv": argv,
+                         "cwd": os.getcwd(), "python": sys.version.split()[0],
+                         "executable": sys.executable,
+                         "importable": [source.name for source in found]}])
+    class Install(InstallOnImport):
+        def install(self, source: Any) -> None:
+            if source.name == "torch":
+                # A child that imports PyTorch need not touch CUDA (a DataLoader worker
+                # must not): its source starts at CUDA's first use, so such a child pays
+                # nothing, not even the dispatch mode's imports.
+                on_cuda(lambda: self.started(source))
+            else:
+                self.started(source)
+
+        def started(self, source: Any) -> None:
+            super().install(source)
+            # Written now: a pool's worker is often ended by SIGTERM (Pool.__exit__), with
+            # no exit handler run; what it did after its last host wait is then lost.
+            sink.flush()
+
+    hook = Install(sink, found)
+    sys.meta_path.insert(0, hook)
+    watch_forks(sink)
+
+    def finish() -> None:
+        if not hook.stops:
+            sink.closed = True  # it never touched a framework: no file
+            return
+        for off in reversed(hook.stops):
+            try:
+                off()
+            except Exception as exc:  # a source that cannot stop must not hide the rest
+                sink.emit(["note", f"a capture source failed to stop: {exc!r}"])
+        sink.emit(["exit", {"status": None, "error": None, "traceback": None}])
+        sink.close()
+
+    atexit.register(finish)
+
+
+def on_cuda(start: Any) -> None:
+    """Call ``start`` once, when this process first initialises CUDA through PyTorch (its
+    ``torch.cuda._lazy_init``, which PyTorch's C++ side calls too)."""
+    import torch.cuda
+
+    lazy_init = torch.cuda._lazy_init
+    started: list[bool] = []
+
+    def init_then_start(*args: Any, **kwargs: Any) -> Any:
+        out = lazy_init(*args, **kwargs)
+        if not started:
+            started.append(True)
+            torch.cuda._lazy_init = lazy_init  # once: the program's own from here on
+            start()
+        return out
+
+    if torch.cuda.is_initialized():
+        start()
+    else:
+        torch.cuda._lazy_init = init_then_start
+
+
+class Child(NamedTuple):
+    """A watched child, analysed: its pid, what it is, its events file, the ops captured, its
+    findings (as run.json has them, each saying which process it is) and its notes."""
+
+    pid: int | None
+    role: str
+    events: str
+    ops: int
+    findings: list[dict[str, Any]]
+    notes: list[str]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pid": self.pid, "role": self.role, "events": self.events, "ops": self.ops,
+                "findings": len(self.findings)}
+
+
+def analyse_children(folder: Path) -> list[Child]:
+    """Every child's events file in ``folder``, each analysed on its own."""
+    from harness.capture.analysis import RunAnalysis
+
+    out = []
+    for path in sorted(folder.glob("child-*.jsonl")) if folder.is_dir() else ():
+        events, _ = E.read_events(path)
+        analysis = RunAnalysis(None, {})
+        analysis.feed(events)
+        analysis.close()
+        hello = analysis.translator.hello
+        pid, role = hello.get("pid"), str(hello.get("role") or "a Python child")
+        who = f"in child process {pid} ({role})"
+        findings = []
+        for finding in analysis.findings:
+            as_json = finding.to_json()
+            as_json["missing"] = f"{who}: {as_json['missing']}"
+            findings.append(as_json)
+        notes = [f"{who}: {note}" for note in analysis.translator.notes]
+        out.append(Child(pid, role, str(path), analysis.translator.ops, findings, notes))
+    return out

@@ -1,0 +1,115 @@
+"""A watched program's Python children: each one that imports PyTorch or CuPy is watched into
+an events file of its own and analysed on its own, its findings joining the run's with the
+process named; a child that never imports a framework leaves no file.
+
+The first test replays a recorded capture as a child's (CI, no PyTorch); the last runs
+`gpurace watch` on a program with a spawned multiprocessing worker and a Python subprocess on
+PyTorch for the CPU (this interpreter or GPURACE_TEST_PYTHON), where no child uses CUDA.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.capture.children import analyse_children, role_of
+from harness.capture.events import CAPTURE_SCHEMA, iter_file
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_a_childs_findings_name_its_process(tmp_path: Path) -> None:
+    """The recorded async all_reduce read before its wait, as a spawned worker's capture."""
+    recorded = list(iter_file(ROOT / "tests" / "capture_recorded_cpu"
+                              / "c10d_allreduce-buggy.jsonl"))
+    hello = ["hello", {"schema": CAPTURE_SCHEMA, "pid": 4242, "parent": 4000,
+                       "role": "a multiprocessing spawn worker"}]
+    folder = tmp_path / "children"
+    folder.mkdir()
+    (folder / "child-4242.jsonl").write_text(
+        "".join(json.dumps(e) + "\n" for e in [hello, *recorded]))
+    (children,) = analyse_children(folder)
+    assert (children.pid, children.role, children.ops) == (4242,
+                                                           "a multiprocessing spawn worker", 2)
+    (finding,) = children.findings
+    assert finding["missing"].startswith(
+        "in child process 4242 (a multiprocessing spawn worker): nothing orders")
+    assert children.to_json()["findings"] == 1
+    assert analyse_children(tmp_path / "none") == []
+
+
+@pytest.mark.parametrize(("argv", "role"), [
+    (["py", "-B", "-c", "from multiprocessing.spawn import spawn_main; spawn_main(4)",
+      "--multiprocessing-fork"], "a multiprocessing spawn worker"),
+    (["py", "-c", "from multiprocessing.forkserver import main; main(3)"],
+     "the multiprocessing fork server"),
+    (["py", "-c", "print(1)"], "a Python subprocess (python -c)"),
+    (["py", "-m", "serve.worker", "--rank", "1"], "a Python subprocess (python -m serve.worker)"),
+    (["py", "-u", "/srv/engine_core.py", "--port", "9"],
+     "a Python subprocess (engine_core.py)"),
+    (["py"], "a Python subprocess"),
+])
+def test_a_child_is_named_by_what_its_command_line_says_it_is(argv: list[str],
+                                                              role: str) -> None:
+    assert role_of(argv) == role
+
+
+def _torch_python() -> str | None:
+    for python in (sys.executable, os.environ.get("GPURACE_TEST_PYTHON")):
+        if python and subprocess.run([python, "-c", "import torch"],
+                                     capture_output=True).returncode == 0:
+            return python
+    return None
+
+
+TORCH_PYTHON = _torch_python()
+
+_PROGRAM = r'''
+import multiprocessing as mp
+import subprocess
+import sys
+
+import torch
+
+
+def work(n):
+    return float((torch.ones(4) * n).sum())
+
+
+if __name__ == "__main__":
+    with mp.get_context("spawn").Pool(1) as pool:
+        print("pool", sum(pool.map(work, range(3))))
+    code = "import torch; print('sub', float(torch.arange(4.).sum()))"
+    subprocess.run([sys.executable, "-c", code], check=True)
+    subprocess.run([sys.executable, "-c", "print('plain')"], check=True)
+    print("main", float(torch.ones(2).sum()))
+'''
+
+
+@pytest.mark.skipif(TORCH_PYTHON is None,
+                    reason="no interpreter with PyTorch here (GPURACE_TEST_PYTHON)")
+def test_children_that_never_touch_the_gpu_run_as_they_would_and_leave_nothing(
+        tmp_path: Path) -> None:
+    """A spawned pool worker and a subprocess that import PyTorch but never use CUDA (as a
+    DataLoader worker must not): each runs as it would, pays for no source, and leaves no
+    events file; tests/test_watch_gpu.py holds the children that do use the GPU."""
+    prog = tmp_path / "prog.py"
+    prog.write_text(_PROGRAM)
+    done = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "watch", "--format", "json", "--out",
+         str(tmp_path / "out"), "--", TORCH_PYTHON, str(prog)],
+        capture_output=True, text=True, cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    doc = json.loads(done.stdout)
+    (run,) = doc["watch"]["runs"]
+    assert "children" not in run, run["children"]
+    assert not list(Path(run["events"]).parent.glob("children/child-*.jsonl"))
+    assert doc["results"][0]["findings"] == []
+    log = Path(run["log"]).read_text()
+    assert "pool 12.0" in log and "sub 6.0" in log and "plain" in log and "main 2.0" in log
