@@ -597,10 +597,6 @@ class Device(Backend):
         if stream.owner is not self:
             raise DeviceUsageError(f"{stream!r} does not belong to this {self.kind} device")
 
-    def _check_owner(self, buf: Buffer) -> None:
-        if buf.owner is not self:
-            raise DeviceUsageError(f"{buf!r} was not allocated on this device")
-
     def _check_range(self, buf: Buffer, off: int, nbytes: int) -> None:
         if buf.owner is not self:
             raise DeviceUsageError(f"{buf!r} was not allocated on this device")
