@@ -43,6 +43,29 @@ def test_a_childs_findings_name_its_process(tmp_path: Path) -> None:
     assert analyse_children(tmp_path / "none") == []
 
 
+def test_a_child_runs_the_sitecustomize_ours_stands_in_front_of(tmp_path: Path) -> None:
+    """A child of a watched program starts with the watch's sitecustomize first on its path;
+    the interpreter's own (here one that says hello) still runs, and a child that imports no
+    framework writes no events file."""
+    from harness.capture.boot import CHILD_SITE, CHILDREN_ENV
+    own = tmp_path / "own"
+    own.mkdir()
+    (own / "sitecustomize.py").write_text(
+        "import sys\nprint('own sitecustomize', file=sys.stderr)\n")
+    env = {**os.environ, CHILDREN_ENV: str(tmp_path / "children"),
+           "PYTHONPATH": os.pathsep.join([str(CHILD_SITE), str(ROOT), str(own)])}
+    code = ("import sys; print(sys.modules['sitecustomize'].__file__); "
+            "print(sorted(type(h).__name__ for h in sys.meta_path if 'Install' in "
+            "type(h).__name__))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == "own sitecustomize\n"
+    # The child's capture waits for its import of a framework; the interpreter's own ran.
+    assert done.stdout.splitlines() == [str(own / "sitecustomize.py"), "['Install']"]
+    assert not (tmp_path / "children").exists()
+
+
 @pytest.mark.parametrize(("argv", "role"), [
     (["py", "-B", "-c", "from multiprocessing.spawn import spawn_main; spawn_main(4)",
       "--multiprocessing-fork"], "a multiprocessing spawn worker"),

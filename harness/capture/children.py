@@ -71,11 +71,11 @@ class _OnFirstWrite:
 def watch_child() -> None:
     """Watch this child, if its parent was watched: called by the child's sitecustomize."""
     folder = os.environ.get(CHILDREN_ENV)
-    if not folder:
-        return
+    argv = list(getattr(sys, "orig_argv", sys.argv))
+    if not folder or "harness.capture.boot" in argv:
+        return  # not a watched program's child, or a watch of its own (it boots itself)
     from harness.capture.source import REGISTERED, load
 
-    argv = list(getattr(sys, "orig_argv", sys.argv))
     sink = E.Sink(_OnFirstWrite(Path(folder) / f"child-{os.getpid()}.jsonl"))  # type: ignore[arg-type]
     found = tuple(source for source in (load(name) for name in REGISTERED)
                   if importable(source.module))
