@@ -213,7 +213,11 @@ class Collectives:
             self.unseen += 1
             return None
         pg = self.unbox_group(group)
+        # A group made without a backend named has both ("cpu:gloo,cuda:nccl", or just
+        # "undefined"): NCCL is the one that runs a CUDA tensor's collective.
         backend = str(pg.name())
+        if device is not None and ("nccl" in backend or backend == "undefined"):
+            backend = "nccl"
         stream = self._stream(pg, backend, device, site)
         what = f"{plan.name.rstrip('_')} at {site}" if site else plan.name.rstrip("_")
         if device is not None:
@@ -227,7 +231,9 @@ class Collectives:
         cap.emit(["op", stream, COLLECTIVE + plan.name.rstrip("_"), reads, writes, meta])
         end = self._event(f"after {what}", site)
         cap.emit(["record", end, stream, site])
-        issue = _Issue(end, device, backend == "nccl" and device is not None, site,
+        # On a stream-ordered backend (NCCL, UCC) a CUDA collective's wait is the current
+        # stream's; gloo's, and any host tensor's, blocks the host.
+        issue = _Issue(end, device, device is not None and backend != "gloo", site,
                        str(pg.group_name))
         block = self.coalescing.get(issue.group)
         if block is not None:
