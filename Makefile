@@ -49,7 +49,7 @@ test-pythons:
 # Three parts, each within ten minutes on an H200: the harness's own GPU tests, gpurace watch
 # on real PyTorch and CuPy programs (tests/watch_programs), and those programs amplified and
 # shrunk to scenarios (GPURACE_AMPLIFY_TRIALS runs a program, 50 by default).
-WATCH_GPU_TESTS := tests/test_watch_gpu.py tests/test_capture_cupy_gpu.py tests/test_collectives_gpu.py
+WATCH_GPU_TESTS := tests/test_watch_gpu.py tests/test_capture_cupy_gpu.py tests/test_engine_programs_gpu.py
 AMPLIFY_GPU_TESTS := tests/test_amplify_gpu.py
 REAL_GPU_TESTS := tests/test_real_programs_gpu.py
 test-gpu: test-gpu-core test-gpu-watch test-gpu-amplify

@@ -9,7 +9,7 @@ gloo rank, their tensor taken for pinned memory (a CPU build cannot pin): gloo r
 collective on a thread of its own, and its ``wait`` blocks the host, so the host's read before
 it races as a stream's would. tests/capture_recorded_cpu/ holds what they captured there
 (GPURACE_RECORD_DIR records them again), which CI replays without PyTorch. On a GPU,
-tests/test_collectives_gpu.py runs the same shapes on one NCCL rank under `gpurace watch`.
+tests/test_engine_programs_gpu.py runs the same shapes on one NCCL rank under `gpurace watch`.
 """
 
 from __future__ import annotations
@@ -213,20 +213,20 @@ def test_the_roles_of_c10d_arguments_come_from_their_names(tmp_path: Path) -> No
     assert got["alltoall_base_"] == [["output", False, True], ["input", True, False]]
 
 
-@pytest.mark.parametrize("prog", sorted((ROOT / "tests" / "collective_programs").glob("n*.py")),
+@pytest.mark.parametrize("prog", sorted((ROOT / "tests" / "engine_programs").glob("*.py")),
                          ids=lambda p: p.stem)
-def test_a_collective_program_names_its_racing_lines_and_its_fix(prog: Path) -> None:
-    """The lines a GPU program's docstring names (tests/test_collectives_gpu.py holds the
-    findings to them) are its collective, its read, and its fix."""
+def test_an_engine_program_names_its_racing_lines_and_its_fix(prog: Path) -> None:
+    """The lines a GPU program's docstring names (tests/test_engine_programs_gpu.py holds the
+    findings to them) are its launch, its read, and its fix."""
     import re
     text = prog.read_text()
     race = re.search(r"\(line (\d+)\) and .* \(line (\d+)\)\. The fix is line (\d+)\.",
                      " ".join(text.split()))
     assert race, "the docstring names the racing lines and the fix"
     lines = text.splitlines()
-    collective, read, fix = (lines[int(n) - 1] for n in race.groups())
-    assert "async_op=True" in collective
-    assert ".wait()" in fix and ".wait()" not in read
+    launch, read, fix = (lines[int(n) - 1] for n in race.groups())
+    assert ("async_op=True" if prog.stem.startswith("nccl_") else "[grid](") in launch
+    assert "wait" in fix and "wait" not in read
 
 
 _LET_GO = r'''

@@ -6,6 +6,7 @@ GPURACE_TEST_PYTHON), the TTIR its Triton makes of them now.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -75,3 +76,40 @@ def test_the_ttir_this_triton_makes_reads_the_same(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     _check(tmp_path)
+
+
+_INSTALL = r'''
+import io, json
+from triton.runtime.jit import JITFunction
+from harness.capture import events as E
+from harness.capture.source import load
+source = load("triton")
+original = JITFunction.run
+buf = io.StringIO()
+sink = E.Sink(buf)
+stop = source.install(sink)
+wrapped = JITFunction.run is not original
+stop()
+sink.flush()
+events = [json.loads(line) for line in buf.getvalue().splitlines()]
+print(json.dumps({"version": source.available(), "wrapped": wrapped,
+                  "restored": JITFunction.run is original,
+                  "kinds": [e[0] for e in events],
+                  "stats": [e[1]["source"] for e in events if e[0] == "stats"]}))
+'''
+
+
+@pytest.mark.skipif(TRITON_PYTHON is None,
+                    reason="no interpreter with Triton here (GPURACE_TEST_PYTHON)")
+def test_the_triton_source_wraps_the_launch_and_puts_it_back(tmp_path: Path) -> None:
+    """Switched on, the Triton source stands in JITFunction.run (every @triton.jit launch
+    passes there); switched off, the original is back. A launch needs a GPU:
+    tests/test_engine_programs_gpu.py watches one."""
+    prog = tmp_path / "install.py"
+    prog.write_text(_INSTALL)
+    done = subprocess.run([TRITON_PYTHON, str(prog)], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = json.loads(done.stdout)
+    assert got["version"] and got["wrapped"] and got["restored"]
+    assert got["kinds"] == ["note", "stats"] and got["stats"] == ["triton"]

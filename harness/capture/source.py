@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from harness.capture.amplify import Amplifier
 from harness.capture.events import Sink
 
-REGISTERED = ("torch", "cupy")
+REGISTERED = ("torch", "cupy", "triton")
 """The sources, in the order they are switched on (``hello`` lists them in this order)."""
 
 KINDS_KEPT = 20

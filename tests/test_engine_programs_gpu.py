@@ -1,6 +1,7 @@
-"""`gpurace watch` on the collective programs of tests/collective_programs, on a GPU with NCCL
-(one rank): each buggy program found on its first unamplified run, at the lines its docstring
-names, with the collective on its process group's stream; each fixed twin clean in every run.
+"""`gpurace watch` on the programs of tests/engine_programs, on a GPU: what real engines launch
+beyond ATen ops (NCCL collectives on one rank, Triton kernels of their own). Each buggy program
+is found on its first unamplified run, at the lines its docstring names; each fixed twin is
+clean in every run.
 
 With GPURACE_RECORD_DIR set, each program's capture events (buggy and fixed, first run) are
 copied there, to be committed beside the CPU suite's recordings.
@@ -21,19 +22,30 @@ import pytest
 from harness.races.findings import COLLECTIVE
 
 ROOT = Path(__file__).resolve().parent.parent
-PROGRAMS = sorted(p for p in (ROOT / "tests" / "collective_programs").glob("*.py")
-                  if p.name != "conftest.py")
+PROGRAMS = sorted((ROOT / "tests" / "engine_programs").glob("*.py"))
 FIXED_RUNS = 10
 
+# What each kind of program needs here, as code that fails where it is missing.
+NEEDS = {
+    "nccl": "import torch, torch.distributed as d; assert torch.cuda.is_available(); "
+            "assert d.is_nccl_available()",
+    "triton": "import torch, triton; assert torch.cuda.is_available()",
+}
 
-def _nccl_ok() -> bool:
-    code = ("import torch, torch.distributed as d; assert torch.cuda.is_available(); "
-            "assert d.is_nccl_available()")
-    return subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
+
+def _can(kind: str) -> bool:
+    return subprocess.run([sys.executable, "-c", NEEDS[kind]],
+                          capture_output=True).returncode == 0
 
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not _nccl_ok(), reason="needs PyTorch with NCCL on a GPU")]
+CAN = {kind: _can(kind) for kind in NEEDS}
+pytestmark = pytest.mark.gpu
+
+
+def _needs(prog: Path) -> None:
+    kind = prog.stem.split("_")[0]
+    if not CAN[kind]:
+        pytest.skip(f"needs {kind} on a GPU")
 
 
 def _watch(out: Path, prog: Path, *flags: str, runs: int) -> tuple[int, dict, str]:
@@ -50,12 +62,14 @@ def _watch(out: Path, prog: Path, *flags: str, runs: int) -> tuple[int, dict, st
     if where and doc.get("watch"):
         Path(where).mkdir(parents=True, exist_ok=True)
         version = "fixed" if flags else "buggy"
-        shutil.copy(doc["watch"]["runs"][0]["events"], Path(where) / f"{prog.stem}-{version}.jsonl")
+        shutil.copy(doc["watch"]["runs"][0]["events"],
+                    Path(where) / f"{prog.stem}-{version}.jsonl")
     return done.returncode, doc, done.stderr
 
 
 @pytest.mark.parametrize("prog", PROGRAMS, ids=[p.stem for p in PROGRAMS])
-def test_a_collective_read_before_its_wait_is_found_first_time(tmp_path, prog):
+def test_the_buggy_program_is_found_first_time_at_the_lines_it_names(tmp_path, prog):
+    _needs(prog)
     code, doc, err = _watch(tmp_path / "buggy", prog, runs=1)
     assert doc, err[-2000:]
     result = doc["results"][0]
@@ -64,12 +78,14 @@ def test_a_collective_read_before_its_wait_is_found_first_time(tmp_path, prog):
     lines = {int(f[side]["step"].rsplit(":", 1)[1]) for f in result["findings"]
              for side in ("first", "second")}
     assert lines == named, (sorted(lines), sorted(named))
-    assert all(f["first"]["kind"].startswith(COLLECTIVE) for f in result["findings"])
-    assert any("call wait() on the work" in f["missing"] for f in result["findings"])
+    if prog.stem.startswith("nccl_"):
+        assert all(f["first"]["kind"].startswith(COLLECTIVE) for f in result["findings"])
+        assert any("call wait() on the work" in f["missing"] for f in result["findings"])
 
 
 @pytest.mark.parametrize("prog", PROGRAMS, ids=[p.stem for p in PROGRAMS])
-def test_a_collective_waited_for_is_clean_in_every_run(tmp_path, prog):
+def test_the_fixed_twin_is_clean_in_every_run(tmp_path, prog):
+    _needs(prog)
     code, doc, err = _watch(tmp_path / "fixed", prog, "--fixed", runs=FIXED_RUNS)
     assert doc, err[-2000:]
     result = doc["results"][0]
