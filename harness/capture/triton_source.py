@@ -102,6 +102,10 @@ class _Launches:
             return self.access[kernel]
         try:
             found: KernelAccess | None = kernel_access(str(kernel.asm["ttir"]))
+            if found is not None and not set(found.pointers) <= set(fn.arg_names):
+                raise UnreadableIR("its TTIR names parameters the kernel does not have: "
+                                   + ", ".join(sorted(set(found.pointers)
+                                                      - set(fn.arg_names))))
         except (UnreadableIR, KeyError, AttributeError) as exc:
             name = getattr(fn, "__name__", "a kernel")
             self.failures.failed(f"the TTIR of {name} (every tensor it is given taken as "
