@@ -23,7 +23,7 @@ from harness.races.findings import COLLECTIVE
 
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAMS = sorted((ROOT / "tests" / "engine_programs").glob("*.py"))
-FIXED_RUNS = 10
+FIXED_RUNS = 20
 
 # What each kind of program needs here, as code that fails where it is missing.
 NEEDS = {
