@@ -1,8 +1,10 @@
 """Build gpurace's JSON Schemas (draft 2020-12) from the code that writes and reads each document.
 
-Every schema is made here, from the definitions it describes: the step vocabulary
-(:mod:`harness.lang.vocabulary`), the bounds (:mod:`harness.limits`), the scenario model's choices
-(:mod:`harness.lang.model`), kvcore's dtypes, defects and op kinds, and the producers' enums. The
+Every schema is made here (the scenario files' in :mod:`harness.tools.scenario_schema`, all in
+the words of :mod:`harness.tools.schema_words`), from the definitions it describes: the step
+vocabulary (:mod:`harness.lang.vocabulary`), the bounds (:mod:`harness.limits`), the scenario
+model's choices (:mod:`harness.lang.model`), kvcore's dtypes, defects and op kinds, and the
+producers' enums. The
 files in harness/schemas/ are what :func:`schemas` returns, written by ``python -m
 harness.tools.schemas``; tests/test_schemas.py checks that the committed files equal what this
 module builds, so a new step op, key, bound or outcome cannot leave a schema behind.
@@ -15,128 +17,33 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
 
 import kvcore
 from harness import limits as L
-from harness.lang import vocabulary as V
 from harness.cli.catalog import LIST_SCHEMA
 from harness.cli.traces import CHECK_SCHEMA
 from harness.analyses.explore import StopReason, Strategy
-from harness.lang.model import EXPECTATIONS, STREAM_KINDS, WORKLOAD_PHASES
+from harness.lang.model import EXPECTATIONS
 from harness.results.outcome import Outcome, Status
 from harness.results.exitcodes import ExitCode
 from harness.results.run import RUN_SCHEMA
-from harness.lang.scenario import API_VERSION, KINDS, WORKLOAD_KINDS
 from harness.traces.optrace import TRACE_SCHEMA
 from harness.traces.ticket import KV_DTYPES, TICKET_SCHEMA
 from harness.gpu.xid import APPLICATION, GPU_FATAL
 from kvcore.device.oplog import HOST, HOST_KINDS, KERNEL_NAME_PATTERN, KERNEL_PREFIX
 from kvcore.device.oplog import STREAM_KINDS as OP_KINDS
 from reports.model import REPORT_SCHEMA
+from harness.tools.scenario_schema import scenario_schema
+from harness.tools.schema_words import (BOOLEAN, NAME, NAME_REGEX, SECONDS, SPAN, TEXT, Schema,
+                                        array, closed, const, described, document, enum,
+                                        integer, nullable, number, ref, string)
 
-Schema = dict[str, Any]
-
-DRAFT = "https://json-schema.org/draft/2020-12/schema"
 FOLDER = Path(__file__).resolve().parents[1] / "schemas"
 
 EXPLORE_SCHEMA = "gpurace.explore/1"
 """What `gpurace explore --format json` writes as its ``schema`` (harness.cli.explore)."""
 
-NAME_REGEX = "^[a-z0-9][a-z0-9_-]*$"
-"""harness.lang.yamlnodes.NAME_PATTERN and harness.traces.ticket.NAME_PATTERN, matched whole."""
-
-INFINITY_AS_BOUND = 1.7976931348623157e308
-"""The largest finite float: a number at least this large is YAML's ``.inf``, which JSON cannot
-write. A delay step's ``us`` is at most DELAY_MAX_US, or ``.inf``."""
-
-
-# ---- building blocks ---------------------------------------------------------------------------
-
-def integer(minimum: int | None = None, maximum: int | None = None, **more: Any) -> Schema:
-    return _bounded("integer", minimum, maximum, more)
-
-
-def number(minimum: float | None = None, maximum: float | None = None, **more: Any) -> Schema:
-    return _bounded("number", minimum, maximum, more)
-
-
-def _bounded(kind: str, minimum: float | None, maximum: float | None,
-             more: dict[str, Any]) -> Schema:
-    """A JSON number type with the bounds given (keys in the order the schemas have them)."""
-    schema: Schema = {"type": kind}
-    if minimum is not None:
-        schema["minimum"] = minimum
-    if maximum is not None:
-        schema["maximum"] = maximum
-    return {**schema, **more}
-
-
-def string(max_length: int | None = None, **more: Any) -> Schema:
-    schema: Schema = {"type": "string"}
-    if max_length is not None:
-        schema["maxLength"] = max_length
-    return {**schema, **more}
-
-
-BOOLEAN: Schema = {"type": "boolean"}
-NULL: Schema = {"type": "null"}
-
-
-def nullable(schema: Schema) -> Schema:
-    return {"anyOf": [schema, NULL]}
-
-
-def array(items: Schema, min_items: int | None = None, max_items: int | None = None,
-          **more: Any) -> Schema:
-    schema: Schema = {"type": "array", "items": items}
-    if min_items is not None:
-        schema["minItems"] = min_items
-    if max_items is not None:
-        schema["maxItems"] = max_items
-    return {**schema, **more}
-
-
-def enum(values: Iterable[Any], **more: Any) -> Schema:
-    return {"enum": list(values), **more}
-
-
-def const(value: Any, **more: Any) -> Schema:
-    return {"const": value, **more}
-
-
-def ref(name: str) -> Schema:
-    return {"$ref": f"#/$defs/{name}"}
-
-
-def closed(properties: dict[str, Schema], required: Sequence[str] | None = None,
-           **more: Any) -> Schema:
-    """An object of exactly these keys; all of them required unless ``required`` says which."""
-    return {"type": "object", "properties": properties,
-            "required": list(properties if required is None else required),
-            "additionalProperties": False, **more}
-
-
-def document(title: str, description: str, body: Schema, defs: dict[str, Schema]) -> Schema:
-    schema: Schema = {"$schema": DRAFT, "title": title, "description": description, **body}
-    if defs:
-        schema["$defs"] = defs
-    return schema
-
-
-def described(schema: Schema, text: str) -> Schema:
-    return {"description": text, **schema}
-
-
-NAME = string(L.NAME_MAX_CHARS, minLength=1, pattern=NAME_REGEX)
-TEXT = string(L.TEXT_MAX_CHARS)
-SECONDS = number(0)
-SPAN = {"type": "array", "prefixItems": [integer(0, L.COUNT_MAX), integer(0, L.COUNT_MAX),
-                                          integer(0, L.COUNT_MAX)],
-        "items": False, "minItems": 3,
-        "description": "[buffer, offset, length]: bytes of a buffer declared above"}
 
 
 # ---- shared by the output documents ------------------------------------------------------------
@@ -596,168 +503,6 @@ def explore_schema() -> Schema:
                    "results": array(ref("result"))})
     return document("gpurace explore", f"`gpurace explore --format json`: {EXPLORE_SCHEMA}.",
                     body, {"result": result})
-
-
-# ---- scenario files ----------------------------------------------------------------------------
-
-def _value(op: str, key: str) -> Schema:
-    """What a step key holds (harness.lang.vocabulary), bounded as harness.lang.steplist bounds
-    it."""
-    holds = V.holds(op, key)
-    in_bytes = key in ("offset", "length")
-    limit = L.WORLD_MAX_BYTES if in_bytes else L.POOL_MAX_PAGES
-    words = V.IN_WORDS[holds]
-    if holds == V.COUNT:
-        return described(integer(1, limit), words)
-    if holds == V.INDEX:
-        return described(integer(0, limit), words)
-    if holds == V.PAGES:
-        page = integer(0, limit)
-        return described({"anyOf": [page, array(page, 1, L.POOL_MAX_PAGES)]}, words)
-    if holds == V.BYTE:
-        return described(integer(0, 255), words)
-    if holds == V.MICROS:
-        return described(number(exclusiveMinimum=0, maximum=L.DELAY_MAX_US), words)
-    if holds == V.DURATION:
-        return described(number(exclusiveMinimum=0, anyOf=[
-            {"maximum": L.DELAY_MAX_US}, {"minimum": INFINITY_AS_BOUND}]), words)
-    if holds == V.BOOL:
-        return described(BOOLEAN, words)
-    if holds == V.EVENTS:
-        return described({"anyOf": [ref("name"), array(ref("name"), 1)]}, words)
-    if holds == V.MEMORY:
-        page = integer(0, L.POOL_MAX_PAGES)
-        nbytes = integer(0, L.WORLD_MAX_BYTES)
-        part = closed({"lease": ref("name"), "buffer": ref("name"),
-                       "page": {"anyOf": [page, array(page, 1, L.POOL_MAX_PAGES)]},
-                       "offset": nbytes, "length": integer(1, L.WORLD_MAX_BYTES)}, [],
-                      oneOf=[{"required": ["lease"]}, {"required": ["buffer"]}])
-        item = {"anyOf": [ref("name"), part]}
-        return described({"anyOf": [item, array(item, 1, L.KERNEL_MEMORY_MAX)]}, words)
-    return {"description": words, **ref("name")}  # a stream, or a thing's name
-
-
-def _step(op: str) -> Schema:
-    spec = V.OPS[op]
-    variants = {"anyOf": [ref("name"), array(ref("name"), 1)]}
-    props: dict[str, Schema] = {
-        "id": described(ref("name"), f"names the {spec.id_defines} later steps refer to"
-                        if spec.id_defines else "names the step (for amplify.before)"),
-        "op": const(op),
-        "only": described(variants, "run in these variants only"),
-        "unless": described(variants, "run in every variant but these"),
-        V.THREAD_KEY: described(ref("name"), "the host thread it runs on; consecutive steps "
-                                "with a thread run as threads, concurrently"),
-    }
-    props.update({key: _value(op, key) for key in spec.keys})
-    required = ["op", *(("id",) if spec.id_defines else ()), *spec.required()]
-    schema = closed(props, required, description=spec.doc)
-    groups = [{"oneOf": [{"required": [k]} for k in keys]} for keys, _ in spec.one_of]
-    if groups:
-        schema["allOf"] = groups
-    if spec.at_most_one:
-        schema["not"] = {"required": list(spec.at_most_one)}
-    return schema
-
-
-def _scenario_defs() -> dict[str, Schema]:
-    delay = number(0, L.DELAY_MAX_US)
-    pool = closed({
-        "pages": integer(1, L.POOL_MAX_PAGES), "page_tokens": integer(1, L.PAGE_MAX_TOKENS),
-        "planes": array(closed({
-            "dtype": enum(d.label for d in kvcore.DType),
-            "leading": integer(1, L.PLANE_MAX_DIM), "heads": integer(1, L.PLANE_MAX_DIM),
-            "align": described(enum(1 << i for i in range(L.ALIGN_MAX.bit_length())),
-                               "a power of two"),
-        }, ["dtype", "leading", "heads"]), 1, L.PLANES_MAX),
-        "table_rows": integer(1, L.TABLE_MAX_ROWS),
-        "max_pages_per_row": described(integer(0, L.POOL_MAX_PAGES), "0: as many as the pool"),
-        "allocator": described(enum(kvcore.pool.ALLOCATORS),
-                               "fenced (the default): a release fences every stream that used "
-                               "a page; caching: per-stream free lists and record_stream"),
-    }, ["pages"])
-    stream_kind = enum(STREAM_KINDS)
-    streams = {"type": "object", "propertyNames": ref("name"), "minProperties": 1,
-               "maxProperties": L.STREAMS_MAX,
-               "additionalProperties": {"anyOf": [stream_kind, closed({
-                   "kind": stream_kind, "priority": integer(L.PRIORITY_MIN, L.PRIORITY_MAX)},
-                   [])]}}
-    variant = closed({
-        "defects": closed({name: BOOLEAN for name in kvcore.Defects.names()}, []),
-        "expect": enum(EXPECTATIONS), "min_rate": number(0, 1),
-        "streams": {"type": "object", "propertyNames": ref("name"),
-                    "additionalProperties": stream_kind},
-    }, [])
-    workload = closed({
-        "kind": enum(WORKLOAD_KINDS), "requests": integer(1, L.REQUESTS_MAX),
-        "initial_pages": integer(0, L.POOL_MAX_PAGES),
-        "pages_per_turn": integer(1, L.POOL_MAX_PAGES),
-        "churn_pages": integer(0, L.POOL_MAX_PAGES),
-        "path": described(TEXT, "a gpurace.ticket/1 file, relative to this file"),
-    }, ["kind"], allOf=[{"if": {"properties": {"kind": const("ticket")}},
-                         "then": {"required": ["path"]},
-                         "else": {"not": {"required": ["path"]}}}])
-    amplify = closed({
-        "delay_us": delay, "stream": ref("name"),
-        "before": described(TEXT, "a step id, or a workload phase: "
-                            + ", ".join(WORKLOAD_PHASES)),
-        "sweep": array(delay, max_items=L.SWEEP_MAX),
-        "hold": described({"anyOf": [ref("name"), array(ref("name"), 1)]},
-                          "steps of host threads: each thread is held back before its step "
-                          "while another can go on; when all are held, the first listed goes on"),
-    }, ["delay_us", "before"])
-    spec = closed({
-        "pool": pool, "streams": streams, "trials": integer(1, L.TRIALS_MAX),
-        "timeout": number(exclusiveMinimum=0, maximum=L.TIMEOUT_MAX_S),
-        "variants": {"type": "object", "propertyNames": ref("name"), "minProperties": 1,
-                     "maxProperties": L.VARIANTS_MAX, "additionalProperties": ref("variant")},
-        "amplify": amplify,
-        "steps": array(ref("step"), 1, L.STEPS_MAX),
-        "workload": workload,
-    }, ["pool", "variants"], oneOf=[{"required": ["steps"]}, {"required": ["workload"]}],
-        allOf=[{"if": {"required": ["workload"]}, "then": {
-            "not": {"required": ["streams"]},
-            "properties": {"amplify": {"required": ["stream"],
-                                       "properties": {"before": enum(WORKLOAD_PHASES)}}}}}])
-    step = {"type": "object", "required": ["op"],
-            "properties": {"op": enum(V.OPS)},
-            "not": {"required": list(V.VARIANT_KEYS)},
-            "allOf": [{"if": {"properties": {"op": const(op)}, "required": ["op"]},
-                       "then": ref(f"step-{op}")} for op in V.OPS]}
-    return {
-        "name": NAME,
-        "scenario-metadata": closed({
-            "name": ref("name"), "description": TEXT, "dangerous": BOOLEAN,
-            "tags": array(TEXT, max_items=L.TAGS_MAX)}, ["name"]),
-        "scenario-spec": spec, "pool": pool, "variant": variant, "step": step,
-        **{f"step-{op}": _step(op) for op in V.OPS},
-        "suite-metadata": closed({"name": ref("name"), "description": TEXT}, ["name"]),
-        "suite-spec": closed({"scenarios": described(
-            array(string(L.TEXT_MAX_CHARS, minLength=1), 1, L.STEPS_MAX),
-            "scenario files, relative to the suite's folder")}),
-    }
-
-
-def scenario_schema() -> Schema:
-    body = {
-        "type": "object",
-        "properties": {"apiVersion": const(API_VERSION), "kind": enum(KINDS),
-                       "metadata": {"type": "object"}, "spec": {"type": "object"}},
-        "required": ["apiVersion", "kind", "metadata", "spec"],
-        "additionalProperties": False,
-        "if": {"properties": {"kind": const("Suite")}, "required": ["kind"]},
-        "then": {"properties": {"metadata": ref("suite-metadata"),
-                                "spec": ref("suite-spec")}},
-        "else": {"properties": {"metadata": ref("scenario-metadata"),
-                                "spec": ref("scenario-spec")}},
-    }
-    return document(
-        "gpurace scenario or suite", f"A scenario or suite file (apiVersion {API_VERSION}), for "
-        "editors: put `# yaml-language-server: $schema=PATH/scenario.schema.json` on its first "
-        "line. The step ops and their keys are harness.lang.vocabulary's, the bounds "
-        "harness.limits'. What a schema cannot see (a name used before a step defines it, in "
-        "some variant; the pool's bytes) `gpurace run` checks, at its file:line:col.",
-        body, _scenario_defs())
 
 
 BUILDERS = {
