@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.races.findings import COLLECTIVE
+from harness.races.kinds import COLLECTIVE
 
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAMS = sorted((ROOT / "tests" / "engine_programs").glob("*.py"))

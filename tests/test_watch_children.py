@@ -41,6 +41,10 @@ def test_a_childs_findings_name_its_process(tmp_path: Path) -> None:
         "in child process 4242 (a multiprocessing spawn worker): nothing orders")
     assert children.to_json()["findings"] == 1
     assert analyse_children(tmp_path / "none") == []
+    # A child whose sources started and saw nothing (a compile worker importing Triton).
+    (folder / "child-4243.jsonl").write_text(json.dumps(hello) + "\n" + json.dumps(
+        ["source", "triton", "3.8.0"]) + "\n")
+    assert [c.pid for c in analyse_children(folder)] == [4242]
 
 
 def test_a_child_runs_the_sitecustomize_ours_stands_in_front_of(tmp_path: Path) -> None:
@@ -136,3 +140,20 @@ def test_children_that_never_touch_the_gpu_run_as_they_would_and_leave_nothing(
     assert doc["results"][0]["findings"] == []
     log = Path(run["log"]).read_text()
     assert "pool 12.0" in log and "sub 6.0" in log and "plain" in log and "main 2.0" in log
+
+
+def test_a_child_knows_each_source_by_the_framework_that_switches_it_on() -> None:
+    """A child waits for the frameworks by name, the sources' modules not loaded (its start
+    costs no detector, no NumPy): the names must be the sources' own."""
+    from harness.capture.source import REGISTERED, Deferred, load
+    for name in REGISTERED:
+        assert (Deferred(name).name, Deferred(name).module) == (load(name).name,
+                                                                load(name).module)
+    done = subprocess.run(
+        [sys.executable, "-c", "import sys; import harness.capture.children as c; "
+         "print(sorted(m for m in sys.modules if m.startswith(('kvcore', 'numpy', "
+         "'harness.races.findings', 'harness.capture.torch'))))"],
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

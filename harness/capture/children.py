@@ -74,11 +74,10 @@ def watch_child() -> None:
     argv = list(getattr(sys, "orig_argv", sys.argv))
     if not folder or "harness.capture.boot" in argv:
         return  # not a watched program's child, or a watch of its own (it boots itself)
-    from harness.capture.source import REGISTERED, load
+    from harness.capture.source import REGISTERED, Deferred
 
     sink = E.Sink(_OnFirstWrite(Path(folder) / f"child-{os.getpid()}.jsonl"))  # type: ignore[arg-type]
-    found = tuple(source for source in (load(name) for name in REGISTERED)
-                  if importable(source.module))
+    found = tuple(source for source in map(Deferred, REGISTERED) if importable(source.module))
     sink.emit(["hello", {"schema": E.CAPTURE_SCHEMA, "pid": os.getpid(),
                          "parent": os.getppid(), "role": role_of(argv), "argv": argv,
                          "cwd": os.getcwd(), "python": sys.version.split()[0],
@@ -158,7 +157,9 @@ class Child(NamedTuple):
 
 
 def analyse_children(folder: Path) -> list[Child]:
-    """Every child's events file in ``folder``, each analysed on its own."""
+    """Every child's events file in ``folder``, each analysed on its own; a child whose
+    sources saw no op (a compile worker that imported Triton and launched nothing) is left
+    out."""
     from harness.capture.analysis import RunAnalysis
 
     out = []
@@ -175,6 +176,8 @@ def analyse_children(folder: Path) -> list[Child]:
             as_json = finding.to_json()
             as_json["missing"] = f"{who}: {as_json['missing']}"
             findings.append(as_json)
+        if not analysis.translator.ops:
+            continue
         notes = [f"{who}: {note}" for note in analysis.translator.notes]
         out.append(Child(pid, role, str(path), analysis.translator.ops, findings, notes))
     return out

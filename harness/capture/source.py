@@ -23,7 +23,10 @@ from typing import Any, Protocol
 from harness.capture.amplify import Amplifier
 from harness.capture.events import Sink
 
-REGISTERED = ("torch", "cupy", "triton")
+FRAMEWORKS = {"torch": "torch", "cupy": "cupy", "triton": "triton"}
+"""Each source's name, and the framework module whose import switches it on."""
+
+REGISTERED = tuple(FRAMEWORKS)
 """The sources, in the order they are switched on (``hello`` lists them in this order)."""
 
 KINDS_KEPT = 20
@@ -90,6 +93,26 @@ class Source(Protocol):
         """Watch the framework's work into ``sink`` from now on, queueing the delays
         ``amplifier`` asks for; returns what stops it. Never called twice without a stop."""
         ...
+
+
+class Deferred:
+    """A registered source known by its name and framework alone: its own module (and what
+    that imports) is loaded only when it is first asked to start, so a process that never
+    imports the framework (a watched program's child) pays nothing for it."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.module = FRAMEWORKS[name]
+
+    @property
+    def title(self) -> str:
+        return load(self.name).title
+
+    def available(self) -> str | None:
+        return load(self.name).available()
+
+    def install(self, sink: Sink, amplifier: Amplifier | None = None) -> Installed:
+        return load(self.name).install(sink, amplifier)
 
 
 def load(name: str) -> Source:

@@ -40,7 +40,7 @@ from typing import Any, NamedTuple
 from harness.capture import events as E
 from harness.capture.sites import program_frame, site_of
 from harness.capture.torch_ops import ArgAt, Plan, byte_spans
-from harness.races.findings import COLLECTIVE
+from harness.races.kinds import COLLECTIVE
 
 WORKS_KNOWN = 4096
 """Collectives not yet waited for that the source follows (to know their Work again at its

@@ -11,6 +11,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from harness.races.kinds import COLLECTIVE
 from harness.results.outcome import is_site, step_shape
 from kvcore.bytemap import ByteMap
 from kvcore.device import OpRecord
@@ -19,9 +20,6 @@ from kvcore.device.oplog import Segment, Template
 HOST = "host"
 """The host's thread of the detector's clocks (every other thread is a stream, by name)."""
 
-COLLECTIVE = "kernel:c10d."
-"""How a captured collective's kind begins (``kernel:c10d.allreduce``): it runs on its process
-group's own stream, ordered after by the program's wait on its work."""
 DEVICE_MEMORY = "device memory"
 PINNED_MEMORY = "pinned host memory"
 CAPTURED_MEMORY = frozenset({DEVICE_MEMORY, PINNED_MEMORY})

@@ -1,0 +1,7 @@
+"""Op kinds the race detector words its findings by, named where the capture makes them too:
+this module imports nothing, so a capture source can name a kind without loading the
+detector."""
+
+COLLECTIVE = "kernel:c10d."
+"""How a captured collective's kind begins (``kernel:c10d.allreduce``): it runs on its process
+group's own stream, ordered after by the program's wait on its work."""
