@@ -19,6 +19,7 @@ from harness.capture.events import Sink, read_events
 from harness.capture.translate import WINDOW, Translator
 from harness.races.detector import check_trace
 from harness.traces.optrace import load_trace
+from conftest import python_with
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE = 0x7F00_0000_0000
@@ -274,18 +275,7 @@ def test_a_command_keeps_the_interpreters_flags_and_the_programs_arguments(tmp_p
         ("pkg.serve", ("-v",), True, "pkg.serve")
 
 
-def _torch_python() -> str | None:
-    """An interpreter with PyTorch for the watched program: this one, or GPURACE_TEST_PYTHON
-    (PyTorch for CPU does: these tests need no GPU, only a framework to import)."""
-    import os
-    for python in (sys.executable, os.environ.get("GPURACE_TEST_PYTHON")):
-        if python and subprocess.run([python, "-c", "import torch"],
-                                     capture_output=True).returncode == 0:
-            return python
-    return None
-
-
-TORCH_PYTHON = _torch_python()
+TORCH_PYTHON = python_with("torch")
 
 
 @pytest.mark.skipif(TORCH_PYTHON is None, reason="no interpreter with PyTorch here")

@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -26,6 +25,7 @@ import pytest
 from harness.capture.analysis import RunAnalysis
 from harness.capture.events import iter_file
 from harness.races.kinds import COLLECTIVE
+from conftest import python_with
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDED = ROOT / "tests" / "capture_recorded_cpu"
@@ -74,15 +74,7 @@ def test_a_recorded_collective_is_ordered_only_by_its_wait(shape: str) -> None:
     _check(shape, _findings(events), events)
 
 
-def _torch_python() -> str | None:
-    for python in (sys.executable, os.environ.get("GPURACE_TEST_PYTHON")):
-        if python and subprocess.run([python, "-c", "import torch.distributed"],
-                                     capture_output=True).returncode == 0:
-            return python
-    return None
-
-
-TORCH_PYTHON = _torch_python()
+TORCH_PYTHON = python_with("torch.distributed")
 needs_torch = pytest.mark.skipif(TORCH_PYTHON is None,
                                  reason="no interpreter with PyTorch here (GPURACE_TEST_PYTHON)")
 

@@ -11,23 +11,16 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from conftest import python_with
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _torch_python() -> str | None:
-    for python in (sys.executable, os.environ.get("GPURACE_TEST_PYTHON")):
-        if python and subprocess.run([python, "-c", "import torch"],
-                                     capture_output=True).returncode == 0:
-            return python
-    return None
-
-
-TORCH_PYTHON = _torch_python()
+TORCH_PYTHON = python_with("torch")
 pytestmark = pytest.mark.skipif(TORCH_PYTHON is None,
                                 reason="no interpreter with PyTorch here (GPURACE_TEST_PYTHON)")
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from harness.capture.triton_ir import UnreadableIR, kernel_access
+from conftest import python_with
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNELS = ROOT / "tests" / "triton_ir"
@@ -58,15 +58,7 @@ def test_what_it_cannot_follow_is_said_not_guessed() -> None:
         kernel_access(helper.split("tt.func private")[0])
 
 
-def _triton_python() -> str | None:
-    for python in (sys.executable, os.environ.get("GPURACE_TEST_PYTHON")):
-        if python and subprocess.run([python, "-c", "import triton.compiler"],
-                                     capture_output=True).returncode == 0:
-            return python
-    return None
-
-
-TRITON_PYTHON = _triton_python()
+TRITON_PYTHON = python_with("triton.compiler")
 
 
 @pytest.mark.skipif(TRITON_PYTHON is None,

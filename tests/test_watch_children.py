@@ -19,6 +19,7 @@ import pytest
 
 from harness.capture.children import analyse_children, role_of
 from harness.capture.events import CAPTURE_SCHEMA, iter_file
+from conftest import python_with
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -86,15 +87,7 @@ def test_a_child_is_named_by_what_its_command_line_says_it_is(argv: list[str],
     assert role_of(argv) == role
 
 
-def _torch_python() -> str | None:
-    for python in (sys.executable, os.environ.get("GPURACE_TEST_PYTHON")):
-        if python and subprocess.run([python, "-c", "import torch"],
-                                     capture_output=True).returncode == 0:
-            return python
-    return None
-
-
-TORCH_PYTHON = _torch_python()
+TORCH_PYTHON = python_with("torch")
 
 _PROGRAM = r'''
 import multiprocessing as mp
