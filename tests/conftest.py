@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 
 import pytest
@@ -17,18 +13,6 @@ BACKENDS = ["sim", pytest.param("cuda", marks=pytest.mark.gpu)]
 # The real programs are scripts the corpus runner runs on a GPU (tests/test_real_programs_gpu.py),
 # not tests. (A conftest.py of their own would shadow this one's module name.)
 collect_ignore = ["real_programs"]
-
-
-@functools.cache
-def python_with(module: str) -> str | None:
-    """An interpreter that imports ``module``: this one, or GPURACE_TEST_PYTHON (PyTorch for the
-    CPU, with its Triton, serves the capture's CPU tests: they need a framework to import, not
-    a GPU); None where neither does (CI)."""
-    for python in (sys.executable, os.environ.get("GPURACE_TEST_PYTHON")):
-        if python and subprocess.run([python, "-c", f"import {module}"],
-                                     capture_output=True).returncode == 0:
-            return python
-    return None
 
 
 @pytest.fixture(params=BACKENDS)

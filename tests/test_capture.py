@@ -19,7 +19,7 @@ from harness.capture.events import Sink, read_events
 from harness.capture.translate import WINDOW, Translator
 from harness.races.detector import check_trace
 from harness.traces.optrace import load_trace
-from conftest import python_with
+from tests.frameworks import python_with
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE = 0x7F00_0000_0000

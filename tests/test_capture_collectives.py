@@ -25,7 +25,7 @@ import pytest
 from harness.capture.analysis import RunAnalysis
 from harness.capture.events import iter_file
 from harness.races.kinds import COLLECTIVE
-from conftest import python_with
+from tests.frameworks import python_with
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDED = ROOT / "tests" / "capture_recorded_cpu"

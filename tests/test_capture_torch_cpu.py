@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import python_with
+from tests.frameworks import python_with
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from harness.capture.triton_ir import UnreadableIR, kernel_access
-from conftest import python_with
+from tests.frameworks import python_with
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNELS = ROOT / "tests" / "triton_ir"

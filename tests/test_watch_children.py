@@ -19,7 +19,7 @@ import pytest
 
 from harness.capture.children import analyse_children, role_of
 from harness.capture.events import CAPTURE_SCHEMA, iter_file
-from conftest import python_with
+from tests.frameworks import python_with
 
 ROOT = Path(__file__).resolve().parent.parent
 
