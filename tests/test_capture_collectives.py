@@ -51,7 +51,7 @@ def _check(shape: str, findings: list[dict], events: list[list]) -> None:
         assert any(e[0] == "note" and "issued from PyTorch's C++ code" in e[1] for e in events)
         return
     streams = {e[1]: e[2]["name"] for e in events if e[0] == "stream"}
-    assert streams[ops[0][1]] == "process group 0 (default_pg)'s gloo stream on the host"
+    assert streams[ops[0][1]] == "gloo stream of group 0 (default_pg)"
     assert ops[0][3] == ops[0][4] and ops[0][3], "all_reduce reads and writes its tensor"
     if shape == "future":
         # The future's wait is not seen: ordered from get_future() on, and said so.
@@ -72,6 +72,27 @@ def test_a_recorded_collective_is_ordered_only_by_its_wait(shape: str) -> None:
     path = RECORDED / f"c10d_allreduce-{shape}.jsonl"
     events = list(iter_file(path))
     _check(shape, _findings(events), events)
+
+
+def test_a_recorded_collective_race_minimizes_to_a_scenario_that_reproduces(
+        tmp_path: Path) -> None:
+    """`gpurace minimize` of the buggy capture: a scenario whose buggy variant manifests on the
+    simulated device and whose fixed one (the host waits for the group's stream) does not,
+    the group's stream named as the program's finding names it."""
+    from click.testing import CliRunner
+
+    from harness.cli import main
+    trace = tmp_path / "trace.jsonl"  # as a watched run writes it (the recording has no hello)
+    analysis = RunAnalysis(trace, {"scenario": "prog", "variant": "watched"})
+    analysis.feed(list(iter_file(RECORDED / "c10d_allreduce-buggy.jsonl")))
+    analysis.close()
+    out = tmp_path / "race.yaml"
+    made = CliRunner().invoke(main, ["minimize", str(trace), "-o", str(out)])
+    assert made.exit_code == 0, made.output
+    assert "buggy manifested 5/5 (race found 5/5), fixed 0/5 (found 0/5)" in made.output
+    text = out.read_text()
+    assert "streams: {gloo-stream-of-group-0-default_pg: non-blocking}" in text
+    assert "kernel:c10d.allreduce" in text
 
 
 TORCH_PYTHON = python_with("torch.distributed")

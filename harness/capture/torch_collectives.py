@@ -11,7 +11,8 @@ makes itself; whenever the program chooses with ``async_op=True``). Gloo runs it
 its own, and ``wait`` blocks the host until it is done.
 
 So each collective is said in the capture vocabulary as exactly that: the group's stream (one
-per process group and device, named after the group), an event recorded on the current stream
+per process group and device, named after the group: "nccl stream of group 0 (default_pg) on
+cuda:0"), an event recorded on the current stream
 that the group's stream waits on, the op on the group's stream, an event recorded after it,
 and, at the program's ``Work.wait`` or ``Work.synchronize``, the current stream's wait on that
 event (NCCL) or the host's (any other backend). ``Work.is_completed`` is the host's query of the
@@ -289,12 +290,12 @@ class Collectives:
         sid = self.streams.get(key)
         if sid is None:
             sid = self.streams[key] = self._new_id()
+            # Short enough to stay whole as a minimized scenario's stream name.
             desc = getattr(pg, "group_desc", "") or ""
-            label = f"process group {key[0]}" + (f" ({desc})" if desc and desc != "undefined"
-                                                 else "")
-            where = f"cuda:{device}" if device is not None else "the host"
-            self.cap.emit(["stream", sid, {"blocking": False, "legacy": False,
-                                           "name": f"{label}'s {backend} stream on {where}",
+            name = f"{backend} stream of group {key[0]}" + (
+                f" ({desc})" if desc and desc != "undefined" else "") + (
+                f" on cuda:{device}" if device is not None else "")
+            self.cap.emit(["stream", sid, {"blocking": False, "legacy": False, "name": name,
                                            "site": site, "source": "torch"}])
         return sid
 
