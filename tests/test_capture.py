@@ -17,7 +17,7 @@ import pytest
 from harness.capture.analysis import RunAnalysis
 from harness.capture.events import Sink, read_events
 from harness.capture.translate import WINDOW, Translator
-from harness.races.detector import check_trace
+from harness.races.detector import BLOCK, check_trace
 from harness.traces.optrace import load_trace
 from tests.frameworks import python_with
 
@@ -195,8 +195,11 @@ def test_the_trace_reads_back_to_the_same_findings(tmp_path):
     events = _freed_and_reused([]) + _streams()[:0]
     online = _findings(events, tmp_path)
     trace = load_trace(tmp_path / "trace.jsonl")
-    offline = [f.to_json() for f in check_trace(trace.records).findings]
+    checked = check_trace(trace.records)
+    offline = [f.to_json() for f in checked.findings]
     assert online and offline == online
+    # Read back with the history blocks the watch used live, not ones sized by the window.
+    assert {b.block for b in checked._buffers.values()} == {BLOCK}
 
 
 def test_a_sink_writes_whole_lines_and_a_reader_leaves_a_torn_one(tmp_path):

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from harness.limits import HISTORY_MAX_BLOCKS
-from harness.races.findings import _OWNER_KINDS, HOST, Finding, OpRef, Owners
+from harness.races.findings import _OWNER_KINDS, CAPTURED_MEMORY, HOST, Finding, OpRef, Owners
 from harness.races.memo import Memo, _declarations, _Moved
 from kvcore.device import Device, OpRecord
 from kvcore.device.oplog import Segment, expanded
@@ -581,9 +581,13 @@ def check_trace(records: Iterable[dict[str, Any]]) -> RaceDetector:
     for record in records:
         kind = record.get("type")
         if kind == "buffer":
-            detector.buffer(int(record["id"]), str(record["name"]), str(record["space"]),
+            name = str(record["name"])
+            # A watched run's memory is address windows, not allocations: blocks of BLOCK
+            # bytes, as the watch analysed it live (harness.capture.analysis).
+            detector.buffer(int(record["id"]), name, str(record["space"]),
                             str(record.get("role", "data")), int(record.get("page_bytes", 0)),
-                            int(record["nbytes"]))
+                            int(record["nbytes"]),
+                            block=BLOCK if name in CAPTURED_MEMORY else None)
         elif kind == "stream":
             detector.stream(str(record["name"]), bool(record["blocking"]),
                             bool(record["legacy"]))
