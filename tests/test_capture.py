@@ -8,6 +8,7 @@ replayed in test_capture_recorded.py.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -501,3 +502,57 @@ def test_what_a_source_could_not_read_is_said_once_a_kind_and_counted():
         guard.failed("a free", ValueError(f"at {i:#x}"))
     assert len(guard.counts) == KINDS_KEPT + 1 and len(notes) == KINDS_KEPT + 1
     assert sum(guard.counts.values()) == 3 + KINDS_KEPT + 5
+
+
+class _Recorded:
+    """A source, as the boot's import hook sees one: its framework's name, and what starting
+    it does (here, noted)."""
+
+    name = title = "fw"
+
+    def __init__(self, module: str) -> None:
+        self.module = module
+        self.started = 0
+
+    def available(self) -> str:
+        return "1.0"
+
+    def install(self, sink: Sink, amplifier: object = None) -> object:
+        self.started += 1
+        return lambda: None
+
+
+def test_a_framework_only_looked_for_is_not_taken_for_imported(tmp_path, monkeypatch):
+    """A library that asks whether the framework is installed (importlib.util.find_spec, as
+    transformers does) before the program imports it must not use up the wait: the source
+    starts when the framework's module is executed, once."""
+    import importlib.util
+    import io
+
+    from harness.capture.boot import InstallOnImport
+    (tmp_path / "gpurace_fw_probe.py").write_text("LOADED = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    source = _Recorded("gpurace_fw_probe")
+    hook = InstallOnImport(Sink(io.StringIO()), (source,))  # type: ignore[arg-type]
+    monkeypatch.setattr(sys, "meta_path", [hook, *sys.meta_path])
+    monkeypatch.delitem(sys.modules, "gpurace_fw_probe", raising=False)
+    assert importlib.util.find_spec("gpurace_fw_probe") is not None
+    assert source.started == 0 and "gpurace_fw_probe" not in sys.modules
+    import gpurace_fw_probe  # noqa: F401
+    assert source.started == 1
+    importlib.reload(sys.modules["gpurace_fw_probe"])
+    assert source.started == 1
+
+
+@pytest.mark.skipif(TORCH_PYTHON is None, reason="no interpreter with PyTorch here")
+def test_a_program_that_looks_for_torch_before_importing_it_is_watched(tmp_path):
+    prog = tmp_path / "prog.py"
+    prog.write_text("import importlib.util\nassert importlib.util.find_spec('torch')\n"
+                    "import torch\nprint(float(torch.ones(2).sum()))\n")
+    done = subprocess.run([sys.executable, "-m", "harness.cli", "watch", "--format", "json",
+                           "--out", str(tmp_path / "out"), "--", TORCH_PYTHON, str(prog)],
+                          capture_output=True, text=True, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    run = json.loads(done.stdout)["watch"]["runs"][0]
+    assert "torch" in run["sources"], run["sources"]

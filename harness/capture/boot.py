@@ -82,12 +82,19 @@ class InstallOnImport(importlib.abc.MetaPathFinder):
         for source in sources:
             self.waiting.setdefault(source.module, []).append(source)
         self.stops: list[Installed] = []
+        self._finding: set[str] = set()  # names being looked up by the real finders
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname not in self.waiting:
+        # A library may only look for the framework (importlib.util.find_spec("torch"), as
+        # transformers does to see what is installed) before the program imports it: the
+        # sources wait until a module of that name is executed, not merely found.
+        if fullname not in self.waiting or fullname in self._finding:
             return None
-        sources = self.waiting.pop(fullname)
-        spec = importlib.util.find_spec(fullname)  # the real one: we are out of the way now
+        self._finding.add(fullname)
+        try:
+            spec = importlib.util.find_spec(fullname)  # the real one, without us
+        finally:
+            self._finding.discard(fullname)
         loader = getattr(spec, "loader", None)
         if loader is None or not hasattr(loader, "exec_module"):
             return spec
@@ -95,7 +102,7 @@ class InstallOnImport(importlib.abc.MetaPathFinder):
 
         def exec_module(module: Any) -> None:
             run(module)
-            for source in sources:
+            for source in self.waiting.pop(fullname, ()):
                 self.install(source)
 
         loader.exec_module = exec_module  # type: ignore[method-assign]
