@@ -99,7 +99,7 @@ def test_ordinary_pytorch_work_runs_watched_as_it_runs_alone(tmp_path):
     assert watched.returncode == 0, watched.stderr
     assert watched.stdout == bare.stdout
     assert watched.stderr == bare.stderr  # nothing of the capture's on the program's stderr
-    (stats,) = [e[1] for e in events if e[0] == "stats"]
+    (stats,) = [e[1] for e in events if e[0] == "stats" and e[1]["source"] == "torch"]
     assert stats["failures"] == {} and stats["ops"] > 100, stats
     assert events[-1][0] == "exit" and events[-1][1]["status"] == 0
 
