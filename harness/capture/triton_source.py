@@ -128,10 +128,12 @@ def install(sink: E.Sink) -> Installed:
     state = _Launches(sink, failures)
     original = JITFunction.run
 
-    def run(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
+    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        # The call passes through as it came: Triton's own signature (grid=, warmup=, launch
+        # options) is Triton's to check, whichever version it is.
         t0 = perf_counter_ns()
-        kernel = original(self, *args, grid=grid, warmup=warmup, **kwargs)
-        if state.on and not warmup and kernel is not None:
+        kernel = original(self, *args, **kwargs)
+        if state.on and not kwargs.get("warmup") and kernel is not None:
             try:
                 state.launched(self, args, kwargs, kernel, t0)
             except Exception as exc:  # never the program's failure: its kernel has run
