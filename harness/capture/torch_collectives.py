@@ -64,17 +64,21 @@ class Role(NamedTuple):
 
 
 class Shape(NamedTuple):
-    """What a c10d op's schema says, worked out once per op: its tensor arguments' roles and
-    where its process group is."""
+    """What a c10d op's schema says, worked out once per op: its tensor arguments' roles,
+    where its process group is, its name as findings say it (``allreduce``) and its op kind
+    (``kernel:c10d.allreduce``)."""
 
     roles: tuple[Role, ...]
     group: ArgAt | None
+    name: str
+    kind: str
 
 
 def shape_of(plan: Plan, func: Any) -> Shape:
     group = next((ArgAt(i, a.name) for i, a in enumerate(func._schema.arguments)
                   if a.name == "process_group"), None)
-    return Shape(roles(plan), group)
+    name = plan.name.rstrip("_")
+    return Shape(roles(plan), group, name, COLLECTIVE + name)
 
 
 def roles(plan: Plan) -> tuple[Role, ...]:
@@ -207,10 +211,8 @@ class Collectives:
             # Issued from C++ (DDP's reducer, _broadcast_coalesced), which waits on the Work
             # where no source sees it: said where it was issued, in the program's order (what
             # it orders by itself is missed, never a race made up).
-            current = None if device is None else cap.current_stream(device, _Lent())
-            if current is not None and current not in cap.streams:
-                cap.stream(current, frame)
-            cap.emit(["op", current, COLLECTIVE + plan.name.rstrip("_"), reads, writes, meta])
+            current = None if device is None else self._current(device, frame)
+            cap.emit(["op", current, shape.kind, reads, writes, meta])
             self.unseen += 1
             return None
         pg = self.unbox_group(group)
@@ -220,16 +222,14 @@ class Collectives:
         if device is not None and ("nccl" in backend or backend == "undefined"):
             backend = "nccl"
         stream = self._stream(pg, backend, device, site)
-        what = f"{plan.name.rstrip('_')} at {site}" if site else plan.name.rstrip("_")
+        what = f"{shape.name} at {site}" if site else shape.name
         if device is not None:
             # The group's stream waits for the work queued before it on the current stream.
-            current = cap.current_stream(device, _Lent())
-            if current not in cap.streams:
-                cap.stream(current, frame)
+            current = self._current(device, frame)
             start = self._event(f"before {what}", site)
             cap.emit(["record", start, current, site])
             cap.emit(["wait", start, stream, site])
-        cap.emit(["op", stream, COLLECTIVE + plan.name.rstrip("_"), reads, writes, meta])
+        cap.emit(["op", stream, shape.kind, reads, writes, meta])
         end = self._event(f"after {what}", site)
         cap.emit(["record", end, stream, site])
         # On a stream-ordered backend (NCCL, UCC) a CUDA collective's wait is the current
@@ -299,6 +299,12 @@ class Collectives:
                                            "site": site, "source": "torch"}])
         return sid
 
+    def _current(self, device: int, frame: Any) -> int:
+        """The current stream of ``device``, announced where the capture has not seen it."""
+        sid: int = self.cap.current_stream(device, _Lent())
+        self.cap._seen_stream(sid, frame)
+        return sid
+
     def _event(self, name: str, site: str | None) -> int:
         eid = self._new_id()
         self.cap.emit(["event", eid, {"name": name, "site": site, "source": "torch"}])
@@ -318,9 +324,7 @@ class Collectives:
         frame = program_frame(1)
         site = site_of(frame)
         if issued.stream_wait and issued.device is not None:
-            current = cap.current_stream(issued.device, _Lent())
-            if current not in cap.streams:
-                cap.stream(current, frame)
+            current = self._current(issued.device, frame)
             for event in issued.events:
                 cap.emit(["wait", event, current, site])
         else:

@@ -70,59 +70,30 @@ def patch_calls(cap: Any, torch: Any, patch: Callable[[Any, str, Callable[[Any],
     if collectives is None:
         return
 
-    def work_wait(original: Any) -> Any:
-        def wait(self: Any, *a: Any, **k: Any) -> Any:
-            out = original(self, *a, **k)
-            if cap.on:
-                try:
-                    collectives.waited(self)
-                except Exception as exc:
-                    cap.guard.failed(f"Work.{original.__name__}", exc)
-            return out
-        return wait
+    def then(say: Callable[[Any, Any], None]) -> Callable[[Any], Any]:
+        """What wraps a call to run it, then say what it did (``say(self, its result)``);
+        a failure to say it is counted, never the program's."""
+        def make(original: Any) -> Any:
+            def wrapped(self: Any, *a: Any, **k: Any) -> Any:
+                out = original(self, *a, **k)
+                if cap.on:
+                    try:
+                        say(self, out)
+                    except Exception as exc:
+                        cap.guard.failed(f"{type(self).__name__}.{original.__name__}", exc)
+                return out
+            return wrapped
+        return make
 
-    def work_completed(original: Any) -> Any:
-        def is_completed(self: Any) -> bool:
-            done = original(self)
-            if cap.on:
-                try:
-                    collectives.queried(self, bool(done))
-                except Exception as exc:
-                    cap.guard.failed("Work.is_completed", exc)
-            return done
-        return is_completed
-
-    def work_future(original: Any) -> Any:
-        def get_future(self: Any) -> Any:
-            future = original(self)
-            if cap.on:
-                try:
-                    collectives.future_taken(self)
-                except Exception as exc:
-                    cap.guard.failed("Work.get_future", exc)
-            return future
-        return get_future
-
-    def coalescing(original: Any) -> Any:
-        started = original.__name__ == "_start_coalescing"
-
-        def bracket(self: Any, *a: Any, **k: Any) -> Any:
-            out = original(self, *a, **k)
-            if cap.on:
-                try:
-                    if started:
-                        collectives.coalescing_started(self)
-                    else:
-                        collectives.coalescing_ended(self, out)
-                except Exception as exc:
-                    cap.guard.failed(f"ProcessGroup.{original.__name__}", exc)
-            return out
-        return bracket
+    work_wait = then(lambda work, _: collectives.waited(work))
+    work_completed = then(lambda work, done: collectives.queried(work, bool(done)))
+    work_future = then(lambda work, _: collectives.future_taken(work))
 
     group = collectives.ProcessGroup
     if hasattr(group, "_start_coalescing") and hasattr(group, "_end_coalescing"):
-        patch(group, "_start_coalescing", coalescing)
-        patch(group, "_end_coalescing", coalescing)
+        patch(group, "_start_coalescing",
+              then(lambda pg, _: collectives.coalescing_started(pg)))
+        patch(group, "_end_coalescing", then(collectives.coalescing_ended))
     for name, make in (("get_future", work_future), ("wait", work_wait),
                        ("synchronize", work_wait), ("is_completed", work_completed)):
         if hasattr(collectives.Work, name):  # each, where this PyTorch's Work has it

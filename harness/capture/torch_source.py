@@ -190,13 +190,14 @@ class _Capture:
 
     def dispatch(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         t0 = perf_counter_ns()
-        plan: Plan | None = None
+        collectives = None  # torch_collectives, where the op is one of c10d's
         try:
             plan = self.plans.get(func)
             if plan is None:
                 plan = self.plans[func] = Plan(func)
-            if plan.collective and self.collectives is not None:
-                pending = None  # torch_collectives says it (outside: its errors its own)
+            collectives = self.collectives if plan.collective else None
+            if collectives is not None:
+                pending = None  # said there (outside this try: its errors are its own)
             elif plan.no_work and not plan.fresh_returns:
                 if plan.name == "record_stream":
                     self.record_stream(args, kwargs)
@@ -207,8 +208,8 @@ class _Capture:
             self.guard.failed(f"the arguments of {func}", exc)
             pending = None
         if pending is None:
-            if plan is not None and plan.collective and self.collectives is not None:
-                return self.collectives.dispatch(plan, func, args, kwargs)
+            if collectives is not None:
+                return collectives.dispatch(plan, func, args, kwargs)
             self.account(perf_counter_ns() - t0, None)
             return func(*args, **kwargs)
         t1 = perf_counter_ns()
