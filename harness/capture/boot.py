@@ -108,6 +108,15 @@ class InstallOnImport(importlib.abc.MetaPathFinder):
         loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
 
+    def stop_all(self) -> None:
+        """Switch off every source this hook started, the last first; one that cannot stop is
+        said in a note, and must not keep the others (or the exit) from being written."""
+        for off in reversed(self.stops):
+            try:
+                off()
+            except Exception as exc:
+                self.sink.emit(["note", f"a capture source failed to stop: {exc!r}"])
+
     def install_now(self, module: str) -> None:
         """Switch on the sources of a framework the process has imported already."""
         for source in self.waiting.pop(module, ()):
@@ -191,7 +200,6 @@ def main(argv: list[str] | None = None) -> int:
     for module in list(hook.waiting):
         if module in sys.modules:  # imported already (a sitecustomize): switch it on now
             hook.install_now(module)
-    uninstall = hook.stops
     watch_forks(sink)
     hand_down(opts.events)  # its Python children are watched too, each into a file of its own
     sys.argv = [opts.program, *opts.args]
@@ -211,14 +219,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if hook in sys.meta_path:
             sys.meta_path.remove(hook)
-        if not uninstall:
+        if not hook.stops:
             sink.emit(["note", "the program imported neither " + " nor ".join(
                 source.name for source in found) + ": nothing of its work was captured"])
-        for off in reversed(uninstall):
-            try:
-                off()
-            except Exception as exc:  # a source that cannot stop must not hide the exit
-                sink.emit(["note", f"a capture source failed to stop: {exc!r}"])
+        hook.stop_all()
         if amplifier is not None:
             amplifier.report()
     return _end(sink, status, error, tb, libraries=opts.libraries)

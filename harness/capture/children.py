@@ -83,6 +83,7 @@ def watch_child() -> None:
                          "cwd": os.getcwd(), "python": sys.version.split()[0],
                          "executable": sys.executable,
                          "importable": [source.name for source in found]}])
+
     class Install(InstallOnImport):
         def install(self, source: Any) -> None:
             if source.name == "torch":
@@ -107,11 +108,7 @@ def watch_child() -> None:
         if not hook.stops:
             sink.closed = True  # it never touched a framework: no file
             return
-        for off in reversed(hook.stops):
-            try:
-                off()
-            except Exception as exc:  # a source that cannot stop must not hide the rest
-                sink.emit(["note", f"a capture source failed to stop: {exc!r}"])
+        hook.stop_all()
         sink.emit(["exit", {"status": None, "error": None, "traceback": None}])
         sink.close()
 
