@@ -9,10 +9,7 @@ copied there, to be committed beside the CPU suite's recordings.
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from harness.races.kinds import COLLECTIVE
+from tests.test_watch_gpu import _record, watch
 
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAMS = sorted((ROOT / "tests" / "engine_programs").glob("*.py"))
@@ -49,22 +47,10 @@ def _needs(prog: Path) -> None:
 
 
 def _watch(out: Path, prog: Path, *flags: str, runs: int) -> tuple[int, dict, str]:
-    done = subprocess.run(
-        [sys.executable, "-m", "harness.cli", "watch", "--format", "json", "--out", str(out),
-         "--runs", str(runs), "--timeout", "300", "--", sys.executable, str(prog), *flags],
-        capture_output=True, text=True, cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=1800)
-    try:
-        doc = json.loads(done.stdout)
-    except ValueError:
-        doc = {}
-    where = os.environ.get("GPURACE_RECORD_DIR")
-    if where and doc.get("watch"):
-        Path(where).mkdir(parents=True, exist_ok=True)
-        version = "fixed" if flags else "buggy"
-        shutil.copy(doc["watch"]["runs"][0]["events"],
-                    Path(where) / f"{prog.stem}-{version}.jsonl")
-    return done.returncode, doc, done.stderr
+    got = watch(out, sys.executable, str(prog), *flags, runs=runs)
+    if got[1]:
+        _record(got[1], f"{prog.stem}-{'fixed' if flags else 'buggy'}")
+    return got
 
 
 @pytest.mark.parametrize("prog", PROGRAMS, ids=[p.stem for p in PROGRAMS])
