@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -556,3 +557,27 @@ def test_a_program_that_looks_for_torch_before_importing_it_is_watched(tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     run = json.loads(done.stdout)["watch"]["runs"][0]
     assert "torch" in run["sources"], run["sources"]
+
+
+def test_a_site_is_the_frames_line_wherever_its_code_came_from():
+    """Sites are remembered per instruction and code object: many functions made and dropped
+    one after another (whose code objects may take the same ids), two lines of one function,
+    and the end of a long function each give the line the frame is at."""
+    from harness.capture.sites import site_of
+
+    def here() -> str | None:
+        return site_of(sys._getframe(1))
+
+    for n in range(50):  # each exec'd function dropped before the next is made
+        body = "".join(f"    x{i} = {i}\n" for i in range(n)) + "    return here()\n"
+        space: dict[str, object] = {"here": here}
+        exec(compile(f"def f():\n{body}", f"/made/f{n}.py", "exec"), space)
+        assert space["f"]() == f"/made/f{n}.py:{n + 2}"  # type: ignore[operator]
+    space = {"here": here}
+    exec(compile("def g(a):\n    if a:\n        return here()\n    return here()\n",
+                 "/made/g.py", "exec"), space)
+    g: Any = space["g"]
+    assert [g(1), g(0), g(1)] == ["/made/g.py:3", "/made/g.py:4", "/made/g.py:3"]
+    long = "".join(f"    x{i} = {i}\n" for i in range(3000))
+    exec(compile(f"def h():\n{long}    return here()\n", "/made/h.py", "exec"), space)
+    assert space["h"]() == "/made/h.py:3002"  # type: ignore[operator]

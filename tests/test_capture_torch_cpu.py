@@ -223,8 +223,8 @@ def test_the_op_cost_tool_times_each_part_and_its_capture_is_clean(tmp_path):
                           env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
-    assert [(r["bytes"], r["op"]) for r in result["rows"]] == [(4096, "add_out"),
-                                                             (4096, "add_new")]
+    assert [(r["bytes"], r["op"]) for r in result["rows"]] == [
+        (4096, "add_out"), (4096, "add_new"), (4096, "add_out_long")]
     assert all(r["own_us"] > 0 and r["bare_us"] > 0 for r in result["rows"])
     assert result["findings"] == 0 and result["events"] > 400
 

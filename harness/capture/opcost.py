@@ -15,7 +15,8 @@ In one process, for each tensor size, the same loop of ops runs:
 
 and then the events it captured are fed to the watching side (translator and detector), timed
 per op. The ops are ``torch.add(a, b, out=c)`` (two reads, one write, no allocation) and
-``a + b`` (a new tensor each time: an allocation and, when it dies, a free). On a CPU, the
+``a + b`` (a new tensor each time: an allocation and, when it dies, a free), and the first
+again at the end of a 2,000-line function (``add_out_long``). On a CPU, the
 tensors are taken for pinned memory, so each op is the host's access to watched memory: the
 same work per op as a stream op but the stream's lookup. Rounds alternate off and on; the
 fastest round of each is kept (the others met other work on the machine). Nothing here is a
@@ -62,7 +63,8 @@ def measure(device: str, ops: int, sizes: tuple[int, ...], rounds: int) -> dict[
 
     def kinds(size: int) -> dict[str, Callable[[], Any]]:
         a, b, c = tensors[size]
-        return {"add_out": lambda: torch.add(a, b, out=c), "add_new": lambda: a + b}
+        return {"add_out": lambda: torch.add(a, b, out=c), "add_new": lambda: a + b,
+                "add_out_long": _at_the_end_of_a_long_function(torch, a, b, c)}
 
     rows: list[dict[str, Any]] = []
     best: dict[tuple[int, str, str], float] = {}
@@ -118,6 +120,19 @@ def measure(device: str, ops: int, sizes: tuple[int, ...], rounds: int) -> dict[
     return {"device": device, "machine": _machine(torch, device), "ops": ops, "rounds": rounds,
             "rows": rows, "watching_us_per_op": watching * 1e6,
             "events": len(events), "findings": len(analysis.findings)}
+
+
+LONG_LINES = 2000
+
+
+def _at_the_end_of_a_long_function(torch: Any, a: Any, b: Any, c: Any) -> Callable[[], Any]:
+    """``torch.add(a, b, out=c)`` at the end of a function :data:`LONG_LINES` lines long, as a
+    model's long ``forward`` or a script's ``main`` calls its ops: the capture's cost per op
+    must not grow with the length of the code that calls it."""
+    body = "".join(f"    x{i} = {i}\n" for i in range(LONG_LINES))
+    space: dict[str, Any] = {"torch": torch, "a": a, "b": b, "c": c}
+    exec(compile(f"def op():\n{body}    torch.add(a, b, out=c)\n", "long.py", "exec"), space)
+    return space["op"]  # type: ignore[no-any-return]
 
 
 def _machine(torch: Any, device: str) -> str:

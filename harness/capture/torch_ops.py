@@ -50,12 +50,15 @@ class ArgAt(NamedTuple):
 
 
 class Plan:
-    """What an op's schema says, worked out once per op overload."""
+    """What an op's schema says, worked out once per op overload (``decomposes``: whether the
+    mode runs it as its decomposition, as PyTorch would without the mode)."""
 
     __slots__ = ("name", "kind", "kernel", "args", "written", "fresh_returns", "no_work",
-                 "device_at", "collective")
+                 "device_at", "collective", "pins", "pin_memory_at", "decomposes", "func")
 
-    def __init__(self, func: Any) -> None:
+    def __init__(self, func: Any, decomposes: bool = False) -> None:
+        self.func = func
+        self.decomposes = decomposes
         schema = func._schema
         self.name = schema.name.split("::")[-1]
         self.collective = schema.name.startswith("c10d::")  # torch.distributed's own ops
@@ -63,6 +66,8 @@ class Plan:
         self.kind = "copy" if self.name in _COPIES else (
             "scalar" if self.name == "_local_scalar_dense" else "kernel")
         self.kernel = "kernel:" + self.name
+        self.pins = self.name in PINS  # its result is pinned memory
+        self.pin_memory_at = False  # whether it takes pin_memory= (a factory)
         self.args: list[TensorArg] = []
         self.device_at: ArgAt | None = None  # where a device= argument is
         for i, arg in enumerate(schema.arguments):
@@ -72,6 +77,8 @@ class Plan:
                                            bool(alias is not None and alias.is_write)))
             elif arg.name == "device":
                 self.device_at = ArgAt(i, arg.name)
+            elif arg.name == "pin_memory":
+                self.pin_memory_at = True
         self.written = any(a.written for a in self.args)
         self.fresh_returns = any(r.alias_info is None and "Tensor" in str(r.type)
                                  for r in schema.returns)

@@ -60,7 +60,7 @@ from harness.capture.sites import (is_own_code, program_frame, site_of, thread_n
 from harness.capture.source import Failures, Installed
 from harness.capture.torch_collectives import Collectives
 from harness.capture.torch_patches import patch_calls
-from harness.capture.torch_ops import (PINS, SLOW_NS, SLOWEST_KEPT, Pending, Plan, byte_spans,
+from harness.capture.torch_ops import (SLOW_NS, SLOWEST_KEPT, Pending, Plan, byte_spans,
                                        tensors_in, what_of)
 
 
@@ -100,7 +100,7 @@ class _Capture:
         self.emit = sink.emit
         self.on = True
         self.guard = Failures(sink.emit, "the PyTorch source")
-        self.plans: dict[Any, Plan] = {}
+        self.plans: dict[int, Plan] = {}  # id(op) -> its plan (which keeps the op alive)
         self.streams: set[int] = set()
         self.stream_sites: dict[int, str | None] = {}
         self.live: dict[int, dict[str, Any]] = {}  # device storage base -> its alloc's meta
@@ -188,13 +188,22 @@ class _Capture:
             self.local.inflight = None
             self.emit(inflight)
 
-    def dispatch(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def plan(self, func: Any) -> Plan | None:
+        """What ``func``'s schema says, worked out at its first call; None where it cannot be
+        read (the op then runs unwatched, counted)."""
+        plan = self.plans.get(id(func))  # an op's hash is Python code; its id is not
+        if plan is None:
+            try:
+                plan = self.plans[id(func)] = Plan(func, _decomposes(func, self.guard))
+            except Exception as exc:
+                self.guard.failed(f"the schema of {func}", exc)
+        return plan
+
+    def dispatch(self, plan: Plan, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+                 ) -> Any:
         t0 = perf_counter_ns()
         collectives = None  # torch_collectives, where the op is one of c10d's
         try:
-            plan = self.plans.get(func)
-            if plan is None:
-                plan = self.plans[func] = Plan(func)
             collectives = self.collectives if plan.collective else None
             if collectives is not None:
                 pending = None  # said there (outside this try: its errors are its own)
@@ -271,7 +280,7 @@ class _Capture:
             value = args[arg.index] if arg.index < nargs else kwargs.get(arg.name)
             if value is None:
                 continue
-            for t in tensors_in(value, Tensor):
+            for t in (value,) if type(value) in _PLAIN else tensors_in(value, Tensor):
                 where = self.memory(t)
                 if where is None:
                     continue
@@ -296,7 +305,7 @@ class _Capture:
             meta["thread"] = thread_name()
         pending = Pending(reads, writes, bases, frame, site, meta)
         # Pinned results come of pin_memory(), pin_memory=True, and copies off the device.
-        pending.pins = plan.name in PINS or bool(kwargs.get("pin_memory")) or (
+        pending.pins = plan.pins or (plan.pin_memory_at and bool(kwargs.get("pin_memory"))) or (
             plan.kind == "copy" and cuda_index is not None)
         if cuda_index is not None:
             sid = pending.sid = self.current_stream(cuda_index, pending)
@@ -575,7 +584,6 @@ def install(sink: E.Sink, amplifier: Amplifier | None = None) -> Installed:
     cap.amplifier = amplifier
     mode_backed = _mode_backed_tensors()
     subclasses: dict[Any, bool | None] = {}  # an op's tensor types -> _subclass_handles
-    composite: dict[Any, bool] = {}  # an op -> whether the mode runs its decomposition
 
     class _Mode(TorchDispatchMode):
         @classmethod
@@ -590,12 +598,10 @@ def install(sink: E.Sink, amplifier: Amplifier | None = None) -> Installed:
                     handles = subclasses[types] = _subclass_handles(types, mode_backed)
                 if handles is not None:
                     return NotImplemented if handles else func(*args, **(kwargs or {}))
-            if not cap.on:
+            plan = cap.plan(func) if cap.on else None
+            if plan is None:
                 return func(*args, **(kwargs or {}))
-            decomposes = composite.get(func)
-            if decomposes is None:
-                decomposes = composite[func] = _decomposes(func, cap.guard)
-            if decomposes:
+            if plan.decomposes:
                 # Under inference_mode the dispatcher hands the mode composite ops whole
                 # (linear, and .to(), whose schema says it may return its input): their
                 # copies and kernels run inside it, unseen. Run the decomposition with the
@@ -604,7 +610,7 @@ def install(sink: E.Sink, amplifier: Amplifier | None = None) -> Installed:
                     out = func.decompose(*args, **(kwargs or {}))
                 if out is not NotImplemented:
                     return out
-            return cap.dispatch(func, args, kwargs or {})
+            return cap.dispatch(plan, func, args, kwargs or {})
 
     def guarded(name: str, callback: Callable[..., None]) -> Callable[..., None]:
         # PyTorch logs a callback's exception on the program's stderr: none may escape.
