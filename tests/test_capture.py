@@ -581,3 +581,62 @@ def test_a_site_is_the_frames_line_wherever_its_code_came_from():
     long = "".join(f"    x{i} = {i}\n" for i in range(3000))
     exec(compile(f"def h():\n{long}    return here()\n", "/made/h.py", "exec"), space)
     assert space["h"]() == "/made/h.py:3002"  # type: ignore[operator]
+
+
+# CUDA graphs: a capture runs nothing; each replay issues the body on the replay stream.
+G = 0x6000
+
+
+def _captured(*body: list) -> list[list]:
+    """Streams, a static input and output, and graph G captured on s1 reading the input."""
+    return _streams() + [
+        _alloc(BASE, 4096, "static_in"), _alloc(BASE + 4096, 4096, "static_out"),
+        ["graph_begin", G, S1, "prog.py:20"],
+        _op(S1, "kernel:mul", 21, r=[("d", BASE, 4096)], w=[("d", BASE + 4096, 4096)]),
+        *body,
+        ["graph_end", G, "prog.py:22"]]
+
+
+def test_a_replay_reads_its_static_input_while_another_stream_rewrites_it():
+    def program(waits: bool) -> list[list]:
+        edge = [["event", 5, {}], ["record", 5, S2, "prog.py:31"],
+                ["wait", 5, S1, "prog.py:31"]] if waits else []
+        return _captured() + [["graph_replay", G, S2, "prog.py:30"], *edge,
+                              _op(S1, "copy_htod", 32, w=[("d", BASE, 4096)])]
+    (f,) = _findings(program(False))
+    assert (f["first"]["stream"], f["first"]["step"], f["first"]["access"]) == \
+        ("s2", "prog.py:21", "read")
+    assert (f["second"]["stream"], f["second"]["step"]) == ("s1", "prog.py:32")
+    assert f["owner"].startswith("tensor static_in")
+    assert _findings(program(True)) == []
+
+
+def test_a_capture_runs_nothing_and_replays_on_one_stream_are_ordered():
+    # At capture time s2 rewrites the input with no edge to s1: nothing ran on s1 then.
+    events = _captured() + [_op(S2, "kernel:fill_", 23, w=[("d", BASE, 4096)]),
+                            ["event", 6, {}], ["record", 6, S2, "prog.py:24"],
+                            ["wait", 6, S1, "prog.py:24"],
+                            ["graph_replay", G, S1, "prog.py:25"],
+                            ["graph_replay", G, S1, "prog.py:26"]]
+    assert _findings(events) == []
+    analysis = RunAnalysis(None, {})
+    analysis.feed(events)
+    analysis.close()
+    assert any("a CUDA graph made at prog.py:20: 1 ops seen in its capture, issued at each "
+               "of its 2 replays" in note for note in analysis.translator.notes)
+
+
+def test_a_stream_forked_into_a_capture_is_part_of_the_graph():
+    # s2 waits for an event recorded inside the capture: its work is the graph's, run at the
+    # replay on s1; s2 reading the output afterwards with no edge races the replay's last
+    # write there (s2's own captured add, replayed on s1).
+    fork = [["event", 8, {}], ["record", 8, S1, "prog.py:40"], ["wait", 8, S2, "prog.py:40"],
+            _op(S2, "kernel:add", 41, r=[("d", BASE, 4096)], w=[("d", BASE + 4096, 64)]),
+            ["event", 9, {}], ["record", 9, S2, "prog.py:42"], ["wait", 9, S1, "prog.py:42"],
+            ["free", "d", BASE, {"site": "prog.py:43"}]]  # kept by the graph's pool
+    events = _captured(*fork) + [
+        ["graph_replay", G, S1, "prog.py:44"],
+        _op(S2, "kernel:sum", 45, r=[("d", BASE + 4096, 64)])]
+    found = {(f["first"]["step"], f["second"]["step"]) for f in _findings(events)}
+    assert found == {("prog.py:41", "prog.py:45")}
+    assert all(f["first"]["stream"] == "s1" for f in _findings(events))

@@ -38,6 +38,11 @@ The events, field by field::
     ["query", event, done, site]                 cudaEventQuery, and what it saw
     ["sync_stream", sid, site]                   cudaStreamSynchronize
     ["sync_device", site]                        cudaDeviceSynchronize
+    ["graph_begin", graph, sid, site]            a CUDA graph's capture began on stream sid:
+        what is issued on sid (and on the streams that wait for events recorded there) until
+        graph_end is the graph's body, not run now
+    ["graph_end", graph, site]                   its capture ended
+    ["graph_replay", graph, sid, site]           its body issued on stream sid, as one launch
     ["note", text]                               something the source could not see, in words
     ["delays", [{"path", "line", "us", "kind", "queued", "streams"}, ...], [failure, ...]]
         what amplification queued (:mod:`harness.capture.amplify`), written as the program ends

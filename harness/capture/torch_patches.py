@@ -1,6 +1,6 @@
 """The program's calls that order its work or read its memory and that PyTorch's dispatcher
 does not see: an event's or a stream's query, a tensor read by the host through ``tolist`` or
-``numpy``, a CUDA graph's replay, and a collective's ``Work.wait``, ``synchronize`` and
+``numpy``, a CUDA graph's capture and replay, and a collective's ``Work.wait``, ``synchronize`` and
 ``is_completed``. Each is wrapped (by the PyTorch source's ``patch``, which puts the original
 back when the capture stops) to say what it did, then do it.
 """
@@ -50,21 +50,35 @@ def patch_calls(cap: Any, torch: Any, patch: Callable[[Any, str, Callable[[Any],
             return original(self, *a, **k)
         return read
 
-    def graph_replay(original: Any) -> Any:
-        def replay(self: Any, *a: Any, **k: Any) -> Any:
-            if cap.on:
-                cap.emit(["note", "the program replayed a CUDA graph (torch.cuda.CUDAGraph."
-                                  "replay): its kernels run as one launch that no source "
-                                  "sees; what they read and write is not checked"])
-            return original(self, *a, **k)
-        return replay
+    def graph_call(event: str) -> Callable[[Any], Any]:
+        """A CUDA graph's ``capture_begin``, ``capture_end`` or ``replay``: said once it is
+        done (an end also when it failed: the capture is over either way). A graph is known
+        by its object's id: a graph captured anew is a new body."""
+        def make(original: Any) -> Any:
+            def call(self: Any, *a: Any, **k: Any) -> Any:
+                done = False
+                try:
+                    out = original(self, *a, **k)
+                    done = True
+                    return out
+                finally:
+                    if cap.on and (done or event == "graph_end"):
+                        try:
+                            cap.graph_call(event, id(self))
+                        except Exception as exc:
+                            cap.guard.failed(f"CUDAGraph.{original.__name__}", exc)
+            return call
+        return make
 
     patch(torch.cuda.Event, "query", event_query)
     patch(torch.cuda.Stream, "query", stream_query)
     patch(torch.Tensor, "tolist", host_reader)
     patch(torch.Tensor, "numpy", host_reader)
-    if hasattr(torch.cuda, "CUDAGraph"):
-        patch(torch.cuda.CUDAGraph, "replay", graph_replay)
+    graph = getattr(torch.cuda, "CUDAGraph", None)
+    if graph is not None:
+        for name, event in (("capture_begin", "graph_begin"), ("capture_end", "graph_end"),
+                            ("replay", "graph_replay")):
+            patch(graph, name, graph_call(event))
 
     collectives = cap.collectives
     if collectives is None:

@@ -7,6 +7,14 @@ out again is the same bytes, with the old owner's history (an in-flight read of 
 still conflicts with the new owner's write, which is what a missing ``record_stream`` breaks).
 Owners are the program's tensors and arrays, named as it made them.
 
+A CUDA graph's capture runs nothing: what is issued on the capturing stream between
+``graph_begin`` and ``graph_end`` (and on the streams that waited for its events, as a capture
+forks) is the graph's body, kept in order. Each ``graph_replay`` issues that body on the replay
+stream, so the body's reads and writes race with the program's other streams like any op's.
+The body is taken to run in its capture's order: its branches are not checked against each
+other. Frees during a capture are left out: the graph's private pool keeps those blocks for
+the graph's replays.
+
 The allocator's deferred reuse is said in edges, as it happens: when a block recorded on other
 streams (``record_stream``) is freed, the allocator records an event on each of them, and hands
 the bytes out again only once those events completed, which it found by querying them. So the
@@ -38,6 +46,17 @@ def kernel_kind(name: str) -> str:
     """The op-log kind of a kernel: ``kernel:`` and the name as an identifier."""
     ident = _IDENT.sub("_", name) or "kernel"
     return "kernel:" + (ident if not ident[0].isdigit() else "_" + ident)
+
+
+@dataclass
+class _Graph:
+    """A CUDA graph the program captured: its body's ops in order, where it was made, and
+    how often it was replayed."""
+
+    site: str | None
+    body: list[tuple[Any, ...]] = field(default_factory=list)  # _op's arguments, sid left out
+    streams: set[int] = field(default_factory=set)  # the streams its capture took in
+    replays: int = 0
 
 
 @dataclass
@@ -79,13 +98,17 @@ class Translator:
         # Bytes given back with events to wait for before they are handed out again.
         self._deferred: list[_Alloc] = []
         self._unknown_frees = 0
+        self._graphs: dict[Any, _Graph] = {}
+        self._capturing: dict[int, _Graph] = {}  # stream -> the graph it is capturing into
+        self._captured_events: dict[Any, _Graph] = {}  # events recorded inside a capture
         self._handlers: dict[str, Callable[..., None]] = {
             "hello": self._hello, "stream": self._stream, "alloc": self._alloc,
             "free": self._free, "op": self._op, "event": self._event, "record": self._record,
             "wait": self._wait, "sync_event": self._sync_event, "query": self._query,
             "sync_stream": self._sync_stream, "sync_device": self._sync_device,
             "note": self._note, "exit": self._exit, "source": self._source,
-            "delays": self._delays, "stats": self._stats,
+            "delays": self._delays, "stats": self._stats, "graph_begin": self._graph_begin,
+            "graph_end": self._graph_end, "graph_replay": self._graph_replay,
         }
 
     # ---- the events --------------------------------------------------------------------------
@@ -207,6 +230,8 @@ class Translator:
             self._record_op(HOST, "alloc", step=meta.get("site"), detail=detail)
 
     def _free(self, space: str, addr: int, meta: dict[str, Any] | None = None) -> None:
+        if self._capturing:
+            return  # the graph's pool keeps the block for its replays
         meta = meta or {}
         addr = int(addr)
         live = self._live.get(space)
@@ -233,6 +258,10 @@ class Translator:
     # ---- ops and edges -----------------------------------------------------------------------
     def _op(self, sid: int | None, kind: str, reads: list[list[Any]], writes: list[list[Any]],
             meta: dict[str, Any] | None = None) -> None:
+        graph = self._capturing.get(sid) if sid is not None else None
+        if graph is not None:
+            graph.body.append((kind, reads, writes, meta))
+            return
         meta = meta or {}
         site = meta.get("site")
         detail = {"site": site}
@@ -257,12 +286,52 @@ class Translator:
             self._record_op(HOST, "sync_stream", syncs=stream, step=site, detail={"site": site})
 
     def _record(self, eid: Any, sid: int, site: str | None = None) -> None:
+        graph = self._capturing.get(sid)
+        if graph is not None:  # a node of the graph: orders only its own branches
+            self._captured_events[eid] = graph
+            return
+        self._captured_events.pop(eid, None)
         self._record_op(self._stream_of(sid), "event_record", records=self._event_of(eid),
                         step=site, detail={"site": site})
 
     def _wait(self, eid: Any, sid: int, site: str | None = None) -> None:
+        graph = self._captured_events.get(eid)
+        if graph is not None:
+            if sid not in self._capturing:  # a stream forked off a capture joins the graph
+                self._capture_on(sid, graph)
+            return
         self._record_op(self._stream_of(sid), "event_wait", waits=self._event_of(eid),
                         step=site, detail={"site": site})
+
+    # ---- CUDA graphs -------------------------------------------------------------------------
+    def _graph_begin(self, gid: Any, sid: int, site: str | None = None) -> None:
+        graph = self._graphs[gid] = _Graph(site)  # a graph captured anew is a new body
+        self._capture_on(sid, graph)
+
+    def _capture_on(self, sid: int, graph: _Graph) -> None:
+        self._stream_of(sid)
+        graph.streams.add(sid)
+        self._capturing[sid] = graph
+
+    def _graph_end(self, gid: Any, site: str | None = None) -> None:
+        graph = self._graphs.get(gid)
+        if graph is None:
+            return
+        for sid in graph.streams:
+            if self._capturing.get(sid) is graph:
+                del self._capturing[sid]
+        self._captured_events = {e: g for e, g in self._captured_events.items()
+                                 if g is not graph}
+
+    def _graph_replay(self, gid: Any, sid: int, site: str | None = None) -> None:
+        graph = self._graphs.get(gid)
+        if graph is None:
+            self._note("a CUDA graph was replayed whose capture no source saw (captured "
+                       "before the watch began): its kernels were not checked")
+            return
+        graph.replays += 1
+        for kind, reads, writes, meta in graph.body:
+            self._op(sid, kind, reads, writes, meta)
 
     def _sync_event(self, eid: Any, site: str | None = None) -> None:
         self._record_op(HOST, "sync_event", waits=self._event_of(eid), step=site,
@@ -290,7 +359,13 @@ class Translator:
                             {k: v for k, v in (detail or {}).items() if v is not None}))
 
     def finish(self) -> None:
-        """The run ended: say what could not be placed."""
+        """The run ended: say what could not be placed, and what the graphs were."""
+        for graph in self._graphs.values():
+            where = f" made at {graph.site}" if graph.site else ""
+            self._note(f"a CUDA graph{where}: {len(graph.body)} ops seen in its capture, "
+                       f"issued at each of its {graph.replays} replays on the replay "
+                       "stream, in their capture's order (its branches are not checked "
+                       "against each other)")
         if self._unknown_frees:
             self._note(f"{self._unknown_frees} frees of memory no source saw handed out (a "
                        "library's own workspace, or memory made before capture began) were "
