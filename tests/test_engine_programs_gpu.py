@@ -9,6 +9,7 @@ copied there, to be committed beside the CPU suite's recordings.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from tests.test_watch_gpu import _record, watch
 
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAMS = sorted((ROOT / "tests" / "engine_programs").glob("*.py"))
-FIXED_RUNS = 20
+FIXED_RUNS = int(os.environ.get("GPURACE_FIXED_RUNS", "20"))  # fewer for a quick look
 
 # What each kind of program needs here, as code that fails where it is missing.
 NEEDS = {
