@@ -640,3 +640,35 @@ def test_a_stream_forked_into_a_capture_is_part_of_the_graph():
     found = {(f["first"]["step"], f["second"]["step"]) for f in _findings(events)}
     assert found == {("prog.py:41", "prog.py:45")}
     assert all(f["first"]["stream"] == "s1" for f in _findings(events))
+
+
+def test_a_wait_for_a_modules_import_ends_when_it_is_executed(tmp_path, monkeypatch):
+    """after_import calls back once the module's code has run (not when it is merely looked
+    up), at once for a module imported already, and never after its wait is cancelled."""
+    import importlib.util
+
+    from harness.capture.imports import after_import
+    for name in ("gpurace_later_a", "gpurace_later_b"):
+        (tmp_path / f"{name}.py").write_text("LOADED = True\n")
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    seen: list[str] = []
+    after_import("gpurace_later_a", lambda: seen.append(str(sys.modules["gpurace_later_a"])))
+    cancel = after_import("gpurace_later_b", lambda: seen.append("b"))
+    assert importlib.util.find_spec("gpurace_later_a") is not None and seen == []
+    import gpurace_later_a  # noqa: F401
+    assert len(seen) == 1 and "gpurace_later_a" in seen[0]
+    cancel()
+    import gpurace_later_b  # noqa: F401
+    after_import("gpurace_later_b", lambda: seen.append("now"))
+    assert seen[1:] == ["now"]
+
+
+def test_torch_compiles_generated_code_is_not_the_programs():
+    from harness.capture.sites import is_program_code
+    space: dict[str, Any] = {}
+    exec(compile("def call(): pass\n", "/tmp/torchinductor_me/ab/cab12.py", "exec"), space)
+    exec(compile("def mine(): pass\n", "/home/me/serve.py", "exec"), space)
+    assert not is_program_code(space["call"].__code__)
+    assert is_program_code(space["mine"].__code__)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from harness.capture.triton_ir import UnreadableIR, kernel_access
+from harness.capture.triton_source import inductor_names
 from tests.frameworks import python_with
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -81,11 +82,14 @@ buf = io.StringIO()
 sink = E.Sink(buf)
 stop = source.install(sink)
 wrapped = JITFunction.run is not original
+import torch._inductor.runtime.triton_heuristics as inductor  # torch.compile's launcher
+inductor_wrapped = inductor.CachingAutotuner.run.__module__
 stop()
 sink.flush()
 events = [json.loads(line) for line in buf.getvalue().splitlines()]
 print(json.dumps({"version": source.available(), "wrapped": wrapped,
                   "restored": JITFunction.run is original,
+                  "inductor": [inductor_wrapped, inductor.CachingAutotuner.run.__module__],
                   "kinds": [e[0] for e in events],
                   "stats": [e[1]["source"] for e in events if e[0] == "stats"]}))
 '''
@@ -95,7 +99,8 @@ print(json.dumps({"version": source.available(), "wrapped": wrapped,
                     reason="no interpreter with Triton here (GPURACE_TEST_PYTHON)")
 def test_the_triton_source_wraps_the_launch_and_puts_it_back(tmp_path: Path) -> None:
     """Switched on, the Triton source stands in JITFunction.run (every @triton.jit launch
-    passes there); switched off, the original is back. A launch needs a GPU:
+    passes there), and in torch.compile's CachingAutotuner.run once the program imports it;
+    switched off, the originals are back. A launch needs a GPU:
     tests/test_engine_programs_gpu.py watches one."""
     prog = tmp_path / "install.py"
     prog.write_text(_INSTALL)
@@ -104,4 +109,16 @@ def test_the_triton_source_wraps_the_launch_and_puts_it_back(tmp_path: Path) -> 
     assert done.returncode == 0, done.stderr[-2000:]
     got = json.loads(done.stdout)
     assert got["version"] and got["wrapped"] and got["restored"]
+    assert got["inductor"] == ["harness.capture.triton_source",
+                               "torch._inductor.runtime.triton_heuristics"]
     assert got["kinds"] == ["note", "stats"] and got["stats"] == ["triton"]
+
+
+def test_an_inductor_kernel_without_its_ttir_is_read_by_inductors_names() -> None:
+    """in_ptr read, out_ptr written, in_out_ptr and what Inductor lists as mutated both; a
+    parameter of another name (a kernel of the program's own inside compiled code) both,
+    unless it is an in_ptr."""
+    got = inductor_names(("in_ptr0", "in_ptr1", "out_ptr0", "in_out_ptr0", "x_ptr", "xnumel"),
+                         frozenset({"in_ptr1"}))
+    assert got.read == {"in_ptr0", "in_ptr1", "in_out_ptr0", "x_ptr", "xnumel"}
+    assert got.written == {"in_ptr1", "out_ptr0", "in_out_ptr0", "x_ptr", "xnumel"}

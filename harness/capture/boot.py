@@ -27,6 +27,7 @@ from typing import Any
 
 from harness.capture import events as E
 from harness.capture.amplify import Amplifier, decode
+from harness.capture.imports import OnExec
 from harness.capture.source import REGISTERED, Installed, Source, load
 
 NOTHING_TO_CAPTURE = 77
@@ -69,12 +70,13 @@ def importable(name: str) -> bool:
         return False
 
 
-class InstallOnImport(importlib.abc.MetaPathFinder):
+class InstallOnImport(OnExec):
     """Switches a source on the moment the program's import of its framework has finished, so
     a program pays for no framework it does not use, and the source sees all of its work."""
 
     def __init__(self, sink: E.Sink, sources: tuple[Source, ...],
                  amplifier: Amplifier | None = None) -> None:
+        super().__init__()
         self.sink = sink
         self.amplifier = amplifier
         # A framework's module -> the sources its import switches on, in their order.
@@ -82,31 +84,10 @@ class InstallOnImport(importlib.abc.MetaPathFinder):
         for source in sources:
             self.waiting.setdefault(source.module, []).append(source)
         self.stops: list[Installed] = []
-        self._finding: set[str] = set()  # names being looked up by the real finders
 
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        # A library may only look for the framework (importlib.util.find_spec("torch"), as
-        # transformers does to see what is installed) before the program imports it: the
-        # sources wait until a module of that name is executed, not merely found.
-        if fullname not in self.waiting or fullname in self._finding:
-            return None
-        self._finding.add(fullname)
-        try:
-            spec = importlib.util.find_spec(fullname)  # the real one, without us
-        finally:
-            self._finding.discard(fullname)
-        loader = getattr(spec, "loader", None)
-        if loader is None or not hasattr(loader, "exec_module"):
-            return spec
-        run = loader.exec_module
-
-        def exec_module(module: Any) -> None:
-            run(module)
-            for source in self.waiting.pop(fullname, ()):
-                self.install(source)
-
-        loader.exec_module = exec_module  # type: ignore[method-assign]
-        return spec
+    def executed(self, fullname: str) -> None:
+        for source in self.waiting.pop(fullname, ()):
+            self.install(source)
 
     def stop_all(self) -> None:
         """Switch off every source this hook started, the last first; one that cannot stop is

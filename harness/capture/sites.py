@@ -1,10 +1,10 @@
 """Where in the program's own code a call came from: its ``file:line``, never a library frame.
 
 A finding names each side by the user's line (``serve.py:41``), as a traceback would: the first
-frame, walking out from the call, whose code is not PyTorch's, CuPy's, NumPy's, gpurace's own or
-the standard library's. Whether a code object is the program's is worked out once per code
-object, and a frame's ``file:line`` once per instruction, so the walk costs a few attribute
-reads a frame.
+frame, walking out from the call, whose code is not PyTorch's, CuPy's, NumPy's, gpurace's own,
+torch.compile's generated code or the standard library's. Whether a code object is the
+program's is worked out once per code object, and a frame's ``file:line`` once per
+instruction, so the walk costs a few attribute reads a frame.
 
 Both are remembered by the code object's ``id``, never by the code object itself: a code
 object's hash is worked out from its whole body at every call (14 µs for a 2,000-line
@@ -27,6 +27,9 @@ LIBRARIES = frozenset({"torch", "cupy", "cupyx", "cupy_backends", "numpy", "trit
                        "pytest", "pluggy"})
 """Installed packages whose frames are never the program's: the frameworks a source hooks and
 what they call through. Any other installed package (an engine installed with pip) is."""
+_GENERATED = f"{os.sep}torchinductor_"
+"""A folder of torch.compile's generated code (``/tmp/torchinductor_USER``): its lines are
+torch.compile's, and a kernel it launches is named by the program's line that called it."""
 _known: dict[int, tuple[CodeType, bool]] = {}  # id(code) -> (code, is the program's)
 _stdlib: tuple[str, ...] = ()
 
@@ -68,7 +71,7 @@ def _is_program_file(name: str) -> bool:
     if name.startswith("<"):
         return False
     path = os.path.abspath(name)
-    if path.startswith(_HARNESS_ROOT):
+    if path.startswith(_HARNESS_ROOT) or _GENERATED in path:
         return False
     for marker in ("/site-packages/", "/dist-packages/"):
         at = path.find(marker)

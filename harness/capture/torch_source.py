@@ -698,8 +698,8 @@ def install(sink: E.Sink, amplifier: Amplifier | None = None) -> Installed:
     finally:
         cap.on = True
     sink.emit(["note", "PyTorch: kernels that do not go through PyTorch's dispatcher "
-                       "(torch.compile's generated kernels, custom extensions' own launches; "
-                       "@triton.jit kernels are the Triton source's) are not seen; a kernel "
+                       "(custom extensions' own launches; Triton kernels, torch.compile's "
+                       "included, are the Triton source's) are not seen; a kernel "
                        "that reads through an index is taken to read the whole tensor it "
                        "indexes; numpy views of pinned tensors are seen only where .numpy() "
                        "makes them"])

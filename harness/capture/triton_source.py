@@ -1,26 +1,35 @@
-"""The Triton source: each launch of a Triton kernel of the program's own (``@triton.jit``,
-launched as ``kernel[grid](...)``) is an op on the stream it was launched on, reading and
-writing the tensors it was given as its TTIR says (:mod:`harness.capture.triton_ir`).
+"""The Triton source: each launch of a Triton kernel is an op on the stream it was launched on,
+reading and writing the tensors it was given: the program's own ``@triton.jit`` kernels, and
+the kernels torch.compile generates (Inductor's).
 
-It wraps ``JITFunction.run``, the one call every such launch goes through (autotuned and
-heuristic kernels included): after the original has launched, the compiled kernel's TTIR
-(``CompiledKernel.asm["ttir"]``, read once per compiled kernel) names which pointer
-parameters it reads and writes, and the bound arguments of those names are the tensors. A
-kernel whose TTIR cannot be followed reads and writes every tensor it is given, and the notes
-say so once. Only CUDA tensors are memory here; a warm-up (``warmup=True``) launches nothing.
+A kernel of the program's own is launched as ``kernel[grid](...)``, through ``JITFunction.run``
+(autotuned and heuristic kernels included), which the source wraps: after the original has
+launched, the compiled kernel's TTIR (``CompiledKernel.asm["ttir"]``, read once per compiled
+kernel, :mod:`harness.capture.triton_ir`) names which pointer parameters it reads and writes,
+and the bound arguments of those names are the tensors. A warm-up (``warmup=True``) launches
+nothing.
 
-Not seen yet, and said in a note: kernels launched without ``JITFunction.run`` (torch.compile's
-generated kernels, which Inductor launches through the compiled kernel's own launcher).
-``--amplify`` queues no delay before a Triton kernel.
+Inductor launches its kernels through ``CachingAutotuner.run(*args, stream=...)``, which the
+source wraps once torch.compile's runtime is imported: the op is on the stream Inductor names,
+and what it reads and writes comes from the TTIR of its launcher where Inductor kept it, else
+from Inductor's own names (``in_ptr`` read, ``out_ptr`` written, ``in_out_ptr`` and the
+arguments it lists as mutated both). Such a kernel's site is the program's line that called the
+compiled code (the generated wrapper's lines are torch.compile's).
+
+A kernel whose accesses cannot be followed reads and writes every tensor it is given, and the
+notes say so once. Only CUDA tensors are memory here. ``--amplify`` queues no delay before a
+Triton kernel.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from time import perf_counter_ns
 from typing import Any
 
 from harness.capture import events as E
 from harness.capture.amplify import Amplifier
+from harness.capture.imports import after_import
 from harness.capture.sites import program_frame, site_of
 from harness.capture.source import Failures, Installed
 from harness.capture.torch_ops import byte_spans
@@ -68,6 +77,24 @@ class _Launches:
         names = list(fn.arg_names)
         bound = dict(zip(names, args))
         bound.update((k, v) for k, v in kwargs.items() if k in names)
+        self._say(getattr(fn, "__name__", None) or "triton_kernel", bound, access, None, t0,
+                  start)
+
+    def inductor_launched(self, autotuner: Any, args: tuple[Any, ...], stream: Any,
+                          t0: int) -> None:
+        """Say the launch of one of torch.compile's kernels on ``stream``."""
+        start = perf_counter_ns()
+        fn = autotuner.fn
+        access = self._inductor_access(autotuner)
+        bound = dict(zip(fn.arg_names, args))
+        sid = stream if isinstance(stream, int) else None
+        self._say(getattr(fn, "__name__", None) or "inductor_kernel", bound, access, sid, t0,
+                  start)
+
+    def _say(self, kernel: str, bound: dict[str, Any], access: KernelAccess | None,
+             sid: int | None, t0: int, start: int) -> None:
+        """The op of a launch: the CUDA tensors bound to the parameters it reads and writes,
+        on ``sid`` (None: the current stream, where Triton launched it)."""
         reads: list[list[Any]] = []
         writes: list[list[Any]] = []
         device = None
@@ -88,11 +115,11 @@ class _Launches:
                 writes.extend(spans)
         if device is None:
             return  # no CUDA tensor among what it touches
-        sid = self.torch._C._cuda_getCurrentRawStream(device)  # where Triton launched it
+        if sid is None:
+            sid = self.torch._C._cuda_getCurrentRawStream(device)
         site = site_of(program_frame(1))
-        name = getattr(fn, "__name__", None) or "triton_kernel"
-        self.sink.emit(["op", sid, f"kernel:{name}", reads, writes,
-                        {"site": site, "op": name, "source": "triton", "t": t0}])
+        self.sink.emit(["op", sid, f"kernel:{kernel}", reads, writes,
+                        {"site": site, "op": kernel, "source": "triton", "t": t0}])
         self.ops += 1
         self.own_ns += perf_counter_ns() - start
 
@@ -114,10 +141,78 @@ class _Launches:
         self.access[kernel] = found
         return found
 
+    def _inductor_access(self, autotuner: Any) -> KernelAccess | None:
+        """What one of torch.compile's kernels reads and writes: its launcher's TTIR where
+        Inductor kept it, else Inductor's names for its parameters."""
+        if autotuner in self.access:
+            return self.access[autotuner]
+        fn = autotuner.fn
+        found: KernelAccess | None = None
+        launchers = getattr(autotuner, "launchers", None) or ()
+        asm = getattr(getattr(launchers[0], "bin", None), "asm", None) if launchers else None
+        if asm is not None and "ttir" in asm:
+            try:
+                found = kernel_access(str(asm["ttir"]))
+                if not set(found.pointers) <= set(fn.arg_names):
+                    found = None  # not this kernel's parameters: Inductor's names instead
+            except UnreadableIR:
+                found = None
+        if found is None:
+            found = inductor_names(tuple(fn.arg_names),
+                                   frozenset(getattr(autotuner, "mutated_arg_names", ())))
+        self.access[autotuner] = found
+        return found
+
     def stats(self) -> list[Any]:
         return ["stats", {"source": "triton", "ops": self.ops, "own_ns": self.own_ns,
                           "max_own_ns": 0, "max_site": None, "slow": [],
                           "failures": dict(self.failures.counts)}]
+
+
+INDUCTOR = "torch._inductor.runtime.triton_heuristics"
+"""torch.compile's kernel launcher, imported at the program's first compiled call."""
+
+
+def inductor_names(params: tuple[str, ...], mutated: frozenset[str]) -> KernelAccess:
+    """What an Inductor kernel reads and writes, by the names Inductor gives its parameters:
+    ``in_ptrN`` read, ``out_ptrN`` written, ``in_out_ptrN`` and those it lists as mutated both;
+    any other parameter (a kernel of the program's own inside compiled code) both, unless
+    Inductor's analysis of it says it is only read."""
+    read, written = set(), set()
+    for name in params:
+        if name.startswith("out_ptr"):
+            written.add(name)
+            continue
+        read.add(name)
+        if name.startswith("in_out_ptr") or name in mutated or not name.startswith("in_ptr"):
+            written.add(name)
+    pointers = tuple(params)
+    return KernelAccess("inductor", pointers, pointers, frozenset(read), frozenset(written))
+
+
+def _wrap_inductor(state: _Launches, failures: Failures) -> Callable[[], None]:
+    """Wrap ``CachingAutotuner.run``; returns what puts it back."""
+    import importlib
+    autotuner = getattr(importlib.import_module(INDUCTOR), "CachingAutotuner", None)
+    original = getattr(autotuner, "run", None)
+    if original is None:
+        state.sink.emit(["note", "Triton: this PyTorch's torch.compile launches its kernels "
+                                 "without CachingAutotuner.run: its generated kernels are "
+                                 "not seen"])
+        return lambda: None
+
+    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        t0 = perf_counter_ns()
+        out = original(self, *args, **kwargs)
+        if state.on and not kwargs.get("benchmark_run"):
+            try:
+                state.inductor_launched(self, args, kwargs.get("stream"), t0)
+            except Exception as exc:  # never the program's failure: its kernel has run
+                failures.failed("a torch.compile kernel's launch", exc)
+        return out
+
+    autotuner.run = run
+    return lambda: setattr(autotuner, "run", original)
 
 
 def install(sink: E.Sink) -> Installed:
@@ -141,12 +236,24 @@ def install(sink: E.Sink) -> Installed:
         return kernel
 
     JITFunction.run = run  # type: ignore[method-assign]
-    sink.emit(["note", "Triton: kernels launched through @triton.jit are seen; kernels "
-                       "launched otherwise (torch.compile's generated kernels) are not, and "
-                       "--amplify queues no delay before a Triton kernel"])
+    unwrap: list[Callable[[], None]] = []
+
+    def wrap_inductor() -> None:
+        try:
+            unwrap.append(_wrap_inductor(state, failures))
+        except Exception as exc:  # a torch.compile runtime of another shape
+            failures.failed("torch.compile's kernel launcher", exc)
+
+    cancel = after_import(INDUCTOR, wrap_inductor)
+    sink.emit(["note", "Triton: --amplify queues no delay before a Triton kernel; kernels "
+                       "launched other than through @triton.jit or torch.compile's launcher "
+                       "are not seen"])
 
     def stop() -> None:
         state.on = False
+        cancel()
+        for undo in unwrap:
+            undo()
         JITFunction.run = original  # type: ignore[method-assign]
         failures.say_summary()
         sink.emit(state.stats())
