@@ -672,3 +672,15 @@ def test_torch_compiles_generated_code_is_not_the_programs():
     exec(compile("def mine(): pass\n", "/home/me/serve.py", "exec"), space)
     assert not is_program_code(space["call"].__code__)
     assert is_program_code(space["mine"].__code__)
+
+
+def test_a_replays_ops_are_issued_at_the_replays_time():
+    """The host's clock of a replayed op is the replay's (--amplify sizes its delays by the
+    time between a racing pair's ops), not its capture's."""
+    records = []
+    translator = Translator(records.append, lambda info: None, lambda info: None)
+    captured = _captured()
+    captured[5][5]["t"] = 1_000  # the op's clock at capture
+    translator.feed(captured + [["graph_replay", G, S2, "prog.py:30", 9_000_000]])
+    (mul,) = [r for r in records if r.kind == "kernel:mul"]
+    assert (mul.stream, mul.t_issue_ns, mul.step) == ("s2", 9_000_000, "prog.py:21")

@@ -9,6 +9,7 @@ copied there, to be committed beside the CPU suite's recordings.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -79,3 +80,26 @@ def test_the_fixed_twin_is_clean_in_every_run(tmp_path, prog):
     result = doc["results"][0]
     assert result["trials"] == FIXED_RUNS and result["detected"] == 0, result
     assert code == 0
+
+
+AMPLIFY_TRIALS = int(os.environ.get("GPURACE_AMPLIFY_TRIALS", "20"))
+
+
+@pytest.mark.parametrize("prog", PROGRAMS, ids=[p.stem for p in PROGRAMS])
+def test_amplified_the_buggy_programs_answer_is_wrong(tmp_path, prog):
+    """--amplify auto (a delay before the earlier op of each racing pair; for a replayed
+    graph's op, before the replay) makes the buggy program's answer wrong in at least 95% of
+    its runs: the race the watch found is the one that breaks the program."""
+    _needs(prog)
+    done = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "watch", "--format", "json", "--out",
+         str(tmp_path), "--trials", str(AMPLIFY_TRIALS), "--amplify", "auto", "--",
+         sys.executable, str(prog)],
+        capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=1800)
+    doc = json.loads(done.stdout) if done.stdout.strip().startswith("{") else {}
+    assert doc.get("watch"), done.stderr[-2000:]
+    best = max((a["failed"] / a["trials"] for a in doc["watch"]["amplified"]), default=0.0)
+    print(f"\n{prog.stem}: amplified " + "; ".join(
+        f"{a['failed']}/{a['trials']} {a['queued']}" for a in doc["watch"]["amplified"]))
+    assert best >= 0.95, doc["watch"]["amplified"]

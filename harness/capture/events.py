@@ -42,7 +42,8 @@ The events, field by field::
         what is issued on sid (and on the streams that wait for events recorded there) until
         graph_end is the graph's body, not run now
     ["graph_end", graph, site]                   its capture ended
-    ["graph_replay", graph, sid, site]           its body issued on stream sid, as one launch
+    ["graph_replay", graph, sid, site, t]        its body issued on stream sid, as one launch
+        (``t`` the host's clock then, as an op's)
     ["note", text]                               something the source could not see, in words
     ["delays", [{"path", "line", "us", "kind", "queued", "streams"}, ...], [failure, ...]]
         what amplification queued (:mod:`harness.capture.amplify`), written as the program ends

@@ -53,9 +53,15 @@ def patch_calls(cap: Any, torch: Any, patch: Callable[[Any, str, Callable[[Any],
     def graph_call(event: str) -> Callable[[Any], Any]:
         """A CUDA graph's ``capture_begin``, ``capture_end`` or ``replay``: said once it is
         done (an end also when it failed: the capture is over either way). A graph is known
-        by its object's id: a graph captured anew is a new body."""
+        by its object's id: a graph captured anew is a new body. A replay may be delayed
+        first, where a delay is asked for at one of the graph's ops."""
         def make(original: Any) -> Any:
             def call(self: Any, *a: Any, **k: Any) -> Any:
+                if cap.on and event == "graph_replay":
+                    try:
+                        cap.graphs.before_replay(id(self))
+                    except Exception as exc:
+                        cap.guard.failed("a delay before CUDAGraph.replay", exc)
                 done = False
                 try:
                     out = original(self, *a, **k)
@@ -64,7 +70,7 @@ def patch_calls(cap: Any, torch: Any, patch: Callable[[Any, str, Callable[[Any],
                 finally:
                     if cap.on and (done or event == "graph_end"):
                         try:
-                            cap.graph_call(event, id(self))
+                            cap.graphs.call(event, id(self))
                         except Exception as exc:
                             cap.guard.failed(f"CUDAGraph.{original.__name__}", exc)
             return call

@@ -40,10 +40,9 @@ dispatch in) is imported when the capture starts, never in the middle of the pro
 The one change the program may notice is its time: activation checkpointing's early stop is off
 while the capture is on (:func:`_checkpoint_early_stop_off` says why).
 
-A CUDA graph's capture (``CUDAGraph.capture_begin`` to ``capture_end``, which
-``torch.cuda.graph`` and torch.compile's cudagraph trees call) and each replay are said as they
-happen; the ops seen during a capture are the graph's body, which the watching side issues
-again at each replay. No delay is queued while a graph is captured (it would be captured too).
+A CUDA graph's capture and each replay are said as they happen
+(:mod:`harness.capture.torch_graphs`); the ops seen during a capture are the graph's body,
+which the watching side issues again at each replay.
 
 Ops issued in threads the program starts are seen too (each thread enters the mode as it
 starts); ops of processes it starts are not.
@@ -64,6 +63,7 @@ from harness.capture.sites import (is_own_code, program_frame, site_of, thread_n
                                    variable_for, warm_up)
 from harness.capture.source import Failures, Installed
 from harness.capture.torch_collectives import Collectives
+from harness.capture.torch_graphs import Graphs
 from harness.capture.torch_patches import patch_calls
 from harness.capture.torch_ops import (SLOW_NS, SLOWEST_KEPT, Pending, Plan, byte_spans,
                                        tensors_in, what_of)
@@ -130,8 +130,7 @@ class _Capture:
         self.slow: list[list[Any]] = []  # [ns, site, op] of the first ops over SLOW_NS
         self.ready: set[int] = set()  # devices whose current stream was asked for once
         self.collectives: Collectives | None = None  # where torch.distributed is
-        # CUDA graphs being captured: no delay is queued meanwhile (it would be captured).
-        self.capturing: set[int] = set()
+        self.graphs = Graphs(self)  # the CUDA graphs it captures and replays
 
     # ---- names -------------------------------------------------------------------------------
     def name_pending(self) -> None:
@@ -321,8 +320,8 @@ class _Capture:
             pending.pinned = [base for base in bases if base in self.pinned]
             if not plan.no_work:
                 pending.event = ["op", sid, self._kind(plan, args, kwargs), reads, writes, meta]
-                if self.amplifier is not None and not self.capturing:
-                    delay = self.amplifier.wants(site, pending.event[2])
+                if self.amplifier is not None:
+                    delay = self.graphs.delay_for(site, pending.event[2])
                     if delay is not None:
                         self.delay(delay, cuda_index, sid)
         elif (reads or writes) and not plan.no_work:
@@ -507,20 +506,6 @@ class _Capture:
     def _seen_stream(self, sid: int, frame: FrameType | None) -> None:
         if sid not in self.streams:
             self.stream(sid, frame)
-
-    def graph_call(self, event: str, gid: int) -> None:
-        """A CUDA graph's capture began or ended, or the graph was replayed (``event``:
-        graph_begin, graph_end, graph_replay), on the current stream."""
-        frame, site = self._edge()
-        if event == "graph_end":
-            self.capturing.discard(gid)
-            self.emit([event, gid, site])
-            return
-        sid = self.raw_stream(self.torch.cuda.current_device())
-        self._seen_stream(sid, frame)
-        if event == "graph_begin":
-            self.capturing.add(gid)
-        self.emit([event, gid, sid, site])
 
     def on_stream_creation(self, sid: int) -> None:
         self.stream_sites[sid] = site_of(program_frame(1))

@@ -323,7 +323,8 @@ class Translator:
         self._captured_events = {e: g for e, g in self._captured_events.items()
                                  if g is not graph}
 
-    def _graph_replay(self, gid: Any, sid: int, site: str | None = None) -> None:
+    def _graph_replay(self, gid: Any, sid: int, site: str | None = None,
+                      t: int | None = None) -> None:
         graph = self._graphs.get(gid)
         if graph is None:
             self._note("a CUDA graph was replayed whose capture no source saw (captured "
@@ -331,7 +332,7 @@ class Translator:
             return
         graph.replays += 1
         for kind, reads, writes, meta in graph.body:
-            self._op(sid, kind, reads, writes, meta)
+            self._op(sid, kind, reads, writes, meta if t is None else {**(meta or {}), "t": t})
 
     def _sync_event(self, eid: Any, site: str | None = None) -> None:
         self._record_op(HOST, "sync_event", waits=self._event_of(eid), step=site,
