@@ -361,12 +361,17 @@ class Translator:
 
     def finish(self) -> None:
         """The run ended: say what could not be placed, and what the graphs were."""
-        for graph in self._graphs.values():
-            where = f" made at {graph.site}" if graph.site else ""
-            self._note(f"a CUDA graph{where}: {len(graph.body)} ops seen in its capture, "
-                       f"issued at each of its {graph.replays} replays on the replay "
-                       "stream, in their capture's order (its branches are not checked "
-                       "against each other)")
+        by_site: dict[str | None, list[_Graph]] = {}
+        for graph in self._graphs.values():  # a program may capture a graph per batch size
+            by_site.setdefault(graph.site, []).append(graph)
+        for site, graphs in by_site.items():
+            where = f" made at {site}" if site else ""
+            ops = sum(len(g.body) for g in graphs)
+            replays = sum(g.replays for g in graphs)
+            self._note(f"{_count(len(graphs), 'CUDA graph')}{where}: {_count(ops, 'op')} seen "
+                       f"in capture, issued again at each of {_count(replays, 'replay')} on "
+                       "the replay stream, in capture order (a graph's branches are not "
+                       "checked against each other)")
         if self._unknown_frees:
             self._note(f"{self._unknown_frees} frees of memory no source saw handed out (a "
                        "library's own workspace, or memory made before capture began) were "
@@ -377,6 +382,10 @@ class Translator:
         live = self._live.get(space)
         span = live.at(addr) if live is not None else None
         return span.value.name if span is not None else None
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 def _unique(base: str, taken: set[str]) -> str:
