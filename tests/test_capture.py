@@ -685,3 +685,32 @@ def test_a_replays_ops_are_issued_at_the_replays_time():
     translator.feed(captured + [["graph_replay", G, S2, "prog.py:30", 9_000_000]])
     (mul,) = [r for r in records if r.kind == "kernel:mul"]
     assert (mul.stream, mul.t_issue_ns, mul.step) == ("s2", 9_000_000, "prog.py:21")
+
+
+class _Held:
+    def __init__(self, key: int) -> None:
+        self.key = key
+
+
+def test_a_frames_values_are_named_in_one_pass_by_its_own_scope():
+    """names_in names a function's values from its locals (the first name of a value wins,
+    private names are skipped, a value that cannot be asked is left out); module-level code
+    is named from the module's globals."""
+    from harness.capture.sites import names_in
+
+    def key(held: _Held) -> int:
+        if held.key < 0:
+            raise RuntimeError("a storage freed")
+        return held.key
+
+    def body() -> dict[Any, str]:
+        _hidden, first, again, broken = _Held(1), _Held(2), _Held(2), _Held(-1)  # noqa: F841
+        other = 3  # noqa: F841 - not of the types asked for
+        return names_in(sys._getframe(), frozenset({_Held}), key)
+
+    assert body() == {2: "first"}
+    space: dict[str, Any] = {"names_in": names_in, "sys": sys, "_Held": _Held, "key": key}
+    exec(compile("kv = _Held(7)\nfound = names_in(sys._getframe(), frozenset({_Held}), key)\n",
+                 "/made/top.py", "exec"), space)
+    assert space["found"] == {7: "kv"}
+    assert names_in(None, frozenset({_Held}), key) == {}

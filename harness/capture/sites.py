@@ -20,6 +20,7 @@ import sysconfig
 import threading
 from collections.abc import Callable
 from types import CodeType, FrameType
+from typing import Any
 
 _HARNESS_ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "")
 LIBRARIES = frozenset({"torch", "cupy", "cupyx", "cupy_backends", "numpy", "triton", "cuda",
@@ -163,3 +164,24 @@ def variable_for(frame: FrameType | None, wanted: Callable[[object], bool]) -> s
     except Exception:  # a frame gone, a value that cannot be asked: no name
         return None
     return None
+
+
+def names_in(frame: FrameType | None, types: frozenset[type],
+             key: Callable[[Any], Any]) -> dict[Any, str]:
+    """The names a program's frame gives its values of ``types``, by ``key(value)`` (the first
+    name of each key wins): how the tensors a line made get the program's names, all of one
+    frame in one pass. Its locals only, or its module's globals for module-level code: a
+    value made in a function is held by that function's names, and a scan of a module's
+    globals for each of its temporaries costs more than the op that made it."""
+    found: dict[Any, str] = {}
+    try:
+        scope = frame.f_locals if frame is not None else {}
+    except Exception:  # a frame gone: no names
+        return found
+    for name, value in scope.items():
+        if type(value) in types and not name.startswith("_"):
+            try:
+                found.setdefault(key(value), name)
+            except Exception:  # a value that cannot be asked (a storage freed): not named
+                continue
+    return found

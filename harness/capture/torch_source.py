@@ -59,8 +59,8 @@ from typing import Any
 
 from harness.capture import events as E
 from harness.capture.amplify import Amplifier, Delay
-from harness.capture.sites import (is_own_code, program_frame, site_of, thread_name,
-                                   variable_for, warm_up)
+from harness.capture.sites import (is_own_code, names_in, program_frame, site_of,
+                                   thread_name, variable_for, warm_up)
 from harness.capture.source import Failures, Installed
 from harness.capture.torch_collectives import Collectives
 from harness.capture.torch_graphs import Graphs
@@ -139,10 +139,14 @@ class _Capture:
         are still held by the sink."""
         pending, self.to_name = self.to_name, []
         strided = self.strided
+        names: dict[int, dict[Any, str]] = {}  # id(frame) -> storage base -> name
         for meta, frame, base in pending:
-            meta["name"] = variable_for(frame, lambda v, base=base: type(v) in _PLAIN
-                                        and v.layout is strided
-                                        and v.untyped_storage().data_ptr() == base)
+            found = names.get(id(frame))
+            if found is None:
+                found = names[id(frame)] = names_in(
+                    frame, _PLAIN, lambda t: t.untyped_storage().data_ptr()
+                    if t.layout is strided else None)
+            meta["name"] = found.get(base)
 
     def stream(self, sid: int, frame: FrameType | None) -> None:
         """Announce stream ``sid`` the first time the program uses it, by its variable's name
