@@ -299,3 +299,32 @@ def test_each_amplified_runs_line_says_its_plan_and_delay(capsys):
     err = capsys.readouterr().err
     assert "run 1 of p: clean, no race" in err
     assert "run 4 of p amplified-2 (50 µs): corruption, no race" in err
+
+
+def test_issue_times_are_read_from_a_trace_too_large_to_load(tmp_path, monkeypatch):
+    """A real program's watched trace runs to tens of megabytes, past what load_trace checks
+    and holds: the plan's issue times are read from it line by line all the same, the same
+    as load_trace reads them from a small one; a trace of runs is refused."""
+    from harness import limits
+    from harness.errors import TraceError
+    from harness.traces.optrace import issue_times, load_trace
+    from tests.test_capture import S1, _alloc, _op, _streams
+
+    trace = tmp_path / "trace.jsonl"
+    analysis = RunAnalysis(trace, {"scenario": "p", "variant": "watched"})
+    ops = [_op(S1, "kernel:fill_", 10 + i, w=[("d", 0x7000_0000, 64)]) for i in range(200)]
+    for i, op in enumerate(ops):
+        op[5]["t"] = 1_000 * i
+    analysis.feed(_streams() + [_alloc(0x7000_0000, 64, "x")] + ops)
+    analysis.close()
+    loaded = {int(r["seq"]): (r["t_issue_ns"], r.get("step")) for r in load_trace(trace).records
+              if r.get("type") == "op" and "t_issue_ns" in r}
+    assert len(loaded) == 200
+    monkeypatch.setattr(limits, "TRACE_MAX_BYTES", 1024)
+    with pytest.raises(TraceError):
+        load_trace(trace)
+    assert issue_times(trace) == loaded
+    runs = tmp_path / "runs.jsonl"
+    runs.write_text(trace.read_text() + '{"type":"run","program":0,"seq":900}\n')
+    with pytest.raises(TraceError, match="runs"):
+        issue_times(runs)

@@ -42,7 +42,7 @@ from harness.results.outcome import Outcome, TrialResult, VariantResult
 from harness.run.outputs import RunFolder
 from harness.results.rates import wilson
 from harness.results.watched import AmplifiedPlan, WatchedRun, WatchResult
-from harness.traces.optrace import load_trace
+from harness.traces.optrace import issue_times
 
 POLL_S = 0.1
 """How often the watch reads the events the program wrote since it last looked."""
@@ -305,14 +305,12 @@ def points(plans: list[tuple[tuple[A.Delay, ...], A.Target | None]],
 
 def _issue_times(traces: Sequence[str]) -> dict[int, tuple[int, str | None]]:
     """The host's clock at each op's issue, and its step, from the first readable trace of the
-    plain runs (a trace too long to load gives none: the delays keep --delay-us)."""
+    plain runs (a real program's is tens of megabytes: it is read line by line)."""
     for path in traces:
         try:
-            records = load_trace(path).records
+            return issue_times(path)
         except (TraceError, OSError):
             continue
-        return {int(r["seq"]): (int(r["t_issue_ns"]), r.get("step")) for r in records
-                if r.get("type", "op") == "op" and isinstance(r.get("t_issue_ns"), int)}
     return {}
 
 

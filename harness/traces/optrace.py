@@ -40,7 +40,7 @@ from typing import Any
 from harness import limits as L
 from harness.inputs import Unreadable, clip, echo, read_input
 from harness.inputs import plain as one_line  # this module's plain() expands a trace's runs
-from harness.traces.jsonl import LineParser, read_text, show
+from harness.traces.jsonl import LineParser, line_error, read_text, show
 from kvcore.device.oplog import HOST, HOST_KINDS, is_stream_kind
 
 TRACE_SCHEMA = "gpurace.trace/1"
@@ -454,3 +454,30 @@ class _Parser(LineParser):
         if offset < 0 or length < 0 or offset + length > nbytes:
             raise self.fail(where, f"bytes {offset}..{offset + length} are outside buffer "
                                    f"{buffer_id} (0..{nbytes})")
+
+
+def issue_times(path: Path | str) -> dict[int, tuple[int, str | None]]:
+    """The host's clock at each op's issue, and its step, by seq, from an op trace of plain op
+    lines (a watched run's), read line by line: such a trace of a real program runs to tens
+    of megabytes, past what :func:`load_trace` checks and holds, and this keeps two numbers an
+    op. Raises :class:`TraceError` for a line that is not a JSON object, a trace with runs
+    (whose times are the run's), or one over :data:`~harness.limits.TRACE_MAX_OPS` ops."""
+    times: dict[int, tuple[int, str | None]] = {}
+    with open(path, encoding="utf-8", errors="replace") as file:
+        for number, line in enumerate(file, 1):
+            if '"type":"op"' not in line and '"type": "op"' not in line:
+                if '"type":"run"' in line or '"type": "run"' in line:
+                    raise line_error(Path(path), number, 1, "type",
+                                     "a trace with runs: its ops' times are its runs'")
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError as exc:
+                raise line_error(Path(path), number, 1, "(record)", str(exc)) from None
+            seq, t = record.get("seq"), record.get("t_issue_ns")
+            if isinstance(seq, int) and isinstance(t, int):
+                times[seq] = (t, record.get("step"))
+                if len(times) > L.TRACE_MAX_OPS:
+                    raise line_error(Path(path), number, 1, "seq",
+                                     f"more than {L.TRACE_MAX_OPS:,} ops")
+    return times
