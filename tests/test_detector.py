@@ -526,7 +526,8 @@ def test_a_new_device_built_as_the_last_one_keeps_the_remembered_trials() -> Non
         for variant in scenario.variants:
             remembering, fresh = RaceDetector(), RaceDetector(remember=False)
 
-            def attach(device: kvcore.Device) -> None:
+            def attach(device: kvcore.Device, remembering: RaceDetector = remembering,
+                       fresh: RaceDetector = fresh) -> None:
                 remembering.attach(device)
                 fresh.attach(device)
 
@@ -582,7 +583,8 @@ def test_a_reissued_trial_cut_where_the_host_blocks_is_remembered_and_its_json_m
         remembering, fresh = RaceDetector(), RaceDetector(remember=False)
         pieces: list[int] = []
 
-        def attach(device: kvcore.Device) -> None:
+        def attach(device: kvcore.Device, remembering: RaceDetector = remembering,
+                   fresh: RaceDetector = fresh) -> None:
             remembering.attach(device)
             fresh.attach(device)
             device.oplog.before_blocking(lambda: None)  # cut where the host blocks

@@ -1,7 +1,7 @@
 """`gpurace watch` on the programs of tests/engine_programs, on a GPU: what real engines launch
 beyond ATen ops (NCCL collectives on one rank, Triton kernels of their own, CUDA graph
-replays). Each buggy program is found on its first unamplified run, at the lines its docstring
-names; each fixed twin is clean in every run.
+replays, CuPy's raw MemoryPointer copies). Each buggy program is found on its first
+unamplified run, at the lines its docstring names; each fixed twin is clean in every run.
 
 With GPURACE_RECORD_DIR set, each program's capture events (buggy and fixed, first run) are
 copied there, to be committed beside the CPU suite's recordings.
@@ -31,6 +31,7 @@ NEEDS = {
             "assert d.is_nccl_available()",
     "triton": "import torch, triton; assert torch.cuda.is_available()",
     "graph": "import torch; assert torch.cuda.is_available()",
+    "cupy": "import cupy; assert cupy.cuda.runtime.getDeviceCount() > 0",
 }
 
 

@@ -360,7 +360,8 @@ def test_reissued_trials_are_the_trials_step_by_step(amplify: bool) -> None:
 TABLE_ROUND = """\
 apiVersion: gpurace/v1
 kind: Scenario
-metadata: {name: table-round, description: a row republished every trial with a page whose generation grew}
+metadata: {name: table-round,
+  description: a row republished every trial with a page whose generation grew}
 spec:
   pool: {pages: 2, page_tokens: 16, planes: [{dtype: i8, leading: 8, heads: 1, align: 256}],
          table_rows: 1, max_pages_per_row: 1}

@@ -16,7 +16,9 @@ lives in a module of its own:
 * :mod:`~harness.capture.cupy_functions`: the ufuncs and functions of ``cupy``,
   ``cupy.linalg``, ``cupy.fft``, ``cupy.random``;
 * :mod:`~harness.capture.cupy_pinned`: the NumPy arrays ``cupyx.empty_pinned`` and its kin
-  return, whose host reads and writes are host ops.
+  return, whose host reads and writes are host ops;
+* :mod:`~harness.capture.cupy_pointers`: ``MemoryPointer``'s copies and fills, on the pointers
+  ``ndarray.data`` and ``cupy.cuda.alloc`` hand out.
 
 They report through one :class:`~harness.capture.cupy_capture.CupyCapture`: one watched call is
 one op on the stream it was issued on; the arrays it was given are read, its ``out=`` and
@@ -38,6 +40,7 @@ from harness.capture.cupy_kernels import KernelHooks
 from harness.capture.cupy_memory import MemoryHooks
 from harness.capture.cupy_ndarray import NdarrayHooks
 from harness.capture.cupy_pinned import PinnedHost
+from harness.capture.cupy_pointers import PointerHooks
 from harness.capture.cupy_streams import StreamHooks
 from harness.capture.events import Sink
 from harness.capture.source import Installed
@@ -47,8 +50,7 @@ BLIND_SPOTS = (
     "zeros_pinned and their _like kin return (and on CuPy's own staging buffers), not on other "
     "pinned memory nor through numpy.asarray(a), a.view(numpy.ndarray), ctypes or the buffer "
     "protocol",
-    "MemoryPointer methods called directly (a.data.copy_from_host_async, memset_async, ...) "
-    "and cupy.cuda.Function launches (RawKernel.kernel(...)) are not seen",
+    "cupy.cuda.Function launches (RawKernel.kernel(...)) are not seen",
     "kernels CuPy launches from its compiled code are seen as the watched call that made them "
     "(its array arguments read, its outputs written); cupy.fuse, cupyx.jit kernels, "
     "RandomState methods and CUDA graph launches are not seen",
@@ -76,13 +78,14 @@ class CupyHooks:
     kernels: KernelHooks
     functions: FunctionHooks
     pinned: PinnedHost
+    pointers: PointerHooks
 
     @classmethod
     def over(cls, capture: CupyCapture) -> CupyHooks:
         copies = CopyHooks(capture)
         return cls(capture, MemoryHooks(capture), StreamHooks(capture), copies,
                    NdarrayHooks(capture, copies), KernelHooks(capture), FunctionHooks(capture),
-                   PinnedHost(capture))
+                   PinnedHost(capture), PointerHooks(capture, copies))
 
     def steps(self) -> tuple[tuple[str, Callable[[], None]], ...]:
         """Each step of the install, by the name its failure is noted under, in order."""
@@ -95,7 +98,7 @@ class CupyHooks:
                 ("events", self.streams.install_events), ("ndarray", self.ndarray.install),
                 ("kernels", self.kernels.install), ("device", self.streams.install_device),
                 ("runtime", runtime), ("functions", self.functions.install),
-                ("pinned_arrays", self.pinned.install))
+                ("pinned_arrays", self.pinned.install), ("pointers", self.pointers.install))
 
     def install(self) -> None:
         """Put every hook in, note what none can see, and start reporting."""
