@@ -239,7 +239,7 @@ def test_an_engine_program_names_its_racing_lines_and_its_fix(prog: Path) -> Non
     lines = text.splitlines()
     launch, read, fix = (lines[int(n) - 1] for n in race.groups())
     launched = {"nccl": "async_op=True", "triton": "[grid](", "graph": "static_out.copy_(",
-                "cupy": ".data.copy_"}
+                "cupy": ".data.copy_", "child": ".copy_("}
     assert launched[prog.stem.split("_")[0]] in launch  # the graph's: its captured op
     assert ("wait" in fix or "synchronize" in fix) and "wait" not in read
 

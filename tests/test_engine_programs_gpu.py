@@ -1,6 +1,6 @@
 """`gpurace watch` on the programs of tests/engine_programs, on a GPU: what real engines launch
 beyond ATen ops (NCCL collectives on one rank, Triton kernels of their own, CUDA graph
-replays, CuPy's raw MemoryPointer copies). Each buggy program is found on its first
+replays, CuPy's raw MemoryPointer copies, child processes). Each buggy program is found on its first
 unamplified run, at the lines its docstring names; each fixed twin is clean in every run.
 
 With GPURACE_RECORD_DIR set, each program's capture events (buggy and fixed, first run) are
@@ -32,6 +32,7 @@ NEEDS = {
     "triton": "import torch, triton; assert torch.cuda.is_available()",
     "graph": "import torch; assert torch.cuda.is_available()",
     "cupy": "import cupy; assert cupy.cuda.runtime.getDeviceCount() > 0",
+    "child": "import torch; assert torch.cuda.is_available()",
 }
 
 

@@ -150,3 +150,35 @@ def test_a_child_knows_each_source_by_the_framework_that_switches_it_on() -> Non
         timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+TRITON_PYTHON = python_with("triton")
+
+
+@pytest.mark.skipif(TRITON_PYTHON is None,
+                    reason="no interpreter with Triton here (GPURACE_TEST_PYTHON)")
+def test_a_child_queues_the_delays_its_watched_parent_queues(tmp_path: Path) -> None:
+    """--amplify's delays are handed down with the events folder: a child that starts a
+    source (here Triton's, at its import) counts them as the program does, in its own file;
+    a parent without delays hands none down."""
+    from harness.capture.amplify import Delay, encode
+    from harness.capture.boot import CHILD_SITE, CHILDREN_ENV, DELAYS_ENV, hand_down
+    delays = encode([Delay("serve.py", 41, 250.0, "copy_htod")])
+    env = {**os.environ, CHILDREN_ENV: str(tmp_path / "children"), DELAYS_ENV: delays,
+           "PYTHONPATH": os.pathsep.join([str(CHILD_SITE), str(ROOT)])}
+    done = subprocess.run([TRITON_PYTHON, "-c", "import triton"], capture_output=True,
+                          text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (child,) = (tmp_path / "children").glob("child-*.jsonl")
+    (said,) = [e for e in iter_file(child) if e[0] == "delays"]
+    assert said[1] == [{"path": "serve.py", "line": 41, "us": 250.0, "kind": "copy_htod",
+                        "queued": 0, "streams": []}]
+    before = dict(os.environ)
+    try:
+        hand_down(str(tmp_path / "events.jsonl"), delays)
+        assert os.environ[DELAYS_ENV] == delays
+        hand_down(str(tmp_path / "events.jsonl"))
+        assert DELAYS_ENV not in os.environ
+    finally:
+        os.environ.clear()
+        os.environ.update(before)

@@ -40,10 +40,19 @@ CHILD_SITE = Path(__file__).resolve().parent / "child_site"
 """The folder whose sitecustomize watches a child (:mod:`harness.capture.children`)."""
 
 
-def hand_down(events: str) -> None:
+DELAYS_ENV = "GPURACE_WATCH_DELAYS"
+"""The delays (``--delays``' JSON) a watched program's children queue too."""
+
+
+def hand_down(events: str, delays: str = "") -> None:
     """Set this process's environment so that its Python children are watched: their events
-    beside ``events``, in a ``children`` folder."""
+    beside ``events``, in a ``children`` folder, queueing ``delays`` as the program does (a
+    race the watch found in a child is amplified there)."""
     os.environ[CHILDREN_ENV] = str(Path(events).resolve().parent / "children")
+    if delays:
+        os.environ[DELAYS_ENV] = delays
+    else:
+        os.environ.pop(DELAYS_ENV, None)
     path = os.environ.get("PYTHONPATH", "")
     os.environ["PYTHONPATH"] = os.pathsep.join([str(CHILD_SITE), *([path] if path else [])])
 
@@ -182,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         if module in sys.modules:  # imported already (a sitecustomize): switch it on now
             hook.install_now(module)
     watch_forks(sink)
-    hand_down(opts.events)  # its Python children are watched too, each into a file of its own
+    hand_down(opts.events, opts.delays)  # its Python children are watched too, each alone
     sys.argv = [opts.program, *opts.args]
     status, error, tb = 0, None, None
     try:

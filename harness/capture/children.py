@@ -16,7 +16,9 @@ the boot says in its notes); a child whose environment the program replaced is n
 After each run, the watch reads every child's file (:func:`analyse_children`): its findings
 join the run's, each saying in its words which process it is (its pid and what it is: "a
 multiprocessing spawn worker"); its notes join the run's too. What crosses processes (CUDA IPC
-handles, shared pinned memory) is not followed: each process is analysed alone.
+handles, shared pinned memory) is not followed: each process is analysed alone. A child
+queues the delays ``--amplify`` asks for as the program does, so a race found in a child can
+be made to show there.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from pathlib import Path
 from typing import Any, NamedTuple, TextIO
 
 from harness.capture import events as E
-from harness.capture.boot import CHILDREN_ENV, InstallOnImport, importable, watch_forks
+from harness.capture.boot import (CHILDREN_ENV, DELAYS_ENV, InstallOnImport, importable,
+                                  watch_forks)
 
 def role_of(argv: list[str]) -> str:
     """What a child is, from its command line (``sys.orig_argv``)."""
@@ -100,7 +103,12 @@ def watch_child() -> None:
             # no exit handler run; what it did after its last host wait is then lost.
             sink.flush()
 
-    hook = Install(sink, found)
+    delays = os.environ.get(DELAYS_ENV)
+    amplifier = None
+    if delays:
+        from harness.capture.amplify import Amplifier, decode
+        amplifier = Amplifier(decode(delays), sink.emit)
+    hook = Install(sink, found, amplifier)
     sys.meta_path.insert(0, hook)
     watch_forks(sink)
 
@@ -109,6 +117,8 @@ def watch_child() -> None:
             sink.closed = True  # it never touched a framework: no file
             return
         hook.stop_all()
+        if amplifier is not None:
+            amplifier.report()
         sink.emit(["exit", {"status": None, "error": None, "traceback": None}])
         sink.close()
 
