@@ -58,6 +58,7 @@ from types import FrameType
 from typing import Any
 
 from harness.capture import events as E
+from harness.capture import spin
 from harness.capture.amplify import Amplifier, Delay
 from harness.capture.sites import (is_own_code, names_in, program_frame, site_of,
                                    thread_name, variable_for, warm_up)
@@ -121,7 +122,6 @@ class _Capture:
         self.raw_stream = torch._C._cuda_getCurrentRawStream
         self.main_ident = threading.main_thread().ident
         self.amplifier: Amplifier | None = None
-        self.cycles_per_us: dict[int, float] = {}  # device index -> the spin kernel's rate
         # What the capture cost the program: ops seen, ns of its own code, its longest pause.
         self.ops = 0
         self.own_ns = 0
@@ -357,49 +357,9 @@ class _Capture:
         self.emit(event)
 
     def delay(self, delay: Delay, index: int, sid: int) -> None:
-        """Queue ``delay`` on the current stream of device ``index`` (the op's own), as
-        ``torch.cuda._sleep``'s spin of clock cycles, counted at the rate measured here."""
+        """Queue ``delay`` on the current stream of device ``index`` (the op's own)."""
         assert self.amplifier is not None
-        torch = self.torch
-        try:
-            rate = self.cycles_per_us.get(index)
-            if rate is None:
-                rate = self.cycles_per_us[index] = self.calibrate(index)
-                self.emit(["note", f"delays: the spin kernel counts {rate:.0f} clock cycles "
-                                   f"a microsecond on cuda:{index} (measured)"])
-            with torch.cuda.device(index):
-                torch.cuda._sleep(max(1, int(delay.us * rate)))
-        except Exception as exc:  # a delay that cannot be queued must not stop the program
-            self.amplifier.failed(delay, repr(exc))
-            return
-        self.amplifier.queued(delay, sid)
-
-    def calibrate(self, index: int) -> float:
-        """Clock cycles a microsecond of ``torch.cuda._sleep``'s spin, on a stream of its own
-        (the program's queued work is not waited for) and unwatched. The fastest of three
-        rounds: a round the program's kernels held back reads slow."""
-        torch = self.torch
-        self.on = False
-        try:
-            with torch.cuda.device(index):
-                stream = torch.cuda.Stream()
-                best = 0.0
-                with torch.cuda.stream(stream):
-                    for cycles in (100_000, 1_000_000, 1_000_000):
-                        begin = torch.cuda.Event(enable_timing=True)
-                        end = torch.cuda.Event(enable_timing=True)
-                        begin.record(stream)
-                        torch.cuda._sleep(cycles)
-                        end.record(stream)
-                        end.synchronize()
-                        us = begin.elapsed_time(end) * 1000.0
-                        if us > 0:
-                            best = max(best, cycles / us)
-        finally:
-            self.on = True
-        if best <= 0:
-            raise RuntimeError("the spin kernel took no measurable time")
-        return best
+        spin.queue(self.torch, self.amplifier, self.emit, delay, index, sid)
 
     def _kind(self, plan: Plan, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         if plan.kind == "kernel":
@@ -676,6 +636,7 @@ def install(sink: E.Sink, amplifier: Amplifier | None = None) -> Installed:
         cap.on = False  # a forked child (a DataLoader worker): not watched, never touched
 
     os.register_at_fork(after_in_child=in_child)
+    quiet = spin.while_calibrating(lambda on: setattr(cap, "on", on))
     mode = _Mode()
     mode.__enter__()
     # The first op through a dispatch mode imports PyTorch's dynamo (and sympy): seconds, paid
@@ -698,6 +659,7 @@ def install(sink: E.Sink, amplifier: Amplifier | None = None) -> Installed:
         if cap.to_name:
             cap.name_pending()
         cap.on = False
+        quiet()
         mode.__exit__(None, None, None)
         if early_stop is not None:
             early_stop.__exit__(None, None, None)

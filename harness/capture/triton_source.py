@@ -17,8 +17,9 @@ arguments it lists as mutated both). Such a kernel's site is the program's line 
 compiled code (the generated wrapper's lines are torch.compile's).
 
 A kernel whose accesses cannot be followed reads and writes every tensor it is given, and the
-notes say so once. Only CUDA tensors are memory here. ``--amplify`` queues no delay before a
-Triton kernel.
+notes say so once. Only CUDA tensors are memory here. A delay ``--amplify`` asks for before a
+kernel is queued on the current stream before its launch (:mod:`harness.capture.spin`), never
+while a CUDA graph is captured.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from time import perf_counter_ns
 from typing import Any
 
 from harness.capture import events as E
+from harness.capture import spin
 from harness.capture.amplify import Amplifier
 from harness.capture.imports import after_import
 from harness.capture.sites import program_frame, site_of
@@ -50,7 +52,7 @@ class TritonSource:
         return str(triton.__version__)
 
     def install(self, sink: E.Sink, amplifier: Amplifier | None = None) -> Installed:
-        return install(sink)
+        return install(sink, amplifier)
 
 
 SOURCE = TritonSource()
@@ -59,15 +61,35 @@ SOURCE = TritonSource()
 class _Launches:
     """The source's state: what each compiled kernel accesses, and what it cost."""
 
-    def __init__(self, sink: E.Sink, failures: Failures) -> None:
+    def __init__(self, sink: E.Sink, failures: Failures,
+                 amplifier: Amplifier | None = None) -> None:
         import torch
         self.torch = torch
         self.sink = sink
         self.failures = failures
+        self.amplifier = amplifier
         self.on = True
         self.access: dict[Any, KernelAccess | None] = {}  # compiled kernel -> its access
         self.ops = 0
         self.own_ns = 0
+
+    def delay_before(self, kernel: str, stream: Any = None) -> None:
+        """Queue on the current stream the delay asked for before ``kernel`` at the program's
+        line, where one is (never inside a CUDA graph's capture: it would be captured)."""
+        assert self.amplifier is not None
+        delay = self.amplifier.wants(site_of(program_frame(1)), f"kernel:{kernel}")
+        if delay is None:
+            return
+        torch = self.torch
+        index = torch.cuda.current_device()
+        sid = torch._C._cuda_getCurrentRawStream(index)
+        if torch.cuda.is_current_stream_capturing():
+            return
+        if isinstance(stream, int) and stream != sid:
+            self.amplifier.failed(delay, "the kernel was launched on a stream other than the "
+                                         "current one")
+            return
+        spin.queue(torch, self.amplifier, self.sink.emit, delay, index, sid)
 
     def launched(self, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                  kernel: Any, t0: int) -> None:
@@ -203,6 +225,12 @@ def _wrap_inductor(state: _Launches, failures: Failures) -> Callable[[], None]:
 
     def run(self: Any, *args: Any, **kwargs: Any) -> Any:
         t0 = perf_counter_ns()
+        if state.amplifier is not None and state.on and not kwargs.get("benchmark_run"):
+            try:
+                state.delay_before(getattr(self.fn, "__name__", None) or "inductor_kernel",
+                                   kwargs.get("stream"))
+            except Exception as exc:
+                failures.failed("a delay before a torch.compile kernel", exc)
         out = original(self, *args, **kwargs)
         if state.on and not kwargs.get("benchmark_run"):
             try:
@@ -215,18 +243,24 @@ def _wrap_inductor(state: _Launches, failures: Failures) -> Callable[[], None]:
     return lambda: setattr(autotuner, "run", original)
 
 
-def install(sink: E.Sink) -> Installed:
-    """Capture the program's Triton launches into ``sink`` from now on."""
+def install(sink: E.Sink, amplifier: Amplifier | None = None) -> Installed:
+    """Capture the program's Triton launches into ``sink`` from now on, queueing the delays
+    ``amplifier`` asks for before them."""
     from triton.runtime.jit import JITFunction
 
     failures = Failures(sink.emit, "the Triton source")
-    state = _Launches(sink, failures)
+    state = _Launches(sink, failures, amplifier)
     original = JITFunction.run
 
     def run(self: Any, *args: Any, **kwargs: Any) -> Any:
         # The call passes through as it came: Triton's own signature (grid=, warmup=, launch
         # options) is Triton's to check, whichever version it is.
         t0 = perf_counter_ns()
+        if state.amplifier is not None and state.on and not kwargs.get("warmup"):
+            try:
+                state.delay_before(getattr(self, "__name__", None) or "triton_kernel")
+            except Exception as exc:
+                failures.failed("a delay before a Triton kernel", exc)
         kernel = original(self, *args, **kwargs)
         if state.on and not kwargs.get("warmup") and kernel is not None:
             try:
@@ -245,9 +279,8 @@ def install(sink: E.Sink) -> Installed:
             failures.failed("torch.compile's kernel launcher", exc)
 
     cancel = after_import(INDUCTOR, wrap_inductor)
-    sink.emit(["note", "Triton: --amplify queues no delay before a Triton kernel; kernels "
-                       "launched other than through @triton.jit or torch.compile's launcher "
-                       "are not seen"])
+    sink.emit(["note", "Triton: kernels launched other than through @triton.jit or "
+                       "torch.compile's launcher are not seen"])
 
     def stop() -> None:
         state.on = False
