@@ -85,9 +85,13 @@ def test_the_fixed_twin_is_clean_in_every_run(tmp_path, prog):
 
 
 AMPLIFY_TRIALS = int(os.environ.get("GPURACE_AMPLIFY_TRIALS", "20"))
+AMPLIFIED = [p for p in PROGRAMS if not p.stem.startswith("nccl_")]
+"""The programs whose racing op a delay can be queued before. Not yet a collective's: it runs
+on the process group's own NCCL stream, which PyTorch does not hand out, and a delay on the
+current stream, which the collective waits for, delays the racing read as much."""
 
 
-@pytest.mark.parametrize("prog", PROGRAMS, ids=[p.stem for p in PROGRAMS])
+@pytest.mark.parametrize("prog", AMPLIFIED, ids=[p.stem for p in AMPLIFIED])
 def test_amplified_the_buggy_programs_answer_is_wrong(tmp_path, prog):
     """--amplify auto (a delay before the earlier op of each racing pair; for a replayed
     graph's op, before the replay) makes the buggy program's answer wrong in at least 95% of
