@@ -279,3 +279,43 @@ def test_the_source_keeps_no_work_alive_that_the_program_let_go(tmp_path: Path) 
                           env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {"first_gone": True, "followed": 1, "after_wait": 0}
+
+
+def test_a_race_found_in_a_child_process_minimizes_from_the_runs_incident(
+        tmp_path: Path) -> None:
+    """A race the program's child found (an engine core in a process of its own) is in no
+    trace of the program's own process: its incident keeps the child's capture
+    (child-PID.jsonl), and `gpurace minimize INCIDENT` makes the scenario from it."""
+    from click.testing import CliRunner
+
+    from harness.capture.children import analyse_children
+    from harness.capture.watch import Program, ProgramEnd, WatchOptions, _incident
+    from harness.cli import main
+    from harness.results.outcome import Outcome, TrialResult
+    children = tmp_path / "run" / "children"
+    children.mkdir(parents=True)
+    hello = ["hello", {"pid": 4242, "role": "a Python subprocess (core.py)",
+                       "argv": ["python", "core.py"]}]
+    (children / "child-4242.jsonl").write_text("".join(
+        json.dumps(e) + "\n" for e in [hello, *iter_file(RECORDED / "c10d_allreduce-buggy.jsonl")]))
+    (child,) = analyse_children(children)
+    assert child.findings and child.findings[0]["missing"].startswith(
+        "in child process 4242 (a Python subprocess (core.py)): ")
+    trace = tmp_path / "run" / "trace.jsonl"  # the program's own process: no race
+    analysis = RunAnalysis(trace, {"scenario": "prog", "variant": "watched"})
+    analysis.feed([])
+    analysis.close()
+    log = tmp_path / "run" / "program.log"
+    log.write_text("")
+    trial = TrialResult(index=0, seed=0, outcome=Outcome.CLEAN, race=True, trace=str(trace),
+                        findings=child.findings, duration_s=1.0, worker_pid=4241)
+    folder = _incident(tmp_path / "out", WatchOptions(program=Program("python", "prog.py", ())),
+                       trial, {"end": ProgramEnd(0, None, None, None, False, 1.0, ""),
+                               "run": {"log": str(log), "children": [child.to_json()]},
+                               "notes": []})
+    assert (folder / "child-4242.jsonl").exists()
+    out = tmp_path / "race.yaml"
+    made = CliRunner().invoke(main, ["minimize", str(folder), "-o", str(out)])
+    assert made.exit_code == 0, made.output
+    assert "buggy manifested 5/5 (race found 5/5), fixed 0/5 (found 0/5)" in made.output
+    assert "kernel:c10d.allreduce" in out.read_text()

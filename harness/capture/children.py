@@ -149,7 +149,8 @@ def on_cuda(start: Any) -> None:
 
 class Child(NamedTuple):
     """A watched child, analysed: its pid, what it is, its events file, the ops captured, its
-    findings (as run.json has them, each saying which process it is) and its notes."""
+    findings (as run.json has them, each saying which process it is), its notes and the
+    delays it queued."""
 
     pid: int | None
     role: str
@@ -157,6 +158,7 @@ class Child(NamedTuple):
     ops: int
     findings: list[dict[str, Any]]
     notes: list[str]
+    delays: list[dict[str, Any]]
 
     def to_json(self) -> dict[str, Any]:
         return {"pid": self.pid, "role": self.role, "events": self.events, "ops": self.ops,
@@ -186,5 +188,6 @@ def analyse_children(folder: Path) -> list[Child]:
         if not analysis.translator.ops:
             continue
         notes = [f"{who}: {note}" for note in analysis.translator.notes]
-        out.append(Child(pid, role, str(path), analysis.translator.ops, findings, notes))
+        out.append(Child(pid, role, str(path), analysis.translator.ops, findings, notes,
+                         analysis.translator.delays))
     return out

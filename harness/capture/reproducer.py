@@ -405,10 +405,13 @@ class Watched:
     command: str
 
 
-def watched_source(source: Path) -> Watched | None:
+def watched_source(source: Path, children: bool = True) -> Watched | None:
     """The watched run ``source`` names: a watched run's incident folder (or its report.json),
-    its trace.jsonl, or the capture events a run wrote (``watch/run-001/events.jsonl``); None
-    when ``source`` is none of these (a scenario's incident or trace: minimize's own)."""
+    its trace.jsonl, or the capture events a run wrote (``watch/run-001/events.jsonl``, or a
+    child's ``children/child-PID.jsonl``); None when ``source`` is none of these (a scenario's
+    incident or trace: minimize's own). Where the program's own process found no race, the
+    first of its child processes' captures that did (kept in the incident folder, or in the
+    run's ``children`` folder) stands for the run."""
     from harness.races.detector import check_trace
     from harness.traces.optrace import is_op_trace, load_trace
 
@@ -447,6 +450,13 @@ def watched_source(source: Path) -> Watched | None:
         return None
     findings = tuple(f.to_json() for f in check_trace(trace.records).findings)
     program = str(trace.header.get("scenario") or "program")
+    if not findings and children:
+        for capture in [*sorted(folder.glob("child-*.jsonl")),
+                        *sorted((folder / "children").glob("child-*.jsonl"))]:
+            child = watched_source(capture, children=False)
+            if child is not None and child.findings:
+                return Watched(child.records, child.findings, child.program,
+                               command or child.command)
     return Watched(tuple(trace.records), findings, program, command)
 
 

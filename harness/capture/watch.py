@@ -340,7 +340,8 @@ def _runs(options: WatchOptions, folder: Path, variant: VariantResult, hooks: Ru
                 len(variant.reports) < options.max_incidents:
             try:
                 variant.reports.append(str(_write_incident(
-                    folder, options, trial, ran.end, ran.run.log, ran.notes, delays)))
+                    folder, options, trial, ran.end, ran.run.log, ran.notes, delays,
+                    ran.run.children)))
             except OSError as exc:  # the run is counted; its report is what is lost
                 faults.failed("incident", folder, exc)
         hooks.trial_finished(variant, trial)
@@ -427,7 +428,8 @@ def _one_run(options: WatchOptions, folder: Path, index: int, hooks: RunHooks,
                      log=str(work / "program.log"), start=how, duration_s=end.duration_s,
                      launch_s=end.launch_s, capture=translator.stats,
                      children=tuple(child.to_json() for child in children))
-    return trial, _Ran(run, end, notes, translator.delays)
+    delays = translator.delays + [d for child in children for d in child.delays]
+    return trial, _Ran(run, end, notes, delays)
 
 
 def _failure_line(log: Path, pattern: str) -> str | None:
@@ -704,9 +706,12 @@ def _shim() -> Path:
 
 
 def _write_incident(folder: Path, options: WatchOptions, trial: TrialResult, end: ProgramEnd,
-                    log: str, notes: Sequence[str], delays: tuple[A.Delay, ...] = ()) -> Path:
+                    log: str, notes: Sequence[str], delays: tuple[A.Delay, ...] = (),
+                    children: Sequence[dict[str, Any]] = ()) -> Path:
     """The incident folder of a run that raced or ended badly, as `gpurace run` writes one;
-    beside it the program's output (``log``), its traceback and the run's notes."""
+    beside it the program's output (``log``), its traceback, the run's notes, and the capture
+    of each child process that raced (``child-PID.jsonl``: its race is in no trace of the
+    program's own, and `gpurace minimize` reads it from there)."""
     program = options.program
     subject = Subject(program.name, program.target,
                       f"the program {shlex.join(program.argv)}, watched", False,
@@ -724,15 +729,19 @@ def _write_incident(folder: Path, options: WatchOptions, trial: TrialResult, end
         extra["traceback.txt"] = end.traceback
     if notes:
         extra["notes.txt"] = "\n".join(notes) + "\n"
+    for child in children:
+        if child.get("findings"):
+            events = Path(child["events"])
+            extra[events.name] = events.read_text(errors="replace")
     return write_report(folder, report, trial, extra)
 
 
 def _incident(folder: Path, options: WatchOptions, trial: TrialResult,
               info: dict[str, Any], delays: tuple[A.Delay, ...] = ()) -> Path:
     """:func:`_write_incident` from a dict of what the run left (``end``, ``run``'s
-    ``log``, ``notes``), as tests/test_capture.py calls it."""
+    ``log`` and ``children``, ``notes``), as tests/test_capture.py calls it."""
     return _write_incident(folder, options, trial, info["end"], info["run"]["log"],
-                           info["notes"], delays)
+                           info["notes"], delays, info["run"].get("children", ()))
 
 
 def _amplify_argv(options: WatchOptions, delays: tuple[A.Delay, ...]) -> list[str]:
