@@ -9,6 +9,7 @@ kernel where its source declares a pointer is the rest of the live device block 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from operator import attrgetter
 from typing import Any
 
 from harness.capture.events import DEVICE, HOST, Span
@@ -28,6 +29,10 @@ class CupySpans:
         rt = cupy.cuda.runtime
         self.rt: dict[str, Any] = {name: getattr(rt, name) for name in RUNTIME_NAMES}
         self.base = cupy.ndarray.__base__  # the Cython _ndarray_base
+        # An array's own MemoryPointer, past the watched ``data`` property (cupy_pointers):
+        # the source reads every array's address, and needs no watched pointer for it.
+        data = vars(self.base).get("data")
+        self.data_of = data.__get__ if data is not None else attrgetter("data")
         self.memptr = cupy.cuda.MemoryPointer
         import numpy
         self.np_ndarray = numpy.ndarray
@@ -37,7 +42,7 @@ class CupySpans:
         """The device bytes a CuPy array's view spans."""
         if a.size == 0:
             return None
-        ptr = a.data.ptr
+        ptr = self.data_of(a).ptr
         flags = a.flags
         if flags.c_contiguous or flags.f_contiguous:
             return Span(DEVICE, ptr, a.nbytes)
