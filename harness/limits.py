@@ -28,9 +28,11 @@ TICKET_MAX_BYTES = 8 * MiB
 8 MiB is read and checked, or refused at its last line, in half a second."""
 
 TRACE_MAX_BYTES = 8 * MiB
-"""Bytes of an op trace: about 38,000 ops (the ninfer-210 replay's whole trial is 1,400 ops,
-0.3 MiB). One of 8 MiB is read, or refused at its last line, in about half a second, in about
-200 MiB of memory; a larger one grows both in proportion."""
+"""Bytes of an op trace read whole: about 38,000 ops (the ninfer-210 replay's whole trial is
+1,400 ops, 0.3 MiB). One of 8 MiB is read, or refused at its last line, in about half a second,
+in about 200 MiB of memory; a larger one grows both in proportion. `gpurace check`, and
+`minimize` of a watched run, read a larger trace a line at a time (``stream_trace``), in the
+memory of one record, still bounded by :data:`TRACE_MAX_OPS`."""
 
 REPORT_MAX_BYTES = _REPORT_MAX_BYTES
 """Bytes of an incident's report.json that gpurace reads back (report show, report list,

@@ -304,7 +304,7 @@ def test_each_amplified_runs_line_says_its_plan_and_delay(capsys):
 def test_issue_times_are_read_from_a_trace_too_large_to_load(tmp_path, monkeypatch):
     """A real program's watched trace runs to tens of megabytes, past what load_trace checks
     and holds: the plan's issue times are read from it line by line all the same, the same
-    as load_trace reads them from a small one; a trace of runs is refused."""
+    as load_trace reads them from a small one; a trace cut mid-line is refused."""
     from harness import limits
     from harness.errors import TraceError
     from harness.traces.optrace import issue_times, load_trace
@@ -324,7 +324,7 @@ def test_issue_times_are_read_from_a_trace_too_large_to_load(tmp_path, monkeypat
     with pytest.raises(TraceError):
         load_trace(trace)
     assert issue_times(trace) == loaded
-    runs = tmp_path / "runs.jsonl"
-    runs.write_text(trace.read_text() + '{"type":"run","program":0,"seq":900}\n')
-    with pytest.raises(TraceError, match="runs"):
-        issue_times(runs)
+    torn = tmp_path / "torn.jsonl"
+    torn.write_text(trace.read_text() + '{"seq":900,"stream"')
+    with pytest.raises(TraceError, match="the file ends mid-record"):
+        issue_times(torn)

@@ -319,3 +319,39 @@ def test_a_race_found_in_a_child_process_minimizes_from_the_runs_incident(
     assert made.exit_code == 0, made.output
     assert "buggy manifested 5/5 (race found 5/5), fixed 0/5 (found 0/5)" in made.output
     assert "kernel:c10d.allreduce" in out.read_text()
+
+
+def test_a_trace_too_large_to_load_is_checked_and_minimized_as_a_stream(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real program's watched trace runs past the 8 MiB a trace is loaded whole: `gpurace
+    check` reads it a line at a time, and `gpurace minimize` twice (the races, then the pair's
+    window), to the same answer and the same scenario as the whole trace gives."""
+    from click.testing import CliRunner
+
+    from harness import limits
+    from harness.capture import reproducer
+    from harness.cli import main
+    from harness.cli import traces as cli_traces
+    trace = tmp_path / "trace.jsonl"
+    analysis = RunAnalysis(trace, {"scenario": "prog", "variant": "watched"})
+    analysis.feed(list(iter_file(RECORDED / "c10d_allreduce-buggy.jsonl")))
+    analysis.close()
+
+    def both() -> tuple[str, str]:
+        checked = CliRunner().invoke(main, ["check", "--format", "json", str(trace)])
+        assert checked.exit_code == 1, checked.output
+        out = tmp_path / f"race-{len(list(tmp_path.glob('race-*')))}.yaml"
+        made = CliRunner().invoke(main, ["minimize", str(trace), "-o", str(out)])
+        assert made.exit_code == 0, made.output
+        assert "buggy manifested 5/5" in made.output
+        return checked.output, out.read_text()
+
+    whole = both()
+    small = trace.stat().st_size // 4
+    for owner in (limits, cli_traces, reproducer):
+        monkeypatch.setattr(owner, "TRACE_MAX_BYTES", small)
+    from harness.errors import TraceError
+    from harness.traces.optrace import load_trace
+    with pytest.raises(TraceError):
+        load_trace(trace)  # too large to load whole now
+    assert both() == whole

@@ -17,7 +17,7 @@ from jsonl_columns import prefix
 from harness.cli import main
 from harness.errors import TraceError
 from harness.traces.flight import cut_torn_tail
-from harness.traces.optrace import TRACE_SCHEMA, load_trace
+from harness.traces.optrace import TRACE_SCHEMA, load_trace, stream_trace
 from harness.lang.targets import SCENARIO_ROOT
 from harness.lang.scenario import load_scenario
 
@@ -114,6 +114,32 @@ def test_bad_trace_is_one_line_numbered_error_and_exit_2(tmp_path: Path, case: s
     assert shrink.exit_code == 2 and len(said) == 1 and "Traceback" not in shrink.output
     assert re.match(rf"error: {re.escape(str(path))}:\d+:\d+: ", said[0]), said
     assert not (tmp_path / "m.yaml").exists()
+    # Read as a stream (a trace too large to load whole), the same error at the same place;
+    # a times record is refused there as such (it sets the times of the ops above it).
+    with pytest.raises(TraceError) as streamed:
+        list(stream_trace(path))
+    if case.startswith("times"):
+        assert "a times record" in str(streamed.value)
+    else:
+        assert str(streamed.value) == message
+
+
+def test_a_trace_read_as_a_stream_is_the_trace_load_reads(tmp_path: Path) -> None:
+    """stream_trace hands on the records load_trace keeps, runs expanded into their ops."""
+    from tests.test_flight_compact import _recorded
+    from tests.test_reissue import CASES
+    path = tmp_path / "t.jsonl"
+    path.write_text(lines(GOOD))
+    assert list(stream_trace(path)) == list(load_trace(path).records)
+    traces: list[Path] = []
+    for n, (scenario, variant) in enumerate(CASES):  # the first whose kept traces hold runs
+        _, traces, _ = _recorded(scenario, variant, tmp_path / f"flight-{n}",
+                                 issue_times=False)
+        if any('"type":"run"' in t.read_text() for t in traces):
+            break
+    assert any('"type":"run"' in t.read_text() for t in traces)  # reissued: runs to expand
+    for trace in traces:
+        assert list(stream_trace(trace)) == list(load_trace(trace).records)
 
 
 def test_a_good_trace_loads_and_checks_clean(tmp_path: Path) -> None:

@@ -39,7 +39,7 @@ import yaml
 
 from harness.errors import TraceError
 from harness.inputs import Unreadable, read_input
-from harness.limits import HEAD_BYTES, REPORT_MAX_BYTES
+from harness.limits import HEAD_BYTES, REPORT_MAX_BYTES, TRACE_MAX_BYTES
 
 OLD, FIRST, SECOND = 0x5A, 0x11, 0x22
 """The bytes the scenario writes: what the memory holds before the pair, what the first op
@@ -413,7 +413,7 @@ def watched_source(source: Path, children: bool = True) -> Watched | None:
     first of its child processes' captures that did (kept in the incident folder, or in the
     run's ``children`` folder) stands for the run."""
     from harness.races.detector import check_trace
-    from harness.traces.optrace import is_op_trace, load_trace
+    from harness.traces.optrace import is_op_trace, load_trace, stream_trace
 
     folder = source if source.is_dir() else source.parent
     report_file = source / "report.json" if source.is_dir() else (
@@ -445,11 +445,17 @@ def watched_source(source: Path, children: bool = True) -> Watched | None:
         trace_path = source  # a scenario's trace is minimize's own: not loaded here
     else:
         return None
-    trace = load_trace(trace_path)
-    if trace.header.get("variant") != "watched":
+    if not trace_path.is_file() or trace_path.stat().st_size <= TRACE_MAX_BYTES:
+        trace = load_trace(trace_path)
+        header, records = trace.header, tuple(trace.records)
+        findings = tuple(f.to_json() for f in check_trace(records).findings)
+    else:  # a real program's run: read twice as a stream, its pairs' windows kept
+        findings = tuple(f.to_json() for f in check_trace(stream_trace(trace_path)).findings)
+        header = _first_line(trace_path)  # checked by the reading above
+        records = _windows(trace_path, findings)
+    if header.get("variant") != "watched":
         return None
-    findings = tuple(f.to_json() for f in check_trace(trace.records).findings)
-    program = str(trace.header.get("scenario") or "program")
+    program = str(header.get("scenario") or "program")
     if not findings and children:
         for capture in [*sorted(folder.glob("child-*.jsonl")),
                         *sorted((folder / "children").glob("child-*.jsonl"))]:
@@ -457,7 +463,37 @@ def watched_source(source: Path, children: bool = True) -> Watched | None:
             if child is not None and child.findings:
                 return Watched(child.records, child.findings, child.program,
                                command or child.command)
-    return Watched(tuple(trace.records), findings, program, command)
+    return Watched(records, findings, program, command)
+
+
+WINDOW_OPS = 20_000
+"""Ops kept before a racing pair's first op from a trace too large to hold: the scenario
+keeps the edges since the host's last synchronize before the pair, most often a few ops back
+(a step's wait); beyond this window it starts at the window's first op."""
+
+
+def _windows(path: Path, findings: Sequence[dict[str, Any]]) -> tuple[dict[str, Any], ...]:
+    """The records of the trace at ``path`` that the scenarios of ``findings`` read: every
+    declaration, each pair's window of ops (:data:`WINDOW_OPS` before its first op, to its
+    second), and the allocations and frees of the bytes the pairs touch."""
+    from harness.traces.optrace import stream_trace
+
+    spans = [(int(f["first"]["seq"]), int(f["second"]["seq"])) for f in findings]
+    windows = [(min(a, b) - WINDOW_OPS, max(a, b)) for a, b in spans]
+    touched = [tuple(side["bytes"]) for f in findings for side in (f["first"], f["second"])]
+    kept = []
+    for record in stream_trace(path):
+        if record.get("type") != "op":
+            kept.append(record)
+            continue
+        seq = int(record["seq"])
+        if any(lo <= seq <= hi for lo, hi in windows):
+            kept.append(record)
+        elif record.get("kind") in ("alloc", "free"):
+            _, start, n = (record.get("detail") or {}).get("range", (0, 0, 0))
+            if any(start < hi and lo < start + n for lo, hi in touched):
+                kept.append(record)
+    return tuple(kept)
 
 
 def _first_line(path: Path) -> Any:

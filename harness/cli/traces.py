@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import click
 
+from harness.limits import TRACE_MAX_BYTES
 from harness.races.detector import check_trace
-from harness.traces.optrace import load_trace
+from harness.traces.optrace import load_trace, stream_trace
 from reports import write_atomic
 from harness.run.outputs import check_file
 from reports.timeline import chrome_trace, svg_timeline
@@ -29,11 +32,10 @@ CHECK_SCHEMA = "gpurace.check/1"
 @format_option()
 def check_cmd(trace: Path, fmt: str) -> None:
     """Run the race detector over a recorded op trace (a trace.jsonl, or an incident folder):
-    exit 1 when it finds races, 0 when none."""
+    exit 1 when it finds races, 0 when none. A trace of any size is read (one over 8 MiB, such
+    as a real program's watched run, a line at a time)."""
     path = _trace_file(trace)
-    trace_file = load_trace(path)
-    findings = check_trace(trace_file.records).findings
-    header = trace_file.header
+    header, ops, findings = _checked(path)
     if fmt == "json":
         _echo(json.dumps({"schema": CHECK_SCHEMA, "trace": str(path),
                           "scenario": header.get("scenario"),
@@ -42,12 +44,31 @@ def check_cmd(trace: Path, fmt: str) -> None:
     else:
         what = f" ({header['scenario']}, variant {header.get('variant', '?')})" \
             if header.get("scenario") else ""
-        out.print(f"{path}{what}: {counted(len(trace_file.ops), 'op')}, "
+        out.print(f"{path}{what}: {counted(ops, 'op')}, "
                   f"{counted(len(findings), 'race')}",
                   highlight=False)
         for f in findings:
             print_finding(f.to_json())
     sys.exit(1 if findings else 0)
+
+
+def _checked(path: Path) -> tuple[dict[str, Any], int, list[Any]]:
+    """A trace's header, its ops and the races the detector finds in it: loaded whole, or,
+    for one larger than a trace is loaded (a real program's watched run), read as a stream."""
+    if not path.is_file() or path.stat().st_size <= TRACE_MAX_BYTES:
+        trace = load_trace(path)
+        return trace.header, len(trace.ops), check_trace(trace.records).findings
+    seen: dict[str, Any] = {"header": None, "ops": 0}
+
+    def counting(records: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        for record in records:
+            if seen["header"] is None:
+                seen["header"] = record
+            seen["ops"] += record.get("type") == "op"
+            yield record
+
+    findings = check_trace(counting(stream_trace(path))).findings
+    return seen["header"], seen["ops"], findings
 
 
 def _trace_file(trace: Path) -> Path:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from difflib import get_close_matches
 from pathlib import Path
 from typing import Any
@@ -75,10 +75,13 @@ class LineParser:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.line = 0
-        self.lines: list[str] = []
+        self.lines: list[str] = []  # a whole text's lines (none for a stream)
+        self.raw = ""  # the line being read
 
     def fail(self, field_name: str, message: str, column: int | None = None) -> TraceError:
-        raw = self.lines[self.line - 1] if 0 < self.line <= len(self.lines) else ""
+        # The error's column is found on its line: any line of a whole text (a check may
+        # point back at an earlier one), the one being read of a stream.
+        raw = self.lines[self.line - 1] if 0 < self.line <= len(self.lines) else self.raw
         field_name = clip(plain(field_name))  # a key is the file's text
         return line_error(self.path, self.line, column or column_of(raw, field_name),
                           field_name, message)
@@ -87,49 +90,64 @@ class LineParser:
         """Each line's JSON value, with :attr:`line` set to its number; blank lines skipped."""
         self.lines = lines = text.split("\n")
         for number, raw in enumerate(lines, 1):
-            self.line = number
-            line = raw.removesuffix("\r")
-            if not line.strip():
-                continue  # blank lines (a trailing newline, an editor's extra one) carry nothing
-            deep = _too_deep(line)
-            if deep is not None:
-                # Said before json reads it: how deep json can go depends on the Python version
-                # (3.11 gives up with RecursionError, 3.13 reads on), the answer must not.
-                raise self.fail("(record)", f"nested too deep to read (arrays or objects "
-                                            f"inside each other, more than {JSON_MAX_DEPTH}); "
-                                            f"{self.remedy}", deep)
-            try:
-                record = json.loads(line, object_pairs_hook=_no_duplicates,
-                                    parse_constant=_no_constant)
-            except json.JSONDecodeError as exc:
-                wrong = wrong_kind(text, self.reads) if number == 1 else None
-                if wrong is not None:
-                    raise self.fail("(file)", wrong, 1) from None
-                torn = number == len(lines) and not text.endswith("\n")
-                why = "the file ends mid-record; " if torn else ""
-                # json says "Unterminated string starting at": the column follows once.
-                said = exc.msg.removesuffix(" at")
-                raise self.fail("(record)", f"truncated or not JSON ({why}{said} at column "
-                                            f"{exc.colno}); each line must be one whole JSON "
-                                            f"object: {self.remedy}", exc.colno) from None
-            except _DuplicateKey as exc:
-                raise self.fail(str(exc), "appears twice in this record; keep one") from None
-            except _NotANumber as exc:
-                raise self.fail("(record)", f"{exc} is not a JSON number; use a finite "
-                                            "number") from None
-            except RecursionError:
-                raise self.fail("(record)", "nested too deep to read (arrays or objects "
-                                            f"inside each other); {self.remedy}") from None
-            except ValueError:
-                # Python reads no integer of more than 4,300 digits; none fits a field anyway.
-                digits = re.search(r"\d{4300,}", line)
-                raise self.fail("(record)", "a number of more than 4,300 digits; no field "
-                                            "takes one: fix this line",
-                                (digits.start() + 1) if digits else 1) from None
-            if not isinstance(record, dict):
-                raise self.fail("(record)", f"a record must be a JSON object, not "
-                                            f"{json_kind(record)}; write one {{...}} per line")
-            yield record
+            torn = number == len(lines) and not text.endswith("\n")
+            record = self.parse(number, raw, torn, text if number == 1 else "")
+            if record is not None:
+                yield record
+
+    def read_lines(self, file: Iterable[str]) -> Iterator[Any]:
+        """:meth:`records` of a file read a line at a time (a line is held, never the file)."""
+        for number, raw in enumerate(file, 1):
+            record = self.parse(number, raw.removesuffix("\n"), not raw.endswith("\n"),
+                                raw if number == 1 else "")
+            if record is not None:
+                yield record
+
+    def parse(self, number: int, raw: str, torn: bool, head: str) -> Any:
+        """Line ``number``'s JSON value (None for a blank line); ``torn``: the file ends
+        without its newline; ``head``: the file's text, for line 1's "what is this file"."""
+        self.line, self.raw = number, raw
+        line = raw.removesuffix("\r")
+        if not line.strip():
+            return None  # blank lines (a trailing newline, an editor's extra one) carry nothing
+        deep = _too_deep(line)
+        if deep is not None:
+            # Said before json reads it: how deep json can go depends on the Python version
+            # (3.11 gives up with RecursionError, 3.13 reads on), the answer must not.
+            raise self.fail("(record)", f"nested too deep to read (arrays or objects "
+                                        f"inside each other, more than {JSON_MAX_DEPTH}); "
+                                        f"{self.remedy}", deep)
+        try:
+            record = json.loads(line, object_pairs_hook=_no_duplicates,
+                                parse_constant=_no_constant)
+        except json.JSONDecodeError as exc:
+            wrong = wrong_kind(head, self.reads) if head else None
+            if wrong is not None:
+                raise self.fail("(file)", wrong, 1) from None
+            why = "the file ends mid-record; " if torn else ""
+            # json says "Unterminated string starting at": the column follows once.
+            said = exc.msg.removesuffix(" at")
+            raise self.fail("(record)", f"truncated or not JSON ({why}{said} at column "
+                                        f"{exc.colno}); each line must be one whole JSON "
+                                        f"object: {self.remedy}", exc.colno) from None
+        except _DuplicateKey as exc:
+            raise self.fail(str(exc), "appears twice in this record; keep one") from None
+        except _NotANumber as exc:
+            raise self.fail("(record)", f"{exc} is not a JSON number; use a finite "
+                                        "number") from None
+        except RecursionError:
+            raise self.fail("(record)", "nested too deep to read (arrays or objects "
+                                        f"inside each other); {self.remedy}") from None
+        except ValueError:
+            # Python reads no integer of more than 4,300 digits; none fits a field anyway.
+            digits = re.search(r"\d{4300,}", line)
+            raise self.fail("(record)", "a number of more than 4,300 digits; no field "
+                                        "takes one: fix this line",
+                            (digits.start() + 1) if digits else 1) from None
+        if not isinstance(record, dict):
+            raise self.fail("(record)", f"a record must be a JSON object, not "
+                                        f"{json_kind(record)}; write one {{...}} per line")
+        return record
 
     def check_keys(self, record: dict[str, Any], allowed: Sequence[str],
                    required: Sequence[str], what: str, prefix: str = "") -> None:

@@ -35,6 +35,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 from harness import limits as L
@@ -85,6 +86,29 @@ def load_trace(path: Path | str) -> OpTrace:
     path = Path(path)
     return _Parser(path).finish(read_text(path, "an op trace", L.TRACE_MAX_BYTES,
                                           "record a shorter trial (fewer steps or requests)"))
+
+
+def stream_trace(path: Path | str) -> Iterator[dict[str, Any]]:
+    """Each record of the op trace at ``path``, checked as :func:`load_trace` checks it, read
+    a line at a time and handed on, not kept: a trace of any size, such as a real program's
+    watched run (tens of megabytes), in the memory of one record. Its ops are still at most
+    :data:`~harness.limits.TRACE_MAX_OPS`, and a trace with ``times`` records is read whole.
+    The first record is the header. Raises :class:`TraceError` at the first record it cannot
+    vouch for (the records before it were handed on)."""
+    path = Path(path)
+    parser = _Parser(path, whole=False)
+    try:
+        with open(path, encoding="utf-8", newline="\n") as file:
+            for record in parser.read_lines(file):
+                yield from parser.record(record)
+    except UnicodeDecodeError as exc:
+        raise line_error(path, parser.line + 1, 1, "(record)",
+                         f"not UTF-8 text (byte {exc.object[exc.start]:#04x}); an op trace is "
+                         "UTF-8 JSON Lines") from None
+    except OSError as exc:
+        raise line_error(path, 1, 1, "(file)", f"cannot be read ({exc.strerror or exc})") \
+            from None
+    parser.not_empty()
 
 
 def is_op_trace(path: Path) -> bool:
@@ -161,8 +185,10 @@ class _Parser(LineParser):
     reads = "an op trace"
     remedy = "the trace was cut or edited; record it again (`gpurace run --record`)"
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, whole: bool = True) -> None:
         super().__init__(path)
+        self.whole = whole  # False: records are handed on as read, none kept (a stream)
+        self.count = 0  # records read
         self.kept: list[dict[str, Any]] = []
         self.buffers: dict[int, tuple[int, int]] = {}  # id -> (nbytes, line declared)
         self.streams: dict[str, int] = {}  # name -> line declared
@@ -174,16 +200,21 @@ class _Parser(LineParser):
 
     def finish(self, text: str) -> OpTrace:
         for record in self.records(text):
-            self.record(record)
-        if not self.kept:
+            self.kept.extend(self.record(record))
+        self.not_empty()
+        return OpTrace(self.path, self.kept[0], tuple(self.kept))
+
+    def not_empty(self) -> None:
+        if not self.count:
             self.line = 1
             raise self.fail("(file)", "empty file; an op trace starts with a header line "
                                       f'{{"type": "header", "schema": "{TRACE_SCHEMA}", ...}}')
-        return OpTrace(self.path, self.kept[0], tuple(self.kept))
 
-    def record(self, record: dict[str, Any]) -> None:
+    def record(self, record: dict[str, Any]) -> list[dict[str, Any]]:
+        """Check one record; the records it stands for (a run's ops, none for a program)."""
         kind = record.get("type")
-        if not self.kept:
+        self.count += 1
+        if self.count == 1:
             self.header(record)
         elif kind == "op":
             self.op(record)
@@ -194,13 +225,16 @@ class _Parser(LineParser):
         elif kind == "label":
             self.label(record)
         elif kind == "times":
+            if not self.whole:
+                raise self.fail("type", "a times record sets the times of the ops above it: "
+                                        "a trace with one is read whole, so it must be at "
+                                        f"most {L.TRACE_MAX_BYTES >> 20} MiB")
             self.times(record)
         elif kind == "program":
             self.program(record)
-            return  # its ops are kept where a run issues them
+            return []  # its ops are kept where a run issues them
         elif kind == "run":
-            self.kept.extend(map(self.op, run_ops(self.run(record), record)))
-            return
+            return list(map(self.op, run_ops(self.run(record), record)))
         elif kind == "header":
             raise self.fail("type", "a second header (the first is on line 1); an op trace "
                                     "holds one trial: split concatenated traces into files")
@@ -211,7 +245,7 @@ class _Parser(LineParser):
             raise self.fail("type", f"unknown record type {show(kind)}; an op trace has "
                                     "header, buffer, stream, label, op, times, program and "
                                     "run records")
-        self.kept.append(record)
+        return [record]
 
     def header(self, record: dict[str, Any]) -> None:
         schema = record.get("schema")
@@ -385,7 +419,8 @@ class _Parser(LineParser):
             raise self.fail("seq", f"{seq} does not follow seq {self.seq} on line "
                                    f"{self.seq_line}; ops are in issue order")
         self.seq, self.seq_line = seq, self.line
-        self.by_seq[seq] = record
+        if self.whole:
+            self.by_seq[seq] = record
         stream = self.string(record, "stream")
         kind = self.string(record, "kind")
         if stream == HOST:
@@ -457,27 +492,8 @@ class _Parser(LineParser):
 
 
 def issue_times(path: Path | str) -> dict[int, tuple[int, str | None]]:
-    """The host's clock at each op's issue, and its step, by seq, from an op trace of plain op
-    lines (a watched run's), read line by line: such a trace of a real program runs to tens
-    of megabytes, past what :func:`load_trace` checks and holds, and this keeps two numbers an
-    op. Raises :class:`TraceError` for a line that is not a JSON object, a trace with runs
-    (whose times are the run's), or one over :data:`~harness.limits.TRACE_MAX_OPS` ops."""
-    times: dict[int, tuple[int, str | None]] = {}
-    with open(path, encoding="utf-8", errors="replace") as file:
-        for number, line in enumerate(file, 1):
-            if '"type":"op"' not in line and '"type": "op"' not in line:
-                if '"type":"run"' in line or '"type": "run"' in line:
-                    raise line_error(Path(path), number, 1, "type",
-                                     "a trace with runs: its ops' times are its runs'")
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError as exc:
-                raise line_error(Path(path), number, 1, "(record)", str(exc)) from None
-            seq, t = record.get("seq"), record.get("t_issue_ns")
-            if isinstance(seq, int) and isinstance(t, int):
-                times[seq] = (t, record.get("step"))
-                if len(times) > L.TRACE_MAX_OPS:
-                    raise line_error(Path(path), number, 1, "seq",
-                                     f"more than {L.TRACE_MAX_OPS:,} ops")
-    return times
+    """The host's clock at each op's issue, and its step, by seq, from an op trace of any size
+    (:func:`stream_trace`): a watched run's, for ``--amplify auto``'s delays. Raises
+    :class:`TraceError` where the trace cannot be read."""
+    return {int(r["seq"]): (int(r["t_issue_ns"]), r.get("step")) for r in stream_trace(path)
+            if r.get("type") == "op" and isinstance(r.get("t_issue_ns"), int)}
