@@ -150,11 +150,7 @@ class _Launches:
         if kernel in self.access:
             return self.access[kernel]
         try:
-            found: KernelAccess | None = kernel_access(str(kernel.asm["ttir"]))
-            if found is not None and not set(found.pointers) <= set(fn.arg_names):
-                raise UnreadableIR("its TTIR names parameters the kernel does not have: "
-                                   + ", ".join(sorted(set(found.pointers)
-                                                      - set(fn.arg_names))))
+            found: KernelAccess | None = _ttir_access(fn, kernel)
         except (UnreadableIR, KeyError, AttributeError) as exc:
             name = getattr(fn, "__name__", "a kernel")
             self.failures.failed(f"the TTIR of {name} (every tensor it is given taken as "
@@ -169,17 +165,11 @@ class _Launches:
         if autotuner in self.access:
             return self.access[autotuner]
         fn = autotuner.fn
-        found: KernelAccess | None = None
-        launchers = getattr(autotuner, "launchers", None) or ()
-        asm = getattr(getattr(launchers[0], "bin", None), "asm", None) if launchers else None
-        if asm is not None and "ttir" in asm:
-            try:
-                found = kernel_access(str(asm["ttir"]))
-                if not set(found.pointers) <= set(fn.arg_names):
-                    found = None  # not this kernel's parameters: Inductor's names instead
-            except UnreadableIR:
-                found = None
-        if found is None:
+        try:
+            found = _ttir_access(fn, autotuner.launchers[0].bin)
+        except (UnreadableIR, KeyError, AttributeError, IndexError, TypeError):
+            # No TTIR kept (a launcher without it, none compiled yet), or not this kernel's:
+            # Inductor's names instead.
             found = inductor_names(tuple(fn.arg_names),
                                    frozenset(getattr(autotuner, "mutated_arg_names", ())))
         self.access[autotuner] = found
@@ -189,6 +179,18 @@ class _Launches:
         return ["stats", {"source": "triton", "ops": self.ops, "own_ns": self.own_ns,
                           "max_own_ns": 0, "max_site": None, "slow": [],
                           "failures": dict(self.failures.counts)}]
+
+
+def _ttir_access(fn: Any, kernel: Any) -> KernelAccess:
+    """What compiled ``kernel`` of ``fn`` reads and writes, from its TTIR; raises
+    :class:`UnreadableIR` where the TTIR names parameters ``fn`` does not have (and KeyError
+    or AttributeError where the kernel kept no TTIR)."""
+    found = kernel_access(str(kernel.asm["ttir"]))
+    strange = set(found.pointers) - set(fn.arg_names)
+    if strange:
+        raise UnreadableIR("its TTIR names parameters the kernel does not have: "
+                           + ", ".join(sorted(strange)))
+    return found
 
 
 INDUCTOR = "torch._inductor.runtime.triton_heuristics"
