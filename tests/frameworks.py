@@ -5,9 +5,12 @@ shared with the watch programs' own)."""
 from __future__ import annotations
 
 import functools
+import json
 import os
 import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
 
 @functools.cache
@@ -20,3 +23,17 @@ def python_with(module: str) -> str | None:
                                      capture_output=True).returncode == 0:
             return python
     return None
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_printing_json(python: str, program: str, folder: Path, *args: str) -> tuple[Any, str]:
+    """Run ``program`` (its text) with ``python`` in ``folder``, gpurace on its path; what it
+    printed as JSON, and its standard error. Its exit must be 0."""
+    path = folder / "prog.py"
+    path.write_text(program)
+    done = subprocess.run([python, str(path), *args], capture_output=True, text=True,
+                          cwd=folder, env={**os.environ, "PYTHONPATH": ROOT}, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout), done.stderr

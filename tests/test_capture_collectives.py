@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -25,7 +24,7 @@ import pytest
 from harness.capture.analysis import RunAnalysis
 from harness.capture.events import iter_file
 from harness.races.kinds import COLLECTIVE
-from tests.frameworks import python_with
+from tests.frameworks import python_with, run_printing_json
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDED = ROOT / "tests" / "capture_recorded_cpu"
@@ -175,14 +174,10 @@ print(json.dumps(answers))
 def test_collectives_on_one_gloo_rank_race_only_before_their_wait(tmp_path: Path) -> None:
     """The shapes live: the answers are PyTorch's (256, one rank), the buggy one races,
     the others do not; the source's roles for c10d's schemas are right."""
-    prog = tmp_path / "prog.py"
-    prog.write_text(_PROGRAM)
-    done = subprocess.run([TORCH_PYTHON, str(prog), str(tmp_path), *SHAPES],
-                          capture_output=True, text=True, cwd=tmp_path,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
-    assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout) == {shape: 256.0 for shape in SHAPES}
-    assert done.stderr == ""
+    assert TORCH_PYTHON is not None
+    got, stderr = run_printing_json(TORCH_PYTHON, _PROGRAM, tmp_path, str(tmp_path), *SHAPES)
+    assert got == {shape: 256.0 for shape in SHAPES}
+    assert stderr == ""
     for shape in SHAPES:
         path = tmp_path / f"{shape}.jsonl"
         events = list(iter_file(path))
@@ -209,12 +204,8 @@ print(json.dumps(out))
 
 @needs_torch
 def test_the_roles_of_c10d_arguments_come_from_their_names(tmp_path: Path) -> None:
-    prog = tmp_path / "roles.py"
-    prog.write_text(_ROLES)
-    done = subprocess.run([TORCH_PYTHON, str(prog)], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
-    assert done.returncode == 0, done.stderr
-    got = json.loads(done.stdout)
+    assert TORCH_PYTHON is not None
+    got, _ = run_printing_json(TORCH_PYTHON, _ROLES, tmp_path)
     assert got["allreduce_"] == [["tensors", True, True], ["sparse_indices", True, True]]
     assert got["_allgather_base_"] == [["output_tensor", False, True],
                                        ["input_tensor", True, False]]
@@ -273,12 +264,9 @@ dist.destroy_process_group()
 def test_the_source_keeps_no_work_alive_that_the_program_let_go(tmp_path: Path) -> None:
     """A Work (and the tensors it holds) lives as long as the program keeps it: the source
     follows it weakly once the program has it, and forgets it when it goes or is waited on."""
-    prog = tmp_path / "let_go.py"
-    prog.write_text(_LET_GO)
-    done = subprocess.run([TORCH_PYTHON, str(prog)], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
-    assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout) == {"first_gone": True, "followed": 1, "after_wait": 0}
+    assert TORCH_PYTHON is not None
+    got, _ = run_printing_json(TORCH_PYTHON, _LET_GO, tmp_path)
+    assert got == {"first_gone": True, "followed": 1, "after_wait": 0}
 
 
 def test_a_race_found_in_a_child_process_minimizes_from_the_runs_incident(

@@ -7,16 +7,12 @@ tests/test_engine_programs_gpu.py watches such copies race on a GPU.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.frameworks import python_with
+from tests.frameworks import python_with, run_printing_json
 
-ROOT = Path(__file__).resolve().parent.parent
 CUPY_PYTHON = python_with("cupy")
 
 _PROGRAM = r'''
@@ -61,12 +57,8 @@ print(json.dumps({"same": same, "errors": errors, "ops": ops, "unwatched": unwat
 @pytest.mark.skipif(CUPY_PYTHON is None,
                     reason="no interpreter with CuPy here (GPURACE_TEST_PYTHON)")
 def test_a_copy_through_a_watched_pointer_is_said_before_cupy_runs_it(tmp_path: Path) -> None:
-    prog = tmp_path / "pointers.py"
-    prog.write_text(_PROGRAM)
-    done = subprocess.run([CUPY_PYTHON, str(prog)], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    got = json.loads(done.stdout)
+    assert CUPY_PYTHON is not None
+    got, _ = run_printing_json(CUPY_PYTHON, _PROGRAM, tmp_path)
     assert got["same"] == ["WatchedPointer", True, True, True, True, True,
                            "WatchedPointer", True, True]  # an array's data too, one object
     assert len(got["errors"]) == 7  # each call still ran CuPy's own code

@@ -6,8 +6,6 @@ GPURACE_TEST_PYTHON), the TTIR its Triton makes of them now.
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 from pathlib import Path
 
@@ -15,7 +13,7 @@ import pytest
 
 from harness.capture.triton_ir import UnreadableIR, kernel_access
 from harness.capture.triton_source import inductor_names
-from tests.frameworks import python_with
+from tests.frameworks import python_with, run_printing_json
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNELS = ROOT / "tests" / "triton_ir"
@@ -102,12 +100,8 @@ def test_the_triton_source_wraps_the_launch_and_puts_it_back(tmp_path: Path) -> 
     passes there), and in torch.compile's CachingAutotuner.run once the program imports it;
     switched off, the originals are back. A launch needs a GPU:
     tests/test_engine_programs_gpu.py watches one."""
-    prog = tmp_path / "install.py"
-    prog.write_text(_INSTALL)
-    done = subprocess.run([TRITON_PYTHON, str(prog)], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    got = json.loads(done.stdout)
+    assert TRITON_PYTHON is not None
+    got, _ = run_printing_json(TRITON_PYTHON, _INSTALL, tmp_path)
     assert got["version"] and got["wrapped"] and got["restored"]
     assert got["inductor"] == ["harness.capture.triton_source",
                                "torch._inductor.runtime.triton_heuristics"]
