@@ -361,13 +361,19 @@ class RaceDetector:
                     seen = latest.get(p_thread)
                     if seen is None or seen[1] < p_epoch:
                         latest[p_thread] = past
-                # An access ordered after a past one and covering its bytes stands for it from
-                # now on, if it is a write or the past one was a read: whatever would race the
-                # past access races this one too (an op issued later cannot be ordered before
-                # it). A read cannot stand for a write: a later read would race only the write.
-                if prune and ordered and (write or not p_write) and lo <= p_lo and p_hi <= hi:
+                # An access ordered after a past one stands for it on the bytes they share
+                # from now on, if it is a write or the past one was a read: whatever would race
+                # the past access there races this one too (an op issued later cannot be ordered
+                # before it). A read cannot stand for a write: a later read would race only the
+                # write. The past access keeps the bytes outside this one, so a block's history
+                # stays near one entry per range its tensors last used, however they were split.
+                if prune and ordered and (write or not p_write):
                     if kept is None:
                         kept = history[:i]
+                    if p_lo < lo:
+                        kept.append((*past[:2], p_lo, lo, *past[4:]))
+                    if hi < p_hi:
+                        kept.append((*past[:2], hi, p_hi, *past[4:]))
                 elif kept is not None:
                     kept.append(past)
             if kept is None:
