@@ -48,10 +48,15 @@ def watch(out: Path, *command: str, runs: int = 1, timeout: float = 300.0,
 
 
 def _record(doc: dict, name: str) -> None:
+    """The first run's events as NAME.jsonl, and each of its watched children's as
+    NAME.child-K.jsonl (a child's race is in its own file only)."""
     where = os.environ.get("GPURACE_RECORD_DIR")
     if where and doc.get("watch"):
         Path(where).mkdir(parents=True, exist_ok=True)
-        shutil.copy(doc["watch"]["runs"][0]["events"], Path(where) / f"{name}.jsonl")
+        run = doc["watch"]["runs"][0]
+        shutil.copy(run["events"], Path(where) / f"{name}.jsonl")
+        for k, child in enumerate(run.get("children") or ()):
+            shutil.copy(child["events"], Path(where) / f"{name}.child-{k}.jsonl")
 
 
 def _summary(doc: dict) -> str:
