@@ -1,7 +1,9 @@
 """`gpurace watch` on the programs of tests/engine_programs, on a GPU: what real engines launch
 beyond ATen ops (NCCL collectives on one rank, Triton kernels of their own, CUDA graph
-replays, CuPy's raw MemoryPointer copies, child processes). Each buggy program is found on its first
-unamplified run, at the lines its docstring names; each fixed twin is clean in every run.
+replays, CuPy's raw MemoryPointer copies, child processes). Each buggy program is found on its
+first unamplified run, at the lines its docstring names; each fixed twin is clean in every run;
+``--amplify auto`` makes each buggy answer wrong; each buggy run's incident shrinks to a
+scenario that reproduces on the GPU.
 
 With GPURACE_RECORD_DIR set, each program's capture events (buggy and fixed, first run) are
 copied there, to be committed beside the CPU suite's recordings.
@@ -109,3 +111,23 @@ def test_amplified_the_buggy_programs_answer_is_wrong(tmp_path, prog):
     print(f"\n{prog.stem}: amplified " + "; ".join(
         f"{a['failed']}/{a['trials']} {a['queued']}" for a in doc["watch"]["amplified"]))
     assert best >= 0.95, doc["watch"]["amplified"]
+
+
+@pytest.mark.parametrize("prog", PROGRAMS, ids=[p.stem for p in PROGRAMS])
+def test_the_buggy_programs_incident_shrinks_to_a_scenario_that_reproduces(tmp_path, prog):
+    """`gpurace minimize` of the buggy run's incident (a child's race from the child's own
+    events): a scenario that reproduces amplified in at least 95% of its trials on the GPU,
+    and is clean fixed."""
+    from tests.test_amplify_gpu import _shrunk
+
+    _needs(prog)
+    code, doc, err = watch(tmp_path / "buggy", sys.executable, str(prog.relative_to(ROOT)))
+    assert doc, err[-2000:]
+    shrunk = _shrunk(prog.stem, doc, tmp_path)
+    assert "error" not in shrunk, shrunk
+    buggy, fixed = shrunk["buggy"], shrunk["fixed"]
+    print(f"\n{prog.stem}: {shrunk['steps']} steps, amplified {buggy['manifested']}/"
+          f"{buggy['trials']}, fixed {fixed['manifested']}/{fixed['trials']} detected "
+          f"{fixed['detected']}")
+    assert buggy["manifested"] >= 0.95 * buggy["trials"], buggy
+    assert fixed["manifested"] == 0 and fixed["detected"] == 0, fixed
