@@ -328,3 +328,23 @@ def test_issue_times_are_read_from_a_trace_too_large_to_load(tmp_path, monkeypat
     torn.write_text(trace.read_text() + '{"seq":900,"stream"')
     with pytest.raises(TraceError, match="the file ends mid-record"):
         issue_times(torn)
+
+
+def test_a_kernel_another_source_launches_into_a_capture_is_the_graphs_for_its_delay():
+    """A Triton kernel launched while a CUDA graph is captured gets no delay of its own (the
+    spin kernel would be captured); it is one of the graph's ops, so a delay asked for at it is
+    queued before the graph's replays. Only while the PyTorch source is installed."""
+    from harness.capture.torch_graphs import Graphs, captured_elsewhere
+
+    graphs = Graphs(cap=None)
+    graphs.capturing.add(7)
+    graphs.ops[7] = set()
+    captured_elsewhere("prog.py:12", "kernel:scale")
+    graphs.capturing.clear()
+    captured_elsewhere("prog.py:30", "kernel:after")  # no capture: no graph's op
+    assert graphs.ops == {7: {("prog.py:12", "kernel:scale")}}
+    graphs.close()
+    graphs.capturing.add(8)
+    graphs.ops[8] = set()
+    captured_elsewhere("prog.py:12", "kernel:scale")
+    assert graphs.ops[8] == set()

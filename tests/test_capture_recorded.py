@@ -32,7 +32,9 @@ class Corpus(NamedTuple):
     every_line: bool  # each buggy recording's findings name exactly the lines its program does
 
 
-CORPORA = (Corpus(ROOT / "tests" / "capture_recorded", ROOT / "tests" / "watch_programs", False),
+CORPUS = ROOT / "tests" / "capture_recorded"
+PROGRAMS = ROOT / "tests" / "watch_programs"
+CORPORA = (Corpus(CORPUS, PROGRAMS, False),
            Corpus(ROOT / "tests" / "capture_recorded_engine", ROOT / "tests" / "engine_programs",
                   True))
 RECORD = "record them on a GPU (GPURACE_RECORD_DIR)"
@@ -57,14 +59,17 @@ def _recordings(corpus: Corpus) -> list[Recording]:
 RECORDINGS = [r for corpus in CORPORA for r in _recordings(corpus)]
 
 
-def _replay(recording: Recording) -> list[dict]:
-    findings = []
-    for path in recording.files:
-        analysis = RunAnalysis(None, {})
-        analysis.feed(list(iter_file(path)))
-        analysis.close()
-        findings += [f.to_json() for f in analysis.findings]
-    return findings
+def _replay(path: Path) -> list[dict]:
+    """The findings of one recording, analysed alone."""
+    analysis = RunAnalysis(None, {})
+    analysis.feed(list(iter_file(path)))
+    analysis.close()
+    return [f.to_json() for f in analysis.findings]
+
+
+def _replay_all(recording: Recording) -> list[dict]:
+    """A program's findings: its recording's and each of its children's, each alone."""
+    return [finding for path in recording.files for finding in _replay(path)]
 
 
 def _id(recording: Recording) -> str:
@@ -86,7 +91,7 @@ def test_every_program_has_its_recording(corpus):
 @pytest.mark.parametrize("recording", [r for r in RECORDINGS if r.name.endswith("-buggy")],
                          ids=_id)
 def test_a_recorded_buggy_program_races_at_the_lines_it_names(recording):
-    findings = _replay(recording)
+    findings = _replay_all(recording)
     assert findings, "the race was not found in the recording"
     named = {int(n) for n in re.findall(r"\(line (\d+)\)", recording.program.read_text())}
     lines = {int(f[side]["step"].rsplit(":", 1)[1]) for f in findings
@@ -105,4 +110,4 @@ def test_a_recorded_buggy_program_races_at_the_lines_it_names(recording):
 @pytest.mark.parametrize("recording", [r for r in RECORDINGS if r.name.endswith("-fixed")],
                          ids=_id)
 def test_a_recorded_fixed_twin_is_clean(recording):
-    assert _replay(recording) == []
+    assert _replay_all(recording) == []

@@ -9,7 +9,9 @@ object's id: a graph captured anew is a new body.
 Delays (``--amplify``) are never queued while a graph is captured: the spin kernel would be
 captured into the graph. A delay asked for at one of a graph's ops is queued on the replay
 stream before each replay of the graph instead, since the program's lines do not issue a
-replay's ops.
+replay's ops. Kernels another source launches into a capture (Triton's, torch.compile's in
+``reduce-overhead`` mode) are the graph's too: that source says them here
+(:func:`captured_elsewhere`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,18 @@ from typing import Any
 from harness.capture.amplify import Delay
 
 
+_INSTALLED: list[Graphs] = []
+"""The PyTorch source's graphs, while it is installed (one in a process)."""
+
+
+def captured_elsewhere(site: str | None, kind: str) -> None:
+    """An op another source launched on a capturing stream (no delay queued there): the
+    graphs being captured hold it, so a delay asked for at it is queued before their
+    replays."""
+    for graphs in _INSTALLED:
+        graphs.remember(site, kind)
+
+
 class Graphs:
     """The graphs being captured, and (with delays asked for) each graph's ops."""
 
@@ -27,15 +41,25 @@ class Graphs:
         self.cap = cap  # the PyTorch source's state
         self.capturing: set[int] = set()
         self.ops: dict[int, set[tuple[str | None, str]]] = {}  # graph -> its (site, kind)s
+        _INSTALLED.append(self)
+
+    def close(self) -> None:
+        """The source is uninstalled: other sources' ops are no longer its graphs'."""
+        if self in _INSTALLED:
+            _INSTALLED.remove(self)
 
     def delay_for(self, site: str | None, kind: str) -> Delay | None:
         """The delay to queue before a stream op at ``site`` of ``kind``: none while a graph
         is captured (the op is then remembered as the graph's)."""
         if not self.capturing:
             return self.cap.amplifier.wants(site, kind)  # type: ignore[no-any-return]
+        self.remember(site, kind)
+        return None
+
+    def remember(self, site: str | None, kind: str) -> None:
+        """An op at ``site`` of ``kind`` is one of the graphs' being captured, if any."""
         for gid in self.capturing:
             self.ops[gid].add((site, kind))
-        return None
 
     def call(self, event: str, gid: int) -> None:
         """A graph's capture began or ended, or the graph was replayed (``event``:

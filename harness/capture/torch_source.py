@@ -659,6 +659,7 @@ def install(sink: E.Sink, amplifier: Amplifier | None = None) -> Installed:
         if cap.to_name:
             cap.name_pending()
         cap.on = False
+        cap.graphs.close()
         quiet()
         mode.__exit__(None, None, None)
         if early_stop is not None:

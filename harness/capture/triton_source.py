@@ -32,6 +32,7 @@ from harness.capture import events as E
 from harness.capture import spin
 from harness.capture.amplify import Amplifier
 from harness.capture.imports import after_import
+from harness.capture.torch_graphs import captured_elsewhere
 from harness.capture.sites import program_frame, site_of
 from harness.capture.source import Failures, Installed
 from harness.capture.torch_ops import byte_spans
@@ -75,16 +76,19 @@ class _Launches:
 
     def delay_before(self, kernel: str, stream: Any = None) -> None:
         """Queue on the current stream the delay asked for before ``kernel`` at the program's
-        line, where one is (never inside a CUDA graph's capture: it would be captured)."""
+        line, where one is. Never inside a CUDA graph's capture, where it would be captured:
+        there the kernel is the graph's, delayed before the graph's replays."""
         assert self.amplifier is not None
-        delay = self.amplifier.wants(site_of(program_frame(1)), f"kernel:{kernel}")
+        torch = self.torch
+        site, kind = site_of(program_frame(1)), f"kernel:{kernel}"
+        if torch.cuda.is_current_stream_capturing():
+            captured_elsewhere(site, kind)  # delayed before the graph's replays instead
+            return
+        delay = self.amplifier.wants(site, kind)
         if delay is None:
             return
-        torch = self.torch
         index = torch.cuda.current_device()
         sid = torch._C._cuda_getCurrentRawStream(index)
-        if torch.cuda.is_current_stream_capturing():
-            return
         if isinstance(stream, int) and stream != sid:
             self.amplifier.failed(delay, "the kernel was launched on a stream other than the "
                                          "current one")
