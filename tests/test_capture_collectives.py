@@ -23,7 +23,7 @@ import pytest
 
 from harness.capture.analysis import RunAnalysis
 from harness.capture.events import iter_file
-from harness.races.kinds import COLLECTIVE
+from harness.races.kinds import COLLECTIVE, FUNCTIONAL_COLLECTIVE
 from tests.frameworks import python_with, run_printing_json
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -73,8 +73,13 @@ def test_a_recorded_collective_is_ordered_only_by_its_wait(shape: str) -> None:
     _check(shape, _findings(events), events)
 
 
+@pytest.mark.parametrize("recording, kind", [
+    ("c10d_allreduce-buggy", "kernel:c10d.allreduce"),
+    ("c10d_functional-before_wait", "kernel:c10d.functional.all_reduce"),
+    ("c10d_functional-gathered_before_wait",
+     "kernel:c10d.functional.all_gather_into_tensor_out")])
 def test_a_recorded_collective_race_minimizes_to_a_scenario_that_reproduces(
-        tmp_path: Path) -> None:
+        tmp_path: Path, recording: str, kind: str) -> None:
     """`gpurace minimize` of the buggy capture: a scenario whose buggy variant manifests on the
     simulated device and whose fixed one (the host waits for the group's stream) does not,
     the group's stream named as the program's finding names it."""
@@ -83,7 +88,7 @@ def test_a_recorded_collective_race_minimizes_to_a_scenario_that_reproduces(
     from harness.cli import main
     trace = tmp_path / "trace.jsonl"  # as a watched run writes it (the recording has no hello)
     analysis = RunAnalysis(trace, {"scenario": "prog", "variant": "watched"})
-    analysis.feed(list(iter_file(RECORDED / "c10d_allreduce-buggy.jsonl")))
+    analysis.feed(list(iter_file(RECORDED / f"{recording}.jsonl")))
     analysis.close()
     out = tmp_path / "race.yaml"
     made = CliRunner().invoke(main, ["minimize", str(trace), "-o", str(out)])
@@ -91,7 +96,7 @@ def test_a_recorded_collective_race_minimizes_to_a_scenario_that_reproduces(
     assert "buggy manifested 5/5 (race found 5/5), fixed 0/5 (found 0/5)" in made.output
     text = out.read_text()
     assert "streams: {gloo-stream-of-group-0-default_pg: non-blocking}" in text
-    assert "kernel:c10d.allreduce" in text
+    assert kind in text
 
 
 TORCH_PYTHON = python_with("torch.distributed")
@@ -188,6 +193,123 @@ def test_collectives_on_one_gloo_rank_race_only_before_their_wait(tmp_path: Path
             shutil.copy(path, Path(where) / f"c10d_allreduce-{shape}.jsonl")
 
 
+# torch.distributed's functional collectives on one gloo rank, as torch.compile's code and
+# DTensor issue them (pytorch/pytorch#152252 shows such code): each shape watched on its own.
+_FUNCTIONAL = r'''
+import json, os, socket, sys
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+from harness.capture import events as E, torch_source as T
+
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(s.getsockname()[1]))
+dist.init_process_group("gloo", rank=0, world_size=1)
+F = torch.ops._c10d_functional
+GROUP = dist.group.WORLD.group_name
+
+
+def before_wait(grad, _):  # torch.compile's code, its wait placed after a use
+    F.all_reduce_(grad, "sum", GROUP)
+    total = float(grad.sum())
+    F.wait_tensor(grad)
+    return total
+
+
+def waited(grad, _):
+    F.all_reduce_(grad, "sum", GROUP)
+    F.wait_tensor(grad)
+    return float(grad.sum())
+
+
+def input_rewritten(grad, _):  # all_reduce runs on a copy: its input is free at once
+    out = F.all_reduce(grad, "sum", GROUP)
+    grad.mul_(2)
+    F.wait_tensor(out)
+    return float(out.sum())
+
+
+def gathered_before_wait(grad, shard):  # all_gather reads its input on the group's stream
+    F.all_gather_into_tensor_out(shard, 1, GROUP, out=grad)
+    total = float(grad.sum())
+    F.wait_tensor(grad)
+    return total
+
+
+def async_tensor(grad, _):  # eager: an AsyncCollectiveTensor waits at its first use
+    out = funcol.all_reduce(grad, "sum", dist.group.WORLD)
+    return float(out.sum())
+
+
+answers = {}
+for name in sys.argv[2:]:
+    sink = E.Sink.to_path(os.path.join(sys.argv[1], name + ".jsonl"))
+    stop = T.install(sink)
+    grad, shard = torch.ones(256), torch.ones(256)
+    for t in (grad, shard):  # as pin_memory() makes them
+        stop.capture.pinned[t.untyped_storage().data_ptr()] = {}
+    answers[name] = globals()[name](grad, shard)
+    stop()
+    sink.close()
+dist.destroy_process_group()
+print(json.dumps(answers))
+'''
+FUNCTIONAL_SHAPES = ("before_wait", "waited", "input_rewritten", "gathered_before_wait",
+                     "async_tensor")
+
+
+FUNCTIONAL_RACES = {"before_wait": ("all_reduce", 17),
+                    "gathered_before_wait": ("all_gather_into_tensor_out", 37)}
+"""The shapes that race: the collective, and the program's line that issues it."""
+
+
+def _check_functional(shape: str, events: list[list]) -> None:
+    """A functional collective runs on its group's stream and is waited for by wait_tensor of
+    its result: a read of the result before that wait races (an in-place all_reduce's, an
+    all_gather's output), nothing else does: all_reduce works on a copy of its input, so
+    rewriting the input at once is safe, and an AsyncCollectiveTensor waits by itself."""
+    findings = _findings(events)
+    collective = next(e for e in events if e[0] == "op" and e[2].startswith(COLLECTIVE))
+    streams = {e[1]: e[2]["name"] for e in events if e[0] == "stream"}
+    assert streams[collective[1]] == "gloo stream of group 0 (default_pg)"
+    if shape not in FUNCTIONAL_RACES:
+        assert findings == [], findings
+        return
+    name, line = FUNCTIONAL_RACES[shape]
+    (race,) = findings
+    assert race["first"]["kind"] == FUNCTIONAL_COLLECTIVE + name
+    assert race["first"]["access"] == "write"
+    assert race["first"]["step"] == f"prog.py:{line}"
+    assert race["second"]["stream"] == "host" and race["second"]["access"] == "read"
+    assert f"wait for the result of {name} at prog.py:{line}" in race["missing"]
+    assert "wait_tensor" in race["missing"]
+
+
+@pytest.mark.parametrize("shape", FUNCTIONAL_SHAPES)
+def test_a_recorded_functional_collective_is_ordered_only_by_wait_tensor(shape: str) -> None:
+    _check_functional(shape, list(iter_file(RECORDED / f"c10d_functional-{shape}.jsonl")))
+
+
+@needs_torch
+def test_functional_collectives_on_one_gloo_rank_race_only_before_wait_tensor(
+        tmp_path: Path) -> None:
+    """The shapes live: the answers are PyTorch's, and each capture comes to what its
+    recording does."""
+    assert TORCH_PYTHON is not None
+    got, stderr = run_printing_json(TORCH_PYTHON, _FUNCTIONAL, tmp_path, str(tmp_path),
+                                    *FUNCTIONAL_SHAPES)
+    assert got == {shape: 256.0 for shape in FUNCTIONAL_SHAPES}
+    assert stderr == ""
+    for shape in FUNCTIONAL_SHAPES:
+        path = tmp_path / f"{shape}.jsonl"
+        _check_functional(shape, list(iter_file(path)))
+        where = os.environ.get("GPURACE_RECORD_DIR")
+        if where:
+            Path(where).mkdir(parents=True, exist_ok=True)
+            shutil.copy(path, Path(where) / f"c10d_functional-{shape}.jsonl")
+
+
 _ROLES = r'''
 import json
 import torch, torch.distributed
@@ -229,9 +351,10 @@ def test_an_engine_program_names_its_racing_lines_and_its_fix(prog: Path) -> Non
     assert race, "the docstring names the racing lines and the fix"
     lines = text.splitlines()
     launch, read, fix = (lines[int(n) - 1] for n in race.groups())
-    launched = {"nccl": "async_op=True", "triton": "[grid](", "graph": "static_out.copy_(",
-                "cupy": ".data.copy_", "child": ".copy_("}
-    assert launched[prog.stem.split("_")[0]] in launch  # the graph's: its captured op
+    launched = {"nccl": ("async_op=True", "functional."), "triton": ("[grid](",),
+                "graph": ("static_out.copy_(",), "cupy": (".data.copy_",), "child": (".copy_(",)}
+    # The graph's: its captured op; a functional collective's: the op, with no Work.
+    assert any(word in launch for word in launched[prog.stem.split("_")[0]]), launch
     assert ("wait" in fix or "synchronize" in fix) and "wait" not in read
 
 

@@ -40,6 +40,7 @@ from typing import Any, NamedTuple
 
 from harness.capture import events as E
 from harness.capture.sites import program_frame, site_of
+from harness.capture.torch_functional import Functional
 from harness.capture.torch_ops import ArgAt, Plan, byte_spans
 from harness.races.kinds import COLLECTIVE
 
@@ -143,6 +144,8 @@ class Collectives:
         self.coalescing: dict[str, list[_Issue]] = {}
         import torch.distributed as dist
         c10d = dist.distributed_c10d
+        self.c10d = c10d
+        self.functional = Functional(self)
         self.Work = c10d.Work
         self.ProcessGroup = c10d.ProcessGroup
         self.unbox_group = c10d.ProcessGroup.unbox
@@ -155,6 +158,8 @@ class Collectives:
     def dispatch(self, plan: Plan, func: Any, args: tuple[Any, ...],
                  kwargs: dict[str, Any]) -> Any:
         """Run the collective, said as the group's stream work before it runs."""
+        if plan.functional:
+            return self.functional.dispatch(plan, func, args, kwargs)
         cap = self.cap
         t0 = perf_counter_ns()
         try:
@@ -211,35 +216,44 @@ class Collectives:
             # Issued from C++ (DDP's reducer, _broadcast_coalesced), which waits on the Work
             # where no source sees it: said where it was issued, in the program's order (what
             # it orders by itself is missed, never a race made up).
-            current = None if device is None else self._current(device, frame)
+            current = None if device is None else self.current(device, frame)
             cap.emit(["op", current, shape.kind, reads, writes, meta])
             self.unseen += 1
             return None
-        pg = self.unbox_group(group)
+        issue = self.on_group_stream(self.unbox_group(group), device, frame, shape.name,
+                                     ["op", None, shape.kind, reads, writes, meta])
+        block = self.coalescing.get(issue.group)
+        if block is not None:
+            block.append(issue)
+        return issue
+
+    def on_group_stream(self, pg: Any, device: int | None, frame: Any, name: str,
+                        op: list[Any]) -> _Issue:
+        """Say ``op`` (a capture ``op`` event, its stream left out) on process group ``pg``'s
+        stream for ``device`` (None: host memory), after a wait for the current stream, and
+        the event recorded after it, which a wait on the collective waits for."""
+        cap = self.cap
+        site = op[-1]["site"]
         # A group made without a backend named has both ("cpu:gloo,cuda:nccl", or just
         # "undefined"): NCCL is the one that runs a CUDA tensor's collective.
         backend = str(pg.name())
         if device is not None and ("nccl" in backend or backend == "undefined"):
             backend = "nccl"
-        stream = self._stream(pg, backend, device, site)
-        what = f"{shape.name} at {site}" if site else shape.name
+        stream = op[1] = self._stream(pg, backend, device, site)
+        what = f"{name} at {site}" if site else name
         if device is not None:
             # The group's stream waits for the work queued before it on the current stream.
-            current = self._current(device, frame)
+            current = self.current(device, frame)
             start = self._event(f"before {what}", site)
             cap.emit(["record", start, current, site])
             cap.emit(["wait", start, stream, site])
-        cap.emit(["op", stream, shape.kind, reads, writes, meta])
+        cap.emit(op)
         end = self._event(f"after {what}", site)
         cap.emit(["record", end, stream, site])
         # On a stream-ordered backend (NCCL, UCC) a CUDA collective's wait is the current
         # stream's; gloo's, and any host tensor's, blocks the host.
-        issue = _Issue(end, device, device is not None and backend != "gloo", site,
-                       str(pg.group_name))
-        block = self.coalescing.get(issue.group)
-        if block is not None:
-            block.append(issue)
-        return issue
+        return _Issue(end, device, device is not None and backend != "gloo", site,
+                      str(pg.group_name))
 
     def _after(self, issue: _Issue, out: Any) -> None:
         work = out[-1] if isinstance(out, (tuple, list)) else out
@@ -299,7 +313,7 @@ class Collectives:
                                            "site": site, "source": "torch"}])
         return sid
 
-    def _current(self, device: int, frame: Any) -> int:
+    def current(self, device: int, frame: Any) -> int:
         """The current stream of ``device``, announced where the capture has not seen it."""
         sid: int = self.cap.current_stream(device, _Lent())
         self.cap._seen_stream(sid, frame)
@@ -320,15 +334,20 @@ class Collectives:
         del self.issued[id(work)]
         if self._newest is work:
             self._newest = None
+        self.wait_for(issued.events, issued.device, issued.stream_wait, program_frame(1))
+
+    def wait_for(self, events: tuple[int, ...], device: int | None, stream_wait: bool,
+                 frame: Any) -> None:
+        """The program waited for collectives (the events recorded after them): the current
+        stream's wait (NCCL) or the host's."""
         cap = self.cap
-        frame = program_frame(1)
         site = site_of(frame)
-        if issued.stream_wait and issued.device is not None:
-            current = self._current(issued.device, frame)
-            for event in issued.events:
+        if stream_wait and device is not None:
+            current = self.current(device, frame)
+            for event in events:
                 cap.emit(["wait", event, current, site])
         else:
-            for event in issued.events:
+            for event in events:
                 cap.emit(["sync_event", event, site])
 
     def queried(self, work: Any, done: bool) -> None:
@@ -343,7 +362,7 @@ class Collectives:
             self.cap.emit(["query", event, bool(done), site])
 
     def notes(self) -> list[str]:
-        out = []
+        out = self.functional.notes()
         if self.unseen:
             out.append(f"{self.unseen} collectives were issued from PyTorch's C++ code (DDP's "
                        "reducer, coalesced broadcasts), which waits on them unseen: they were "

@@ -32,6 +32,13 @@ are still allocations."""
 
 _COPIES = frozenset({"copy_", "_to_copy", "_copy_from", "_copy_from_and_resize", "copy"})
 PINS = frozenset({"_pin_memory", "pin_memory"})
+FUNCTIONAL_COLLECTIVES = frozenset({
+    "all_reduce", "all_reduce_", "all_reduce_coalesced", "all_reduce_coalesced_",
+    "all_gather_into_tensor", "all_gather_into_tensor_out", "all_gather_into_tensor_coalesced",
+    "reduce_scatter_tensor", "reduce_scatter_tensor_out", "reduce_scatter_tensor_coalesced",
+    "all_to_all_single", "broadcast", "broadcast_", "wait_tensor"})
+"""The ops of ``_c10d_functional`` said as collectives and their wait
+(:mod:`harness.capture.torch_functional`); its point-to-point ones are ordinary ops."""
 
 
 class TensorArg(NamedTuple):
@@ -54,14 +61,19 @@ class Plan:
     mode runs it as its decomposition, as PyTorch would without the mode)."""
 
     __slots__ = ("name", "kind", "kernel", "args", "written", "fresh_returns", "no_work",
-                 "device_at", "collective", "pins", "pin_memory_at", "decomposes", "func")
+                 "device_at", "collective", "functional", "pins", "pin_memory_at",
+                 "decomposes", "func")
 
     def __init__(self, func: Any, decomposes: bool = False) -> None:
         self.func = func
         self.decomposes = decomposes
         schema = func._schema
-        self.name = schema.name.split("::")[-1]
-        self.collective = schema.name.startswith("c10d::")  # torch.distributed's own ops
+        namespace, _, self.name = schema.name.rpartition("::")
+        # torch.distributed's ops: c10d's own, and the functional ones DTensor and
+        # torch.compile's code issue.
+        self.functional = namespace == "_c10d_functional" and \
+            self.name in FUNCTIONAL_COLLECTIVES
+        self.collective = namespace == "c10d" or self.functional
         self.no_work = self.name in _NO_WORK
         self.kind = "copy" if self.name in _COPIES else (
             "scalar" if self.name == "_local_scalar_dense" else "kernel")

@@ -11,7 +11,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from harness.races.kinds import COLLECTIVE
+from harness.races.kinds import COLLECTIVE, FUNCTIONAL_COLLECTIVE
 from harness.results.outcome import is_site, step_shape
 from kvcore.bytemap import ByteMap
 from kvcore.device import OpRecord
@@ -222,13 +222,20 @@ class Finding:
         head = f"nothing orders {a.who} before {b.who} on {self.where}"
         if self.event_note:
             return f"{head}: {self.event_note}"
+        follower = "the host" if b.stream == HOST else b.stream
+        if a.kind.startswith(FUNCTIONAL_COLLECTIVE) and not self.reused:
+            # A functional collective's Work is its result's: only wait_tensor orders it.
+            return (f"{head}; wait for the result of "
+                    f"{a.kind[len(FUNCTIONAL_COLLECTIVE):]} at {a.at} "
+                    "(torch.ops._c10d_functional.wait_tensor, which an AsyncCollectiveTensor "
+                    f"calls at its first use) before {b.at}: the collective runs on its "
+                    f"process group's stream, which {follower} follows only from that wait")
         if a.kind.startswith(COLLECTIVE) and not self.reused:
             # The collective's own stream: only the program's wait on its work orders it.
             return (f"{head}; call wait() on the work that {a.kind[len(COLLECTIVE):]} at "
                     f"{a.at} returned (async_op=True; in a coalescing manager, the manager's) "
                     f"before {b.at}, or issue it without async_op: the collective runs on "
-                    "its process group's stream, which "
-                    f"{'the host' if b.stream == HOST else b.stream} follows only from that "
+                    f"its process group's stream, which {follower} follows only from that "
                     "wait")
         if a.stream != HOST and b.stream != HOST and self.reused and \
                 self.allocated_on not in (None, a.stream):

@@ -5,3 +5,6 @@ detector."""
 COLLECTIVE = "kernel:c10d."
 """How a captured collective's kind begins (``kernel:c10d.allreduce``): it runs on its process
 group's own stream, ordered after by the program's wait on its work."""
+FUNCTIONAL_COLLECTIVE = COLLECTIVE + "functional."
+"""How a functional collective's kind begins (``kernel:c10d.functional.all_reduce``): ordered
+after only by ``wait_tensor`` of its result."""
