@@ -628,9 +628,9 @@ def test_a_capture_runs_nothing_and_replays_on_one_stream_are_ordered():
 
 
 def test_a_stream_forked_into_a_capture_is_part_of_the_graph():
-    # s2 waits for an event recorded inside the capture: its work is the graph's, run at the
-    # replay on s1; s2 reading the output afterwards with no edge races the replay's last
-    # write there (s2's own captured add, replayed on s1).
+    # s2 waits for an event recorded inside the capture: its work is the graph's, run at each
+    # replay on a branch stream of the replay stream's; s2 reading the output afterwards with
+    # no edge races the replay's last write there (s2's own captured add, replayed there).
     fork = [["event", 8, {}], ["record", 8, S1, "prog.py:40"], ["wait", 8, S2, "prog.py:40"],
             _op(S2, "kernel:add", 41, r=[("d", BASE, 4096)], w=[("d", BASE + 4096, 64)]),
             ["event", 9, {}], ["record", 9, S2, "prog.py:42"], ["wait", 9, S1, "prog.py:42"],
@@ -640,7 +640,38 @@ def test_a_stream_forked_into_a_capture_is_part_of_the_graph():
         _op(S2, "kernel:sum", 45, r=[("d", BASE + 4096, 64)])]
     found = {(f["first"]["step"], f["second"]["step"]) for f in _findings(events)}
     assert found == {("prog.py:41", "prog.py:45")}
-    assert all(f["first"]["stream"] == "s1" for f in _findings(events))
+    assert all(f["first"]["stream"] == "s1's graph branch s2" for f in _findings(events))
+    # The program's s1 after the replay is ordered after the branch by the captured join.
+    joined = _captured(*fork) + [["graph_replay", G, S1, "prog.py:44"],
+                                 _op(S1, "kernel:sum", 45, r=[("d", BASE + 4096, 64)])]
+    assert _findings(joined) == []
+
+
+def test_a_graphs_branches_race_where_no_captured_edge_orders_them():
+    """A branch forked off the capture writes what the capturing stream reads before the join:
+    in the graph the two are unordered, whatever order the capture saw them in; with the join
+    before the read, they are ordered. A replay again is ordered after the last one's
+    branches."""
+    def graph(joined_first: bool) -> list[list]:
+        join = [["event", 9, {}], ["record", 9, S2, "prog.py:52"], ["wait", 9, S1, "prog.py:52"]]
+        read = [_op(S1, "kernel:sum", 53, r=[("d", BASE + 4096, 64)])]
+        body = [["event", 8, {}], ["record", 8, S1, "prog.py:50"], ["wait", 8, S2, "prog.py:50"],
+                _op(S2, "kernel:fill_", 51, w=[("d", BASE + 4096, 64)]),
+                *(join + read if joined_first else read + join)]
+        return _captured(*body) + [["graph_replay", G, S1, "prog.py:60"],
+                                   ["graph_replay", G, S1, "prog.py:61"]]
+
+    found = _findings(graph(joined_first=False))
+    assert {(f["first"]["step"], f["second"]["step"]) for f in found} == \
+        {("prog.py:51", "prog.py:53")}
+    assert {(f["first"]["stream"], f["second"]["stream"]) for f in found} == \
+        {("s1's graph branch s2", "s1")}
+    assert _findings(graph(joined_first=True)) == []
+    analysis = RunAnalysis(None, {})
+    analysis.feed(graph(joined_first=True))
+    analysis.close()
+    assert any("2 replays on the replay stream and 1 branch stream of its own, ordered by "
+               "the captured forks and joins" in note for note in analysis.translator.notes)
 
 
 def test_a_wait_for_a_modules_import_ends_when_it_is_executed(tmp_path, monkeypatch):

@@ -9,11 +9,13 @@ Owners are the program's tensors and arrays, named as it made them.
 
 A CUDA graph's capture runs nothing: what is issued on the capturing stream between
 ``graph_begin`` and ``graph_end`` (and on the streams that waited for its events, as a capture
-forks) is the graph's body, kept in order. Each ``graph_replay`` issues that body on the replay
-stream, so the body's reads and writes race with the program's other streams like any op's.
-The body is taken to run in its capture's order: its branches are not checked against each
-other. Frees during a capture are left out: the graph's private pool keeps those blocks for
-the graph's replays.
+forks) is the graph's body, kept in order with the event records and waits that fork and join
+its branches. Each ``graph_replay`` issues that body: the capturing stream's part on the replay
+stream, each forked stream's part on a branch stream of the replay stream's own, with the
+captured records and waits between them, as CUDA turns them into the graph's edges. So the
+body's reads and writes race with the program's other streams like any op's, and the graph's
+branches with each other where no edge orders them. Frees during a capture are left out: the
+graph's private pool keeps those blocks for the graph's replays.
 
 The allocator's deferred reuse is said in edges, as it happens: when a block recorded on other
 streams (``record_stream``) is freed, the allocator records an event on each of them, and hands
@@ -27,7 +29,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from harness.capture import events as E
 from harness.races.findings import DEVICE_MEMORY, PINNED_MEMORY
@@ -48,13 +50,34 @@ def kernel_kind(name: str) -> str:
     return "kernel:" + (ident if not ident[0].isdigit() else "_" + ident)
 
 
+class _Node(NamedTuple):
+    """An op of a graph's body, on the stream that captured it."""
+
+    sid: int
+    kind: str
+    reads: list[list[Any]]
+    writes: list[list[Any]]
+    meta: dict[str, Any] | None
+
+
+class _Edge(NamedTuple):
+    """An event recorded (``record``) or waited for inside a capture: a fork or join of the
+    graph's branches."""
+
+    record: bool
+    eid: Any
+    sid: int
+    site: str | None
+
+
 @dataclass
 class _Graph:
-    """A CUDA graph the program captured: its body's ops in order, where it was made, and
-    how often it was replayed."""
+    """A CUDA graph the program captured: the stream its capture began on, its body in
+    order, where it was made, and how often it was replayed."""
 
+    origin: int
     site: str | None
-    body: list[tuple[Any, ...]] = field(default_factory=list)  # _op's arguments, sid left out
+    body: list[_Node | _Edge] = field(default_factory=list)
     streams: set[int] = field(default_factory=set)  # the streams its capture took in
     replays: int = 0
 
@@ -259,8 +282,8 @@ class Translator:
     def _op(self, sid: int | None, kind: str, reads: list[list[Any]], writes: list[list[Any]],
             meta: dict[str, Any] | None = None) -> None:
         graph = self._capturing.get(sid) if sid is not None else None
-        if graph is not None:
-            graph.body.append((kind, reads, writes, meta))
+        if graph is not None and sid is not None:
+            graph.body.append(_Node(sid, kind, reads, writes, meta))
             return
         meta = meta or {}
         site = meta.get("site")
@@ -289,6 +312,7 @@ class Translator:
         graph = self._capturing.get(sid)
         if graph is not None:  # a node of the graph: orders only its own branches
             self._captured_events[eid] = graph
+            graph.body.append(_Edge(True, eid, sid, site))
             return
         self._captured_events.pop(eid, None)
         self._record_op(self._stream_of(sid), "event_record", records=self._event_of(eid),
@@ -299,13 +323,14 @@ class Translator:
         if graph is not None:
             if sid not in self._capturing:  # a stream forked off a capture joins the graph
                 self._capture_on(sid, graph)
+            graph.body.append(_Edge(False, eid, sid, site))
             return
         self._record_op(self._stream_of(sid), "event_wait", waits=self._event_of(eid),
                         step=site, detail={"site": site})
 
     # ---- CUDA graphs -------------------------------------------------------------------------
     def _graph_begin(self, gid: Any, sid: int, site: str | None = None) -> None:
-        graph = self._graphs[gid] = _Graph(site)  # a graph captured anew is a new body
+        graph = self._graphs[gid] = _Graph(sid, site)  # a graph captured anew is a new body
         self._capture_on(sid, graph)
 
     def _capture_on(self, sid: int, graph: _Graph) -> None:
@@ -331,8 +356,30 @@ class Translator:
                        "before the watch began): its kernels were not checked")
             return
         graph.replays += 1
-        for kind, reads, writes, meta in graph.body:
-            self._op(sid, kind, reads, writes, meta if t is None else {**(meta or {}), "t": t})
+        for item in graph.body:
+            on = self._branch(graph, item.sid, sid)
+            if isinstance(item, _Node):
+                meta = item.meta if t is None else {**(item.meta or {}), "t": t}
+                self._op(on, item.kind, item.reads, item.writes, meta)
+                continue
+            event = ("graph edge", id(graph), item.eid)  # the graph's own, not the program's
+            if event not in self._events:
+                self._event(event, {"name": f"{self._event_of(item.eid)} in the graph"})
+            if item.record:
+                self._record(event, on, item.site)
+            else:
+                self._wait(event, on, item.site)
+
+    def _branch(self, graph: _Graph, captured: int, replay: int) -> Any:
+        """The stream a replay runs a captured stream's part on: the replay stream for the
+        stream the capture began on, a branch stream of the replay stream's for each other."""
+        if captured == graph.origin:
+            return replay
+        key = ("graph branch", replay, captured)
+        if key not in self._streams:
+            self._stream(key, {"name": f"{self._stream_of(replay)}'s graph branch "
+                                       f"{self._stream_of(captured)}"})
+        return key
 
     def _sync_event(self, eid: Any, site: str | None = None) -> None:
         self._record_op(HOST, "sync_event", waits=self._event_of(eid), step=site,
@@ -366,12 +413,14 @@ class Translator:
             by_site.setdefault(graph.site, []).append(graph)
         for site, graphs in by_site.items():
             where = f" made at {site}" if site else ""
-            ops = sum(len(g.body) for g in graphs)
+            ops = sum(isinstance(item, _Node) for g in graphs for item in g.body)
             replays = sum(g.replays for g in graphs)
+            branches = max(len(g.streams) for g in graphs)
             self._note(f"{_count(len(graphs), 'CUDA graph')}{where}: {_count(ops, 'op')} seen "
                        f"in capture, issued again at each of {_count(replays, 'replay')} on "
-                       "the replay stream, in capture order (a graph's branches are not "
-                       "checked against each other)")
+                       "the replay stream" + (
+                           f" and {_count(branches - 1, 'branch stream')} of its own, ordered "
+                           "by the captured forks and joins" if branches > 1 else ""))
         if self._unknown_frees:
             self._note(f"{self._unknown_frees} frees of memory no source saw handed out (a "
                        "library's own workspace, or memory made before capture began) were "
