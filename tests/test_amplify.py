@@ -348,3 +348,40 @@ def test_a_kernel_another_source_launches_into_a_capture_is_the_graphs_for_its_d
     graphs.ops[8] = set()
     captured_elsewhere("prog.py:12", "kernel:scale")
     assert graphs.ops[8] == set()
+
+
+def test_a_race_between_a_graphs_branches_is_delayed_inside_the_graph():
+    """A pair inside one replay of a CUDA graph (a branch stream and the replay stream) gets a
+    delay captured into the graph (a delay before the replay would hold back both); a pair
+    between a replay and the program's other stream gets one before the replay."""
+    from tests.test_capture import BASE, G, S1, S2, _captured, _op
+    from tests.test_capture import _findings as replayed
+
+    fork = [["event", 8, {}], ["record", 8, S1, "prog.py:50"], ["wait", 8, S2, "prog.py:50"],
+            _op(S2, "kernel:fill_", 51, w=[("d", BASE + 4096, 64)]),
+            _op(S1, "kernel:sum", 53, r=[("d", BASE + 4096, 64)]),
+            ["event", 9, {}], ["record", 9, S2, "prog.py:54"], ["wait", 9, S1, "prog.py:54"]]
+    inside = replayed(_captured(*fork) + [["graph_replay", G, S1, "prog.py:60"]])
+    (target,) = A.plan(inside)
+    assert (target.delay.site, target.delay.kind, target.delay.in_graph) == \
+        ("prog.py:51", "kernel:fill_", True)
+    assert target.delay.describe().endswith("before kernel:fill_ at prog.py:51 inside its "
+                                            "CUDA graph")
+    assert A.decode(A.encode([target.delay])) == (target.delay,)
+    # In the watched process it is asked for only while the graph is captured.
+    amp = A.Amplifier([target.delay], lambda event: None)
+    assert amp.wants("prog.py:51", "kernel:fill_") is None
+    assert amp.wants("prog.py:51", "kernel:fill_", in_graph=True) == target.delay
+    # The same race run eagerly first (a warm-up before the capture) keeps a delay of its own.
+    eager = [_op(S2, "kernel:fill_", 51, w=[("d", BASE + 4096, 64)]),
+             _op(S1, "kernel:sum", 53, r=[("d", BASE + 4096, 64)])]
+    graph = _captured(*fork)
+    begin = next(i for i, event in enumerate(graph) if event[0] == "graph_begin")
+    both = replayed(graph[:begin] + eager + graph[begin:]
+                    + [["graph_replay", G, S1, "prog.py:60"]])
+    assert sorted((t.delay.site, t.delay.in_graph) for t in A.plan(both)) == \
+        [("prog.py:51", False), ("prog.py:51", True)]
+    outside = replayed(_captured() + [["graph_replay", G, S2, "prog.py:30"],
+                                      _op(S1, "copy_htod", 32, w=[("d", BASE, 4096)])])
+    (target,) = A.plan(outside)
+    assert (target.delay.site, target.delay.in_graph) == ("prog.py:21", False)

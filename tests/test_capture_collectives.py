@@ -352,7 +352,8 @@ def test_an_engine_program_names_its_racing_lines_and_its_fix(prog: Path) -> Non
     lines = text.splitlines()
     launch, read, fix = (lines[int(n) - 1] for n in race.groups())
     launched = {"nccl": ("async_op=True", "functional."), "triton": ("[grid](",),
-                "graph": ("static_out.copy_(",), "cupy": (".data.copy_",), "child": (".copy_(",)}
+                "graph": ("static_out.copy_(", "static_shared.copy_("),
+                "cupy": (".data.copy_",), "child": (".copy_(",)}
     # The graph's: its captured op; a functional collective's: the op, with no Work.
     assert any(word in launch for word in launched[prog.stem.split("_")[0]]), launch
     assert ("wait" in fix or "synchronize" in fix) and "wait" not in read

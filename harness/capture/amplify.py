@@ -20,8 +20,10 @@ import json
 import os
 import re
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
+
+from harness.races.kinds import GRAPH_BRANCH
 
 DELAY_US = 1000.0
 """The delay's length by default: a millisecond outlasts a launch's latency and most kernels
@@ -41,12 +43,18 @@ _SITE = re.compile(r"^(?P<path>.+):(?P<line>[0-9]+)$")
 @dataclass(frozen=True)
 class Delay:
     """Queue ``us`` microseconds of spin on an op's stream before each op issued from the
-    program's ``path:line`` (of ``kind``, when given: ``kernel:mm``, ``copy_dtoh``)."""
+    program's ``path:line`` (of ``kind``, when given: ``kernel:mm``, ``copy_dtoh``).
+
+    An op a CUDA graph captured is not issued by the program's line at a replay: its delay is
+    queued before each replay of the graph, which delays the whole graph against the program's
+    other streams; or, ``in_graph``, for a race between two branches of one graph, captured
+    into the graph before the op, so that the op's branch waits and the other goes first."""
 
     path: str
     line: int
     us: float = DELAY_US
     kind: str | None = None
+    in_graph: bool = False
 
     @property
     def site(self) -> str:
@@ -54,7 +62,8 @@ class Delay:
 
     def describe(self) -> str:
         what = f"{self.kind} at " if self.kind else ""
-        return f"{self.us:g} µs before {what}{self.site}"
+        return f"{self.us:g} µs before {what}{self.site}" + (
+            " inside its CUDA graph" if self.in_graph else "")
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -62,7 +71,7 @@ class Delay:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Delay:
         return cls(str(data["path"]), int(data["line"]), float(data.get("us", DELAY_US)),
-                   data.get("kind"))
+                   data.get("kind"), bool(data.get("in_graph", False)))
 
 
 def parse_site(text: str, us: float = DELAY_US) -> Delay:
@@ -110,20 +119,21 @@ def plan(findings: Iterable[dict[str, Any]], us: float = DELAY_US,
     where that is longer than ``us`` (at most :data:`PLANNED_MAX_US`); a pair whose ops are not
     that trace's (found in another run) keeps ``us``."""
     targets: list[Target] = []
-    seen: set[tuple[str, int, str | None]] = set()
+    seen: set[tuple[str, int, str | None, bool]] = set()
     for f in findings:
         first, second = _ordered(f)
         delay = _delay_for(first, us)
         if delay is None:
             continue
-        key = (delay.path, delay.line, delay.kind)
+        if _one_graph(str(first.get("stream")), str(second.get("stream"))):
+            delay = replace(delay, in_graph=True)
+        key = (delay.path, delay.line, delay.kind, delay.in_graph)
         if key in seen:
             continue
         seen.add(key)
         gap = _gap_us(issued or {}, first, second)
         if gap is not None and GAP_FACTOR * gap > delay.us:
-            delay = Delay(delay.path, delay.line,
-                          round(min(GAP_FACTOR * gap, PLANNED_MAX_US), 1), delay.kind)
+            delay = replace(delay, us=round(min(GAP_FACTOR * gap, PLANNED_MAX_US), 1))
         targets.append(Target(delay, str(first.get("stream")), _said(first), _said(second),
                               f, gap))
     return targets
@@ -135,6 +145,13 @@ def _gap_us(issued: dict[int, tuple[int, str | None]], first: dict[str, Any],
     if a is None or b is None or a[1] != first.get("step") or b[1] != second.get("step"):
         return None
     return (b[0] - a[0]) / 1000.0 if b[0] >= a[0] else None
+
+
+def _one_graph(a: str, b: str) -> bool:
+    """Whether two streams are branches of one replay of a CUDA graph (the replay stream and
+    its branch streams): a race between them is the graph's own."""
+    return (GRAPH_BRANCH in a or GRAPH_BRANCH in b) and \
+        a.split(GRAPH_BRANCH)[0] == b.split(GRAPH_BRANCH)[0]
 
 
 def unplanned(findings: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -171,19 +188,22 @@ class Amplifier:
     def __init__(self, delays: Sequence[Delay], emit: Callable[[list[Any]], None]) -> None:
         self.delays = tuple(delays)
         self._emit = emit
-        self._answers: dict[tuple[str | None, str], Delay | None] = {}
+        self._answers: dict[tuple[str | None, str, bool], Delay | None] = {}
         self.counts: dict[Delay, int] = {d: 0 for d in self.delays}
         self._streams: dict[Delay, set[int]] = {d: set() for d in self.delays}
         self.failures: list[str] = []
 
-    def wants(self, site: str | None, kind: str) -> Delay | None:
-        key = (site, kind)
+    def wants(self, site: str | None, kind: str, in_graph: bool = False) -> Delay | None:
+        """The delay to queue before an op at ``site`` of ``kind``; ``in_graph``: the one to
+        capture into a CUDA graph before it (for a race between the graph's branches), where
+        a delay asked for there is kept apart from one for the op's other races."""
+        key = (site, kind, in_graph)
         answer = self._answers.get(key, _UNKNOWN)
         if answer is _UNKNOWN:
-            answer = self._answers[key] = self._match(site, kind)
+            answer = self._answers[key] = self._match(site, kind, in_graph)
         return answer  # type: ignore[return-value]
 
-    def _match(self, site: str | None, kind: str) -> Delay | None:
+    def _match(self, site: str | None, kind: str, in_graph: bool) -> Delay | None:
         if site is None:
             return None
         match = _SITE.match(site)
@@ -191,7 +211,8 @@ class Amplifier:
             return None
         path, line = match["path"], int(match["line"])
         for d in self.delays:
-            if d.line == line and (d.kind is None or d.kind == kind) and same_file(path, d.path):
+            if d.line == line and (d.kind is None or d.kind == kind) and \
+                    d.in_graph == in_graph and same_file(path, d.path):
                 return d
         return None
 

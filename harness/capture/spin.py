@@ -33,7 +33,7 @@ def queue(torch: Any, amplifier: Amplifier, emit: Callable[[list[Any]], None], d
     try:
         rate = _rates.get(index)
         if rate is None:
-            rate = _rates[index] = _calibrate(torch, index)
+            rate = ready(torch, index)
             emit(["note", f"delays: the spin kernel counts {rate:.0f} clock cycles a "
                           f"microsecond on cuda:{index} (measured)"])
         with torch.cuda.device(index):
@@ -42,6 +42,15 @@ def queue(torch: Any, amplifier: Amplifier, emit: Callable[[list[Any]], None], d
         amplifier.failed(delay, repr(exc))
         return
     amplifier.queued(delay, sid)
+
+
+def ready(torch: Any, index: int) -> float:
+    """The spin's clock cycles a microsecond on device ``index``, measured at the first ask
+    (before a CUDA graph's capture that may hold a delay: it synchronizes)."""
+    rate = _rates.get(index)
+    if rate is None:
+        rate = _rates[index] = _calibrate(torch, index)
+    return rate
 
 
 def _calibrate(torch: Any, index: int) -> float:

@@ -6,10 +6,13 @@ meanwhile are the graph's body, which the watching side keeps and issues again a
 ``replay`` on the replay stream (:mod:`harness.capture.translate`). A graph is known by its
 object's id: a graph captured anew is a new body.
 
-Delays (``--amplify``) are never queued while a graph is captured: the spin kernel would be
-captured into the graph. A delay asked for at one of a graph's ops is queued on the replay
-stream before each replay of the graph instead, since the program's lines do not issue a
-replay's ops. Kernels another source launches into a capture (Triton's, torch.compile's in
+A delay (``--amplify``) asked for at one of a graph's ops is queued on the replay stream
+before each replay of the graph, since the program's lines do not issue a replay's ops: the
+whole graph waits, and the program's other streams go first. A delay for a race between two
+of the graph's own branches (``Delay.in_graph``) is captured into the graph instead, before
+the op on its branch, so that at each replay that branch waits and the other goes first; the
+spin's speed is measured before the capture begins (a capture allows no synchronize).
+Kernels another source launches into a capture (Triton's, torch.compile's in
 ``reduce-overhead`` mode) are the graph's too: that source says them here
 (:func:`captured_elsewhere`).
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 from time import perf_counter_ns
 from typing import Any
 
+from harness.capture import spin
 from harness.capture.amplify import Delay
 
 
@@ -49,12 +53,14 @@ class Graphs:
             _INSTALLED.remove(self)
 
     def delay_for(self, site: str | None, kind: str) -> Delay | None:
-        """The delay to queue before a stream op at ``site`` of ``kind``: none while a graph
-        is captured (the op is then remembered as the graph's)."""
+        """The delay to queue before a stream op at ``site`` of ``kind``. While a graph is
+        captured, only one for a race inside the graph (the op is remembered as the graph's,
+        for the others)."""
+        amplifier = self.cap.amplifier
         if not self.capturing:
-            return self.cap.amplifier.wants(site, kind)  # type: ignore[no-any-return]
+            return amplifier.wants(site, kind)  # type: ignore[no-any-return]
         self.remember(site, kind)
-        return None
+        return amplifier.wants(site, kind, in_graph=True)  # type: ignore[no-any-return]
 
     def remember(self, site: str | None, kind: str) -> None:
         """An op at ``site`` of ``kind`` is one of the graphs' being captured, if any."""
@@ -78,6 +84,12 @@ class Graphs:
             cap.emit([event, gid, sid, site])
         else:  # a replay's ops are issued now: the host's clock says when (for --amplify)
             cap.emit([event, gid, sid, site, perf_counter_ns()])
+
+    def before_capture(self) -> None:
+        """A capture begins: measure the spin now, if a delay may be captured into it."""
+        cap = self.cap
+        if cap.amplifier is not None and any(d.in_graph for d in cap.amplifier.delays):
+            spin.ready(cap.torch, cap.torch.cuda.current_device())
 
     def before_replay(self, gid: int) -> None:
         """Queue on the current stream a delay asked for at one of the graph's ops."""

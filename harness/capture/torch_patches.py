@@ -57,11 +57,14 @@ def patch_calls(cap: Any, torch: Any, patch: Callable[[Any, str, Callable[[Any],
         first, where a delay is asked for at one of the graph's ops."""
         def make(original: Any) -> Any:
             def call(self: Any, *a: Any, **k: Any) -> Any:
-                if cap.on and event == "graph_replay":
+                if cap.on and event in ("graph_replay", "graph_begin"):
                     try:
-                        cap.graphs.before_replay(id(self))
+                        if event == "graph_begin":
+                            cap.graphs.before_capture()
+                        else:
+                            cap.graphs.before_replay(id(self))
                     except Exception as exc:
-                        cap.guard.failed("a delay before CUDAGraph.replay", exc)
+                        cap.guard.failed(f"a delay before CUDAGraph.{original.__name__}", exc)
                 done = False
                 try:
                     out = original(self, *a, **k)

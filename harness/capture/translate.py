@@ -33,6 +33,7 @@ from typing import Any, NamedTuple
 
 from harness.capture import events as E
 from harness.races.findings import DEVICE_MEMORY, PINNED_MEMORY
+from harness.races.kinds import GRAPH_BRANCH
 from kvcore.bytemap import ByteMap
 from kvcore.device.oplog import HOST, Access, BufferInfo, OpRecord, StreamInfo
 
@@ -377,8 +378,8 @@ class Translator:
             return replay
         key = ("graph branch", replay, captured)
         if key not in self._streams:
-            self._stream(key, {"name": f"{self._stream_of(replay)}'s graph branch "
-                                       f"{self._stream_of(captured)}"})
+            self._stream(key, {"name": self._stream_of(replay) + GRAPH_BRANCH
+                                       + self._stream_of(captured)})
         return key
 
     def _sync_event(self, eid: Any, site: str | None = None) -> None:

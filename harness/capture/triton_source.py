@@ -76,15 +76,16 @@ class _Launches:
 
     def delay_before(self, kernel: str, stream: Any = None) -> None:
         """Queue on the current stream the delay asked for before ``kernel`` at the program's
-        line, where one is. Never inside a CUDA graph's capture, where it would be captured:
-        there the kernel is the graph's, delayed before the graph's replays."""
+        line, where one is. Inside a CUDA graph's capture the kernel is the graph's: only a
+        delay for a race inside the graph is captured there; the others are queued before
+        the graph's replays."""
         assert self.amplifier is not None
         torch = self.torch
         site, kind = site_of(program_frame(1)), f"kernel:{kernel}"
-        if torch.cuda.is_current_stream_capturing():
-            captured_elsewhere(site, kind)  # delayed before the graph's replays instead
-            return
-        delay = self.amplifier.wants(site, kind)
+        capturing = torch.cuda.is_current_stream_capturing()
+        if capturing:  # the graph's: delayed before its replays, or inside it
+            captured_elsewhere(site, kind)
+        delay = self.amplifier.wants(site, kind, in_graph=capturing)
         if delay is None:
             return
         index = torch.cuda.current_device()

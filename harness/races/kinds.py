@@ -8,3 +8,6 @@ group's own stream, ordered after by the program's wait on its work."""
 FUNCTIONAL_COLLECTIVE = COLLECTIVE + "functional."
 """How a functional collective's kind begins (``kernel:c10d.functional.all_reduce``): ordered
 after only by ``wait_tensor`` of its result."""
+GRAPH_BRANCH = "'s graph branch "
+"""How a replayed CUDA graph's branch stream is named: the replay stream's name, this, and the
+name of the stream that captured the branch (``s1's graph branch s2``)."""

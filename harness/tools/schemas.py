@@ -274,7 +274,11 @@ def run_schema() -> Schema:
                 "variant": NAME,
                 "delays": array(closed({"path": string(), "line": integer(1),
                                         "us": number(0, L.DELAY_MAX_US),
-                                        "kind": nullable(string())})),
+                                        "kind": nullable(string()),
+                                        "in_graph": described(BOOLEAN, "captured into "
+                                                              "its CUDA graph: a race "
+                                                              "between the graph's "
+                                                              "branches")})),
                 "first": nullable(string()), "second": nullable(string()),
                 "stream": nullable(string()),
                 "gap_us": described(nullable(number(0)), "the host's time from the first "
