@@ -274,3 +274,43 @@ def test_under_inference_mode_the_ops_inside_composite_ops_are_seen(tmp_path):
     assert got["same"] is True
     assert got["wide"] == [4.0, 5.0, 6.0, 7.0] and got["out"] == [4.0, 5.0, 6.0, 7.0]
     assert got["early_stop"] == [False, None]
+
+
+# Ops of a compiled function's graph break run eagerly with Dynamo's frame hook on; the
+# capture's code must never run under it (Dynamo would trace it), and starting the capture
+# must not import Dynamo for a program that never compiles.
+_UNDER_DYNAMO = r'''
+import io, json, sys
+import torch
+from torch._C._dynamo.eval_frame import set_eval_frame
+from harness.capture import events as E, torch_source as T
+stop = T.install(E.Sink(io.StringIO()))
+imported = sorted(m for m in ("torch._dynamo", "sympy") if m in sys.modules)
+cap = stop.capture
+dispatch, hooked = cap.dispatch, []
+def looking(plan, func, args, kwargs):  # what the hook is while the capture's code runs
+    prior = set_eval_frame(None)
+    set_eval_frame(prior)
+    hooked.extend([plan.name] if prior not in (None, False) else [])
+    return dispatch(plan, func, args, kwargs)
+cap.dispatch = looking
+def helper(t):
+    return float(t.sum())  # a graph break: run eagerly, under the hook
+def f(t):
+    t = t.sin() + 1
+    return t.cos() * helper(t)
+answer = float(torch.compile(f, backend="eager")(torch.ones(4)).sum())
+stop()
+print(json.dumps({"imported": imported, "hooked": hooked, "answer": round(answer, 4),
+                  "eager": round(float(f(torch.ones(4)).sum()), 4)}))
+'''
+
+
+def test_the_capture_runs_outside_dynamos_frame_hook_and_does_not_import_dynamo(tmp_path):
+    """Installing the capture imports neither Dynamo nor sympy (seconds at a program's start),
+    and the ops a compiled function's graph break runs eagerly reach the capture with
+    Dynamo's frame hook off, so Dynamo never traces the capture's own code."""
+    got = json.loads(_run_in_process(tmp_path, _UNDER_DYNAMO).stdout)
+    assert got["imported"] == []
+    assert got["hooked"] == []
+    assert got["answer"] == got["eager"]

@@ -555,13 +555,35 @@ def install(sink: E.Sink, amplifier: Amplifier | None = None) -> Installed:
     mode_backed = _mode_backed_tensors()
     subclasses: dict[Any, bool | None] = {}  # an op's tensor types -> _subclass_handles
 
+    hook = _eval_frame_hook()
+
     class _Mode(TorchDispatchMode):
         @classmethod
         def ignore_compile_internals(cls) -> bool:
             return True  # torch.compile compiles as it would alone, the mode off meanwhile
 
+        @classmethod
+        def _should_skip_dynamo(cls) -> bool:
+            # Unless a mode opts out, PyTorch wraps its __torch_dispatch__ in
+            # torch._dynamo.disable, so that Dynamo never traces the mode's code inside a
+            # compiled region: a wrapper that imports dynamo and sympy at its first call
+            # (seconds) and costs every op more than the hook itself. The mode turns Dynamo's
+            # frame hook off itself, as that wrapper does; where the hook cannot be reached,
+            # PyTorch's wrapper stays.
+            return hook is None
+
         def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                                kwargs: dict[str, Any] | None = None) -> Any:
+            if hook is None:
+                return self.handle(func, types, args, kwargs)
+            prior = hook(None)
+            try:
+                return self.handle(func, types, args, kwargs)
+            finally:
+                hook(prior)
+
+        def handle(self, func: Any, types: Any, args: tuple[Any, ...],
+                   kwargs: dict[str, Any] | None) -> Any:
             if types and cap.on:
                 handles = subclasses.get(types)
                 if handles is None:
@@ -639,8 +661,9 @@ def install(sink: E.Sink, amplifier: Amplifier | None = None) -> Installed:
     quiet = spin.while_calibrating(lambda on: setattr(cap, "on", on))
     mode = _Mode()
     mode.__enter__()
-    # The first op through a dispatch mode imports PyTorch's dynamo (and sympy): seconds, paid
-    # here, before the program's first line, not between two of its ops.
+    # Whatever the first op through the mode sets up (PyTorch's dynamo and sympy, where its
+    # own wrapper stays) is paid here, before the program's first line, not between two of
+    # its ops.
     cap.on = False
     try:
         torch.empty(0)
@@ -673,6 +696,16 @@ def install(sink: E.Sink, amplifier: Amplifier | None = None) -> Installed:
         sink.emit(cap.stats())
 
     return Installed(uninstall, cap.guard, cap)
+
+
+def _eval_frame_hook() -> Callable[[Any], Any] | None:
+    """PyTorch's setter of Dynamo's frame hook (``set_eval_frame``: it takes the new hook,
+    None for none, and gives back the old one), or None where this PyTorch has none."""
+    try:
+        from torch._C._dynamo.eval_frame import set_eval_frame
+    except Exception:  # a PyTorch built without Dynamo's C part
+        return None
+    return set_eval_frame  # type: ignore[no-any-return]
 
 
 def _checkpoint_early_stop_off() -> Any:
