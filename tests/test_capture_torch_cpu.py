@@ -314,3 +314,45 @@ def test_the_capture_runs_outside_dynamos_frame_hook_and_does_not_import_dynamo(
     assert got["imported"] == []
     assert got["hooked"] == []
     assert got["answer"] == got["eager"]
+
+
+# An extension's ops, one whose schema says what it writes and one that says nothing (it
+# returns nothing and marks no argument written, as C++ extensions' ops often do).
+_EXTENSION = r'''
+import io, json
+import torch
+from harness.capture import events as E, torch_source as T
+lib = torch.library.Library("gpurace_test", "DEF")
+lib.define("scale_into(Tensor out, Tensor x) -> ()")
+lib.define("scale_into_said(Tensor(a!) out, Tensor x) -> ()")
+def scale(out, x):
+    out.copy_(x * 2)
+lib.impl("scale_into", scale, "CPU")
+lib.impl("scale_into_said", scale, "CPU")
+buf = io.StringIO()
+sink = E.Sink(buf)
+stop = T.install(sink)
+out, x = torch.zeros(4), torch.ones(4)
+for t in (out, x):  # as pin_memory() makes them
+    stop.capture.pinned[t.untyped_storage().data_ptr()] = {}
+for _ in range(2):
+    torch.ops.gpurace_test.scale_into(out, x)
+torch.ops.gpurace_test.scale_into_said(out, x)
+stop()
+sink.flush()
+events = [json.loads(line) for line in buf.getvalue().splitlines()]
+print(json.dumps({"ops": [[e[5]["op"], len(e[3]), len(e[4])] for e in events if e[0] == "op"],
+                  "notes": [e[1] for e in events if e[0] == "note"],
+                  "out": out.tolist()}))
+'''
+
+
+def test_an_extension_op_that_says_nothing_of_its_writes_is_named_in_the_notes(tmp_path):
+    """An op of an extension whose schema marks no argument written and that returns nothing
+    writes something unsaid: its reads are checked, and the run's notes name it and count
+    its calls; an op whose schema says what it writes is read as usual."""
+    got = json.loads(_run_in_process(tmp_path, _EXTENSION).stdout)
+    assert got["out"] == [2.0] * 4
+    assert got["ops"] == [["scale_into", 2, 0]] * 2 + [["scale_into_said", 1, 1]]
+    (note,) = [n for n in got["notes"] if "extension ops" in n]
+    assert note.endswith("only their reads were checked: gpurace_test::scale_into (2x)")

@@ -62,7 +62,7 @@ class Plan:
 
     __slots__ = ("name", "kind", "kernel", "args", "written", "fresh_returns", "no_work",
                  "device_at", "collective", "functional", "pins", "pin_memory_at",
-                 "decomposes", "func")
+                 "decomposes", "func", "qualified", "unannotated")
 
     def __init__(self, func: Any, decomposes: bool = False) -> None:
         self.func = func
@@ -92,6 +92,11 @@ class Plan:
             elif arg.name == "pin_memory":
                 self.pin_memory_at = True
         self.written = any(a.written for a in self.args)
+        self.qualified = schema.name
+        # An extension's op that marks no argument written and returns nothing must write
+        # something its schema does not say: its reads are seen, its writes cannot be.
+        self.unannotated = namespace not in ("aten", "prims") and bool(self.args) and \
+            not self.written and not schema.returns
         self.fresh_returns = any(r.alias_info is None and "Tensor" in str(r.type)
                                  for r in schema.returns)
         if schema.returns and not self.written and all(

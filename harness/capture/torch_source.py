@@ -131,6 +131,7 @@ class _Capture:
         self.ready: set[int] = set()  # devices whose current stream was asked for once
         self.collectives: Collectives | None = None  # where torch.distributed is
         self.graphs = Graphs(self)  # the CUDA graphs it captures and replays
+        self.unannotated: dict[str, int] = {}  # extension ops whose writes are not known
 
     # ---- names -------------------------------------------------------------------------------
     def name_pending(self) -> None:
@@ -280,6 +281,8 @@ class _Capture:
         ran, or when a callback fires inside it); None: nothing watched is touched."""
         if self.to_name:
             self.name_pending()
+        if plan.unannotated:
+            self.unannotated[plan.qualified] = self.unannotated.get(plan.qualified, 0) + 1
         reads: list[list[Any]] = []
         writes: list[list[Any]] = []
         bases: set[int] = set()
@@ -692,6 +695,12 @@ def install(sink: E.Sink, amplifier: Amplifier | None = None) -> Installed:
         if cap.collectives is not None:
             for line in cap.collectives.notes():
                 sink.emit(["note", line])
+        if cap.unannotated:
+            sink.emit(["note", "PyTorch: extension ops whose schema marks no argument written "
+                               "and that return nothing ran; what they write is not known, so "
+                               "only their reads were checked: " + ", ".join(
+                                   f"{name} ({count}x)" for name, count
+                                   in sorted(cap.unannotated.items()))])
         cap.guard.say_summary()
         sink.emit(cap.stats())
 
