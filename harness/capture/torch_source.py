@@ -35,10 +35,10 @@ left out, any failure of the source's own code is caught, counted and said once 
 and the program's op runs as it would unwatched. A forked child (a DataLoader worker) runs with
 the capture off from its first instruction. ``torch.compile`` compiles as it would alone: the
 mode steps aside while it traces, and the compiled code's kernels are seen only where they go
-through the dispatcher. What the mode needs imported (PyTorch's dynamo, which it wraps every
-dispatch in) is imported when the capture starts, never in the middle of the program's work.
-The one change the program may notice is its time: activation checkpointing's early stop is off
-while the capture is on (:func:`_checkpoint_early_stop_off` says why).
+through the dispatcher. The mode turns Dynamo's frame hook off around its own code, so that
+Dynamo never traces it, without importing Dynamo (:mod:`harness.capture.torch_mode`). The one
+change the program may notice is its time: activation checkpointing's early stop is off while
+the capture is on (:func:`harness.capture.torch_mode.checkpoint_early_stop_off` says why).
 
 A CUDA graph's capture and each replay are said as they happen
 (:mod:`harness.capture.torch_graphs`); the ops seen during a capture are the graph's body,
@@ -65,6 +65,8 @@ from harness.capture.sites import (is_own_code, names_in, program_frame, site_of
 from harness.capture.source import Failures, Installed
 from harness.capture.torch_collectives import Collectives
 from harness.capture.torch_graphs import Graphs
+from harness.capture.torch_mode import (checkpoint_early_stop_off, decomposes, eval_frame_hook,
+                                        mode_backed_tensors, subclass_handles)
 from harness.capture.torch_patches import patch_calls
 from harness.capture.torch_ops import (SLOW_NS, SLOWEST_KEPT, Pending, Plan, byte_spans,
                                        tensors_in, what_of)
@@ -205,7 +207,7 @@ class _Capture:
         plan = self.plans.get(id(func))  # an op's hash is Python code; its id is not
         if plan is None:
             try:
-                plan = self.plans[id(func)] = Plan(func, _decomposes(func, self.guard))
+                plan = self.plans[id(func)] = Plan(func, decomposes(func, self.guard))
             except Exception as exc:
                 self.guard.failed(f"the schema of {func}", exc)
         return plan
@@ -555,10 +557,10 @@ def install(sink: E.Sink, amplifier: Amplifier | None = None) -> Installed:
     _PLAIN = frozenset({torch.Tensor, torch.nn.Parameter})
     cap = _Capture(sink)
     cap.amplifier = amplifier
-    mode_backed = _mode_backed_tensors()
-    subclasses: dict[Any, bool | None] = {}  # an op's tensor types -> _subclass_handles
+    mode_backed = mode_backed_tensors()
+    subclasses: dict[Any, bool | None] = {}  # an op's tensor types -> subclass_handles
 
-    hook = _eval_frame_hook()
+    hook = eval_frame_hook()
 
     class _Mode(TorchDispatchMode):
         @classmethod
@@ -590,7 +592,7 @@ def install(sink: E.Sink, amplifier: Amplifier | None = None) -> Installed:
             if types and cap.on:
                 handles = subclasses.get(types)
                 if handles is None:
-                    handles = subclasses[types] = _subclass_handles(types, mode_backed)
+                    handles = subclasses[types] = subclass_handles(types, mode_backed)
                 if handles is not None:
                     return NotImplemented if handles else func(*args, **(kwargs or {}))
             plan = cap.plan(func) if cap.on else None
@@ -633,7 +635,7 @@ def install(sink: E.Sink, amplifier: Amplifier | None = None) -> Installed:
              cap.on_sync_event)):
         register(guarded(name, callback))
 
-    early_stop = _checkpoint_early_stop_off()
+    early_stop = checkpoint_early_stop_off()
     patched: list[tuple[Any, str, Any]] = []
 
     def patch(owner: Any, name: str, make: Callable[[Any], Any]) -> None:
@@ -705,77 +707,6 @@ def install(sink: E.Sink, amplifier: Amplifier | None = None) -> Installed:
         sink.emit(cap.stats())
 
     return Installed(uninstall, cap.guard, cap)
-
-
-def _eval_frame_hook() -> Callable[[Any], Any] | None:
-    """PyTorch's setter of Dynamo's frame hook (``set_eval_frame``: it takes the new hook,
-    None for none, and gives back the old one), or None where this PyTorch has none."""
-    try:
-        from torch._C._dynamo.eval_frame import set_eval_frame
-    except Exception:  # a PyTorch built without Dynamo's C part
-        return None
-    return set_eval_frame  # type: ignore[no-any-return]
-
-
-def _checkpoint_early_stop_off() -> Any:
-    """Have activation checkpointing recompute each segment whole; returns what undoes it.
-
-    With the GPU trace on, PyTorch calls into Python at every free, also while an exception
-    raised in Python passes through its C++ code, and such a call loses that exception: the op
-    then fails with ``SystemError: ... returned NULL without setting an exception``
-    (``TORCH_CUDA_SANITIZER=1`` does the same). Non-reentrant checkpointing stops its
-    recomputation early by raising from a saved-tensor hook, inside the op that saves. Without
-    the early stop it raises nothing; the recomputation runs the rest of the segment, whose
-    results it drops, so the program's gradients are the same."""
-    try:
-        from torch.utils.checkpoint import set_checkpoint_early_stop
-        off = set_checkpoint_early_stop(False)
-        off.__enter__()
-    except Exception:  # an older PyTorch without early stop: nothing to turn off
-        return None
-    return off
-
-
-def _decomposes(func: Any, guard: Failures) -> bool:
-    """Whether ``func`` is an op that PyTorch runs as its decomposition into other ops (it has a
-    CompositeImplicitAutograd kernel). The mode meets such ops only under ``inference_mode``:
-    elsewhere autograd's dispatch key has decomposed them already."""
-    import torch
-    try:
-        return bool(func.has_kernel_for_dispatch_key(
-            torch._C.DispatchKey.CompositeImplicitAutograd))
-    except Exception as exc:  # an op PyTorch cannot say this of: watched whole
-        guard.failed(f"the kernels of {func}", exc)
-        return False
-
-
-def _subclass_handles(types: Any, mode_backed: tuple[type, ...]) -> bool | None:
-    """Who runs an op on tensor subclasses (``types``): True, the subclass (a wrapper such as
-    DTensor unwraps itself and runs plain ops, which the mode then sees); False, the op as it
-    is, unread (fake and functional tensors exist only under their own modes); None, the mode
-    (no type among them overrides ``__torch_dispatch__``)."""
-    import torch
-    plain = torch.Tensor.__torch_dispatch__
-    overriding = [t for t in types if getattr(t, "__torch_dispatch__", plain) is not plain]
-    if not overriding:
-        return None
-    return not any(issubclass(t, mode_backed) for t in overriding)
-
-
-def _mode_backed_tensors() -> tuple[type, ...]:
-    """The tensor subclasses that exist only under a mode of their own (fake, functional)."""
-    found: list[type] = []
-    try:
-        from torch._subclasses.fake_tensor import FakeTensor
-        found.append(FakeTensor)
-    except Exception:  # an older or trimmed PyTorch: none to allow for
-        pass
-    try:
-        from torch._subclasses.functional_tensor import FunctionalTensor
-        found.append(FunctionalTensor)
-    except Exception:
-        pass
-    return tuple(found)
 
 
 SOURCE = TorchSource()

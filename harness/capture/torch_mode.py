@@ -1,0 +1,84 @@
+"""What the PyTorch source's dispatch mode must know of PyTorch's own machinery: Dynamo's
+frame hook, activation checkpointing's early stop, composite ops, and tensor subclasses.
+
+Each is read here once, version by version: a PyTorch without one of them gets the mode's
+plain behaviour, never an error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from harness.capture.source import Failures
+
+
+def eval_frame_hook() -> Callable[[Any], Any] | None:
+    """PyTorch's setter of Dynamo's frame hook (``set_eval_frame``: it takes the new hook,
+    None for none, and gives back the old one), or None where this PyTorch has none."""
+    try:
+        from torch._C._dynamo.eval_frame import set_eval_frame
+    except Exception:  # a PyTorch built without Dynamo's C part
+        return None
+    return set_eval_frame  # type: ignore[no-any-return]
+
+
+def checkpoint_early_stop_off() -> Any:
+    """Have activation checkpointing recompute each segment whole; returns what undoes it.
+
+    With the GPU trace on, PyTorch calls into Python at every free, also while an exception
+    raised in Python passes through its C++ code, and such a call loses that exception: the op
+    then fails with ``SystemError: ... returned NULL without setting an exception``
+    (``TORCH_CUDA_SANITIZER=1`` does the same). Non-reentrant checkpointing stops its
+    recomputation early by raising from a saved-tensor hook, inside the op that saves. Without
+    the early stop it raises nothing; the recomputation runs the rest of the segment, whose
+    results it drops, so the program's gradients are the same."""
+    try:
+        from torch.utils.checkpoint import set_checkpoint_early_stop
+        off = set_checkpoint_early_stop(False)
+        off.__enter__()
+    except Exception:  # an older PyTorch without early stop: nothing to turn off
+        return None
+    return off
+
+
+def decomposes(func: Any, guard: Failures) -> bool:
+    """Whether ``func`` is an op that PyTorch runs as its decomposition into other ops (it has a
+    CompositeImplicitAutograd kernel). The mode meets such ops only under ``inference_mode``:
+    elsewhere autograd's dispatch key has decomposed them already."""
+    import torch
+    try:
+        return bool(func.has_kernel_for_dispatch_key(
+            torch._C.DispatchKey.CompositeImplicitAutograd))
+    except Exception as exc:  # an op PyTorch cannot say this of: watched whole
+        guard.failed(f"the kernels of {func}", exc)
+        return False
+
+
+def subclass_handles(types: Any, mode_backed: tuple[type, ...]) -> bool | None:
+    """Who runs an op on tensor subclasses (``types``): True, the subclass (a wrapper such as
+    DTensor unwraps itself and runs plain ops, which the mode then sees); False, the op as it
+    is, unread (fake and functional tensors exist only under their own modes); None, the mode
+    (no type among them overrides ``__torch_dispatch__``)."""
+    import torch
+    plain = torch.Tensor.__torch_dispatch__
+    overriding = [t for t in types if getattr(t, "__torch_dispatch__", plain) is not plain]
+    if not overriding:
+        return None
+    return not any(issubclass(t, mode_backed) for t in overriding)
+
+
+def mode_backed_tensors() -> tuple[type, ...]:
+    """The tensor subclasses that exist only under a mode of their own (fake, functional)."""
+    found: list[type] = []
+    try:
+        from torch._subclasses.fake_tensor import FakeTensor
+        found.append(FakeTensor)
+    except Exception:  # an older or trimmed PyTorch: none to allow for
+        pass
+    try:
+        from torch._subclasses.functional_tensor import FunctionalTensor
+        found.append(FunctionalTensor)
+    except Exception:
+        pass
+    return tuple(found)
