@@ -27,7 +27,7 @@ from time import perf_counter_ns
 from typing import Any, NamedTuple
 
 from harness.capture.sites import program_frame, site_of
-from harness.capture.torch_ops import Plan, byte_spans
+from harness.capture.torch_ops import Pending, Plan, byte_spans
 from harness.races.kinds import FUNCTIONAL_COLLECTIVE
 
 WAIT = "wait_tensor"
@@ -95,7 +95,7 @@ class Functional:
         name = plan.name
         given = args[0] if args else kwargs.get("input", kwargs.get("inputs"))
         result = kwargs.get("out", out)
-        inputs, device, _ = self._spans(given)
+        inputs, device, in_bases = self._spans(given)
         outputs, out_device, bases = self._spans(result)
         device = device if device is not None else out_device
         group = kwargs.get("group_name", args[-1] if args else None)
@@ -107,9 +107,15 @@ class Functional:
         site = site_of(frame)
         meta: dict[str, Any] = {"site": site, "op": name, "source": "torch", "t": t0}
         kind = FUNCTIONAL_COLLECTIVE + name.rstrip("_")
+        current = None if device is None else collectives.current(device, frame)
+        if "out" not in kwargs and name not in _IN_PLACE:
+            # A new result, made on the current stream as the op was issued: its allocation
+            # is said first, named as the program names it, as any op's new memory is.
+            made = Pending([], [], set(in_bases), frame, site, meta)
+            made.sid = current
+            self.cap.outputs(plan, out, made)
         if name in _COPY_FIRST:
             # The copy it runs in place on, made on the current stream as it is issued.
-            current = None if device is None else collectives.current(device, frame)
             copy = "kernel:clone" if current is not None else (
                 "host_write" if outputs else "host_read")
             self.cap.emit(["op", current, copy, inputs, outputs, dict(meta)])
