@@ -357,7 +357,9 @@ class Translator:
                        "before the watch began): its kernels were not checked")
             return
         graph.replays += 1
-        for item in graph.body:
+        # The body as it stands: a replay into a capture still going on (the same graph's,
+        # as no real program can issue) must not replay what it adds.
+        for item in tuple(graph.body):
             on = self._branch(graph, item.sid, sid)
             if isinstance(item, _Node):
                 meta = item.meta if t is None else {**(item.meta or {}), "t": t}
