@@ -7,8 +7,8 @@ BIN    := $(VENV)/bin
 RUN_STAMP  := $(VENV)/.run-stamp
 TEST_STAMP := $(VENV)/.test-stamp
 
-.PHONY: install run test test-gpu test-gpu-core test-gpu-watch test-gpu-amplify test-gpu-real \
-        test-pythons bench bench-real clean
+.PHONY: install run test test-gpu test-gpu-core test-gpu-watch test-gpu-engine test-gpu-amplify \
+        test-gpu-real test-pythons bench bench-real clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -46,20 +46,28 @@ test-pythons:
 	done
 
 # On a GPU machine with CuPy, pytest and the dependencies already installed: no venv, no installs.
-# Three parts, each within ten minutes on an H200: the harness's own GPU tests, gpurace watch
-# on real PyTorch and CuPy programs (tests/watch_programs), and those programs amplified and
-# shrunk to scenarios (GPURACE_AMPLIFY_TRIALS runs a program, 50 by default).
-WATCH_GPU_TESTS := tests/test_watch_gpu.py tests/test_capture_cupy_gpu.py tests/test_engine_programs_gpu.py
+# Four parts, each meant to fit ten minutes on an H200: the harness's own GPU tests, gpurace
+# watch on real PyTorch and CuPy programs (tests/watch_programs), on what engines launch beyond
+# ATen ops (tests/engine_programs: found, fixed twins clean, amplified, shrunk), and the watch
+# programs amplified and shrunk to scenarios (GPURACE_AMPLIFY_TRIALS runs a program, 50 by
+# default).
+WATCH_GPU_TESTS := tests/test_watch_gpu.py tests/test_capture_cupy_gpu.py
+ENGINE_GPU_TESTS := tests/test_engine_programs_gpu.py
 AMPLIFY_GPU_TESTS := tests/test_amplify_gpu.py
 REAL_GPU_TESTS := tests/test_real_programs_gpu.py
-test-gpu: test-gpu-core test-gpu-watch test-gpu-amplify
+test-gpu: test-gpu-core test-gpu-watch test-gpu-engine test-gpu-amplify
 
 test-gpu-core:
 	PYTHONPATH=$(CURDIR) $(PYTHON) -m pytest -q -s -m gpu -p no:cacheprovider tests \
-	  $(addprefix --ignore=,$(WATCH_GPU_TESTS) $(AMPLIFY_GPU_TESTS) $(REAL_GPU_TESTS))
+	  $(addprefix --ignore=,$(WATCH_GPU_TESTS) $(ENGINE_GPU_TESTS) $(AMPLIFY_GPU_TESTS) \
+	  $(REAL_GPU_TESTS))
 
 test-gpu-watch:
 	PYTHONPATH=$(CURDIR) $(PYTHON) -m pytest -q -s -m gpu -p no:cacheprovider $(WATCH_GPU_TESTS)
+
+# GPURACE_RECORD_DIR=tests/capture_recorded_engine records their captures for the CPU suite.
+test-gpu-engine:
+	PYTHONPATH=$(CURDIR) $(PYTHON) -m pytest -q -s -m gpu -p no:cacheprovider $(ENGINE_GPU_TESTS)
 
 test-gpu-amplify:
 	PYTHONPATH=$(CURDIR) $(PYTHON) -m pytest -q -s -m gpu -p no:cacheprovider $(AMPLIFY_GPU_TESTS)
