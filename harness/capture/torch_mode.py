@@ -18,7 +18,8 @@ def eval_frame_hook() -> Callable[[Any], Any] | None:
     None for none, and gives back the old one), or None where this PyTorch has none."""
     try:
         from torch._C._dynamo.eval_frame import set_eval_frame
-    except Exception:  # a PyTorch built without Dynamo's C part
+        set_eval_frame(set_eval_frame(None))  # tried once here: never first inside an op
+    except Exception:  # a PyTorch without Dynamo's C part, or with another setter
         return None
     return set_eval_frame  # type: ignore[no-any-return]
 
