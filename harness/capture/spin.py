@@ -16,6 +16,7 @@ from typing import Any
 from harness.capture.amplify import Amplifier, Delay
 
 _rates: dict[int, float] = {}  # device index -> clock cycles a microsecond of the spin
+_said: set[int] = set()  # devices whose rate the run's notes have
 _switches: list[Callable[[bool], None]] = []  # each watching source's on/off
 
 
@@ -31,9 +32,9 @@ def queue(torch: Any, amplifier: Amplifier, emit: Callable[[list[Any]], None], d
     """Queue ``delay`` on the current stream of device ``index`` (stream ``sid``); a delay
     that cannot be queued is the amplifier's to say, never the program's failure."""
     try:
-        rate = _rates.get(index)
-        if rate is None:
-            rate = ready(torch, index)
+        rate = ready(torch, index)
+        if index not in _said:  # once a device, whenever it was measured
+            _said.add(index)
             emit(["note", f"delays: the spin kernel counts {rate:.0f} clock cycles a "
                           f"microsecond on cuda:{index} (measured)"])
         with torch.cuda.device(index):

@@ -32,9 +32,9 @@ from harness.capture import events as E
 from harness.capture import spin
 from harness.capture.amplify import Amplifier
 from harness.capture.imports import after_import
-from harness.capture.torch_graphs import captured_elsewhere
 from harness.capture.sites import program_frame, site_of
 from harness.capture.source import Failures, Installed
+from harness.capture.torch_graphs import captured_elsewhere
 from harness.capture.torch_ops import byte_spans
 from harness.capture.triton_ir import KernelAccess, UnreadableIR, kernel_access
 
