@@ -272,3 +272,21 @@ def test_watch_gives_a_gpu_only_its_own_nvml_xids() -> None:
     assert [x["xid"] for x in watch.for_trial(516, now - 1, False, gpu="GPU-x").xids] == [31]
     assert [x["xid"] for x in watch.for_trial(516, now - 1, False, gpu="GPU-y").xids] == [43, 31]
     assert [x["xid"] for x in watch.for_trial(516, now - 1, False).xids] == [43, 31]
+
+
+def test_doctor_says_which_frameworks_watch_sees_in_this_interpreter() -> None:
+    """One row a source (PyTorch, CuPy, Triton): whether its framework imports here, with its
+    version; and a verdict line naming those watch sees."""
+    import importlib.util
+
+    report = json.loads(CliRunner().invoke(main, ["doctor", "--format", "json"]).stdout)
+    checks = {c["name"]: c for c in report["checks"]}
+    (line,) = [v for v in report["verdict"] if v.startswith("watch: ")]
+    for title, module in (("PyTorch", "torch"), ("CuPy", "cupy"), ("Triton", "triton")):
+        check = checks[f"watch: {title}"]
+        if importlib.util.find_spec(module) is None:
+            assert not check["ok"] and "does not import" in check["detail"]
+            assert title not in line.split(";")[0]
+        elif check["ok"]:
+            assert check["detail"].startswith(title) and title in line.split(";")[0]
+    assert "run.json names the sources that watched it" in line

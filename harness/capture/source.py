@@ -115,6 +115,25 @@ class Deferred:
         return load(self.name).install(sink, amplifier)
 
 
+def readiness() -> tuple[list[dict[str, Any]], str]:
+    """For ``gpurace doctor``: each source, whether its framework imports in this interpreter
+    (with its version), and the verdict's line on ``gpurace watch``."""
+    checks, here = [], []
+    for name in REGISTERED:
+        source = load(name)
+        version = source.available()
+        if version is not None:
+            here.append(source.title)
+        checks.append({"name": f"watch: {source.title}", "ok": version is not None,
+                       "detail": f"{source.title} {version} imports here" if version else
+                       f"{source.title} does not import in this interpreter"})
+    line = ("watch: sees " + ", ".join(here) + " in programs run by this interpreter"
+            if here else "watch: no framework it watches imports in this interpreter") + (
+        "; `gpurace watch -- PYTHON prog.py` watches with the interpreter that runs the "
+        "program, and each run in its run.json names the sources that watched it")
+    return checks, line
+
+
 def load(name: str) -> Source:
     """The source called ``name`` (its module imported; the framework is not)."""
     module = importlib.import_module(f"harness.capture.{name}_source")

@@ -11,6 +11,7 @@ from rich import box
 from rich.markup import escape
 from rich.table import Table
 
+from harness.capture.source import readiness
 from harness.gpu.doctor import diagnose
 from harness.cli.app import main
 from harness.cli.options import format_option
@@ -20,8 +21,12 @@ from harness.cli.output import _echo, out
 @main.command("doctor")
 @format_option()
 def doctor_cmd(fmt: str) -> None:
-    """What works here: GPU, driver, CUDA, CuPy, NVML events, kernel log, and a verdict."""
+    """What works here: GPU, driver, CUDA, CuPy, NVML events, kernel log, which frameworks
+    `gpurace watch` sees in this interpreter (PyTorch, CuPy, Triton), and a verdict."""
     report = diagnose()
+    watch_checks, watch_line = readiness()
+    report["checks"] += watch_checks
+    report["verdict"].append(watch_line)
     if fmt == "json":
         _echo(json.dumps(report, indent=2))
     else:
