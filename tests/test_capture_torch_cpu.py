@@ -70,6 +70,7 @@ worker = threading.Thread(target=lambda: got.append(float((torch.ones(3) * 3).su
 worker.start()
 worker.join()
 print("thread", got)
+print("file", os.path.isabs(__file__))  # `python prog.py` makes it absolute
 '''
 
 
@@ -79,7 +80,7 @@ def _boot(tmp_path: Path, program: str, *extra: str) -> tuple[subprocess.Complet
     prog.write_text(program)
     events = tmp_path / "events.jsonl"
     done = subprocess.run([TORCH_PYTHON, "-m", "harness.capture.boot", "--events", str(events),
-                           *extra, "--", str(prog)], capture_output=True, text=True,
+                           *extra, "--", prog.name], capture_output=True, text=True,
                           cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
                           timeout=300)
     lines = [json.loads(line) for line in events.read_text().splitlines() if line.strip()]
@@ -92,7 +93,7 @@ def test_ordinary_pytorch_work_runs_watched_as_it_runs_alone(tmp_path):
     and its capture read every op it was given (no failure counted)."""
     prog = tmp_path / "alone.py"
     prog.write_text(_ORDINARY)
-    bare = subprocess.run([TORCH_PYTHON, str(prog)], capture_output=True, text=True,
+    bare = subprocess.run([TORCH_PYTHON, prog.name], capture_output=True, text=True,
                           cwd=tmp_path, timeout=300)
     assert bare.returncode == 0, bare.stderr
     watched, events = _boot(tmp_path, _ORDINARY)
@@ -299,20 +300,27 @@ def helper(t):
 def f(t):
     t = t.sin() + 1
     return t.cos() * helper(t)
+from torch.utils._python_dispatch import _get_current_dispatch_mode
+from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
+mode = type(_get_current_dispatch_mode())
 answer = float(torch.compile(f, backend="eager")(torch.ones(4)).sum())
 stop()
-print(json.dumps({"imported": imported, "hooked": hooked, "answer": round(answer, 4),
-                  "eager": round(float(f(torch.ones(4)).sum()), 4)}))
+compiled = [name for name, fn in vars(mode).items() if hasattr(fn, "__code__")
+            and _debug_get_cache_entry_list(fn.__code__)]  # frames of the mode's Dynamo compiled
+print(json.dumps({"imported": imported, "hooked": hooked, "compiled": compiled,
+                  "answer": round(answer, 4), "eager": round(float(f(torch.ones(4)).sum()), 4)}))
 '''
 
 
 def test_the_capture_runs_outside_dynamos_frame_hook_and_does_not_import_dynamo(tmp_path):
     """Installing the capture imports neither Dynamo nor sympy (seconds at a program's start),
     and the ops a compiled function's graph break runs eagerly reach the capture with
-    Dynamo's frame hook off, so Dynamo never traces the capture's own code."""
+    Dynamo's frame hook off, so Dynamo never traces the capture's own code: not even the
+    mode's entry, whose first line turns the hook off."""
     got = json.loads(_run_in_process(tmp_path, _UNDER_DYNAMO).stdout)
     assert got["imported"] == []
     assert got["hooked"] == []
+    assert got["compiled"] == []
     assert got["answer"] == got["eager"]
 
 

@@ -8,18 +8,26 @@ plain behaviour, never an error.
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import CodeType
 from typing import Any
 
 from harness.capture.source import Failures
 
 
-def eval_frame_hook() -> Callable[[Any], Any] | None:
+def dynamo_frame_hook(entry: CodeType) -> Callable[[Any], Any] | None:
     """PyTorch's setter of Dynamo's frame hook (``set_eval_frame``: it takes the new hook,
-    None for none, and gives back the old one), or None where this PyTorch has none."""
+    None for none, and gives back the old one), with ``entry``, the mode's
+    ``__torch_dispatch__``, marked as a frame Dynamo never compiles (so that its first line
+    runs before Dynamo sees it, and turns the hook off for the rest); None where this PyTorch
+    lacks either, and the caller then keeps PyTorch's own wrapper. Both are tried here once,
+    never first inside an op."""
     try:
-        from torch._C._dynamo.eval_frame import set_eval_frame
-        set_eval_frame(set_eval_frame(None))  # tried once here: never first inside an op
-    except Exception:  # a PyTorch without Dynamo's C part, or with another setter
+        from torch._C._dynamo.eval_frame import (_FrameAction, _FrameExecStrategy,
+                                                 set_code_exec_strategy, set_eval_frame)
+        set_eval_frame(set_eval_frame(None))
+        set_code_exec_strategy(entry, _FrameExecStrategy(_FrameAction.SKIP,
+                                                         _FrameAction.DEFAULT))
+    except Exception:  # a PyTorch without Dynamo's C part, or with another one
         return None
     return set_eval_frame  # type: ignore[no-any-return]
 

@@ -65,8 +65,9 @@ from harness.capture.sites import (is_own_code, names_in, program_frame, site_of
 from harness.capture.source import Failures, Installed
 from harness.capture.torch_collectives import Collectives
 from harness.capture.torch_graphs import Graphs
-from harness.capture.torch_mode import (checkpoint_early_stop_off, decomposes, eval_frame_hook,
-                                        mode_backed_tensors, subclass_handles)
+from harness.capture.torch_mode import (checkpoint_early_stop_off, decomposes,
+                                        dynamo_frame_hook, mode_backed_tensors,
+                                        subclass_handles)
 from harness.capture.torch_patches import patch_calls
 from harness.capture.torch_ops import (SLOW_NS, SLOWEST_KEPT, Pending, Plan, byte_spans,
                                        tensors_in, what_of)
@@ -560,7 +561,7 @@ def install(sink: E.Sink, amplifier: Amplifier | None = None) -> Installed:
     mode_backed = mode_backed_tensors()
     subclasses: dict[Any, bool | None] = {}  # an op's tensor types -> subclass_handles
 
-    hook = eval_frame_hook()
+    hook: Callable[[Any], Any] | None = None  # Dynamo's frame hook setter, once known
 
     class _Mode(TorchDispatchMode):
         @classmethod
@@ -572,10 +573,9 @@ def install(sink: E.Sink, amplifier: Amplifier | None = None) -> Installed:
             # Unless a mode opts out, PyTorch wraps its __torch_dispatch__ in
             # torch._dynamo.disable, so that Dynamo never traces the mode's code inside a
             # compiled region: a wrapper that imports dynamo and sympy at its first call
-            # (seconds) and costs every op more than the hook itself. The mode turns Dynamo's
-            # frame hook off itself, as that wrapper does; where the hook cannot be reached,
-            # PyTorch's wrapper stays.
-            return hook is None
+            # (seconds). The mode does what that wrapper does without them (below); where
+            # this PyTorch does not let it, it puts PyTorch's wrapper on itself.
+            return False
 
         def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                                kwargs: dict[str, Any] | None = None) -> Any:
@@ -608,6 +608,11 @@ def install(sink: E.Sink, amplifier: Amplifier | None = None) -> Installed:
                 if out is not NotImplemented:
                     return out
             return cap.dispatch(plan, func, args, kwargs or {})
+
+    entry = _Mode.__dict__["__torch_dispatch__"]
+    hook = dynamo_frame_hook(entry.__code__)
+    if hook is None:
+        _Mode.__torch_dispatch__ = torch._disable_dynamo(entry, recursive=True)
 
     def guarded(name: str, callback: Callable[..., None]) -> Callable[..., None]:
         # PyTorch logs a callback's exception on the program's stderr: none may escape.
