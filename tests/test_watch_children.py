@@ -172,7 +172,7 @@ def test_a_child_queues_the_delays_its_watched_parent_queues(tmp_path: Path) -> 
     (child,) = (tmp_path / "children").glob("child-*.jsonl")
     (said,) = [e for e in iter_file(child) if e[0] == "delays"]
     assert said[1] == [{"path": "serve.py", "line": 41, "us": 250.0, "kind": "copy_htod",
-                        "queued": 0, "streams": []}]
+                        "in_graph": False, "queued": 0, "streams": []}]
     before = dict(os.environ)
     try:
         hand_down(str(tmp_path / "events.jsonl"), delays)

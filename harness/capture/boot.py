@@ -198,8 +198,11 @@ def main(argv: list[str] | None = None) -> int:
         if opts.module:
             runpy.run_module(opts.program, run_name="__main__", alter_sys=True)
         else:
-            sys.path.insert(0, os.path.dirname(os.path.abspath(opts.program)))
-            runpy.run_path(opts.program, run_name="__main__")
+            # As `python prog.py` does: the script's folder first on the path, and its
+            # __file__ absolute (a program that changes folder still finds its files).
+            path = os.path.abspath(opts.program)
+            sys.path.insert(0, os.path.dirname(path))
+            runpy.run_path(path, run_name="__main__")
     except SystemExit as exc:
         status = _exit_status(exc.code)
     except BaseException as exc:  # the program's own failure, reported as it is
