@@ -611,8 +611,9 @@ def install(sink: E.Sink, amplifier: Amplifier | None = None) -> Installed:
 
     entry = _Mode.__dict__["__torch_dispatch__"]
     hook = dynamo_frame_hook(entry.__code__)
-    if hook is None:
-        _Mode.__torch_dispatch__ = torch._disable_dynamo(entry, recursive=True)
+    disable = getattr(torch, "_disable_dynamo", None)  # a PyTorch older than Dynamo: neither
+    if hook is None and disable is not None:
+        _Mode.__torch_dispatch__ = disable(entry, recursive=True)
 
     def guarded(name: str, callback: Callable[..., None]) -> Callable[..., None]:
         # PyTorch logs a callback's exception on the program's stderr: none may escape.
