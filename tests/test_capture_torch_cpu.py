@@ -175,11 +175,12 @@ print(json.dumps({"twice": twice[:3].tolist(), "failures": list(stats["failures"
 '''
 
 
-def _run_in_process(tmp_path: Path, program: str) -> subprocess.CompletedProcess[str]:
+def _run_in_process(tmp_path: Path, program: str, *args: str
+                    ) -> subprocess.CompletedProcess[str]:
     """``program`` run as a script with this checkout importable; it must exit 0."""
     prog = tmp_path / "prog.py"
     prog.write_text(program)
-    done = subprocess.run([TORCH_PYTHON, str(prog)], capture_output=True, text=True,
+    done = subprocess.run([TORCH_PYTHON, str(prog), *args], capture_output=True, text=True,
                           cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
                           timeout=300)
     assert done.returncode == 0, done.stderr
@@ -364,3 +365,50 @@ def test_an_extension_op_that_says_nothing_of_its_writes_is_named_in_the_notes(t
     assert got["ops"] == [["scale_into", 2, 0]] * 2 + [["scale_into_said", 1, 1]]
     (note,) = [n for n in got["notes"] if "extension ops" in n]
     assert note.endswith("only their reads were checked: gpurace_test::scale_into (2x)")
+
+
+# A compiled function that calls methods the source patches (Tensor.tolist, Tensor.numpy):
+# run watched and bare, Dynamo must compile the same frames and break the graph at the same
+# places; watched, the host's reads of pinned memory at the graph break are still seen.
+_PATCHED_UNDER_DYNAMO = r'''
+import io, json, sys
+import torch
+watched = sys.argv[1] == "watched"
+if watched:
+    from harness.capture import events as E, torch_source as T
+    buf = io.StringIO()
+    sink = E.Sink(buf)
+    stop = T.install(sink)
+def f(t):
+    listed = t.tolist()
+    u = t.sin() + 1
+    return u.cos() * len(listed) + float(t.numpy()[0])
+x = torch.ones(4)
+if watched:
+    stop.capture.pinned[x.untyped_storage().data_ptr()] = {}
+answers = [round(float(torch.compile(f, backend="eager")(x).sum()), 4) for _ in range(3)]
+import torch._dynamo.utils as dynamo_utils
+reads = []
+if watched:
+    stop()
+    sink.flush()
+    reads = [e[5]["op"] for e in map(json.loads, buf.getvalue().splitlines())
+             if e[0] == "op" and e[2] == "host_read"]
+print(json.dumps({"answers": answers, "frames": dict(dynamo_utils.counters["frames"]),
+                  "breaks": sorted(k.split("\n")[0] for k in dynamo_utils.counters["graph_break"]),
+                  "reads": reads}))
+'''
+
+
+def test_dynamo_compiles_a_watched_program_as_it_compiles_it_bare(tmp_path):
+    """The methods the source patches are PyTorch's own inside a function torch.compile traces,
+    and are kept from Dynamo at its graph breaks: Dynamo compiles as many frames watched as
+    bare, with the same graph breaks (before, it compiled 32 frames here to the bare 3,
+    tracing into the capture, and broke the graph elsewhere), and the capture still sees the
+    program's reads at the break."""
+    bare, watched = (json.loads(_run_in_process(tmp_path, _PATCHED_UNDER_DYNAMO, how).stdout)
+                     for how in ("bare", "watched"))
+    assert watched["answers"] == bare["answers"]
+    assert watched["frames"] == bare["frames"] and watched["breaks"] == bare["breaks"]
+    # Each call's tolist and numpy of the pinned argument, at the graph break.
+    assert watched["reads"].count("host read") == 2 * len(watched["answers"]), watched["reads"]

@@ -14,7 +14,7 @@ from typing import Any
 from harness.capture.source import Failures
 
 
-def dynamo_frame_hook(entry: CodeType) -> Callable[[Any], Any] | None:
+def dynamo_frame_hook(*entries: CodeType) -> Callable[[Any], Any] | None:
     """PyTorch's setter of Dynamo's frame hook (``set_eval_frame``: it takes the new hook,
     None for none, and gives back the old one), with ``entry``, the mode's
     ``__torch_dispatch__``, marked as a frame Dynamo never compiles (so that its first line
@@ -25,8 +25,9 @@ def dynamo_frame_hook(entry: CodeType) -> Callable[[Any], Any] | None:
         from torch._C._dynamo.eval_frame import (_FrameAction, _FrameExecStrategy,
                                                  set_code_exec_strategy, set_eval_frame)
         set_eval_frame(set_eval_frame(None))
-        set_code_exec_strategy(entry, _FrameExecStrategy(_FrameAction.SKIP,
-                                                         _FrameAction.DEFAULT))
+        for entry in entries:
+            set_code_exec_strategy(entry, _FrameExecStrategy(_FrameAction.SKIP,
+                                                             _FrameAction.DEFAULT))
     except Exception:  # a PyTorch without Dynamo's C part, or with another one
         return None
     return set_eval_frame  # type: ignore[no-any-return]

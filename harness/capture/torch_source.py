@@ -50,6 +50,7 @@ starts); ops of processes it starts are not.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections.abc import Callable
@@ -563,6 +564,27 @@ def install(sink: E.Sink, amplifier: Amplifier | None = None) -> Installed:
 
     hook: Callable[[Any], Any] | None = None  # Dynamo's frame hook setter, once known
 
+    compiling = torch.compiler.is_compiling
+
+    def outside_dynamo(made: Callable[..., Any], original: Callable[..., Any]
+                       ) -> Callable[..., Any]:
+        # A method the source patches runs where the program calls it, also inside a function
+        # torch.compile traces (Dynamo then sees PyTorch's own method, as without the watch)
+        # and at its graph breaks with Dynamo's frame hook on (kept from Dynamo as the mode's
+        # entry is, below).
+        @functools.wraps(made)
+        def call(*a: Any, **k: Any) -> Any:
+            if compiling():
+                return original(*a, **k)
+            if hook is None:
+                return made(*a, **k)
+            prior = hook(None)
+            try:
+                return made(*a, **k)
+            finally:
+                hook(prior)
+        return call
+
     class _Mode(TorchDispatchMode):
         @classmethod
         def ignore_compile_internals(cls) -> bool:
@@ -610,7 +632,7 @@ def install(sink: E.Sink, amplifier: Amplifier | None = None) -> Installed:
             return cap.dispatch(plan, func, args, kwargs or {})
 
     entry = _Mode.__dict__["__torch_dispatch__"]
-    hook = dynamo_frame_hook(entry.__code__)
+    hook = dynamo_frame_hook(entry.__code__, outside_dynamo(len, len).__code__)
     disable = getattr(torch, "_disable_dynamo", None)  # a PyTorch older than Dynamo: neither
     if hook is None and disable is not None:
         _Mode.__torch_dispatch__ = disable(entry, recursive=True)
@@ -647,7 +669,7 @@ def install(sink: E.Sink, amplifier: Amplifier | None = None) -> Installed:
     def patch(owner: Any, name: str, make: Callable[[Any], Any]) -> None:
         original = getattr(owner, name)
         patched.append((owner, name, original))
-        setattr(owner, name, make(original))
+        setattr(owner, name, outside_dynamo(make(original), original))
 
     if torch.distributed.is_available():
         try:
