@@ -631,21 +631,29 @@ def install(sink: E.Sink, amplifier: Amplifier | None = None) -> Installed:
                     return out
             return cap.dispatch(plan, func, args, kwargs or {})
 
+    def guarded(name: str, callback: Callable[..., None]) -> Callable[..., None]:
+        # PyTorch logs a callback's exception on the program's stderr: none may escape. A
+        # callback may fire inside a compiled function's work, with Dynamo's frame hook on:
+        # kept from Dynamo as the mode's entry is.
+        def run(*a: Any) -> None:
+            if not cap.on:
+                return
+            prior = None if hook is None else hook(None)
+            try:
+                callback(*a)
+            except Exception as exc:
+                cap.guard.failed(f"PyTorch's {name} callback", exc)
+            finally:
+                if hook is not None:
+                    hook(prior)
+        return run
+
     entry = _Mode.__dict__["__torch_dispatch__"]
-    hook = dynamo_frame_hook(entry.__code__, outside_dynamo(len, len).__code__)
+    hook = dynamo_frame_hook(entry.__code__, outside_dynamo(len, len).__code__,
+                             guarded("", len).__code__)
     disable = getattr(torch, "_disable_dynamo", None)  # a PyTorch older than Dynamo: neither
     if hook is None and disable is not None:
         _Mode.__torch_dispatch__ = disable(entry, recursive=True)
-
-    def guarded(name: str, callback: Callable[..., None]) -> Callable[..., None]:
-        # PyTorch logs a callback's exception on the program's stderr: none may escape.
-        def run(*a: Any) -> None:
-            if cap.on:
-                try:
-                    callback(*a)
-                except Exception as exc:
-                    cap.guard.failed(f"PyTorch's {name} callback", exc)
-        return run
 
     torch._C._activate_gpu_trace()
     for register, name, callback in (
