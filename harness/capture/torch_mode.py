@@ -16,11 +16,12 @@ from harness.capture.source import Failures
 
 def dynamo_frame_hook(*entries: CodeType) -> Callable[[Any], Any] | None:
     """PyTorch's setter of Dynamo's frame hook (``set_eval_frame``: it takes the new hook,
-    None for none, and gives back the old one), with ``entry``, the mode's
-    ``__torch_dispatch__``, marked as a frame Dynamo never compiles (so that its first line
-    runs before Dynamo sees it, and turns the hook off for the rest); None where this PyTorch
-    lacks either, and the caller then keeps PyTorch's own wrapper. Both are tried here once,
-    never first inside an op."""
+    None for none, and gives back the old one), with ``entries`` (the code of the mode's
+    ``__torch_dispatch__`` and of the source's other ways in: patched methods, callbacks)
+    marked as frames Dynamo never compiles, so that each runs its first line before Dynamo
+    sees it and turns the hook off for the rest; None where this PyTorch lacks either, and
+    the caller then keeps PyTorch's own wrapper. Both are tried here once, never first inside
+    an op."""
     try:
         from torch._C._dynamo.eval_frame import (_FrameAction, _FrameExecStrategy,
                                                  set_code_exec_strategy, set_eval_frame)

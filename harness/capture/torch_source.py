@@ -564,7 +564,9 @@ def install(sink: E.Sink, amplifier: Amplifier | None = None) -> Installed:
 
     hook: Callable[[Any], Any] | None = None  # Dynamo's frame hook setter, once known
 
-    compiling = torch.compiler.is_compiling
+    # Whether Dynamo is tracing now (a PyTorch without torch.compiler never is).
+    compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (
+        lambda: False)
 
     def outside_dynamo(made: Callable[..., Any], original: Callable[..., Any]
                        ) -> Callable[..., Any]:
