@@ -27,7 +27,7 @@ from time import perf_counter_ns
 from typing import Any, NamedTuple
 
 from harness.capture.sites import program_frame, site_of
-from harness.capture.torch_ops import Pending, Plan, byte_spans
+from harness.capture.torch_ops import Pending, Plan, byte_spans, tensors_in
 from harness.races.kinds import FUNCTIONAL_COLLECTIVE
 
 WAIT = "wait_tensor"
@@ -80,8 +80,8 @@ class Functional:
         """A tensor's (or a list's) watched byte spans, its CUDA device and its storages."""
         spans: list[list[Any]] = []
         device, bases = None, []
-        for t in value if isinstance(value, (list, tuple)) else (value,):
-            where = self.cap.memory(t) if isinstance(t, self.cap.Tensor) else None
+        for t in tensors_in(value, self.cap.Tensor):
+            where = self.cap.memory(t)
             if where is None:
                 continue
             if device is None and t.is_cuda:
