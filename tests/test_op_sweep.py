@@ -1,0 +1,76 @@
+"""PyTorch's own op database, run bare and watched on the CPU (tests/op_sweep.py): the capture
+changes no op's result or arguments, and says every byte each op writes in its arguments.
+
+These need an interpreter with PyTorch and expecttest (which PyTorch's test database imports):
+this one, or GPURACE_TEST_PYTHON. CI has neither, and skips them. On a GPU (`make test-gpu-core`)
+the sweep runs on CUDA tensors too, where each op must also be said on a stream, never as the
+host's own.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.frameworks import python_with
+
+ROOT = Path(__file__).resolve().parent.parent
+SWEEP = ROOT / "tests" / "op_sweep.py"
+PYTHON = python_with("torch.testing._internal.common_methods_invocations")
+pytestmark = pytest.mark.skipif(
+    PYTHON is None, reason="no interpreter with PyTorch and expecttest here (GPURACE_TEST_PYTHON)")
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(PYTHON), *args], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600)
+
+
+def test_every_op_of_the_database_runs_the_same_and_says_its_writes(tmp_path):
+    done = _run(str(SWEEP), "--samples", "1")
+    summary = done.stdout.strip().splitlines()[-1]
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    # The whole database ran: its ops and the _foreach_ ops, many in more than one form.
+    ops, runs = int(summary.split()[0]), int(summary.split()[2])
+    assert ops > 700 and runs > ops, summary
+    assert summary.endswith("no problem"), summary
+
+
+def _has_cuda() -> bool:
+    return PYTHON is not None and subprocess.run(
+        [PYTHON, "-c", "import torch; assert torch.cuda.is_available()"],
+        capture_output=True).returncode == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _has_cuda(), reason="needs PyTorch on a CUDA GPU")
+def test_every_op_of_the_database_runs_the_same_on_the_gpu_and_on_a_stream():
+    done = _run(str(SWEEP), "--device", "cuda", "--samples", "2")
+    summary = done.stdout.strip().splitlines()[-1]
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert int(summary.split()[0]) > 700, summary
+    assert summary.endswith("no problem"), summary
+
+
+def test_a_write_the_capture_does_not_say_is_found(tmp_path):
+    # The same sweep over a capture that watches nothing: each in-place and out= form writes
+    # bytes that no event says.
+    program = tmp_path / "blind.py"
+    program.write_text(
+        "import sys\n"
+        "sys.argv = ['op_sweep']\n"
+        "from tests import op_sweep\n"
+        "from torch.testing._internal.common_methods_invocations import op_db\n"
+        "sweep = op_sweep.Sweep(2)\n"
+        "sweep.cap.pinned = type('Blind', (dict,), {'__setitem__': lambda *a: None})()\n"
+        "sweep.sweep(next(op for op in op_db if op.name == 'add'))\n"
+        "sweep.stop()\n"
+        "for p in sweep.problems:\n"
+        "    print(p.kind, p.form)\n")
+    done = _run(str(program))
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = set(done.stdout.splitlines())
+    assert found == {"unsaid write inplace", "unsaid write out"}, done.stdout
