@@ -278,6 +278,78 @@ def test_under_inference_mode_the_ops_inside_composite_ops_are_seen(tmp_path):
     assert got["early_stop"] == [False, None]
 
 
+# An op with a decomposition and kernels of its own (silu_backward, as autograd runs it in a
+# backward pass) runs its own kernel without the mode, so it must under the mode too: its
+# decomposition rounds differently (found by tests/op_sweep.py --grad). And autograd's
+# ZeroTensor, a tensor whose storage cannot be read, is no failure of the capture's.
+_OWN_KERNEL = r'''
+import io, json
+import torch
+from harness.capture import events as E, torch_source as T
+torch.manual_seed(0)
+x = torch.randn(4096, requires_grad=True)
+def grad():
+    return torch.autograd.grad(torch.nn.functional.silu(x).sum(), x)[0]
+bare = grad()
+buf = io.StringIO()
+sink = E.Sink(buf)
+stop = T.install(sink)
+cap = stop.capture
+cap.pinned = type("AllHost", (dict,), {"__contains__": lambda self, k: True})()
+watched = grad()
+zero = torch._efficientzerotensor(4)  # (zero + 1 fails under any dispatch mode: PyTorch's)
+stop()
+sink.flush()
+ops = [json.loads(l)[5]["op"] for l in buf.getvalue().splitlines() if l.startswith('["op"')]
+print(json.dumps({"same": torch.equal(bare, watched), "ops": ops, "zero": zero._is_zerotensor(),
+                  "failures": dict(cap.guard.counts)}))
+'''
+
+
+def test_an_op_with_a_kernel_of_its_own_runs_it_and_a_zero_tensor_is_no_failure(tmp_path):
+    got = json.loads(_run_in_process(tmp_path, _OWN_KERNEL).stdout)
+    assert "silu_backward" in got["ops"] and "sigmoid" not in got["ops"], got["ops"]
+    assert got["same"] is True
+    assert got["zero"] is True
+    assert got["failures"] == {}
+
+
+# Batch norm writes its running statistics while it trains, and its schema does not say so
+# (native_batch_norm, cudnn_batch_norm): found by tests/op_sweep.py --grad.
+_BATCH_NORM = r'''
+import io, json
+import torch
+from harness.capture import events as E, torch_source as T
+torch.manual_seed(0)
+bn = torch.nn.BatchNorm1d(8)
+x = torch.randn(16, 8)
+buf = io.StringIO()
+sink = E.Sink(buf)
+stop = T.install(sink)
+cap = stop.capture
+cap.pinned = type("AllHost", (dict,), {"__contains__": lambda self, k: True})()
+stats = bn.running_mean.untyped_storage().data_ptr()
+said = {}
+for mode in ("train", "eval"):
+    getattr(bn, mode)()
+    sink.flush()
+    start = buf.tell()
+    bn(x)
+    sink.flush()
+    ops = [json.loads(l) for l in buf.getvalue()[start:].splitlines() if l.startswith('["op"')]
+    said[mode] = {how: sorted({e[5]["op"] for e in ops for span in e[at] if span[1] == stats})
+                  for how, at in (("read", 3), ("written", 4))}
+stop()
+print(json.dumps(said))
+'''
+
+
+def test_batch_norm_writes_its_running_statistics_only_while_it_trains(tmp_path):
+    said = json.loads(_run_in_process(tmp_path, _BATCH_NORM).stdout)
+    assert said["train"]["written"], said
+    assert said["eval"]["written"] == [] and said["eval"]["read"], said
+
+
 # Ops of a compiled function's graph break run eagerly with Dynamo's frame hook on; the
 # capture's code must never run under it (Dynamo would trace it), and starting the capture
 # must not import Dynamo for a program that never compiles.

@@ -12,6 +12,7 @@ from types import CodeType
 from typing import Any
 
 from harness.capture.source import Failures
+from harness.capture.torch_ops import tensors_in
 
 
 def dynamo_frame_hook(*entries: CodeType) -> Callable[[Any], Any] | None:
@@ -53,17 +54,33 @@ def checkpoint_early_stop_off() -> Any:
     return off
 
 
-def decomposes(func: Any, guard: Failures) -> bool:
-    """Whether ``func`` is an op that PyTorch runs as its decomposition into other ops (it has a
-    CompositeImplicitAutograd kernel). The mode meets such ops only under ``inference_mode``:
-    elsewhere autograd's dispatch key has decomposed them already."""
+def decomposes(func: Any, guard: Failures) -> frozenset[str]:
+    """The devices ("cpu", "cuda") on which PyTorch runs ``func`` as its decomposition into
+    other ops. The mode meets such an op whole only under ``inference_mode``: elsewhere
+    autograd's dispatch key has decomposed it already. The dispatcher takes a device's own
+    kernel first, then a CompositeExplicitAutograd one, and only then the
+    CompositeImplicitAutograd decomposition: ``silu_backward`` has both that and kernels of its
+    own, and its decomposition rounds differently."""
     import torch
+    keys = torch._C.DispatchKey
     try:
-        return bool(func.has_kernel_for_dispatch_key(
-            torch._C.DispatchKey.CompositeImplicitAutograd))
+        if not func.has_kernel_for_dispatch_key(keys.CompositeImplicitAutograd) or any(
+                func.has_kernel_for_dispatch_key(key) for key in (
+                    keys.CompositeExplicitAutograd, keys.CompositeExplicitAutogradNonFunctional)):
+            return frozenset()
+        return frozenset(device for device, key in (("cpu", keys.CPU), ("cuda", keys.CUDA))
+                         if not func.has_kernel_for_dispatch_key(key))
     except Exception as exc:  # an op PyTorch cannot say this of: watched whole
         guard.failed(f"the kernels of {func}", exc)
-        return False
+        return frozenset()
+
+
+def device_of(args: tuple[Any, ...], tensor: type) -> str | None:
+    """The device type of an op's first tensor argument, or None where it has none."""
+    for value in args:
+        for t in tensors_in(value, tensor):
+            return t.device.type
+    return None
 
 
 def subclass_handles(types: Any, mode_backed: tuple[type, ...]) -> bool | None:

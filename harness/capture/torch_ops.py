@@ -41,14 +41,6 @@ FUNCTIONAL_COLLECTIVES = frozenset({
 (:mod:`harness.capture.torch_functional`); its point-to-point ones are ordinary ops."""
 
 
-class TensorArg(NamedTuple):
-    """An argument of an op's schema that may hold tensors."""
-
-    index: int  # its position
-    name: str  # its keyword
-    written: bool  # annotated Tensor(a!): the op writes it
-
-
 class ArgAt(NamedTuple):
     """Where an op's schema has an argument: its position and its keyword."""
 
@@ -56,15 +48,32 @@ class ArgAt(NamedTuple):
     name: str
 
 
+class TensorArg(NamedTuple):
+    """An argument of an op's schema that may hold tensors."""
+
+    index: int  # its position
+    name: str  # its keyword
+    written: bool  # annotated Tensor(a!): the op writes it
+    written_if: ArgAt | None = None  # unannotated, written when this argument is true
+
+
+TRAINING_WRITES: dict[str, tuple[str, ...]] = {
+    name: ("running_mean", "running_var")
+    for name in ("native_batch_norm", "cudnn_batch_norm", "miopen_batch_norm")}
+"""Ops that write arguments their schemas do not mark: batch norm's running statistics, which
+it updates when its ``training`` argument is true (PyTorch keeps these schemas as they were;
+its newer ``_native_batch_norm_legit`` marks them). In eval mode they are only read."""
+
+
 class Plan:
-    """What an op's schema says, worked out once per op overload (``decomposes``: whether the
-    mode runs it as its decomposition, as PyTorch would without the mode)."""
+    """What an op's schema says, worked out once per op overload (``decomposes``: the devices
+    on which the mode runs it as its decomposition, as PyTorch would without the mode)."""
 
     __slots__ = ("name", "kind", "kernel", "args", "written", "fresh_returns", "no_work",
                  "device_at", "collective", "functional", "pins", "pin_memory_at",
                  "decomposes", "func", "qualified", "unannotated")
 
-    def __init__(self, func: Any, decomposes: bool = False) -> None:
+    def __init__(self, func: Any, decomposes: frozenset[str] = frozenset()) -> None:
         self.func = func
         self.decomposes = decomposes
         schema = func._schema
@@ -82,16 +91,20 @@ class Plan:
         self.pin_memory_at = False  # whether it takes pin_memory= (a factory)
         self.args: list[TensorArg] = []
         self.device_at: ArgAt | None = None  # where a device= argument is
+        training = TRAINING_WRITES.get(self.name, ())
+        training_at = next((ArgAt(i, arg.name) for i, arg in enumerate(schema.arguments)
+                            if arg.name == "training"), None) if training else None
         for i, arg in enumerate(schema.arguments):
             if "Tensor" in str(arg.type):
                 alias = arg.alias_info
-                self.args.append(TensorArg(i, arg.name,
-                                           bool(alias is not None and alias.is_write)))
+                self.args.append(TensorArg(
+                    i, arg.name, bool(alias is not None and alias.is_write),
+                    training_at if arg.name in training else None))
             elif arg.name == "device":
                 self.device_at = ArgAt(i, arg.name)
             elif arg.name == "pin_memory":
                 self.pin_memory_at = True
-        self.written = any(a.written for a in self.args)
+        self.written = any(a.written or a.written_if for a in self.args)
         self.qualified = schema.name
         # An extension's op that marks no argument written and returns nothing must write
         # something its schema does not say: its reads are seen, its writes cannot be.

@@ -66,7 +66,7 @@ from harness.capture.sites import (is_own_code, names_in, program_frame, site_of
 from harness.capture.source import Failures, Installed
 from harness.capture.torch_collectives import Collectives
 from harness.capture.torch_graphs import Graphs
-from harness.capture.torch_mode import (checkpoint_early_stop_off, decomposes,
+from harness.capture.torch_mode import (checkpoint_early_stop_off, decomposes, device_of,
                                         dynamo_frame_hook, mode_backed_tensors,
                                         subclass_handles)
 from harness.capture.torch_patches import patch_calls
@@ -178,7 +178,10 @@ class _Capture:
             space = E.HOST
         else:
             return None
-        base = t.untyped_storage().data_ptr()
+        try:
+            base = t.untyped_storage().data_ptr()
+        except RuntimeError:  # autograd's ZeroTensor: a storage with no bytes to read
+            return None
         if base == 0 or (space == E.HOST and base not in self.pinned):
             return None  # no bytes, or pageable: the host's private memory
         return space, base
@@ -306,8 +309,12 @@ class _Capture:
                 space, base = where
                 bases.add(base)
                 if not plan.no_work:
-                    (writes if arg.written else reads).extend(
-                        byte_spans(space, t, t.data_ptr()))
+                    written = arg.written
+                    if arg.written_if is not None:  # batch norm's running statistics
+                        at = arg.written_if
+                        written = bool(args[at.index] if at.index < nargs
+                                       else kwargs.get(at.name))
+                    (writes if written else reads).extend(byte_spans(space, t, t.data_ptr()))
         if cuda_index is None and plan.device_at is not None:
             at = plan.device_at
             device = args[at.index] if at.index < nargs else kwargs.get(at.name)
@@ -393,8 +400,11 @@ class _Capture:
         for t in results:
             if type(t) not in _PLAIN or t.layout is not self.strided:
                 continue
-            storage = t.untyped_storage()
-            base = storage.data_ptr()
+            try:
+                storage = t.untyped_storage()
+                base = storage.data_ptr()
+            except RuntimeError:  # autograd's ZeroTensor: a storage with no bytes to read
+                continue
             if base == 0 or base in pending.bases:
                 continue  # no bytes, or an input's storage returned unannotated (a view)
             if t.is_cuda:
@@ -622,11 +632,11 @@ def install(sink: E.Sink, amplifier: Amplifier | None = None) -> Installed:
             plan = cap.plan(func) if cap.on else None
             if plan is None:
                 return func(*args, **(kwargs or {}))
-            if plan.decomposes:
+            if plan.decomposes and device_of(args, cap.Tensor) in plan.decomposes:
                 # Under inference_mode the dispatcher hands the mode composite ops whole
                 # (linear, and .to(), whose schema says it may return its input): their
                 # copies and kernels run inside it, unseen. Run the decomposition with the
-                # mode on, as PyTorch runs it without the mode, so each of them is seen.
+                # mode on, where PyTorch runs it without the mode, so each of them is seen.
                 with self:
                     out = func.decompose(*args, **(kwargs or {}))
                 if out is not NotImplemented:
