@@ -2,7 +2,8 @@
 the CPU: the capture must never change what an op does, and every byte an op writes in its
 arguments must be among the writes the capture says.
 
-    python tests/op_sweep.py [--ops add,mul] [--samples 3] [--json out.json]
+    python tests/op_sweep.py [--ops add,mul] [--samples 3] [--grad] [--device cuda] [--json F]
+    python tests/op_sweep.py --modules [--ops nn.LSTM]
 
 PyTorch ships ``torch.testing._internal.common_methods_invocations.op_db``: over 700 ops, each
 with sample inputs that its own test suite runs (views, non-contiguous and broadcast tensors,
@@ -18,6 +19,10 @@ samples (float32, else the first dtype it supports):
   must all lie in the write spans of the events the capture emitted: a byte written that the
   capture does not say is a race it would miss;
 - the capture's own failures to read an op (counted, the op runs unwatched) are listed.
+
+With ``--modules`` it runs PyTorch's module database (``common_modules.module_db``) the same
+way: each module trains (forward, backward, an SGD step) and runs in eval mode, and the bytes
+it may write are its parameters' and buffers' (batch norm's running statistics).
 
 Needs PyTorch and ``expecttest`` (which PyTorch's test database imports). It prints one line
 per problem and a summary; exit 1 when a result differed or a write went unsaid. Nothing here
@@ -64,9 +69,12 @@ class Problem(NamedTuple):
 
 
 def tensors(value: Any) -> Iterator[Any]:
+    """The tensors in an op's argument or result (a lazy module's parameters before its first
+    forward have no bytes yet: not these)."""
     import torch
     if isinstance(value, torch.Tensor):
-        yield value
+        if not isinstance(value, torch.nn.parameter.UninitializedTensorMixin):
+            yield value
     elif isinstance(value, (list, tuple)):
         for v in value:
             yield from tensors(v)
@@ -116,8 +124,17 @@ class Outcome(NamedTuple):
     args_after: list[Any]
 
 
+class ModuleCase(NamedTuple):
+    """A module's sample, shaped as an op's for :meth:`Sweep.run`: ``input`` its parameters and
+    buffers (whose bytes it may write), ``args`` the module and its forward arguments."""
+
+    input: list[Any]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+
 class Sweep:
-    def __init__(self, samples: int, device: str = "cpu") -> None:
+    def __init__(self, samples: int, device: str = "cpu", grad: bool = False) -> None:
         import torch
 
         from harness.capture import events as E
@@ -126,6 +143,7 @@ class Sweep:
         self.torch = torch
         self.samples = samples
         self.device = device
+        self.grad = grad  # samples that require grad, and the op's backward run too
         self.out = io.StringIO()
         self.sink = E.Sink(self.out)
         self.stop = torch_source.install(self.sink)
@@ -138,7 +156,8 @@ class Sweep:
         torch = self.torch
         torch.manual_seed(SEED)
         out = []
-        for sample in op.sample_inputs(self.device, dtype, requires_grad=False):
+        grad = self.grad and op.supports_autograd and dtype.is_floating_point
+        for sample in op.sample_inputs(self.device, dtype, requires_grad=grad):
             out.append(sample)
             if len(out) >= self.samples:
                 break
@@ -152,13 +171,26 @@ class Sweep:
             kwargs["out"] = out
         try:
             result = fn(sample.input, *sample.args, **kwargs)
+            if self.grad and out is None:
+                result = (result, self.backward(result, sample))
             error = None
         except Exception as exc:  # noqa: BLE001 - the op's own error is part of its outcome
             first = str(exc).splitlines()[0][:120] if str(exc) else ""
             result, error = None, f"{type(exc).__name__}: {first}"
-        after = [t.detach().clone() if t.layout == torch.strided else t
+        after = [t.detach().clone() if t.layout == torch.strided else t.detach()
                  for t in tensors([sample.input, sample.args, sample.kwargs])]
         return Outcome(result, error, after)
+
+    def backward(self, result: Any, sample: Any) -> Any:
+        """The gradients of the sum of ``result``'s float tensors with respect to the sample's
+        tensors that require them (None: nothing to differentiate)."""
+        torch = self.torch
+        outs = [t for t in tensors(result) if t.requires_grad and t.is_floating_point()]
+        ins = [t for t in tensors([sample.input, sample.args, sample.kwargs]) if t.requires_grad]
+        if not outs or not ins:
+            return None
+        loss = torch.stack([t.sum() for t in outs]).sum()
+        return torch.autograd.grad(loss, ins, allow_unused=True)
 
     def snapshot(self, storage: Any) -> Any:
         """A copy of a storage's bytes, as a NumPy array (``bytes(storage)`` reads them one
@@ -258,6 +290,48 @@ class Sweep:
                     self.run(op.name, "out", index,
                              functools.partial(self.made, op, dtype, index, like), op)
 
+    def sweep_module(self, info: Any) -> None:
+        """A module of PyTorch's module database, in training (forward, backward and an SGD
+        step, whose in-place updates are writes) and in eval mode (forward only)."""
+        torch = self.torch
+        dtype = torch.float32
+        if dtype not in info.supported_dtypes(self.device):
+            return
+        for training in (True, False):
+            count = len(self.module_cases(info, dtype, training))
+            for index in range(min(count, self.samples)):
+                make = functools.partial(self.module_case, info, dtype, training, index)
+                self.run(info.name, "train" if training else "eval", index, make,
+                         functools.partial(self.module_step, training))
+
+    def module_cases(self, info: Any, dtype: Any, training: bool) -> list[Any]:
+        self.torch.manual_seed(SEED)
+        return info.module_inputs_func(info, device=self.device, dtype=dtype,
+                                       requires_grad=training, training=training)
+
+    def module_case(self, info: Any, dtype: Any, training: bool, index: int
+                    ) -> tuple[ModuleCase, None]:
+        case = self.module_cases(info, dtype, training)[index]
+        self.torch.manual_seed(SEED)
+        module = info.module_cls(*case.constructor_input.args,
+                                 **case.constructor_input.kwargs).to(self.device, dtype)
+        module.train(training)
+        state = [*module.parameters(), *module.buffers()]
+        forward = case.forward_input
+        return ModuleCase(state, (module, *forward.args), dict(forward.kwargs)), None
+
+    def module_step(self, training: bool, state: list[Any], module: Any, *args: Any,
+                    **kwargs: Any) -> Any:
+        torch = self.torch
+        out = module(*args, **kwargs)
+        params = [p for p in module.parameters() if p.requires_grad]
+        outs = [t for t in tensors(out) if t.requires_grad and t.is_floating_point()]
+        if not training or not params or not outs:
+            return out
+        torch.stack([t.sum() for t in outs]).sum().backward()
+        torch.optim.SGD(params, lr=0.1).step()
+        return out, [p.grad for p in params]
+
     def made(self, op: Any, dtype: Any, index: int, like: Any) -> tuple[Any, Any]:
         """Sample ``index`` of ``op``, made anew, and an ``out=`` tensor shaped as ``like``
         (None: none), filled with what the op will overwrite."""
@@ -269,41 +343,51 @@ class Sweep:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--ops", help="comma-separated op names (all of them by default)")
-    parser.add_argument("--samples", type=int, default=3, help="samples an op (3)")
+    parser.add_argument("--ops", help="comma-separated names (all of the database by default)")
+    parser.add_argument("--samples", type=int, default=3, help="samples an op or module (3)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="where the samples are made (cpu)")
     parser.add_argument("--json", help="write the problems here as JSON")
-    parser.add_argument("--start", type=int, default=0, help="skip the database's first N ops")
-    parser.add_argument("--verbose", action="store_true", help="name each op as it starts")
+    parser.add_argument("--grad", action="store_true",
+                        help="samples that require grad, and each op's backward too")
+    parser.add_argument("--modules", action="store_true",
+                        help="PyTorch's module database instead of its ops")
+    parser.add_argument("--start", type=int, default=0, help="skip the database's first N")
+    parser.add_argument("--verbose", action="store_true", help="name each entry as it starts")
     args = parser.parse_args(argv)
     warnings.simplefilter("ignore")
-    from torch.testing._internal import common_methods_invocations as databases
-
-    # The ops, then the _foreach_ ops (lists of tensors, as optimizers call them), which have
-    # databases of their own.
-    op_db = databases.op_db + [op for name in sorted(dir(databases))
-                               if name.startswith("foreach_") and name.endswith("_op_db")
-                               for op in getattr(databases, name)]
+    sweep = Sweep(args.samples, args.device, args.grad)
+    if args.modules:
+        from torch.testing._internal.common_modules import module_db
+        what, database, one = "modules", module_db, sweep.sweep_module
+    else:
+        from torch.testing._internal import common_methods_invocations as databases
+        # The ops, then the _foreach_ ops (lists of tensors, as optimizers call them), which
+        # have databases of their own.
+        what, one = "ops", sweep.sweep
+        database = databases.op_db + [op for name in sorted(dir(databases))
+                                      if name.startswith("foreach_") and name.endswith("_op_db")
+                                      for op in getattr(databases, name)]
     chosen = set(args.ops.split(",")) if args.ops else None
-    ops = [op for op in op_db[args.start:] if chosen is None or op.name in chosen]
-    sweep = Sweep(args.samples, args.device)
-    for n, op in enumerate(ops, 1):
+    items = [item for item in database[args.start:] if chosen is None or item.name in chosen]
+    for n, item in enumerate(items, 1):
         if args.verbose:
-            print(f"{n} {op.name} {op.variant_test_name}", file=sys.stderr, flush=True)
+            print(f"{n} {item.name}", file=sys.stderr, flush=True)
         elif n % 100 == 0:
-            print(f"{n} of {len(ops)} ops, {len(sweep.problems)} problems so far", file=sys.stderr)
+            print(f"{n} of {len(items)} {what}, {len(sweep.problems)} problems so far",
+                  file=sys.stderr)
         try:
-            sweep.sweep(op)
-        except Exception as exc:  # noqa: BLE001 - the database's own trouble with an op
-            print(f"skipped {op.name}: {type(exc).__name__}: {str(exc)[:100]}", file=sys.stderr)
+            one(item)
+        except Exception as exc:  # noqa: BLE001 - the database's own trouble with an entry
+            print(f"skipped {item.name}: {type(exc).__name__}: {str(exc)[:100]}",
+                  file=sys.stderr)
     sweep.stop()
     for problem in sweep.problems:
         print(problem.line())
     kinds: dict[str, int] = {}
     for problem in sweep.problems:
         kinds[problem.kind] = kinds.get(problem.kind, 0) + 1
-    print(f"{len(ops)} ops, {sweep.runs} watched runs; "
+    print(f"{len(items)} {what}, {sweep.runs} watched runs; "
           + (", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "no problem"))
     if args.json:
         Path(args.json).write_text(json.dumps([p._asdict() for p in sweep.problems], indent=1))

@@ -1,5 +1,6 @@
-"""PyTorch's own op database, run bare and watched on the CPU (tests/op_sweep.py): the capture
-changes no op's result or arguments, and says every byte each op writes in its arguments.
+"""PyTorch's own op and module databases, run bare and watched on the CPU (tests/op_sweep.py):
+the capture changes no op's result or arguments, and says every byte each op writes in its
+arguments (a module's: its parameters and buffers).
 
 These need an interpreter with PyTorch and expecttest (which PyTorch's test database imports):
 this one, or GPURACE_TEST_PYTHON. CI has neither, and skips them. On a GPU (`make test-gpu-core`)
@@ -29,13 +30,18 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
                           env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600)
 
 
-def test_every_op_of_the_database_runs_the_same_and_says_its_writes(tmp_path):
-    done = _run(str(SWEEP), "--samples", "1")
+@pytest.mark.parametrize("how", [(), ("--grad",), ("--modules",)],
+                         ids=["ops", "ops-with-backward", "modules"])
+def test_every_entry_of_the_database_runs_the_same_and_says_its_writes(how):
+    # With grad, autograd runs each op's backward too: other kernels, and ops that reach the
+    # mode whole though they have a decomposition (silu_backward, native_batch_norm). The
+    # modules train (forward, backward, an SGD step) and run in eval mode.
+    done = _run(str(SWEEP), "--samples", "1", *how)
     summary = done.stdout.strip().splitlines()[-1]
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    # The whole database ran: its ops and the _foreach_ ops, many in more than one form.
-    ops, runs = int(summary.split()[0]), int(summary.split()[2])
-    assert ops > 700 and runs > ops, summary
+    # The whole database ran (the ops with the _foreach_ ones), many in more than one form.
+    entries, runs = int(summary.split()[0]), int(summary.split()[2])
+    assert entries > (100 if how == ("--modules",) else 700) and runs > entries, summary
     assert summary.endswith("no problem"), summary
 
 
