@@ -134,7 +134,8 @@ class ModuleCase(NamedTuple):
 
 
 class Sweep:
-    def __init__(self, samples: int, device: str = "cpu", grad: bool = False) -> None:
+    def __init__(self, samples: int, device: str = "cpu", grad: bool = False,
+                 inference: bool = False) -> None:
         import torch
 
         from harness.capture import events as E
@@ -144,6 +145,9 @@ class Sweep:
         self.samples = samples
         self.device = device
         self.grad = grad  # samples that require grad, and the op's backward run too
+        # Under inference_mode the mode meets composite ops whole, and runs their
+        # decompositions itself.
+        self.inference = inference
         self.out = io.StringIO()
         self.sink = E.Sink(self.out)
         self.stop = torch_source.install(self.sink)
@@ -170,7 +174,8 @@ class Sweep:
         if out is not None:
             kwargs["out"] = out
         try:
-            result = fn(sample.input, *sample.args, **kwargs)
+            with torch.inference_mode(self.inference):
+                result = fn(sample.input, *sample.args, **kwargs)
             if self.grad and out is None:
                 result = (result, self.backward(result, sample))
             error = None
@@ -350,13 +355,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="write the problems here as JSON")
     parser.add_argument("--grad", action="store_true",
                         help="samples that require grad, and each op's backward too")
+    parser.add_argument("--inference", action="store_true",
+                        help="each op under torch.inference_mode() (not with --grad)")
     parser.add_argument("--modules", action="store_true",
                         help="PyTorch's module database instead of its ops")
     parser.add_argument("--start", type=int, default=0, help="skip the database's first N")
     parser.add_argument("--verbose", action="store_true", help="name each entry as it starts")
     args = parser.parse_args(argv)
     warnings.simplefilter("ignore")
-    sweep = Sweep(args.samples, args.device, args.grad)
+    if args.grad and args.inference:
+        parser.error("--grad and --inference exclude each other: no backward in inference mode")
+    sweep = Sweep(args.samples, args.device, args.grad, args.inference)
     if args.modules:
         from torch.testing._internal.common_modules import module_db
         what, database, one = "modules", module_db, sweep.sweep_module

@@ -30,12 +30,13 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
                           env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600)
 
 
-@pytest.mark.parametrize("how", [(), ("--grad",), ("--modules",)],
-                         ids=["ops", "ops-with-backward", "modules"])
+@pytest.mark.parametrize("how", [(), ("--grad",), ("--inference",), ("--modules",)],
+                         ids=["ops", "ops-with-backward", "ops-in-inference-mode", "modules"])
 def test_every_entry_of_the_database_runs_the_same_and_says_its_writes(how):
     # With grad, autograd runs each op's backward too: other kernels, and ops that reach the
-    # mode whole though they have a decomposition (silu_backward, native_batch_norm). The
-    # modules train (forward, backward, an SGD step) and run in eval mode.
+    # mode whole though they have a decomposition (silu_backward, native_batch_norm). Under
+    # inference_mode composite ops reach it whole (matmul, batch_norm). The modules train
+    # (forward, backward, an SGD step) and run in eval mode.
     done = _run(str(SWEEP), "--samples", "1", *how)
     summary = done.stdout.strip().splitlines()[-1]
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]

@@ -55,24 +55,48 @@ def checkpoint_early_stop_off() -> Any:
 
 
 def decomposes(func: Any, guard: Failures) -> frozenset[str]:
-    """The devices ("cpu", "cuda") on which PyTorch runs ``func`` as its decomposition into
-    other ops. The mode meets such an op whole only under ``inference_mode``: elsewhere
-    autograd's dispatch key has decomposed it already. The dispatcher takes a device's own
-    kernel first, then a CompositeExplicitAutograd one, and only then the
-    CompositeImplicitAutograd decomposition: ``silu_backward`` has both that and kernels of its
-    own, and its decomposition rounds differently."""
+    """The devices ("cpu", "cuda") on which the mode runs ``func`` as its decomposition, so that
+    each op inside it is seen; none for most ops.
+
+    The mode meets a composite op whole only under ``inference_mode``: elsewhere autograd's
+    dispatch key has decomposed it already. Most are watched whole, as their schemas say (their
+    arguments read, their results written), and run as the dispatcher runs them: run inside
+    the mode, a decomposition takes the paths PyTorch keeps for tensor subclasses (``svdvals``
+    then works out U and V too), which round differently. The exception is an op whose schema
+    says it may return its input (``.to()``, ``reshape``, ``contiguous``): whether it copied
+    cannot be told from outside, and its copy may read pinned memory on a stream.
+
+    Such an op is decomposed on a device where PyTorch decomposes it: one with no kernel of its
+    own for the device and no CompositeExplicitAutograd one (the dispatcher takes those
+    first), counting only kernels registered in C++, which are what it runs."""
     import torch
     keys = torch._C.DispatchKey
     try:
-        if not func.has_kernel_for_dispatch_key(keys.CompositeImplicitAutograd) or any(
-                func.has_kernel_for_dispatch_key(key) for key in (
-                    keys.CompositeExplicitAutograd, keys.CompositeExplicitAutogradNonFunctional)):
+        if not any(r.alias_info is not None and not r.alias_info.is_write
+                   for r in func._schema.returns):
+            return frozenset()  # (an out= form's writes are marked: watched whole)
+        name = func.name()
+
+        def has(key: Any) -> bool:
+            return bool(torch._C._dispatch_has_kernel_for_dispatch_key(name, key))
+
+        if not has(keys.CompositeImplicitAutograd) or has(keys.CompositeExplicitAutograd) or \
+                has(keys.CompositeExplicitAutogradNonFunctional):
             return frozenset()
         return frozenset(device for device, key in (("cpu", keys.CPU), ("cuda", keys.CUDA))
-                         if not func.has_kernel_for_dispatch_key(key))
+                         if not has(key))
     except Exception as exc:  # an op PyTorch cannot say this of: watched whole
         guard.failed(f"the kernels of {func}", exc)
         return frozenset()
+
+
+def decompose(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Run ``func``'s C++ CompositeImplicitAutograd kernel, as the dispatcher would without the
+    mode; the ops it calls come back through the dispatcher, so the mode sees each. Not
+    ``func.decompose``: that takes a decomposition written in Python first where PyTorch has
+    one."""
+    import torch
+    return func._op_dk(torch._C.DispatchKey.CompositeImplicitAutograd, *args, **kwargs)
 
 
 def device_of(args: tuple[Any, ...], tensor: type) -> str | None:

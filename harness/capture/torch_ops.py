@@ -54,15 +54,18 @@ class TensorArg(NamedTuple):
     index: int  # its position
     name: str  # its keyword
     written: bool  # annotated Tensor(a!): the op writes it
-    written_if: ArgAt | None = None  # unannotated, written when this argument is true
+    written_if: ArgAt | None = None  # unmarked, written when this argument is true
 
 
-TRAINING_WRITES: dict[str, tuple[str, ...]] = {
-    name: ("running_mean", "running_var")
-    for name in ("native_batch_norm", "cudnn_batch_norm", "miopen_batch_norm")}
-"""Ops that write arguments their schemas do not mark: batch norm's running statistics, which
-it updates when its ``training`` argument is true (PyTorch keeps these schemas as they were;
-its newer ``_native_batch_norm_legit`` marks them). In eval mode they are only read."""
+_STATS = ("running_mean", "running_var")
+UNMARKED_WRITES: dict[str, tuple[str, tuple[str, ...]]] = {
+    **{name: ("training", _STATS) for name in (
+        "native_batch_norm", "cudnn_batch_norm", "miopen_batch_norm", "batch_norm",
+        "_batch_norm_impl_index")},
+    "instance_norm": ("use_input_stats", _STATS)}
+"""Ops that write arguments their schemas do not mark, and the argument that says when: batch
+and instance norm's running statistics, updated while they train (PyTorch keeps these schemas
+as they were; its newer ``_native_batch_norm_legit`` marks them). Otherwise they are read."""
 
 
 class Plan:
@@ -91,15 +94,15 @@ class Plan:
         self.pin_memory_at = False  # whether it takes pin_memory= (a factory)
         self.args: list[TensorArg] = []
         self.device_at: ArgAt | None = None  # where a device= argument is
-        training = TRAINING_WRITES.get(self.name, ())
-        training_at = next((ArgAt(i, arg.name) for i, arg in enumerate(schema.arguments)
-                            if arg.name == "training"), None) if training else None
+        flag, unmarked = UNMARKED_WRITES.get(self.name, ("", ()))
+        flag_at = next((ArgAt(i, arg.name) for i, arg in enumerate(schema.arguments)
+                        if arg.name == flag), None)
         for i, arg in enumerate(schema.arguments):
             if "Tensor" in str(arg.type):
                 alias = arg.alias_info
                 self.args.append(TensorArg(
                     i, arg.name, bool(alias is not None and alias.is_write),
-                    training_at if arg.name in training else None))
+                    flag_at if arg.name in unmarked else None))
             elif arg.name == "device":
                 self.device_at = ArgAt(i, arg.name)
             elif arg.name == "pin_memory":

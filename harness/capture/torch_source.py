@@ -66,8 +66,8 @@ from harness.capture.sites import (is_own_code, names_in, program_frame, site_of
 from harness.capture.source import Failures, Installed
 from harness.capture.torch_collectives import Collectives
 from harness.capture.torch_graphs import Graphs
-from harness.capture.torch_mode import (checkpoint_early_stop_off, decomposes, device_of,
-                                        dynamo_frame_hook, mode_backed_tensors,
+from harness.capture.torch_mode import (checkpoint_early_stop_off, decompose, decomposes,
+                                        device_of, dynamo_frame_hook, mode_backed_tensors,
                                         subclass_handles)
 from harness.capture.torch_patches import patch_calls
 from harness.capture.torch_ops import (SLOW_NS, SLOWEST_KEPT, Pending, Plan, byte_spans,
@@ -310,7 +310,7 @@ class _Capture:
                 bases.add(base)
                 if not plan.no_work:
                     written = arg.written
-                    if arg.written_if is not None:  # batch norm's running statistics
+                    if arg.written_if is not None:  # batch norm's running statistics, say
                         at = arg.written_if
                         written = bool(args[at.index] if at.index < nargs
                                        else kwargs.get(at.name))
@@ -638,9 +638,7 @@ def install(sink: E.Sink, amplifier: Amplifier | None = None) -> Installed:
                 # copies and kernels run inside it, unseen. Run the decomposition with the
                 # mode on, where PyTorch runs it without the mode, so each of them is seen.
                 with self:
-                    out = func.decompose(*args, **(kwargs or {}))
-                if out is not NotImplemented:
-                    return out
+                    return decompose(func, args, kwargs or {})
             return cap.dispatch(plan, func, args, kwargs or {})
 
     def guarded(name: str, callback: Callable[..., None]) -> Callable[..., None]:
