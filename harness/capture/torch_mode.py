@@ -96,7 +96,10 @@ def decompose(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     ``func.decompose``: that takes a decomposition written in Python first where PyTorch has
     one."""
     import torch
-    return func._op_dk(torch._C.DispatchKey.CompositeImplicitAutograd, *args, **kwargs)
+    op_dk = getattr(func, "_op_dk", None)
+    if op_dk is None:  # a PyTorch without it: its own way, the Python decomposition first
+        return func.decompose(*args, **kwargs)
+    return op_dk(torch._C.DispatchKey.CompositeImplicitAutograd, *args, **kwargs)
 
 
 def device_of(args: tuple[Any, ...], tensor: type) -> str | None:
