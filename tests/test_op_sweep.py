@@ -1,6 +1,7 @@
-"""PyTorch's own op and module databases, run bare and watched on the CPU (tests/op_sweep.py):
-the capture changes no op's result or arguments, and says every byte each op writes in its
-arguments (a module's: its parameters and buffers).
+"""PyTorch's own op and module databases (tests/op_sweep.py) and transformers' models
+(tests/hf_sweep.py), run bare and watched on the CPU: the capture changes no op's result or
+arguments, and says every byte each op writes in its arguments (a module's: its parameters
+and buffers).
 
 These need an interpreter with PyTorch and expecttest (which PyTorch's test database imports):
 this one, or GPURACE_TEST_PYTHON. CI has neither, and skips them. On a GPU (`make test-gpu-core`)
@@ -44,6 +45,22 @@ def test_every_entry_of_the_database_runs_the_same_and_says_its_writes(how):
     entries, runs = int(summary.split()[0]), int(summary.split()[2])
     assert entries > (100 if how == ("--modules",) else 700) and runs > entries, summary
     assert summary.endswith("no problem"), summary
+
+
+HF_PYTHON = python_with("transformers")
+
+
+@pytest.mark.skipif(HF_PYTHON is None, reason="no interpreter with transformers here")
+def test_language_models_build_generate_and_train_the_same_watched():
+    # tests/hf_sweep.py on a few architectures: before the capture ran composite ops as
+    # PyTorch runs them, each one's generate under inference_mode gave other logits.
+    done = subprocess.run([str(HF_PYTHON), str(ROOT / "tests" / "hf_sweep.py"),
+                           "--types", "llama,gpt2,mistral,bert"], capture_output=True,
+                          text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          timeout=600)
+    summary = done.stdout.strip().splitlines()[-1]
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert summary.startswith("4 model types: 4 ok;") and summary.endswith("no problem"), summary
 
 
 def _has_cuda() -> bool:
