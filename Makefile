@@ -8,7 +8,7 @@ RUN_STAMP  := $(VENV)/.run-stamp
 TEST_STAMP := $(VENV)/.test-stamp
 
 .PHONY: install run test test-gpu test-gpu-core test-gpu-watch test-gpu-engine test-gpu-amplify \
-        test-gpu-real test-pythons bench bench-real clean
+        test-gpu-real test-pythons sweep bench bench-real clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -77,6 +77,17 @@ test-gpu-amplify:
 # GPURACE_RECORD_DIR=tests/capture_recorded_real records their captures for the CPU replay.
 test-gpu-real:
 	PYTHONPATH=$(CURDIR) $(PYTHON) -m pytest -q -s -m gpu -p no:cacheprovider $(REAL_GPU_TESTS)
+
+# With a PYTHON that has PyTorch, expecttest and transformers: PyTorch's op and module databases
+# (on DEVICE: cpu, or cuda on a GPU machine) and transformers' architectures (on the CPU), each
+# bare and watched (same results bit for bit, every write said). Minutes; not CI's.
+DEVICE ?= cpu
+sweep:
+	$(PYTHON) tests/op_sweep.py --device $(DEVICE)
+	$(PYTHON) tests/op_sweep.py --device $(DEVICE) --grad
+	$(PYTHON) tests/op_sweep.py --device $(DEVICE) --inference
+	$(PYTHON) tests/op_sweep.py --device $(DEVICE) --modules
+	$(PYTHON) tests/hf_sweep.py
 
 # On a GPU machine: copy batching, and the harness's trial rate against a bare CuPy loop.
 bench:
