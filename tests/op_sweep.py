@@ -1,8 +1,9 @@
 """Every op of PyTorch's own test database (OpInfo) run bare and under the PyTorch source, on
-the CPU: the capture must never change what an op does, and every byte an op writes in its
-arguments must be among the writes the capture says.
+the CPU or a GPU: the capture must never change what an op does, and every byte an op writes in
+its arguments must be among the writes the capture says.
 
-    python tests/op_sweep.py [--ops add,mul] [--samples 3] [--grad] [--device cuda] [--json F]
+    python tests/op_sweep.py [--ops add,mul] [--samples 3] [--grad | --inference]
+                             [--device cuda] [--json F]
     python tests/op_sweep.py --modules [--ops nn.LSTM]
 
 PyTorch ships ``torch.testing._internal.common_methods_invocations.op_db``: over 700 ops, each
@@ -18,7 +19,13 @@ samples (float32, else the first dtype it supports):
   CPU has that the capture watches), and the bytes that changed in them during the watched run
   must all lie in the write spans of the events the capture emitted: a byte written that the
   capture does not say is a race it would miss;
-- the capture's own failures to read an op (counted, the op runs unwatched) are listed.
+- the capture's own failures to read an op (counted, the op runs unwatched) are listed;
+- on CUDA tensors (``--device cuda``), whose memory is watched as it is, no op touching device
+  memory may be said as the host's own.
+
+``--grad`` makes samples that require grad and runs each op's backward too (other kernels, and
+ops that reach the mode whole); ``--inference`` runs each op under ``torch.inference_mode()``,
+where PyTorch hands a dispatch mode composite ops whole.
 
 With ``--modules`` it runs PyTorch's module database (``common_modules.module_db``) the same
 way: each module trains (forward, backward, an SGD step) and runs in eval mode, and the bytes
@@ -26,8 +33,8 @@ it may write are its parameters' and buffers' (batch norm's running statistics).
 
 Needs PyTorch and ``expecttest`` (which PyTorch's test database imports). It prints one line
 per problem and a summary; exit 1 when a result differed or a write went unsaid. Nothing here
-is a test of CI's: tests/test_op_sweep.py runs it where PyTorch is, and docs/watch.md says what
-it found.
+is a test of CI's: tests/test_op_sweep.py runs it where PyTorch is, and docs/testing.md says
+what it found.
 """
 
 from __future__ import annotations
