@@ -41,7 +41,7 @@ from typing import Any, NamedTuple
 from harness.capture import events as E
 from harness.capture.sites import program_frame, site_of
 from harness.capture.torch_functional import Functional
-from harness.capture.torch_ops import ArgAt, Plan, byte_spans
+from harness.capture.torch_ops import ArgAt, Plan, byte_spans, given
 from harness.races.kinds import COLLECTIVE
 
 WORKS_KNOWN = 4096
@@ -190,12 +190,9 @@ class Collectives:
         reads: list[list[Any]] = []
         writes: list[list[Any]] = []
         device = None
-        nargs = len(args)
-        at = shape.group
-        group = None if at is None else args[at.index] if at.index < nargs else kwargs.get(
-            at.name)
+        group = None if shape.group is None else given(shape.group, args, kwargs)
         for role in shape.roles:
-            value = args[role.index] if role.index < nargs else kwargs.get(role.name)
+            value = given(role, args, kwargs)
             for t in _tensors(value, cap.Tensor):
                 where = cap.memory(t)
                 if where is None:

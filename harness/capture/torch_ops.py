@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable
 from types import FrameType
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 SLOW_NS = 10_000_000
 """An op on which the capture's own code spent longer than this (10 ms) is listed in its stats:
@@ -46,6 +46,21 @@ class ArgAt(NamedTuple):
 
     index: int
     name: str
+
+
+class SchemaArg(Protocol):
+    """An argument of an op's schema: its position and its keyword."""
+
+    @property
+    def index(self) -> int: ...
+
+    @property
+    def name(self) -> str: ...
+
+
+def given(at: SchemaArg, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """What an op was given for the schema argument ``at``, by position or by keyword."""
+    return args[at.index] if at.index < len(args) else kwargs.get(at.name)
 
 
 class TensorArg(NamedTuple):

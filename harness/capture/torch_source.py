@@ -71,7 +71,7 @@ from harness.capture.torch_mode import (checkpoint_early_stop_off, decompose, de
                                         subclass_handles)
 from harness.capture.torch_patches import patch_calls
 from harness.capture.torch_ops import (SLOW_NS, SLOWEST_KEPT, Pending, Plan, byte_spans,
-                                       tensors_in, what_of)
+                                       given, tensors_in, what_of)
 
 
 class TorchSource:
@@ -297,6 +297,7 @@ class _Capture:
         nargs = len(args)
         Tensor = self.Tensor
         for arg in plan.args:
+            # given(), inline: this runs for every tensor argument of every op.
             value = args[arg.index] if arg.index < nargs else kwargs.get(arg.name)
             if value is None:
                 continue
@@ -311,13 +312,10 @@ class _Capture:
                 if not plan.no_work:
                     written = arg.written
                     if arg.written_if is not None:  # batch norm's running statistics, say
-                        at = arg.written_if
-                        written = bool(args[at.index] if at.index < nargs
-                                       else kwargs.get(at.name))
+                        written = bool(given(arg.written_if, args, kwargs))
                     (writes if written else reads).extend(byte_spans(space, t, t.data_ptr()))
         if cuda_index is None and plan.device_at is not None:
-            at = plan.device_at
-            device = args[at.index] if at.index < nargs else kwargs.get(at.name)
+            device = given(plan.device_at, args, kwargs)
             if device is not None:
                 cuda_index = self.device_index(device)  # zeros(device=), .to("cuda")
         if cuda_index is None and not reads and not writes and not plan.fresh_returns:
