@@ -218,9 +218,11 @@ def test_a_callback_near_the_bottom_of_the_stack_finds_no_frame_and_raises_nothi
 
 def test_the_op_cost_tool_times_each_part_and_its_capture_is_clean(tmp_path):
     """python -m harness.capture.opcost on the CPU: a row per size and op, the source's own
-    time measured, and the correct loop it captured has no race."""
+    time measured, the correct loop it captured has no race, and --parts profiles the
+    source's own functions (each captured op through its ``before``)."""
     done = subprocess.run([TORCH_PYTHON, "-m", "harness.capture.opcost", "--device", "cpu",
-                           "--ops", "200", "--rounds", "1", "--sizes", "4096", "--json"],
+                           "--ops", "200", "--rounds", "1", "--sizes", "4096", "--json",
+                           "--parts"],
                           capture_output=True, text=True, cwd=tmp_path,
                           env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
     assert done.returncode == 0, done.stderr
@@ -229,6 +231,9 @@ def test_the_op_cost_tool_times_each_part_and_its_capture_is_clean(tmp_path):
         (4096, "add_out"), (4096, "add_new"), (4096, "add_out_long")]
     assert all(r["own_us"] > 0 and r["bare_us"] > 0 for r in result["rows"])
     assert result["findings"] == 0 and result["events"] > 400
+    assert all(r["trace_us"] is None for r in result["rows"])  # a GPU's only
+    befores = [p for p in result["parts"] if p["function"].startswith("before (torch_source")]
+    assert len(befores) == 1 and befores[0]["calls"] == 3 * 200
 
 
 # Under inference_mode the dispatcher hands a dispatch mode composite ops whole: linear, and

@@ -32,6 +32,7 @@ import platform
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from harness.capture import events as E
@@ -50,7 +51,8 @@ def _loop(op: Callable[[], Any], n: int, sync: Callable[[], None]) -> float:
     return (time.perf_counter() - start) / n
 
 
-def measure(device: str, ops: int, sizes: tuple[int, ...], rounds: int) -> dict[str, Any]:
+def measure(device: str, ops: int, sizes: tuple[int, ...], rounds: int, parts: bool = False
+            ) -> dict[str, Any]:
     import torch
 
     from harness.capture import torch_source
@@ -77,14 +79,27 @@ def measure(device: str, ops: int, sizes: tuple[int, ...], rounds: int) -> dict[
             op()  # the kernel loaded, the allocator warm
             for _ in range(rounds):
                 keep((size, name, "bare"), _loop(op, ops, sync))
+    if device == "cuda":
+        # PyTorch's GPU trace alone, which the capture switches on (and nothing switches
+        # off): every allocation, free, event and synchronize then calls into Python.
+        torch._C._activate_gpu_trace()
+        for size in sizes:
+            for name, op in kinds(size).items():
+                for _ in range(rounds):
+                    keep((size, name, "trace"), _loop(op, ops, sync))
     out = io.StringIO()
     sink = E.Sink(out)
-    stop = torch_source.install(sink)
-    cap = stop.capture  # type: ignore[attr-defined]
-    if device == "cpu":
-        for a, b, c in tensors.values():
-            for t in (a, b, c):
-                cap.pinned[t.untyped_storage().data_ptr()] = {}
+
+    def install() -> Any:
+        stop = torch_source.install(sink)
+        if device == "cpu":
+            for a, b, c in tensors.values():
+                for t in (a, b, c):
+                    stop.capture.pinned[t.untyped_storage().data_ptr()] = {}
+        return stop
+
+    stop = install()
+    cap = stop.capture
     own: dict[tuple[int, str], float] = {}
     for size in sizes:
         for name, op in kinds(size).items():
@@ -103,6 +118,7 @@ def measure(device: str, ops: int, sizes: tuple[int, ...], rounds: int) -> dict[
         for name, op in kinds(size).items():
             for _ in range(rounds):
                 keep((size, name, "bare"), _loop(op, ops, sync))
+    profile = _profile(install, kinds(sizes[0]), ops) if parts else []
     captured = [e for e in events if e[0] in ("op", "alloc", "free", "stream")]
     analysis = RunAnalysis(None, {})
     start = time.perf_counter()
@@ -112,14 +128,44 @@ def measure(device: str, ops: int, sizes: tuple[int, ...], rounds: int) -> dict[
     for size in sizes:
         for name in kinds(size):
             bare = best[(size, name, "bare")]
+            trace = best.get((size, name, "trace"))
             rows.append({
                 "bytes": size, "op": name, "bare_us": bare * 1e6,
+                "trace_us": None if trace is None else (trace - bare) * 1e6,
                 "mode_us": (best[(size, name, "mode")] - bare) * 1e6,
                 "capture_us": (best[(size, name, "capture")] - bare) * 1e6,
                 "own_us": own[(size, name)] * 1e6})
     return {"device": device, "machine": _machine(torch, device), "ops": ops, "rounds": rounds,
             "rows": rows, "watching_us_per_op": watching * 1e6,
-            "events": len(events), "findings": len(analysis.findings)}
+            "events": len(events), "findings": len(analysis.findings), "parts": profile}
+
+
+PARTS_SHOWN = 15
+
+
+def _profile(install: Callable[[], Any], kinds: dict[str, Callable[[], Any]], ops: int
+             ) -> list[dict[str, Any]]:
+    """Where the capture's time goes: the functions that took the most of it, by their own
+    time (cProfile's ``tottime``), over ``ops`` ops of each kind with the capture on."""
+    import cProfile
+    import pstats
+    stop = install()
+    profiler = cProfile.Profile()
+    try:
+        profiler.enable()
+        for op in kinds.values():
+            for _ in range(ops):
+                op()
+        profiler.disable()
+    finally:
+        stop()
+    total = len(kinds) * ops
+    stats = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
+    rows = [{"function": f"{func[2]} ({Path(func[0]).name}:{func[1]})", "calls": calls,
+             "own_us_per_op": own / total * 1e6}
+            for func, (_, calls, own, _, _) in stats.items()]
+    rows.sort(key=lambda r: -r["own_us_per_op"])
+    return rows[:PARTS_SHOWN]
 
 
 LONG_LINES = 2000
@@ -144,14 +190,21 @@ def _machine(torch: Any, device: str) -> str:
 def table(result: dict[str, Any]) -> str:
     lines = [f"{result['device']}: {result['machine']}; {result['ops']} ops a round, "
              f"fastest of {result['rounds']} rounds",
-             "| tensor bytes | op | bare µs/op | + dispatch mode µs | + capture µs | of which "
-             "the source's own µs |", "|---|---|---|---|---|---|"]
+             "| tensor bytes | op | bare µs/op | + GPU trace µs | + dispatch mode µs | + capture "
+             "µs | of which the source's own µs |", "|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
-        lines.append(f"| {r['bytes']:,} | {r['op']} | {r['bare_us']:.2f} | {r['mode_us']:.2f} "
-                     f"| {r['capture_us']:.2f} | {r['own_us']:.2f} |")
+        trace = "-" if r["trace_us"] is None else f"{r['trace_us']:.2f}"
+        lines.append(f"| {r['bytes']:,} | {r['op']} | {r['bare_us']:.2f} | {trace} "
+                     f"| {r['mode_us']:.2f} | {r['capture_us']:.2f} | {r['own_us']:.2f} |")
     lines.append(f"watching side (translator and detector): {result['watching_us_per_op']:.2f} "
                  f"µs per captured op ({result['events']} events, {result['findings']} "
                  "findings)")
+    if result["parts"]:
+        lines += ["", "where the capture's time goes (cProfile, which slows what it times: "
+                  "compare the parts, not the sums), own µs a captured op:",
+                  "| function | calls | own µs/op |", "|---|---|---|"]
+        lines += [f"| {p['function']} | {p['calls']:,} | {p['own_us_per_op']:.2f} |"
+                  for p in result["parts"]]
     return "\n".join(lines)
 
 
@@ -163,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="rounds of each (3)")
     parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES),
                         help="tensor sizes in bytes (4 KiB and 4 MiB)")
+    parser.add_argument("--parts", action="store_true",
+                        help="also profile the capture: the functions its time goes to")
     parser.add_argument("--json", action="store_true", help="the figures as JSON")
     opts = parser.parse_args(argv)
     try:
@@ -174,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     device = opts.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    result = measure(device, opts.ops, tuple(opts.sizes), opts.rounds)
+    result = measure(device, opts.ops, tuple(opts.sizes), opts.rounds, opts.parts)
     print(json.dumps(result, indent=2) if opts.json else table(result))
     return 0
 

@@ -86,13 +86,14 @@ def program_frame(depth: int = 1) -> FrameType | None:
     """The innermost frame of the program's own code above the caller's ``depth``-th frame
     (None where there is none: a callback from a library's own thread, or one fired near the
     bottom of the stack, has fewer frames than asked for)."""
-    frame: FrameType | None = sys._getframe(1)
-    for _ in range(depth):
-        if frame is None:
-            return None
-        frame = frame.f_back
+    try:
+        frame: FrameType | None = sys._getframe(depth + 1)
+    except ValueError:  # fewer frames than that
+        return None
+    known = _known  # is_program_code, inline: a source walks a few frames at every op
     while frame is not None:
-        if is_program_code(frame.f_code):
+        entry = known.get(id(frame.f_code))
+        if entry[1] if entry is not None else is_program_code(frame.f_code):
             return frame
         frame = frame.f_back
     return None

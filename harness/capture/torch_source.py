@@ -172,19 +172,17 @@ class _Capture:
         plain strided storage (a subclass, sparse, nested, meta), or no data at all."""
         if type(t) not in _PLAIN or t.layout is not self.strided:
             return None
-        if t.is_cuda:
-            space = E.DEVICE
-        elif t.is_cpu:
-            space = E.HOST
-        else:
-            return None
         try:
             base = t.untyped_storage().data_ptr()
         except RuntimeError:  # autograd's ZeroTensor: a storage with no bytes to read
             return None
-        if base == 0 or (space == E.HOST and base not in self.pinned):
-            return None  # no bytes, or pageable: the host's private memory
-        return space, base
+        if base == 0:
+            return None
+        if t.is_cuda:
+            return E.DEVICE, base
+        if base in self.pinned and t.is_cpu:
+            return E.HOST, base
+        return None  # pageable: the host's private memory, or another device's
 
     def device_index(self, device: Any) -> int | None:
         """The CUDA device a ``device=`` argument names, or None for another device."""
@@ -258,13 +256,20 @@ class _Capture:
             self.guard.failed(f"the results of {func}", exc)
             if pending.event is not None and not emitted:
                 self.emit(pending.event)  # what the arguments said still holds
-        self.account(t1 - t0 + perf_counter_ns() - t2 - pending.lent_ns, pending.site,
-                     pending.meta.get("op"))
+        ns = t1 - t0 + perf_counter_ns() - t2 - pending.lent_ns
+        self.ops += 1  # (account, inline)
+        self.own_ns += ns
+        if ns > self.max_own_ns or ns > SLOW_NS:
+            self.account(ns, pending.site, plan.name, counted=True)
         return out
 
-    def account(self, ns: int, site: str | None, op: str | None = None) -> None:
-        self.ops += 1
-        self.own_ns += ns
+    def account(self, ns: int, site: str | None, op: str | None = None,
+                counted: bool = False) -> None:
+        """Count an op on which the capture spent ``ns`` of its own (``counted``: in ops and
+        own_ns already), and keep the costliest."""
+        if not counted:
+            self.ops += 1
+            self.own_ns += ns
         if ns > self.max_own_ns:
             self.max_own_ns, self.max_site = ns, site
         if ns > SLOW_NS and len(self.slow) < SLOWEST_KEPT:
@@ -569,6 +574,7 @@ def install(sink: E.Sink, amplifier: Amplifier | None = None) -> Installed:
     cap.amplifier = amplifier
     mode_backed = mode_backed_tensors()
     subclasses: dict[Any, bool | None] = {}  # an op's tensor types -> subclass_handles
+    plans = cap.plans
 
     hook: Callable[[Any], Any] | None = None  # Dynamo's frame hook setter, once known
 
@@ -621,13 +627,15 @@ def install(sink: E.Sink, amplifier: Amplifier | None = None) -> Installed:
 
         def handle(self, func: Any, types: Any, args: tuple[Any, ...],
                    kwargs: dict[str, Any] | None) -> Any:
-            if types and cap.on:
+            if not cap.on:
+                return func(*args, **(kwargs or {}))
+            if types:
                 handles = subclasses.get(types)
                 if handles is None:
                     handles = subclasses[types] = subclass_handles(types, mode_backed)
                 if handles is not None:
                     return NotImplemented if handles else func(*args, **(kwargs or {}))
-            plan = cap.plan(func) if cap.on else None
+            plan = plans.get(id(func)) or cap.plan(func)
             if plan is None:
                 return func(*args, **(kwargs or {}))
             if plan.decomposes and device_of(args, cap.Tensor) in plan.decomposes:
