@@ -172,17 +172,18 @@ class _Capture:
         plain strided storage (a subclass, sparse, nested, meta), or no data at all."""
         if type(t) not in _PLAIN or t.layout is not self.strided:
             return None
+        cuda = t.is_cuda
+        if not cuda and not t.is_cpu:
+            return None  # another device's (meta, say): its storage is not asked
         try:
             base = t.untyped_storage().data_ptr()
         except RuntimeError:  # autograd's ZeroTensor: a storage with no bytes to read
             return None
         if base == 0:
             return None
-        if t.is_cuda:
+        if cuda:
             return E.DEVICE, base
-        if base in self.pinned and t.is_cpu:
-            return E.HOST, base
-        return None  # pageable: the host's private memory, or another device's
+        return (E.HOST, base) if base in self.pinned else None  # pageable: the host's own
 
     def device_index(self, device: Any) -> int | None:
         """The CUDA device a ``device=`` argument names, or None for another device."""
