@@ -16,7 +16,12 @@ from __future__ import annotations
 
 import gzip
 import json
+import multiprocessing
+import os
+from collections.abc import Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -33,14 +38,37 @@ PENDING = sorted(FOLDER.glob(f"*{PENDING_SUFFIX}"))
 RECORD = "record them on a GPU: GPURACE_RECORD_DIR=tests/capture_recorded_real make test-gpu-real"
 
 
-def _replay(path: Path) -> RunAnalysis:
-    """As tests/test_capture_recorded.py replays a recording; the analysis, to read its
-    findings and what its translator saw."""
+class Replayed(NamedTuple):
+    """What a recording's replay saw: its ops, the translator's notes, the program's end, and
+    the findings (as JSON)."""
+
+    ops: int
+    notes: list[str]
+    exit: dict[str, Any] | None
+    findings: list[dict[str, Any]]
+
+
+def _replay(path: Path) -> Replayed:
+    """As tests/test_capture_recorded.py replays a recording, through the translator and the
+    detector."""
     analysis = RunAnalysis(None, {})
     with gzip.open(path, "rt", encoding="utf-8") as lines:
         analysis.feed([json.loads(line) for line in lines if line.strip()])
     analysis.close()
-    return analysis
+    translator = analysis.translator
+    return Replayed(translator.ops, list(translator.notes), translator.exit,
+                    [f.to_json() for f in analysis.findings])
+
+
+@pytest.fixture(scope="module")
+def replays() -> Iterator[dict[Path, Future[Replayed]]]:
+    """Every recording's replay, started at once in as many processes as the machine has
+    cores (the replays are most of this file's time, and each is one core's work); each test
+    waits for its own, and those no test asked for are dropped unstarted."""
+    workers = max(1, min(len(RECORDED), os.cpu_count() or 1))
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        yield {path: pool.submit(_replay, path) for path in RECORDED}
+        pool.shutdown(cancel_futures=True)
 
 
 def _name(path: Path) -> str:
@@ -56,19 +84,18 @@ def _name(path: Path) -> str:
     or [pytest.param(None, id="none-recorded", marks=pytest.mark.skip(
         reason=f"no recordings in {FOLDER.relative_to(ROOT)} yet: {RECORD}"))],
     ids=_name)
-def test_a_recorded_real_program_is_a_whole_run_clean_or_racing_as_expected(path):
-    analysis = _replay(path)
-    translator = analysis.translator
+def test_a_recorded_real_program_is_a_whole_run_clean_or_racing_as_expected(path, replays):
+    replayed = replays[path].result()
     # A recording of nothing would be clean too: it must hold the program's ops and its end.
-    assert translator.ops > 0, f"{path.name}: no op recorded (notes: {translator.notes})"
-    assert translator.exit is not None, f"{path.name}: the program's end is not recorded"
-    findings = [f.to_json() for f in analysis.findings]
+    assert replayed.ops > 0, f"{path.name}: no op recorded (notes: {replayed.notes})"
+    assert replayed.exit is not None, f"{path.name}: the program's end is not recorded"
+    findings = replayed.findings
     expect = {entry.name: getattr(entry, "expect", "clean") for entry in load_corpus()}
     if expect.get(_name(path)) == RACE:
         assert findings, f"{path.name}: its library's race was not found in the recording"
         return
-    assert translator.exit.get("status") == 0, \
-        f"{path.name}: the program did not end with exit 0: {translator.exit}"
+    assert replayed.exit.get("status") == 0, \
+        f"{path.name}: the program did not end with exit 0: {replayed.exit}"
     assert findings == [], "\n".join(f["missing"] for f in findings)
 
 
