@@ -216,6 +216,61 @@ def test_a_sink_writes_whole_lines_and_a_reader_leaves_a_torn_one(tmp_path):
         ["sync_device", "a.py:1"], separators=(",", ":"))) + 1
 
 
+def test_a_capture_file_is_read_a_batch_at_a_time_and_a_long_line_whole(tmp_path,
+                                                                          monkeypatch):
+    """A long run's capture file is gigabytes: it is read about READ_MAX bytes at a time,
+    every batch whole lines, and all the batches are every event in order; a line longer
+    than READ_MAX is read whole, not split or skipped."""
+    import harness.capture.events as E
+    recorded = ROOT / "tests" / "capture_recorded" / "torch_record_stream-buggy.jsonl"
+    path = tmp_path / "events.jsonl"
+    long_note = ["note", "x" * 5000]
+    path.write_bytes(recorded.read_bytes() + (json.dumps(long_note) + "\n").encode())
+    everything, end = read_events(path, limit=1 << 30)
+    assert end == path.stat().st_size and everything[-1] == long_note
+    monkeypatch.setattr(E, "READ_MAX", 1024)
+    got, offsets = [], []
+    for events, offset in E.batches(path):
+        got += events
+        offsets.append(offset)
+    assert got == everything and offsets[-1] == end
+    assert len(offsets) > 10 and offsets == sorted(set(offsets))
+    assert list(E.iter_file(path)) == everything
+
+
+def test_after_the_program_ends_its_events_are_analysed_in_batches_with_progress(
+        tmp_path, monkeypatch):
+    """What a program leaves when it ends (a long run's may be gigabytes) is analysed a
+    batch at a time, saying how far it got, to the same findings as one whole read."""
+    import harness.capture.events as E
+    from harness.capture import watch
+    from harness.results.hooks import RunHooks
+    recorded = ROOT / "tests" / "capture_recorded" / "torch_record_stream-buggy.jsonl"
+    whole = RunAnalysis(None, {})
+    whole.feed(read_events(recorded, limit=1 << 30)[0])
+    whole.close()
+
+    class Notes(RunHooks):
+        def __init__(self) -> None:
+            self.said: list[str] = []
+
+        def note(self, text: str) -> None:
+            self.said.append(text)
+
+    monkeypatch.setattr(E, "READ_MAX", 2048)
+    monkeypatch.setattr(watch, "PROGRESS_S", 0.0)
+    hooks = Notes()
+    batched = RunAnalysis(None, {})
+    watch._analyse_the_rest(recorded, 0, batched, 0, hooks)
+    batched.close()
+    assert [f.to_json() for f in batched.findings] == [f.to_json() for f in whole.findings]
+    assert whole.findings and batched.translator.ops == whole.translator.ops
+    assert len(hooks.said) > 3 and all(
+        text.startswith("run 1: the program ended; analysing the events it left: ")
+        for text in hooks.said)
+    watch._analyse_the_rest(tmp_path / "never-written.jsonl", 0, batched, 0, hooks)
+
+
 def _importable(name: str) -> bool:
     return subprocess.run([sys.executable, "-c", f"import {name}"],
                           capture_output=True).returncode == 0

@@ -173,9 +173,9 @@ def analyse_children(folder: Path) -> list[Child]:
 
     out = []
     for path in sorted(folder.glob("child-*.jsonl")) if folder.is_dir() else ():
-        events, _ = E.read_events(path)
         analysis = RunAnalysis(None, {})
-        analysis.feed(events)
+        for events, _ in E.batches(path):
+            analysis.feed(events)
         analysis.close()
         hello = analysis.translator.hello
         pid, role = hello.get("pid"), str(hello.get("role") or "a Python child")

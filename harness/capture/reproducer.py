@@ -435,11 +435,12 @@ def watched_source(source: Path, children: bool = True) -> Watched | None:
         trace_path = folder / "trace.jsonl"
     elif isinstance(head := _first_line(source), list) and head[:1] == ["hello"]:
         from harness.capture.analysis import RunAnalysis
-        from harness.capture.events import iter_file
+        from harness.capture.events import batches
         trace_path = Path(tempfile.mkdtemp(prefix="gpurace-minimize-")) / "trace.jsonl"
         analysis = RunAnalysis(trace_path, {"scenario": _program_of(head),
                                             "variant": "watched"})
-        analysis.feed(list(iter_file(source)))
+        for events, _ in batches(source):
+            analysis.feed(events)
         analysis.close()
     elif is_op_trace(source) and isinstance(head, dict) and head.get("variant") == "watched":
         trace_path = source  # a scenario's trace is minimize's own: not loaded here

@@ -32,10 +32,11 @@ from harness.capture import amplify as A
 from harness.capture.analysis import RunAnalysis
 from harness.capture.children import analyse_children
 from harness.capture.forkserver import ForkServer
-from harness.capture.events import LOST, read_events
+from harness.capture.events import LOST, batches, read_events
 from harness.errors import CaptureFailed, NothingToCapture, TraceError, WatchError
 from harness.faults.writes import WriteFaults, WriteStop, reason
 from harness.gpu.nvml import health_snapshot
+from harness.limits import MiB
 from harness.run.incidents import Subject, build_report, write_report
 from harness.results.hooks import RunHooks
 from harness.results.outcome import Outcome, TrialResult, VariantResult
@@ -592,9 +593,7 @@ def _run_program(options: WatchOptions, events: Path, work: Path, analysis: RunA
             pump.join(timeout=2.0)
         log.close()
     duration = time.monotonic() - started
-    batch, offset = read_events(events, offset)
-    if batch:
-        analysis.feed(batch)
+    _analyse_the_rest(events, offset, analysis, index, hooks)
     code = proc.returncode
     status = None if code is None or code < 0 else code
     sig = -code if code is not None and code < 0 else None
@@ -607,6 +606,26 @@ def _run_program(options: WatchOptions, events: Path, work: Path, analysis: RunA
     return ProgramEnd(status, sig, exit_info.get("error"), exit_info.get("traceback"),
                       timed_out, duration, b"".join(tail).decode("utf-8", "replace")[-4000:],
                       log.events_lost, log.lost, launch_s), how
+
+
+def _analyse_the_rest(events: Path, offset: int, analysis: RunAnalysis, index: int,
+                      hooks: RunHooks) -> None:
+    """Feed ``analysis`` the events the program left after ``offset`` when it ended, a batch
+    at a time (a long run's may be gigabytes), saying how far it got every PROGRESS_S."""
+    try:
+        total = events.stat().st_size
+    except OSError:  # the program never started its capture
+        return
+    said = time.monotonic()
+    for batch, done in batches(events, offset):
+        if batch:
+            analysis.feed(batch)
+        now = time.monotonic()
+        if now - said >= PROGRESS_S:
+            said = now
+            hooks.note(f"run {index + 1}: the program ended; analysing the events it left: "
+                       f"{done / MiB:,.0f} of {total / MiB:,.0f} MiB, "
+                       f"{len(analysis.detector.findings_now)} race(s) so far")
 
 
 class _Log:
