@@ -9,6 +9,7 @@ of tests/real_programs (make test-gpu-real).
 from __future__ import annotations
 
 import json
+import re
 import os
 import subprocess
 from pathlib import Path
@@ -124,6 +125,7 @@ before = cap.before
 pending = before(cap.plans.setdefault(aten._to_copy.default, O.Plan(aten._to_copy.default)),
                  (host,), {"device": torch.device("cuda", 0), "non_blocking": True}, 0)
 cap.copied_pinned(pending)  # as dispatch does once the op went out
+cap.copied_pinned(pending)  # a second copy of the block on the stream: its event again
 print(json.dumps({"to_cuda": pending.event[:3] + [[s[2] for s in pending.event[3]]]}))
 # The same bytes handed out again by the host allocator: the host waited for the event
 # recorded after the copy, then the old owner is gone.
@@ -131,8 +133,10 @@ cap.pinned_again(host.untyped_storage().data_ptr(), "prog.py:9")
 sink.flush()
 edges = [json.loads(l) for l in buf.getvalue().splitlines()
          if l.startswith(('["record"', '["sync_event"', '["free"'))]
+said = [l for l in buf.getvalue().splitlines() if l.startswith('["event"')]
 print(json.dumps({"edges": [[e[0], e[1] if e[0] != "free" else e[3]["streams"]]
-                            + ([e[2]] if e[0] == "record" else []) for e in edges]}))
+                            + ([e[2]] if e[0] == "record" else []) for e in edges],
+                  "said": len(said)}))
 # The host's own work on pinned bytes stays the host's.
 cap.pinned[host.untyped_storage().data_ptr()] = {}
 pending = before(cap.plans.setdefault(aten.mul.Tensor, O.Plan(aten.mul.Tensor)),
@@ -197,8 +201,12 @@ def test_a_host_to_device_copy_is_a_stream_copy_and_failures_are_counted(tmp_pat
     done = _run_in_process(tmp_path, _OPS)
     got = [json.loads(line) for line in done.stdout.splitlines()]
     assert got[0] == {"to_cuda": ["op", 7, "copy_htod", [64]]}
-    assert got[1] == {"edges": [["record", "host-allocator-1", 7],
-                                ["sync_event", "host-allocator-1"], ["free", []]]}
+    # One event per block and stream, said once and recorded after each copy: the watching
+    # side keeps one per block, not one per copy.
+    event = got[1]["edges"][0][1]
+    assert re.fullmatch(r"host-allocator-[0-9a-f]+-7", event), got[1]
+    assert got[1] == {"edges": [["record", event, 7], ["record", event, 7],
+                                ["sync_event", event], ["free", []]], "said": 1}
     assert got[2] == {"host": ["op", None, "host_read"]}
     assert got[3] == {"zeros": ["op", 7, "kernel:zeros"], "empty": [7, None],
                       "pinned": [None, True]}

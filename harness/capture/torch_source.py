@@ -118,7 +118,7 @@ class _Capture:
         # Pinned base -> stream -> the event the host allocator's record stands for, recorded
         # after that stream's last copy from or into the block.
         self.pinned_events: dict[int, dict[int, str]] = {}
-        self.allocator_events = 0
+        self.allocator_events: set[str] = set()  # the host allocator's, said so far
         self.recorded: dict[int, set[int]] = {}  # device storage base -> record_stream sids
         self.devices: dict[Any, int | None] = {}  # a device= argument -> its CUDA index
         self.to_name: list[tuple[dict[str, Any], FrameType, int]] = []
@@ -444,10 +444,14 @@ class _Capture:
         again only once it completed. Said as an event recorded after the op."""
         assert pending.sid is not None
         for base in pending.pinned:
-            self.allocator_events += 1
-            eid = f"host-allocator-{self.allocator_events}"
-            self.emit(["event", eid, {"name": "of the pinned memory allocator", "site":
-                                      pending.site, "source": "torch"}])
+            # One event per block and stream, recorded again at each copy: the latest record
+            # on a stream covers the earlier ones there (a new event per copy would be one
+            # more for the watching side to keep at each copy of a long run).
+            eid = f"host-allocator-{base:x}-{pending.sid:x}"
+            if eid not in self.allocator_events:
+                self.allocator_events.add(eid)
+                self.emit(["event", eid, {"name": "of the pinned memory allocator", "site":
+                                          pending.site, "source": "torch"}])
             self.emit(["record", eid, pending.sid, pending.site])
             self.pinned_events.setdefault(base, {})[pending.sid] = eid
 
