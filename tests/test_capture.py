@@ -271,6 +271,58 @@ def test_after_the_program_ends_its_events_are_analysed_in_batches_with_progress
     watch._analyse_the_rest(tmp_path / "never-written.jsonl", 0, batched, 0, hooks)
 
 
+def _serving_steps(first: int, count: int) -> list[list[Any]]:
+    """A serving loop's steps, as a capture says them: a tensor made on the legacy stream,
+    read on a side stream after an event, the side stream's result read back after another,
+    the tensor freed, and the host waiting for the step (the events made once, reused)."""
+    side = 5
+    events: list[list[Any]] = []
+    for i in range(first, first + count):
+        meta = {"site": "serve.py:4", "op": "fill", "source": "torch", "t": i}
+        events += [
+            ["alloc", "d", 0x10000, 4096, {"what": "tensor float32[1024]", "site": "serve.py:3",
+                                            "source": "torch", "stream": 0}],
+            ["op", 0, "kernel:fill", [], [["d", 0x10000, 4096]], meta],
+            ["record", "ready", 0, "serve.py:5"], ["wait", "ready", side, "serve.py:6"],
+            ["op", side, "kernel:mul", [["d", 0x10000, 4096]], [["d", 0x20000, 4096]], meta],
+            ["record", "done", side, "serve.py:8"], ["wait", "done", 0, "serve.py:9"],
+            ["op", 0, "kernel:add", [["d", 0x20000, 4096]], [["d", 0x30000, 4096]], meta],
+            ["free", "d", 0x10000, {"site": "serve.py:11", "streams": [], "source": "torch"}],
+            ["sync_stream", 0, "serve.py:12"]]
+    return events
+
+
+def test_a_long_watched_run_keeps_no_more_state_for_each_step_it_adds():
+    """A serving loop watched for hours: what the watching side keeps must not grow with
+    every free it made (each tensor given back is remembered, to name a reused block's
+    first owner, only until the host has waited for all the streams, after which no access
+    made before can race one to come). 3,000 more steps must add under 128 KiB (measured:
+    59 KiB after 3,000 and after 6,000: the bounded lists of recent records and waits; 1 MB
+    when every free was kept)."""
+    import gc
+    import tracemalloc
+    analysis = RunAnalysis(None, {})
+    analysis.feed([["hello", {"schema": "gpurace.capture/1", "pid": 1}],
+                   ["stream", 0, {"blocking": False, "legacy": True}],
+                   ["stream", 5, {"blocking": True, "legacy": False}],
+                   ["event", "ready", {"site": "serve.py:1"}],
+                   ["event", "done", {"site": "serve.py:2"}],
+                   ["alloc", "d", 0x20000, 8192, {"what": "tensor float32[2048]"}]])
+    analysis.feed(_serving_steps(0, 300))
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for first in range(300, 3300, 500):
+            analysis.feed(_serving_steps(first, 500))
+        gc.collect()
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert analysis.translator.ops == 3300 * 3 and not analysis.findings
+    assert grown < 128 * 1024, f"{grown} bytes more after 3,000 more steps"
+
+
 def _importable(name: str) -> bool:
     return subprocess.run([sys.executable, "-c", f"import {name}"],
                           capture_output=True).returncode == 0

@@ -280,6 +280,11 @@ class RaceDetector:
             elif kind == "sync_device":
                 for name in list(self._clock):
                     _join(vc, self._clock[name])
+            if kind.startswith("sync_") and self._host_has_all(vc):
+                # Nothing done so far can race what is to come (every op is issued after
+                # the host's clock): who held freed bytes need not be named any more, and a
+                # long watched run would otherwise keep every free it made.
+                self._owners.forget_past()
         else:
             vc = self._tick(stream)
             _join(vc, self._clock[HOST])  # issued by the host after all it did before
@@ -316,6 +321,11 @@ class RaceDetector:
             self._access(source, epoch, vc, buf, off, length, False)
         for buf, off, length in writes:
             self._access(source, epoch, vc, buf, off, length, True)
+
+    def _host_has_all(self, host: dict[str, int]) -> bool:
+        """Whether the host's clock is past every stream's own: all they did is done."""
+        return all(host.get(name, 0) >= clock.get(name, 0)
+                   for name, clock in self._clock.items() if name != HOST)
 
     def _remember_wait(self, thread: str, seq: int, event: str, step: str | None,
                        done: bool) -> None:
