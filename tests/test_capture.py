@@ -323,6 +323,25 @@ def test_a_long_watched_run_keeps_no_more_state_for_each_step_it_adds():
     assert grown < 128 * 1024, f"{grown} bytes more after 3,000 more steps"
 
 
+def test_events_made_again_and_again_at_one_line_get_the_next_number():
+    """``wait_stream`` makes an event at every call, and CUDA hands back the same few
+    pointers: each new event made at one line is that line's next number, skipping a name
+    an event already has (``made at serve.py:9 #3``, given by the program)."""
+    named: list[str] = []
+    translator = Translator(lambda record: named.append(record.records) if record.records
+                            else None, lambda info: None, lambda info: None)
+    events: list[list[Any]] = [["stream", 0, {"legacy": True}],
+                               ["event", 77, {"name": "made at serve.py:9 #3"}],
+                               ["record", 77, 0, "serve.py:8"]]
+    for i in range(6):
+        events += [["event", 1000 + i % 2, {"site": "serve.py:9"}],
+                   ["record", 1000 + i % 2, 0, "serve.py:9"]]
+    translator.feed(events)
+    assert named == ["made at serve.py:9 #3", "made at serve.py:9", "made at serve.py:9 #2",
+                     "made at serve.py:9 #4", "made at serve.py:9 #5", "made at serve.py:9 #6",
+                     "made at serve.py:9 #7"]
+
+
 def _importable(name: str) -> bool:
     return subprocess.run([sys.executable, "-c", f"import {name}"],
                           capture_output=True).returncode == 0
