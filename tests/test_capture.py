@@ -323,23 +323,53 @@ def test_a_long_watched_run_keeps_no_more_state_for_each_step_it_adds():
     assert grown < 128 * 1024, f"{grown} bytes more after 3,000 more steps"
 
 
-def test_events_made_again_and_again_at_one_line_get_the_next_number():
+def test_an_event_handle_made_again_at_its_line_keeps_its_name():
     """``wait_stream`` makes an event at every call, and CUDA hands back the same few
-    pointers: each new event made at one line is that line's next number, skipping a name
-    an event already has (``made at serve.py:9 #3``, given by the program)."""
-    named: list[str] = []
-    translator = Translator(lambda record: named.append(record.records) if record.records
-                            else None, lambda info: None, lambda info: None)
+    handles: an event made again at the line that made it keeps its name (what is kept of
+    events stays one per handle), a new line's gets the next number free (skipping one the
+    program gave), and an event made again is waited for as never recorded until it is."""
+    said: list[tuple[str, str]] = []
+
+    def record(r: Any) -> None:
+        if r.records or r.waits:
+            said.append((r.kind, r.records or r.waits))
+
+    translator = Translator(record, lambda info: None, lambda info: None)
     events: list[list[Any]] = [["stream", 0, {"legacy": True}],
-                               ["event", 77, {"name": "made at serve.py:9 #3"}],
+                               ["event", 77, {"name": "made at serve.py:9 #2"}],
                                ["record", 77, 0, "serve.py:8"]]
-    for i in range(6):
+    for i in range(4):
         events += [["event", 1000 + i % 2, {"site": "serve.py:9"}],
                    ["record", 1000 + i % 2, 0, "serve.py:9"]]
+    events += [["event", 1000, {"site": "serve.py:9"}], ["wait", 1000, 0, "serve.py:10"],
+               ["sync_event", 1000, "serve.py:11"], ["record", 1000, 0, "serve.py:12"],
+               ["wait", 1000, 0, "serve.py:13"]]
     translator.feed(events)
-    assert named == ["made at serve.py:9 #3", "made at serve.py:9", "made at serve.py:9 #2",
-                     "made at serve.py:9 #4", "made at serve.py:9 #5", "made at serve.py:9 #6",
-                     "made at serve.py:9 #7"]
+    first, second = "made at serve.py:9", "made at serve.py:9 #3"
+    assert said == [("event_record", "made at serve.py:9 #2"),
+                    ("event_record", first), ("event_record", second),
+                    ("event_record", first), ("event_record", second),
+                    ("event_wait", "made at serve.py:9 #4"),
+                    ("sync_event", "made at serve.py:9 #4"),
+                    ("event_record", first), ("event_wait", first)]
+
+
+def test_a_wait_on_an_event_made_again_before_its_record_orders_nothing():
+    """The handle's earlier event was recorded after a write; the event made again with it
+    is waited for before it is recorded: CUDA takes it as complete, so the read races."""
+    events = _streams() + [
+        ["alloc", "d", 0x1000, 256, {"what": "tensor", "site": "p.py:1"}],
+        ["event", 9, {"site": "p.py:2"}],
+        ["op", S1, "kernel:fill", [], [["d", 0x1000, 256]], {"site": "p.py:3"}],
+        ["record", 9, S1, "p.py:4"], ["wait", 9, S2, "p.py:5"],
+        ["op", S2, "kernel:sum", [["d", 0x1000, 256]], [], {"site": "p.py:6"}],
+        ["record", 10, S2, "p.py:6"], ["wait", 10, S1, "p.py:6"],
+        ["event", 9, {"site": "p.py:2"}],
+        ["op", S1, "kernel:fill", [], [["d", 0x1000, 256]], {"site": "p.py:7"}],
+        ["wait", 9, S2, "p.py:8"],
+        ["op", S2, "kernel:sum", [["d", 0x1000, 256]], [], {"site": "p.py:9"}]]
+    found = _findings(events)
+    assert [(f["first"]["step"], f["second"]["step"]) for f in found] == [("p.py:7", "p.py:9")]
 
 
 def _importable(name: str) -> bool:

@@ -117,6 +117,9 @@ class Translator:
         self._stream_names = _Names(HOST)
         self._events: dict[Any, str] = {}
         self._event_names = _Names()
+        self._event_bases: dict[Any, str] = {}  # what each event's name was made from
+        # Events made again and not recorded since: the never-recorded name a wait takes.
+        self._unrecorded: dict[Any, str | None] = {}
         # Live allocations per space, sorted by start address.
         self._live: dict[str, ByteMap] = {E.DEVICE: ByteMap(), E.HOST: ByteMap()}
         # Bytes given back with events to wait for before they are handed out again.
@@ -187,7 +190,26 @@ class Translator:
         # Said as "event NAME" by the findings: "event made at serve.py:9", "event #2".
         base = meta.get("name") or (f"made at {meta['site']}" if meta.get("site")
                                     else f"#{len(self._events) + 1}")
+        if eid in self._events and self._event_bases.get(eid) == base:
+            # CUDA handed back a destroyed event's handle, made at the same line (wait_stream
+            # makes an event at every call): the name goes on, so that what is kept of
+            # events does not grow with a long run; until it is recorded, a wait on it has a
+            # name of its own with no record, as CUDA takes an event never recorded.
+            self._unrecorded[eid] = None
+            return
+        self._unrecorded.pop(eid, None)
         self._events[eid] = self._event_names.unique(base)
+        self._event_bases[eid] = base
+
+    def _waited(self, eid: Any) -> str:
+        """The name a wait on event ``eid`` waits for: its own, or, for an event made again
+        and not recorded since, one that was never recorded."""
+        if eid not in self._unrecorded:
+            return self._event_of(eid)
+        name = self._unrecorded[eid]
+        if name is None:
+            name = self._unrecorded[eid] = self._event_names.unique(self._event_bases[eid])
+        return name
 
     def _event_of(self, eid: Any) -> str:
         if eid not in self._events:
@@ -314,6 +336,7 @@ class Translator:
             graph.body.append(_Edge(True, eid, sid, site))
             return
         self._captured_events.pop(eid, None)
+        self._unrecorded.pop(eid, None)
         self._record_op(self._stream_of(sid), "event_record", records=self._event_of(eid),
                         step=site, detail={"site": site})
 
@@ -324,7 +347,7 @@ class Translator:
                 self._capture_on(sid, graph)
             graph.body.append(_Edge(False, eid, sid, site))
             return
-        self._record_op(self._stream_of(sid), "event_wait", waits=self._event_of(eid),
+        self._record_op(self._stream_of(sid), "event_wait", waits=self._waited(eid),
                         step=site, detail={"site": site})
 
     # ---- CUDA graphs -------------------------------------------------------------------------
@@ -383,11 +406,11 @@ class Translator:
         return key
 
     def _sync_event(self, eid: Any, site: str | None = None) -> None:
-        self._record_op(HOST, "sync_event", waits=self._event_of(eid), step=site,
+        self._record_op(HOST, "sync_event", waits=self._waited(eid), step=site,
                         detail={"site": site})
 
     def _query(self, eid: Any, done: bool, site: str | None = None) -> None:
-        self._record_op(HOST, "event_query", waits=self._event_of(eid), step=site,
+        self._record_op(HOST, "event_query", waits=self._waited(eid), step=site,
                         detail={"site": site, "done": bool(done)})
 
     def _sync_stream(self, sid: int, site: str | None = None) -> None:
