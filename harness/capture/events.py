@@ -140,12 +140,7 @@ class Sink:
         return cls(open(path, "a", encoding="utf-8", buffering=1 << 16))  # noqa: SIM115
 
     def emit(self, event: list[Any]) -> None:
-        line = _encode(event) + "\n"
-        with self._lock:  # (as _add, inline: a source emits at every op)
-            events = self._events
-            events.append(line)
-        if len(events) >= FLUSH_EVENTS:
-            self.flush()
+        self._add(_encode(event) + "\n")
 
     def hold(self, event: list[Any]) -> None:
         """Emit an event that its source may still change until the next flush."""

@@ -90,10 +90,8 @@ def program_frame(depth: int = 1) -> FrameType | None:
         frame: FrameType | None = sys._getframe(depth + 1)
     except ValueError:  # fewer frames than that
         return None
-    known = _known  # is_program_code, inline: a source walks a few frames at every op
     while frame is not None:
-        entry = known.get(id(frame.f_code))
-        if entry[1] if entry is not None else is_program_code(frame.f_code):
+        if is_program_code(frame.f_code):
             return frame
         frame = frame.f_back
     return None

@@ -257,20 +257,13 @@ class _Capture:
             self.guard.failed(f"the results of {func}", exc)
             if pending.event is not None and not emitted:
                 self.emit(pending.event)  # what the arguments said still holds
-        ns = t1 - t0 + perf_counter_ns() - t2 - pending.lent_ns
-        self.ops += 1  # (account, inline)
-        self.own_ns += ns
-        if ns > self.max_own_ns or ns > SLOW_NS:
-            self.account(ns, pending.site, plan.name, counted=True)
+        self.account(t1 - t0 + perf_counter_ns() - t2 - pending.lent_ns, pending.site,
+                     plan.name)
         return out
 
-    def account(self, ns: int, site: str | None, op: str | None = None,
-                counted: bool = False) -> None:
-        """Count an op on which the capture spent ``ns`` of its own (``counted``: in ops and
-        own_ns already), and keep the costliest."""
-        if not counted:
-            self.ops += 1
-            self.own_ns += ns
+    def account(self, ns: int, site: str | None, op: str | None = None) -> None:
+        self.ops += 1
+        self.own_ns += ns
         if ns > self.max_own_ns:
             self.max_own_ns, self.max_site = ns, site
         if ns > SLOW_NS and len(self.slow) < SLOWEST_KEPT:
