@@ -205,8 +205,3 @@ COUNT_MAX = (1 << 63) - 1
 """Any other integer of a trace (seq, times, ids, priorities): a signed 64-bit integer, as the
 tools that write them use."""
 
-# ---- the race detector ------------------------------------------------------------------------
-
-HISTORY_MAX_BLOCKS = 4096
-"""History blocks of one buffer in the race detector: blocks grow (in whole pages) with the
-buffer, so one access visits at most this many, however large the buffer a trace declares."""

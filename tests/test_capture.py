@@ -19,7 +19,7 @@ import pytest
 from harness.capture.analysis import RunAnalysis
 from harness.capture.events import Sink, read_events
 from harness.capture.translate import WINDOW, Translator
-from harness.races.detector import BLOCK, check_trace
+from harness.races.detector import check_trace
 from harness.traces.optrace import load_trace
 from tests.frameworks import python_with
 
@@ -200,8 +200,6 @@ def test_the_trace_reads_back_to_the_same_findings(tmp_path):
     checked = check_trace(trace.records)
     offline = [f.to_json() for f in checked.findings]
     assert online and offline == online
-    # Read back with the history blocks the watch used live, not ones sized by the window.
-    assert {b.block for b in checked._buffers.values()} == {BLOCK}
 
 
 def test_a_sink_writes_whole_lines_and_a_reader_leaves_a_torn_one(tmp_path):
@@ -271,10 +269,11 @@ def test_after_the_program_ends_its_events_are_analysed_in_batches_with_progress
     watch._analyse_the_rest(tmp_path / "never-written.jsonl", 0, batched, 0, hooks)
 
 
-def _serving_steps(first: int, count: int) -> list[list[Any]]:
+def _serving_steps(first: int, count: int, racy: bool = False) -> list[list[Any]]:
     """A serving loop's steps, as a capture says them: a tensor made on the legacy stream,
     read on a side stream after an event, the side stream's result read back after another,
-    the tensor freed, and the host waiting for the step (the events made once, reused)."""
+    the tensor freed, and the host waiting for the step (the events made once, reused).
+    ``racy``: the side stream reads without the first wait."""
     side = 5
     events: list[list[Any]] = []
     for i in range(first, first + count):
@@ -283,7 +282,8 @@ def _serving_steps(first: int, count: int) -> list[list[Any]]:
             ["alloc", "d", 0x10000, 4096, {"what": "tensor float32[1024]", "site": "serve.py:3",
                                             "source": "torch", "stream": 0}],
             ["op", 0, "kernel:fill", [], [["d", 0x10000, 4096]], meta],
-            ["record", "ready", 0, "serve.py:5"], ["wait", "ready", side, "serve.py:6"],
+            ["record", "ready", 0, "serve.py:5"],
+            *([] if racy else [["wait", "ready", side, "serve.py:6"]]),
             ["op", side, "kernel:mul", [["d", 0x10000, 4096]], [["d", 0x20000, 4096]], meta],
             ["record", "done", side, "serve.py:8"], ["wait", "done", 0, "serve.py:9"],
             ["op", 0, "kernel:add", [["d", 0x20000, 4096]], [["d", 0x30000, 4096]], meta],
@@ -292,34 +292,39 @@ def _serving_steps(first: int, count: int) -> list[list[Any]]:
     return events
 
 
-def test_a_long_watched_run_keeps_no_more_state_for_each_step_it_adds():
+@pytest.mark.parametrize("racy", [False, True], ids=["clean", "racy"])
+def test_a_long_watched_run_keeps_no_more_state_for_each_step_it_adds(racy: bool) -> None:
     """A serving loop watched for hours: what the watching side keeps must not grow with
     every free it made (each tensor given back is remembered, to name a reused block's
     first owner, only until the host has waited for all the streams, after which no access
-    made before can race one to come). 3,000 more steps must add under 128 KiB (measured:
-    59 KiB after 3,000 and after 6,000: the bounded lists of recent records and waits; 1 MB
-    when every free was kept)."""
+    made before can race one to come), nor, where the loop races at every step, with each
+    race (one finding, counted; not every racing op and pair). 3,000 more steps must add
+    under 128 KiB. Measured: 59,712 bytes clean and 54,392 racy (the bounded lists of
+    recent records and waits); 1 MB clean when every free was kept, 677 KB racy when every
+    racing op and pair was."""
     import gc
     import tracemalloc
     analysis = RunAnalysis(None, {})
     analysis.feed([["hello", {"schema": "gpurace.capture/1", "pid": 1}],
                    ["stream", 0, {"blocking": False, "legacy": True}],
-                   ["stream", 5, {"blocking": True, "legacy": False}],
+                   ["stream", 5, {"blocking": not racy, "legacy": False}],
                    ["event", "ready", {"site": "serve.py:1"}],
                    ["event", "done", {"site": "serve.py:2"}],
                    ["alloc", "d", 0x20000, 8192, {"what": "tensor float32[2048]"}]])
-    analysis.feed(_serving_steps(0, 300))
+    analysis.feed(_serving_steps(0, 300, racy))
+    analysis.findings  # noqa: B018 - the first race is found before the measure
     gc.collect()
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
         for first in range(300, 3300, 500):
-            analysis.feed(_serving_steps(first, 500))
+            analysis.feed(_serving_steps(first, 500, racy))
         gc.collect()
         grown = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()
-    assert analysis.translator.ops == 3300 * 3 and not analysis.findings
+    assert analysis.translator.ops == 3300 * 3
+    assert [f.count for f in analysis.findings] == ([3300] if racy else [])
     assert grown < 128 * 1024, f"{grown} bytes more after 3,000 more steps"
 
 

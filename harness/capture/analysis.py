@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from harness.capture.translate import Translator
-from harness.races.detector import BLOCK, Finding, RaceDetector
+from harness.races.detector import Finding, RaceDetector
 from harness.faults.writes import reason
 from harness.traces.lines import buffer_line, header_line, op_line, stream_line
 from kvcore.device.oplog import BufferInfo, OpRecord, StreamInfo
@@ -25,7 +25,8 @@ class RunAnalysis:
     """The detector and trace of one run of a watched program."""
 
     def __init__(self, trace: Path | None, header: dict[str, Any]) -> None:
-        self.detector = RaceDetector(remember=False)  # one long trial: nothing to remember
+        # One long trial: nothing to remember, and only its findings to keep.
+        self.detector = RaceDetector(remember=False, keep_racing=False)
         self.translator = Translator(self._record, self._buffer, self._stream)
         self.trace_path = trace
         self._lines: list[str] = []
@@ -44,11 +45,7 @@ class RunAnalysis:
             self._lines.append(op_line(record))
 
     def _buffer(self, info: BufferInfo) -> None:
-        # A window is an address range, not an allocation: its tensors are small and many,
-        # and a history block sized by the window's 4 GiB would hold hundreds of them, each
-        # access reading all of their pasts. Blocks of BLOCK bytes hold a few.
-        self.detector.buffer(info.id, info.name, info.space, info.role, 0, info.nbytes,
-                             block=BLOCK)
+        self.detector.buffer(info.id, info.name, info.space, info.role)
         self._lines.append(buffer_line(info, page_bytes=0))
 
     def _stream(self, info: StreamInfo) -> None:

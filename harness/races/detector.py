@@ -18,9 +18,9 @@ materialized again keeps its past: the old owner's in-flight write still conflic
 owner's. Two accesses conflict when their bytes overlap, at least one writes, and neither is
 ordered before the other. Of the accesses one thread (a stream, the host) made that conflict
 with an access and are not ordered before it, only the latest is reported: the edge that orders
-it orders all the rest. The history of a buffer is stored in blocks (its pages, or 64 KiB),
-grown in whole pages so that no buffer has more than ``HISTORY_MAX_BLOCKS``: the work of one
-access is bounded whatever size a trace declares.
+it orders all the rest. What a buffer's bytes remember is :mod:`harness.races.shadow`'s: ranges
+of the accesses a later one could still race, found by bisection, so that the work of one access
+does not grow with its bytes or the buffer's size.
 
 The detector works online (an op-log observer, during every trial) and offline over a recorded
 trace (``gpurace check``); both feed it the same JSON-shaped op records. Online it keeps the
@@ -36,26 +36,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from harness.limits import HISTORY_MAX_BLOCKS
-from harness.races.findings import _OWNER_KINDS, CAPTURED_MEMORY, HOST, Finding, OpRef, Owners
+from harness.races.findings import _OWNER_KINDS, HOST, Finding, OpRef, Owners
 from harness.races.memo import Memo, _declarations, _Moved
+from harness.races.shadow import Access, Race, Shadow
 from kvcore.device import Device, OpRecord
 from kvcore.device.oplog import Segment, expanded
-
-HISTORY = 4096
-"""Accesses remembered per block of a buffer (the oldest are forgotten first)."""
-BLOCK = 1 << 16
-"""Bytes per history block of a buffer that is not carved into pages (of a small buffer: a large
-one's blocks grow, see :func:`history_block`)."""
-
-
-def history_block(nbytes: int, page_bytes: int) -> int:
-    """Bytes per history block of a buffer: a page (or BLOCK), or as many whole pages as keep
-    the buffer within HISTORY_MAX_BLOCKS blocks."""
-    base = page_bytes or BLOCK
-    need = -(-nbytes // HISTORY_MAX_BLOCKS)
-    return base if need <= base else -(-need // base) * base
-
 
 WAITS_KEPT = 64
 """Waits remembered per stream (and records per event), to explain a wait that missed."""
@@ -82,7 +67,6 @@ class _Buffer:
     space: str
     role: str
     page_bytes: int
-    block: int  # bytes per history block (history_block)
 
 
 @dataclass
@@ -95,10 +79,14 @@ class RaceDetector:
     """Feed it op records (``observe`` for OpRecords, ``observe_json`` for trace records);
     ``findings`` lists the races, folded by the pair of ops that raced."""
 
-    def __init__(self, *, prune: bool = True, remember: bool = True) -> None:
+    def __init__(self, *, prune: bool = True, remember: bool = True,
+                 keep_racing: bool = True) -> None:
         self._device: Device | None = None
         self.prune = prune
         self.remember = remember  # reuse a remembered trial's analysis (see _analyse)
+        # Which ops raced (racing): a trial's are few, and its memo keeps them; a watched
+        # run of hours, one trial that races at every step, needs only its findings.
+        self.keep_racing = keep_racing or remember
         self._owners = Owners()
         self._buffers: dict[int, _Buffer] = {}
         self._streams: dict[str, _Stream] = {}
@@ -143,9 +131,11 @@ class RaceDetector:
         self._stale = False
         self._clock: dict[str, dict[str, int]] = defaultdict(dict)
         self._events: dict[str, dict[str, int]] = {}
-        # (buffer, block) -> accesses: (thread, epoch, lo, hi, write, source) tuples
-        self._history: dict[tuple[int, int], list[tuple[Any, ...]]] = {}
-        self._reported: set[tuple[int, int]] = set()
+        self._shadows: dict[int, Shadow] = {}  # by buffer: who touched which bytes
+        # The ops already reported racing the op being analysed (a pair meets again on other
+        # bytes of the same op: one finding). Only that op's: a long run keeps no more.
+        self._reporting = 0
+        self._reported: set[int] = set()
         self._waits: dict[str, list[_Wait]] = defaultdict(list)
         self._records: dict[str, list[_Record]] = defaultdict(list)
         # seq of a launched graph's node -> (the graph, the streams it was captured from and
@@ -177,17 +167,13 @@ class RaceDetector:
         log = device.oplog
         self._streams = {}  # by name, as the log has them now (a stream may have been renamed)
         for info in log.buffers.values():
-            self.buffer(info.id, info.name, info.space, info.role, log.page_bytes.get(info.id, 0),
-                        info.nbytes)
+            self.buffer(info.id, info.name, info.space, info.role, log.page_bytes.get(info.id, 0))
         for s in log.streams.values():
             self.stream(s.name, s.blocking, s.legacy)
 
-    def buffer(self, id: int, name: str, space: str, role: str, page_bytes: int = 0,
-               nbytes: int = 0, block: int | None = None) -> None:
-        """Declare a buffer; ``block``, its history's block in bytes, where the caller knows
-        better than its size does (:func:`history_block`)."""
-        self._buffers[id] = _Buffer(name, space, role, page_bytes,
-                                    block or history_block(nbytes, page_bytes))
+    def buffer(self, id: int, name: str, space: str, role: str, page_bytes: int = 0) -> None:
+        """Declare a buffer (``page_bytes``: its pages' size, to say a finding's page)."""
+        self._buffers[id] = _Buffer(name, space, role, page_bytes)
 
     def stream(self, name: str, blocking: bool, legacy: bool) -> None:
         self._streams[name] = _Stream(blocking, legacy)
@@ -282,9 +268,11 @@ class RaceDetector:
                     _join(vc, self._clock[name])
             if kind.startswith("sync_") and self._host_has_all(vc):
                 # Nothing done so far can race what is to come (every op is issued after
-                # the host's clock): who held freed bytes need not be named any more, and a
-                # long watched run would otherwise keep every free it made.
+                # the host's clock): who held freed bytes need not be named any more, and no
+                # past access is worth keeping. Kept, a long watched run would hold every
+                # free it made and every range its tensors were ever touched in.
                 self._owners.forget_past()
+                self._shadows.clear()
         else:
             vc = self._tick(stream)
             _join(vc, self._clock[HOST])  # issued by the host after all it did before
@@ -343,69 +331,30 @@ class RaceDetector:
             info = self._buffers.get(buf)
         if info is None or info.role != "data" or length <= 0:
             return  # oracle buffers (the generation mirror) are checking state, not under test
-        thread = source[1]
-        lo, hi = off, off + length
-        block = info.block
+        shadow = self._shadows.get(buf)
+        if shadow is None:
+            shadow = self._shadows[buf] = Shadow()
         # Of the unordered conflicting accesses of each other thread, only its latest is
         # reported: ordering this access after it orders it after all that thread did before
         # (program order), so the others add no edge to find and no fix to make.
-        latest: dict[str, tuple[Any, ...]] = {}
-        get_clock, prune = vc.get, self.prune
-        now = (thread, epoch, lo, hi, write, source)
-        for b in range(lo // block, (hi - 1) // block + 1):
-            key = (buf, b)
-            history = self._history.get(key)
-            if history is None:
-                self._history[key] = [now]
-                continue
-            kept = None  # a new list only once an entry is dropped: most accesses drop none
-            for i, past in enumerate(history):
-                p_lo, p_hi = past[2], past[3]
-                if p_lo >= hi or lo >= p_hi:
-                    if kept is not None:
-                        kept.append(past)
-                    continue  # other bytes: neither a race nor covered
-                p_thread, p_epoch, p_write = past[0], past[1], past[4]
-                ordered = p_thread == thread or p_epoch <= get_clock(p_thread, 0)
-                if not ordered and (write or p_write):
-                    seen = latest.get(p_thread)
-                    if seen is None or seen[1] < p_epoch:
-                        latest[p_thread] = past
-                # An access ordered after a past one stands for it on the bytes they share
-                # from now on, if it is a write or the past one was a read: whatever would race
-                # the past access there races this one too (an op issued later cannot be ordered
-                # before it). A read cannot stand for a write: a later read would race only the
-                # write. The past access keeps the bytes outside this one, so a block's history
-                # stays near one entry per range its tensors last used, however they were split.
-                if prune and ordered and (write or not p_write):
-                    if kept is None:
-                        kept = history[:i]
-                    if p_lo < lo:
-                        kept.append((*past[:2], p_lo, lo, *past[4:]))
-                    if hi < p_hi:
-                        kept.append((*past[:2], hi, p_hi, *past[4:]))
-                elif kept is not None:
-                    kept.append(past)
-            if kept is None:
-                kept = history
-            kept.append(now)
-            if len(kept) > HISTORY:
-                del kept[: len(kept) - HISTORY]
-            self._history[key] = kept
-        for past in latest.values():
-            self._report(buf, info, info.page_bytes, past, now)
+        races: dict[str, Race] = {}
+        now = Access(source[1], epoch, off, off + length, write, source)
+        shadow.access(now, vc.get, self.prune, races)
+        for race in races.values():
+            self._report(buf, info, race, now)
 
     # ---- findings ------------------------------------------------------------------------------
-    def _report(self, buf: int, info: _Buffer, page_bytes: int, past: tuple[Any, ...],
-                now: tuple[Any, ...]) -> None:
+    def _report(self, buf: int, info: _Buffer, race: Race, now: Access) -> None:
+        past, start = race
         first, second = _ref(past), _ref(now)
-        pair = (first.seq, second.seq)
-        self._racing.add(second.seq)
-        if pair in self._reported:
-            return  # the same two ops met again in another block
-        self._reported.add(pair)
-        start = max(past[2], now[2])
-        page = start // page_bytes if page_bytes else None
+        if self.keep_racing:
+            self._racing.add(second.seq)
+        if second.seq != self._reporting:
+            self._reporting, self._reported = second.seq, set()
+        elif first.seq in self._reported:
+            return  # the same two ops met again on other bytes
+        self._reported.add(first.seq)
+        page = start // info.page_bytes if info.page_bytes else None
         finding = Finding(info.name, info.space, page, first, second)
         folded = self._folded.get(finding.key)
         if folded is not None:
@@ -413,8 +362,8 @@ class RaceDetector:
             return
         self._name_bytes(finding, buf, start)
         finding.event_note = self._in_graph(first, second) \
-            or self._explain_wait(past[0], past[1], first, second) \
-            or self._wrong_stream(past[0], past[1], first, second) \
+            or self._explain_wait(past.thread, past.epoch, first, second) \
+            or self._wrong_stream(past.thread, past.epoch, first, second) \
             or self._graph_stream(first, second)
         finding.legacy_note = self._legacy_note(first.stream, second.stream)
         legacy = self._streams.get(first.stream)
@@ -570,7 +519,8 @@ class RaceDetector:
 
     @property
     def racing(self) -> set[int]:
-        """The sequence numbers of the ops that raced some earlier op."""
+        """The sequence numbers of the ops that raced some earlier op (none kept unless
+        ``keep_racing``)."""
         self._analyse()
         if self._racing_moved is not None:  # a remembered trial's, numbered for this one
             racing, by = self._racing_moved
@@ -579,10 +529,11 @@ class RaceDetector:
 
 
 
-def _ref(access: tuple[Any, ...]) -> OpRef:
-    """The OpRef of a history entry (thread, epoch, lo, hi, write, source)."""
-    _, _, lo, hi, write, (seq, stream, kind, step, site, origin) = access
-    return OpRef(seq, stream, kind, step, site, write, lo, hi - lo, origin)
+def _ref(access: Access) -> OpRef:
+    """The OpRef of a remembered access."""
+    seq, stream, kind, step, site, origin = access.source
+    return OpRef(seq, stream, kind, step, site, access.write, access.lo,
+                 access.hi - access.lo, origin)
 
 
 def _join(into: dict[str, int], other: dict[str, int]) -> None:
@@ -597,13 +548,8 @@ def check_trace(records: Iterable[dict[str, Any]]) -> RaceDetector:
     for record in records:
         kind = record.get("type")
         if kind == "buffer":
-            name = str(record["name"])
-            # A watched run's memory is address windows, not allocations: blocks of BLOCK
-            # bytes, as the watch analysed it live (harness.capture.analysis).
-            detector.buffer(int(record["id"]), name, str(record["space"]),
-                            str(record.get("role", "data")), int(record.get("page_bytes", 0)),
-                            int(record["nbytes"]),
-                            block=BLOCK if name in CAPTURED_MEMORY else None)
+            detector.buffer(int(record["id"]), str(record["name"]), str(record["space"]),
+                            str(record.get("role", "data")), int(record.get("page_bytes", 0)))
         elif kind == "stream":
             detector.stream(str(record["name"]), bool(record["blocking"]),
                             bool(record["legacy"]))
