@@ -147,6 +147,9 @@ TIMEOUT_MAX_S = 86_400.0
 """Seconds a trial may take (``spec.timeout``, and ``--timeout``): a day. The watchdog's wait
 overflows past 2,147,483 s."""
 
+DISK_MAX_MB = 1 << 30
+"""`gpurace watch --disk-mb`: a petabyte, past any disk (0 already means no limit)."""
+
 DELAY_MAX_US = 10_000_000.0
 """Microseconds of a delay (``amplify.delay_us``, each ``sweep`` entry, a ``delay`` step other
 than ``.inf``): 10 s. A race window is microseconds wide; 1 ms amplifies every shipped race."""

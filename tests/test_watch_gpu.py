@@ -243,3 +243,50 @@ def test_runs_forked_from_the_fork_server_are_runs_of_the_program(name, tmp_path
     print(f"\n{name}: a run, start-up included: fresh {sum(fresh) / len(fresh):.2f} s (mean of "
           f"six), forked {sum(forked) / len(forked):.2f} s (mean of four; the server's start "
           f"{server:.2f} s, once)")
+
+
+_SOAK = """
+import torch
+side = torch.cuda.Stream()
+pinned = torch.zeros(1 << 16, pin_memory=True)
+total = 0.0
+for step in range(30_000):
+    x = torch.full((1024,), float(step), device="cuda")
+    y = x * 2 + 1
+    if step == 20_000:  # once: the side stream reads x with no wait for the fill
+        with torch.cuda.stream(side):
+            z = x.sum()
+        torch.cuda.synchronize()
+    total += float(y[0])  # .item(): the host waits for the stream, every step
+print("answer", total)
+"""
+
+
+def test_a_long_run_stays_within_its_disk_and_keeps_the_race(tmp_path):
+    """A 30,000-step loop under --disk-mb 4: the events analysed are given back to the disk,
+    the trace begins anew at quiet points, and the part with the one race is kept and checks
+    to that race on its own."""
+    prog = _program(tmp_path, _SOAK)
+    done = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "watch", "--format", "json", "--disk-mb", "4",
+         "--out", str(tmp_path / "out"), "--", sys.executable, str(prog)],
+        capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=900)
+    doc = json.loads(done.stdout)
+    result, run = doc["results"][0], doc["watch"]["runs"][0]
+    assert done.returncode == 1 and result["detected"] == 1, done.stderr[-2000:]
+    [finding] = result["findings"]
+    assert finding["second"]["stream"] != finding["first"]["stream"]
+    notes = " ".join(doc["watch_notes"])
+    assert "kept within --disk-mb 4" in notes and "trace-part-" in notes, notes
+    events = Path(run["events"])
+    assert events.stat().st_blocks * 512 < events.stat().st_size // 2  # given back
+    [trace] = result["traces"]
+    assert "trace-part-" in trace
+    checked = subprocess.run([sys.executable, "-m", "harness.cli", "check", trace],
+                             capture_output=True, text=True, cwd=ROOT,
+                             env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert checked.returncode == 1 and "1 race" in checked.stdout, checked.stdout[-2000:]
+    print(f"\nsoak: {run['ops']:,} ops, events {events.stat().st_size / 2**20:.1f} MiB "
+          f"({events.stat().st_blocks * 512 / 2**20:.1f} MiB on disk), "
+          f"{len(list(Path(run['trace']).parent.glob('trace*.jsonl')))} trace file(s)")

@@ -4,6 +4,13 @@ The watching process feeds a run's events here as the program makes them (:meth:
 translator turns them into op records, which go to the race detector and, line by line, to the
 run's ``trace.jsonl``, written by the flight recorder's writer (:mod:`harness.traces.lines`), so
 `gpurace check` on it finds what the online detector found.
+
+A run of hours would write a trace of hundreds of gigabytes. Given ``part_bytes``, the trace
+begins anew once it is over that size, at the next *quiet point*: a host wait after which no
+access made before can race one made after (the detector forgets them there). The new part
+starts with the buffers, streams and live allocations so far, so every race to come is whole
+in it. An earlier part is kept beside it (``trace-part-NNN.jsonl``) only if a race was found
+in it, the first :data:`PARTS_KEPT` such parts.
 """
 
 from __future__ import annotations
@@ -17,45 +24,84 @@ from typing import Any, TextIO
 from harness.capture.translate import Translator
 from harness.races.detector import Finding, RaceDetector
 from harness.faults.writes import reason
-from harness.traces.lines import buffer_line, header_line, op_line, stream_line
-from kvcore.device.oplog import BufferInfo, OpRecord, StreamInfo
+from harness.traces.lines import buffer_line, header_line, label_line, op_line, stream_line
+from kvcore.device.oplog import HOST, BufferInfo, OpRecord, StreamInfo
+
+PARTS_KEPT = 3
+"""Earlier parts of a long run's trace kept for the races found in them (the first ones)."""
 
 
 class RunAnalysis:
     """The detector and trace of one run of a watched program."""
 
-    def __init__(self, trace: Path | None, header: dict[str, Any]) -> None:
+    def __init__(self, trace: Path | None, header: dict[str, Any], *,
+                 part_bytes: int = 0) -> None:
+        """``part_bytes``: the size past which the trace begins anew at the next quiet point
+        (0: one trace, however long)."""
         # One long trial: nothing to remember, and only its findings to keep.
         self.detector = RaceDetector(remember=False, keep_racing=False)
         self.translator = Translator(self._record, self._buffer, self._stream)
         self.trace_path = trace
-        self._lines: list[str] = []
+        self.part_bytes = part_bytes
+        self._header = header
+        self._lines: list[str] = []  # trace lines not written yet
+        self._declared: list[str] = []  # every buffer and stream line: a part begins with them
+        self._size = 0  # bytes of the trace's current part, written or held
+        self._part = 1
+        self._found = 0  # races found (each counted) when the current part began
+        self.parts_kept: list[Path] = []  # earlier parts, each holding a race
+        self.parts_dropped = 0  # earlier parts removed
         self._trace: TextIO | None = None
         self.lost = ""  # why the trace could not be written (it is then not kept), or ""
         if trace is not None:
-            try:
-                self._trace = open(trace, "w", encoding="utf-8")  # noqa: SIM115
-                self._trace.write(header_line(header) + "\n")
-            except OSError as exc:
-                self._drop(exc)
+            self._open()
+
+    def _open(self) -> None:
+        """Begin the trace's current part: its header; after the first, the buffers and
+        streams declared so far and the allocations live now."""
+        assert self.trace_path is not None
+        lines = [header_line(self._header)]
+        if self._part > 1:
+            lines = [header_line(self._header, part=self._part), *self._declared,
+                     *map(label_line, self.translator.owners())]
+        text = "\n".join(lines) + "\n"
+        try:
+            self._trace = open(self.trace_path, "w", encoding="utf-8")  # noqa: SIM115
+            self._trace.write(text)
+        except OSError as exc:
+            self._drop(exc)
+        self._size = len(text)
 
     def _record(self, record: OpRecord) -> None:
         self.detector.observe(record)
         if self._trace is not None:
-            self._lines.append(op_line(record))
+            line = op_line(record)
+            self._lines.append(line)
+            self._size += len(line) + 1
+            if self.part_bytes and self._size > self.part_bytes and record.stream == HOST \
+                    and record.kind.startswith("sync_"):
+                self._next_part(record.seq)
 
     def _buffer(self, info: BufferInfo) -> None:
         self.detector.buffer(info.id, info.name, info.space, info.role)
-        self._lines.append(buffer_line(info, page_bytes=0))
+        self._declare(buffer_line(info, page_bytes=0))
 
     def _stream(self, info: StreamInfo) -> None:
         self.detector.stream(info.name, info.blocking, info.legacy)
-        self._lines.append(stream_line(info))
+        self._declare(stream_line(info))
+
+    def _declare(self, line: str) -> None:
+        self._declared.append(line)
+        self._lines.append(line)
+        self._size += len(line) + 1
 
     def feed(self, events: list[list[Any]]) -> None:
         """Translate and analyse ``events``; the trace gets their records."""
         self.translator.feed(events)
         self.detector.findings  # noqa: B018 - analyse now, while the program runs
+        self._write_held()
+
+    def _write_held(self) -> None:
         if self._trace is not None and self._lines:
             try:
                 self._trace.write("\n".join(self._lines) + "\n")
@@ -63,6 +109,33 @@ class RunAnalysis:
             except OSError as exc:
                 self._drop(exc)
         self._lines.clear()
+
+    def _next_part(self, seq: int) -> None:
+        """End the trace's part at op ``seq``, a host wait, if it is a quiet point."""
+        detector = self.detector
+        detector.findings  # noqa: B018 - analysed up to this op
+        if detector.quiet_seq != seq:
+            return  # a stream may still be running: the next wait may do
+        found = sum(finding.count for finding in detector.findings_now)
+        self._write_held()
+        trace, path = self._trace, self.trace_path
+        if trace is None or path is None:
+            return
+        self._trace = None
+        try:
+            trace.close()
+            if found > self._found and len(self.parts_kept) < PARTS_KEPT:
+                kept = path.with_name(f"{path.stem}-part-{self._part:03d}{path.suffix}")
+                os.replace(path, kept)
+                self.parts_kept.append(kept)
+            else:
+                self.parts_dropped += 1  # the next part takes its file
+        except OSError as exc:
+            self._drop(exc)
+            return
+        self._found = found
+        self._part += 1
+        self._open()
 
     def _drop(self, exc: OSError) -> None:
         """The disk will not take the trace: the analysis goes on online, the trace is
@@ -83,6 +156,7 @@ class RunAnalysis:
 
     def close(self) -> None:
         self.translator.finish()
+        self._write_held()
         if self._trace is not None:
             try:
                 self._trace.close()

@@ -61,6 +61,7 @@ newer source's extra detail does not break an older gpurace.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import sys
@@ -203,6 +204,9 @@ def read_events(path: Path, offset: int = 0, limit: int | None = None
     with open(path, "rb") as f:
         f.seek(offset)
         data = f.read(limit)
+        skip = len(data) - len(data.lstrip(b"\0"))
+        if skip:  # bytes given back once read (give_back): the lines after them come next
+            return [], offset + skip
         end = data.rfind(b"\n") + 1
         while end == 0 and len(data) >= limit:  # no line's end yet: the line is that long
             more = f.read(limit)
@@ -215,6 +219,27 @@ def read_events(path: Path, offset: int = 0, limit: int | None = None
         if line.strip():
             events.append(json.loads(line))
     return events, offset + end
+
+
+_PUNCH_HOLE = 0x03  # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
+
+
+def give_back(path: Path, upto: int) -> bool:
+    """Give the disk back the first ``upto`` bytes of a capture file, read already (``upto``
+    at a line's end). A hole is punched in place: the program appending to the file and the
+    offsets taken in it stay as they are, and a reader finds zeros there, which it skips.
+    Linux only, on a file system that has holes; whether it was done."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fallocate = libc.fallocate
+    except (OSError, AttributeError):
+        return False
+    fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    try:
+        with open(path, "r+b") as f:
+            return fallocate(f.fileno(), _PUNCH_HOLE, 0, upto) == 0
+    except OSError:
+        return False
 
 
 def batches(path: Path, offset: int = 0) -> Iterator[tuple[list[list[Any]], int]]:

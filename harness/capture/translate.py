@@ -27,7 +27,7 @@ a host wait on each, before the new owner exists.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -35,7 +35,7 @@ from harness.capture import events as E
 from harness.races.findings import DEVICE_MEMORY, PINNED_MEMORY
 from harness.races.kinds import GRAPH_BRANCH
 from kvcore.bytemap import ByteMap
-from kvcore.device.oplog import HOST, Access, BufferInfo, OpRecord, StreamInfo
+from kvcore.device.oplog import HOST, Access, BufferInfo, Label, OpRecord, StreamInfo
 
 WINDOW = 1 << 32
 """Bytes of one op-log buffer of a captured memory space (a program's allocations are placed
@@ -272,6 +272,13 @@ class Translator:
             if stream is not None:
                 detail["stream"] = stream
             self._record_op(HOST, "alloc", step=meta.get("site"), detail=detail)
+
+    def owners(self) -> Iterator[Label]:
+        """The memory handed out and not given back, now, by buffer (window) and name."""
+        for space, live in self._live.items():
+            for span in live:
+                for access in self._accesses([[space, span.lo, span.hi - span.lo]]):
+                    yield Label(access.buffer, access.offset, access.length, span.value.name)
 
     def _free(self, space: str, addr: int, meta: dict[str, Any] | None = None) -> None:
         if self._capturing:

@@ -32,7 +32,7 @@ from harness.capture import amplify as A
 from harness.capture.analysis import RunAnalysis
 from harness.capture.children import analyse_children
 from harness.capture.forkserver import ForkServer
-from harness.capture.events import LOST, batches, read_events
+from harness.capture.events import LOST, batches, give_back, read_events
 from harness.errors import CaptureFailed, NothingToCapture, TraceError, WatchError
 from harness.faults.writes import WriteFaults, WriteStop, reason
 from harness.gpu.nvml import health_snapshot
@@ -136,6 +136,7 @@ class WatchOptions:
     fails_when: str | None = None  # a regex over the program's output that means it failed
     fresh: bool = False  # every run a fresh interpreter: no fork server after the first
     sweep: tuple[float, ...] = ()  # map each plan's window: its runs at each of these delays
+    disk_mb: int = 4096  # about the most disk a run's events and trace take; 0: no limit
 
     @property
     def amplifying(self) -> bool:
@@ -157,6 +158,7 @@ class ProgramEnd:
     log_lost: str = ""  # why its program.log could not be written, or ""
     launch_s: float = 0.0  # of that, the launch: a spawn, or a fork (and, for the run that
     # started the fork server, the server's start: its imports)
+    events_given_back: int = 0  # bytes of the events file given back to the disk once read
 
 
 def watch(options: WatchOptions, hooks: RunHooks | None = None) -> WatchResult:
@@ -371,9 +373,12 @@ def _one_run(options: WatchOptions, folder: Path, index: int, hooks: RunHooks,
     except OSError as exc:  # no events file, no capture: the watch ends with what it has
         faults.failed("capture events", events_path, exc, fatal=True)
     trace_path = work / "trace.jsonl"
+    # Of --disk-mb, half for the events (given back once read), half for the trace: its
+    # current part and the earlier ones kept (PARTS_KEPT), each of an eighth.
     analysis = RunAnalysis(trace_path, {"scenario": program.name, "path": program.target,
                                         "variant": "watched", "backend": "cuda",
-                                        "trial": index, "seed": 0})
+                                        "trial": index, "seed": 0},
+                           part_bytes=options.disk_mb * MiB // 8)
     end, how = _run_program(options, events_path, work, analysis, index, hooks, delays,
                             launcher)
     launcher.learn(analysis.translator.hello.get("sources", {}),
@@ -386,8 +391,13 @@ def _one_run(options: WatchOptions, folder: Path, index: int, hooks: RunHooks,
                      "what the program did after that was not watched")
     if end.log_lost:
         faults.failed("program log", work / "program.log", end.log_lost)
-    if analysis.lost:
-        faults.failed("trace", trace_path, analysis.lost)
+    parts, kept = analysis.parts_dropped + len(analysis.parts_kept), analysis.parts_kept
+    if end.events_given_back or parts:
+        notes.append(f"run {index + 1}: kept within --disk-mb {options.disk_mb}: "
+                     f"{end.events_given_back / MiB:,.0f} MiB of events.jsonl given back once "
+                     f"analysed, the trace begun anew at {parts} quiet point(s)"
+                     + (f", the parts that held races kept: {', '.join(p.name for p in kept)}"
+                        if kept else ""))
     translator = analysis.translator
     findings = [f.to_json() for f in analysis.findings]
     children = analyse_children(work / "children")
@@ -408,7 +418,8 @@ def _one_run(options: WatchOptions, folder: Path, index: int, hooks: RunHooks,
     trial = TrialResult(index=index, seed=0, outcome=outcome, detail=detail,
                         cuda_error=cuda_error, duration_s=end.duration_s,
                         race=bool(findings), worker_pid=translator.hello.get("pid"),
-                        trace=None if analysis.lost else str(trace_path),
+                        trace=None if analysis.lost else str(
+                            analysis.parts_kept[0] if analysis.parts_kept else trace_path),
                         ops_total=translator.seq,
                         findings=findings)
     if not translator.hello and not end.timed_out:
@@ -562,7 +573,8 @@ def _run_program(options: WatchOptions, events: Path, work: Path, analysis: RunA
                               daemon=True)]
     for pump in pumps:
         pump.start()
-    offset = 0
+    offset = given = 0
+    keep = options.disk_mb * MiB // 2
     timed_out = False
     said = started
     try:
@@ -575,6 +587,8 @@ def _run_program(options: WatchOptions, events: Path, work: Path, analysis: RunA
             batch, offset = read_events(events, offset)
             if batch:
                 analysis.feed(batch)
+            if keep and offset - given > keep:  # analysed: the disk may have it back
+                given, keep = (offset, keep) if give_back(events, offset) else (given, 0)
             now = time.monotonic()
             if now - said >= PROGRESS_S:
                 said = now
@@ -605,7 +619,7 @@ def _run_program(options: WatchOptions, events: Path, work: Path, analysis: RunA
             pipe.close()
     return ProgramEnd(status, sig, exit_info.get("error"), exit_info.get("traceback"),
                       timed_out, duration, b"".join(tail).decode("utf-8", "replace")[-4000:],
-                      log.events_lost, log.lost, launch_s), how
+                      log.events_lost, log.lost, launch_s, given), how
 
 
 def _analyse_the_rest(events: Path, offset: int, analysis: RunAnalysis, index: int,

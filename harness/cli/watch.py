@@ -14,7 +14,7 @@ from typing import Any
 import click
 from rich.markup import escape
 
-from harness.limits import DELAY_MAX_US, TIMEOUT_MAX_S, TRIALS_MAX
+from harness.limits import DELAY_MAX_US, DISK_MAX_MB, TIMEOUT_MAX_S, TRIALS_MAX
 from harness.results.hooks import RunHooks
 from harness.results.outcome import TrialResult, VariantResult
 from harness.results.watched import AmplifiedPlan, WatchResult
@@ -70,10 +70,17 @@ from harness.words import counted
               help="A run whose output (stdout or stderr) matches this regular expression "
                    "gave a wrong answer (corruption), whatever its exit status; otherwise a run "
                    "failed when it exited non-zero, raised, died or hung.")
+@click.option("--disk-mb", type=click.IntRange(min=0, max=DISK_MAX_MB), default=4096,
+              show_default=True, metavar="MB",
+              help="About the most disk a run's events and op trace take (0: no limit). Past "
+                   "it, the events already analysed are given back to the disk, and the trace "
+                   "begins anew where no earlier access can race a later one (a host wait "
+                   "for every stream), keeping the first parts that held a race. A soak of "
+                   "hours writes tens of megabytes a second.")
 def watch_cmd(command: Sequence[str], runs: int, timeout_s: float, sources: str,
               out_dir: Path, junit: Path | None, fmt: str, amplify: tuple[str, ...],
               delay_us: float, trials: int, sweep: bool, sweep_us: str, fresh: bool,
-              fails_when: str | None) -> None:
+              fails_when: str | None, disk_mb: int) -> None:
     """Run your own PyTorch or CuPy program and find its stream races on the first run.
 
     \b
@@ -127,7 +134,7 @@ def watch_cmd(command: Sequence[str], runs: int, timeout_s: float, sources: str,
                                     quiet_program=fmt == "json", amplify_auto=auto,
                                     delays=delays, delay_us=delay_us, trials=trials,
                                     fails_when=fails_when, sweep=sweep_delays,
-                                    fresh=fresh), hooks)
+                                    fresh=fresh, disk_mb=disk_mb), hooks)
     finally:
         signal.signal(signal.SIGTERM, previous)
     result = write_and_show(result, junit, fmt, show=_print_watch_summary)

@@ -132,6 +132,9 @@ class RaceDetector:
         self._clock: dict[str, dict[str, int]] = defaultdict(dict)
         self._events: dict[str, dict[str, int]] = {}
         self._shadows: dict[int, Shadow] = {}  # by buffer: who touched which bytes
+        # The last host wait after which nothing before could race what came after: a trace
+        # may begin anew there (harness.capture.analysis) and still hold every race to come.
+        self.quiet_seq = 0
         # The ops already reported racing the op being analysed (a pair meets again on other
         # bytes of the same op: one finding). Only that op's: a long run keeps no more.
         self._reporting = 0
@@ -273,6 +276,7 @@ class RaceDetector:
                 # free it made and every range its tensors were ever touched in.
                 self._owners.forget_past()
                 self._shadows.clear()
+                self.quiet_seq = seq
         else:
             vc = self._tick(stream)
             _join(vc, self._clock[HOST])  # issued by the host after all it did before

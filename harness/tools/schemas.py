@@ -369,6 +369,8 @@ def trace_record_schema() -> Schema:
         "poison": described(BOOLEAN, "released pages were poisoned (--poison)"),
         "trial": integer(0, L.SEED_MAX), "seed": integer(0, L.SEED_MAX),
         "pid": integer(0, L.SEED_MAX),
+        "part": described(integer(0, L.SEED_MAX), "a watched run's trace begun anew at a quiet "
+                                                  "point: its part (the first has none)"),
     }, ["type", "schema"])
     buffer = closed({
         "type": const("buffer"), "id": integer(0, L.COUNT_MAX), "name": TEXT,

@@ -50,7 +50,7 @@ _SCHEMA_FAMILY = "gpurace.trace/"
 
 # The header says where the trial came from: enough for `gpurace minimize` to run it again.
 _HEADER_KEYS = ("type", "schema", "level", "scenario", "path", "variant", "backend", "defects",
-                "run_seed", "delay_us", "amplify", "poison", "trial", "seed", "pid")
+                "run_seed", "delay_us", "amplify", "poison", "trial", "seed", "pid", "part")
 _BUFFER_KEYS = ("type", "id", "name", "space", "nbytes", "role", "page_bytes")
 _STREAM_KEYS = ("type", "name", "blocking", "legacy", "priority")
 _LABEL_KEYS = ("type", "buffer", "offset", "length", "name")
@@ -270,7 +270,7 @@ class _Parser(LineParser):
             raise self.fail("level", f'must be "ops", not {show(record["level"])}')
         for key in ("scenario", "path", "variant", "backend"):
             self.optional_string(record, key)
-        for key in ("trial", "seed", "pid"):
+        for key in ("trial", "seed", "pid", "part"):
             if key in record:
                 self.integer(record, key, minimum=0, maximum=L.SEED_MAX)
         if "run_seed" in record:
