@@ -383,3 +383,29 @@ def test_a_run_folder_made_again_under_its_name_is_not_the_runs(tmp_path):
     again = folder.path.stat()
     reused = RunFolder(folder.path, folder.run_id, (again.st_dev, again.st_ino))
     assert reused.gone() and folder.gone()
+
+
+def test_a_watched_runs_trace_that_the_disk_refuses_is_a_write_error(tmp_path, monkeypatch):
+    """The trace of a watched run that cannot be written (here /dev/full under its name) is
+    dropped, the analysis goes on online, and the run says it among its write errors, exit 4.
+    Needs an interpreter with PyTorch for the program (GPURACE_TEST_PYTHON); CI skips it."""
+    from harness.capture import watch as watchmod
+    from harness.results.exitcodes import ExitCode
+    from tests.frameworks import python_with
+
+    python = python_with("torch")
+    if python is None:
+        pytest.skip("no interpreter with PyTorch here (GPURACE_TEST_PYTHON)")
+    made = watchmod.RunAnalysis
+
+    def analysis_into_a_full_disk(trace, header, **kwargs):
+        trace.symlink_to("/dev/full")
+        return made(trace, header, **kwargs)
+
+    monkeypatch.setattr(watchmod, "RunAnalysis", analysis_into_a_full_disk)
+    (tmp_path / "prog.py").write_text("import torch\nprint(float(torch.ones(3).sum()))\n")
+    program = watchmod.parse_command([python, str(tmp_path / "prog.py")])
+    result = watchmod.watch(watchmod.WatchOptions(program, out_dir=tmp_path / "out"))
+    assert result.exit_code is ExitCode.WRITE_FAILED
+    assert [f.what for f in result.write_errors] == ["trace"]
+    assert result.results[0].outcomes()["clean"] == 1 and result.results[0].detected == 0

@@ -391,6 +391,8 @@ def _one_run(options: WatchOptions, folder: Path, index: int, hooks: RunHooks,
                      "what the program did after that was not watched")
     if end.log_lost:
         faults.failed("program log", work / "program.log", end.log_lost)
+    if analysis.lost:
+        faults.failed("trace", trace_path, analysis.lost)
     parts, kept = analysis.parts_dropped + len(analysis.parts_kept), analysis.parts_kept
     if end.events_given_back or parts:
         notes.append(f"run {index + 1}: kept within --disk-mb {options.disk_mb}: "
@@ -588,7 +590,10 @@ def _run_program(options: WatchOptions, events: Path, work: Path, analysis: RunA
             if batch:
                 analysis.feed(batch)
             if keep and offset - given > keep:  # analysed: the disk may have it back
-                given, keep = (offset, keep) if give_back(events, offset) else (given, 0)
+                if give_back(events, offset):
+                    given = offset
+                else:
+                    keep = 0  # a file system without holes: the events stay whole
             now = time.monotonic()
             if now - said >= PROGRESS_S:
                 said = now
