@@ -429,7 +429,7 @@ def test_pytest_gpurace_watch_without_pytorch_or_cupy_warns_and_runs_the_tests(t
 
 
 def test_a_command_keeps_the_interpreters_flags_and_the_programs_arguments(tmp_path):
-    from harness.capture.watch import parse_command
+    from harness.capture.launch import parse_command
     prog = tmp_path / "serve.py"
     prog.write_text("")
     got = parse_command(["python3", "-X", "dev", "-u", str(prog), "--port", "1"])
@@ -553,7 +553,8 @@ def test_a_watched_runs_incident_is_a_report_of_the_schema(tmp_path):
     import jsonschema
 
     from harness import schemas
-    from harness.capture.watch import Program, ProgramEnd, WatchOptions, _incident
+    from harness.capture.launch import Program
+    from harness.capture.watch import ProgramEnd, WatchOptions, _incident
     from harness.results.outcome import Outcome, TrialResult
     trace = tmp_path / "trace.jsonl"
     log = tmp_path / "program.log"

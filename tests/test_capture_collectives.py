@@ -401,7 +401,8 @@ def test_a_race_found_in_a_child_process_minimizes_from_the_runs_incident(
     from click.testing import CliRunner
 
     from harness.capture.children import analyse_children
-    from harness.capture.watch import Program, ProgramEnd, WatchOptions, _incident
+    from harness.capture.launch import Program
+    from harness.capture.watch import ProgramEnd, WatchOptions, _incident
     from harness.cli import main
     from harness.results.outcome import Outcome, TrialResult
     children = tmp_path / "run" / "children"

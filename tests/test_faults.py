@@ -312,9 +312,9 @@ def test_a_capture_whose_events_file_fills_stops_and_the_program_runs_on(capsys)
 
 def test_the_watch_reads_what_the_capture_said_and_a_log_that_fills_costs_only_the_log():
     from harness.capture.events import LOST
-    from harness.capture.watch import _Log
+    from harness.capture.launch import OutputLog
 
-    log = _Log(Path("/dev/full"))
+    log = OutputLog(Path("/dev/full"))
     cut = len(LOST) // 2  # the line split between two reads of the program's output
     log.write(b"starting\n" + LOST.encode()[:cut], errors=True)
     log.write(LOST.encode()[cut:] + b"No space left on device (ENOSPC)\nmore\n", errors=True)
@@ -362,7 +362,8 @@ def test_a_watch_that_cannot_make_its_runs_files_ends_in_one_line_with_exit_4(
             said.append(text)
 
     (tmp_path / "prog.py").write_text("print(1)\n")
-    program = watchmod.parse_command([sys.executable, str(tmp_path / "prog.py")])
+    from harness.capture.launch import parse_command
+    program = parse_command([sys.executable, str(tmp_path / "prog.py")])
     result = watchmod.watch(watchmod.WatchOptions(program, out_dir=tmp_path / "out"), Hooks())
     assert result.exit_code is ExitCode.WRITE_FAILED
     assert [f.what for f in result.write_errors] == ["capture events"]
@@ -404,7 +405,8 @@ def test_a_watched_runs_trace_that_the_disk_refuses_is_a_write_error(tmp_path, m
 
     monkeypatch.setattr(watchmod, "RunAnalysis", analysis_into_a_full_disk)
     (tmp_path / "prog.py").write_text("import torch\nprint(float(torch.ones(3).sum()))\n")
-    program = watchmod.parse_command([python, str(tmp_path / "prog.py")])
+    from harness.capture.launch import parse_command
+    program = parse_command([python, str(tmp_path / "prog.py")])
     result = watchmod.watch(watchmod.WatchOptions(program, out_dir=tmp_path / "out"))
     assert result.exit_code is ExitCode.WRITE_FAILED
     assert [f.what for f in result.write_errors] == ["trace"]

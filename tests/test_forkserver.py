@@ -53,12 +53,11 @@ def test_a_forked_run_is_the_boot_run_as_a_fresh_interpreter_would_run_it(tmp_pa
 
 @pytest.mark.parametrize("fresh", [False, True])
 def test_the_runs_after_the_first_fork_from_what_the_first_used_unless_fresh(tmp_path, fresh):
-    from harness.capture.watch import Program, WatchOptions, _Launcher
+    from harness.capture.launch import Launcher, Program
     prog = tmp_path / "prog.py"
     prog.write_text("print('hi')\n")
     notes: list[str] = []
-    launcher = _Launcher(WatchOptions(Program(sys.executable, str(prog), ()), fresh=fresh),
-                         notes.append)
+    launcher = Launcher(Program(sys.executable, str(prog), ()), {}, fresh, notes.append)
     hows, codes = [], []
     try:
         for n in range(3):
@@ -80,14 +79,14 @@ def test_the_runs_after_the_first_fork_from_what_the_first_used_unless_fresh(tmp
 
 
 def test_a_library_that_kills_the_server_leaves_one_of_the_frameworks_only(tmp_path):
-    from harness.capture.watch import Program, WatchOptions, _Launcher
+    from harness.capture.launch import Launcher, Program
     (tmp_path / "lib").mkdir()
     (tmp_path / "lib" / "exits_on_import.py").write_text("import os\nos._exit(3)\n")
     prog = tmp_path / "prog.py"
     prog.write_text("print('hi')\n")
     notes: list[str] = []
-    launcher = _Launcher(WatchOptions(Program(sys.executable, str(prog), ()),
-                                      env={"PYTHONPATH": str(tmp_path / "lib")}), notes.append)
+    launcher = Launcher(Program(sys.executable, str(prog), ()),
+                        {"PYTHONPATH": str(tmp_path / "lib")}, False, notes.append)
     assert launcher.learning
     launcher.learn({"torch": "2.11"}, ["json", "exits_on_import"])
     assert not launcher.learning

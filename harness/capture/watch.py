@@ -20,21 +20,20 @@ import shlex
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from harness.capture import amplify as A
 from harness.capture.analysis import RunAnalysis
 from harness.capture.children import analyse_children
-from harness.capture.forkserver import ForkServer
-from harness.capture.events import LOST, batches, give_back, read_events
+from harness.capture.events import batches, give_back, read_events
+from harness.capture.launch import Launcher, OutputLog, Program, pump, stop
 from harness.errors import CaptureFailed, NothingToCapture, TraceError, WatchError
-from harness.faults.writes import WriteFaults, WriteStop, reason
+from harness.faults.writes import WriteFaults, WriteStop
 from harness.gpu.nvml import health_snapshot
 from harness.limits import MiB
 from harness.run.incidents import Subject, build_report, write_report
@@ -49,74 +48,8 @@ POLL_S = 0.1
 """How often the watch reads the events the program wrote since it last looked."""
 PROGRESS_S = float(os.environ.get("GPURACE_PROGRESS_S", "30"))
 """Seconds between progress lines while one run of the program goes on (as `gpurace run`)."""
-KILL_GRACE_S = 5.0
-"""Seconds a program past its timeout has to end after SIGTERM before it is killed."""
-_HARNESS_PARENT = Path(__file__).resolve().parent.parent.parent
 _CUDA_ERROR = re.compile(r"(CUDA error[^\n]*|CUDA_ERROR_[A-Z_]+[^\n]*|cudaError[A-Za-z]*[^\n]*|"
                          r"AcceleratorError[^\n]*)")
-
-
-@dataclass(frozen=True)
-class Program:
-    """What to run: the interpreter, and a script or a module with its arguments."""
-
-    python: str
-    target: str
-    args: tuple[str, ...]
-    module: bool = False
-    flags: tuple[str, ...] = ()  # the interpreter's own (python -X dev -u prog.py)
-
-    @property
-    def name(self) -> str:
-        stem = self.target if self.module else Path(self.target).stem
-        name = re.sub(r"[^A-Za-z0-9_.-]", "-", stem)[:64].strip("-.") or "program"
-        return name if name[0].isalnum() else "p" + name[:63]
-
-    @property
-    def argv(self) -> list[str]:
-        return [self.python, *self.flags, *(["-m"] if self.module else []), self.target,
-                *self.args]
-
-
-def parse_command(command: Sequence[str]) -> Program:
-    """The program in ``command`` (what follows ``--``): ``python PROG.py ARGS``, ``python -m
-    MODULE ARGS``, or ``PROG.py ARGS`` run with this interpreter."""
-    if not command:
-        raise WatchError("no program to watch: give it after --, as in `gpurace watch -- "
-                         "python serve.py`")
-    words = list(command)
-    python = sys.executable
-    flags: list[str] = []
-    if _is_python(words[0]):
-        python = words.pop(0)
-        while words and words[0].startswith("-") and words[0] != "-m":
-            flag = words.pop(0)
-            if flag == "-c":
-                raise WatchError("python -c is not watched: put the code in a file, and "
-                                 "watch `python FILE.py`")
-            flags.append(flag)
-            if flag in ("-X", "-W") and words:  # the flags that take a word after them
-                flags.append(words.pop(0))
-    if not words:
-        raise WatchError(f"{shlex.join(command)}: no program after the interpreter; give a "
-                         "script (python serve.py) or a module (python -m pkg.serve)")
-    if words[0] == "-m":
-        if len(words) < 2:
-            raise WatchError("python -m needs a module name, as in `python -m pkg.serve`")
-        return Program(python, words[1], tuple(words[2:]), module=True, flags=tuple(flags))
-    target = words[0]
-    if not target.endswith(".py") and not Path(target).is_file():
-        raise WatchError(f"{target}: not a Python program; gpurace watch runs Python "
-                         "programs that use PyTorch or CuPy (`gpurace watch -- python "
-                         "serve.py`)")
-    if not Path(target).is_file():
-        raise WatchError(f"{target}: no such file")
-    return Program(python, target, tuple(words[1:]), flags=tuple(flags))
-
-
-def _is_python(word: str) -> bool:
-    return re.fullmatch(r"python(\d+(\.\d+)?)?", Path(word).name) is not None or \
-        os.path.realpath(word) == os.path.realpath(sys.executable)
 
 
 @dataclass(frozen=True)
@@ -179,7 +112,8 @@ def watch(options: WatchOptions, hooks: RunHooks | None = None) -> WatchResult:
     faults = WriteFaults(note=hooks.note)
     amplified: list[_Amplified] = []
     variants = [] if options.delays else [variant]
-    launcher = _Launcher(options, lambda text: _say(notes, hooks, text))
+    launcher = Launcher(options.program, options.env, options.fresh,
+                        lambda text: _say(notes, hooks, text))
     interrupted = ""
     try:
         if not options.delays:
@@ -237,7 +171,7 @@ def _rounded(interval: tuple[float, float]) -> tuple[float, float]:
 def _amplify(options: WatchOptions, folder: Path, watched: VariantResult, hooks: RunHooks,
              notes: list[str], runs: list[WatchedRun], faults: WriteFaults,
              amplified: list[_Amplified], variants: list[VariantResult],
-             launcher: _Launcher) -> None:
+             launcher: Launcher) -> None:
     """The amplified runs: for each racing pair the plain runs found (or the user's sites),
     ``trials`` runs with a delay before the pair's earlier op, as a variant of its own."""
     if options.delays:
@@ -325,7 +259,7 @@ def _say(notes: list[str], hooks: RunHooks, text: str) -> None:
 
 def _runs(options: WatchOptions, folder: Path, variant: VariantResult, hooks: RunHooks,
           notes: list[str], runs: list[WatchedRun], faults: WriteFaults, *,
-          launcher: _Launcher, delays: tuple[A.Delay, ...] = (), label: str = "",
+          launcher: Launcher, delays: tuple[A.Delay, ...] = (), label: str = "",
           count: int | None = None, tally: _Amplified | None = None) -> None:
     """The program's runs, one after another, each folded into ``variant`` as it ends (with
     ``delays`` queued, counted into ``tally``)."""
@@ -362,7 +296,7 @@ class _Ran:
 
 
 def _one_run(options: WatchOptions, folder: Path, index: int, hooks: RunHooks,
-             faults: WriteFaults, launcher: _Launcher, delays: tuple[A.Delay, ...] = (),
+             faults: WriteFaults, launcher: Launcher, delays: tuple[A.Delay, ...] = (),
              label: str = "") -> tuple[TrialResult, _Ran]:
     program = options.program
     work = folder / "watch" / label / f"run-{index + 1:03d}"
@@ -479,78 +413,9 @@ def _judge(end: ProgramEnd) -> tuple[Outcome, str, str | None]:
     return Outcome.CLEAN, "", None
 
 
-class _Launcher:
-    """Starts the program's runs: the first (and every one, with ``fresh``) as a fresh
-    interpreter, the others forked from a fork server that has imported the libraries the first
-    run imported (:mod:`harness.capture.forkserver`); where that server cannot serve, one that
-    imported only the frameworks the capture switched on, and where neither can, fresh."""
-
-    def __init__(self, options: WatchOptions, note: Any) -> None:
-        self.options = options
-        self.note = note
-        self.server: ForkServer | None = None
-        self.modules: tuple[str, ...] | None = None  # what the first run imported
-        self.frameworks: tuple[str, ...] = ()  # what its capture switched on
-        self.forks = not options.fresh and hasattr(os, "fork")  # runs after the first may
-        self.tried = False
-        env = dict(os.environ)
-        env.update(options.env)
-        # The program's interpreter finds gpurace's capture package where this one has it,
-        # without the rest of this environment's packages.
-        env["PYTHONPATH"] = os.pathsep.join([str(_shim()),
-                                             *filter(None, [env.get("PYTHONPATH")])])
-        env.setdefault("PYTHONUNBUFFERED", "1")
-        self.env = env
-
-    @property
-    def learning(self) -> bool:
-        """Whether the next run should name the libraries it imports (the boot's
-        ``--libraries``): a server will be made from them."""
-        return self.modules is None and self.forks
-
-    def learn(self, sources: dict[str, Any], libraries: Sequence[str]) -> None:
-        """What a run's capture switched on, and the libraries it imported."""
-        if self.modules is None:
-            self.frameworks = tuple(sorted(s for s in sources if s in ("torch", "cupy")))
-            self.modules = (tuple(libraries) or self.frameworks) if self.frameworks else ()
-
-    def start(self, boot_args: list[str]) -> tuple[Any, str]:
-        """The run's process (as a Popen) and how it started: "forked" or "fresh"."""
-        program = self.options.program
-        if not self.tried and self.modules and self.forks:
-            self.tried = True
-            for modules in dict.fromkeys([self.modules, self.frameworks]):
-                try:
-                    self.server = ForkServer(program.python, program.flags, self.env, modules)
-                    break
-                except OSError as exc:
-                    fallback = modules != self.frameworks
-                    self.note(f"the fork server of {len(modules)} library module(s) did not "
-                              f"start ({exc}); trying one of {', '.join(self.frameworks)} only"
-                              if fallback else "runs start as fresh interpreters: the fork "
-                              f"server did not start ({exc})")
-        if self.server is not None:
-            try:
-                return self.server.start(boot_args, self.env, os.getcwd()), "forked"
-            except OSError as exc:
-                self.note(f"runs start as fresh interpreters from here: the fork server "
-                          f"failed ({exc})")
-                self.close()
-        argv = [program.python, *program.flags, "-m", "harness.capture.boot", *boot_args]
-        # Its own session: a timeout ends the program and whatever it started, and a Ctrl-C
-        # reaches it through us. Its input is ours, as if it ran alone.
-        return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                env=self.env, start_new_session=True), "fresh"
-
-    def close(self) -> None:
-        if self.server is not None:
-            server, self.server = self.server, None
-            server.close()
-
-
 def _run_program(options: WatchOptions, events: Path, work: Path, analysis: RunAnalysis,
                  index: int, hooks: RunHooks, delays: tuple[A.Delay, ...],
-                 launcher: _Launcher) -> tuple[ProgramEnd, str]:
+                 launcher: Launcher) -> tuple[ProgramEnd, str]:
     """Run the program once under the boot, feeding ``analysis`` as its events come."""
     program = options.program
     boot_args = ["--events", str(events), "--sources", options.sources,
@@ -558,7 +423,7 @@ def _run_program(options: WatchOptions, events: Path, work: Path, analysis: RunA
                  *(["--delays", A.encode(delays)] if delays else []),
                  *(["--libraries"] if launcher.learning else []),
                  "--", program.target, *program.args]
-    log = _Log(work / "program.log")
+    log = OutputLog(work / "program.log")
     started = time.monotonic()
     try:
         proc, how = launcher.start(boot_args)
@@ -569,12 +434,12 @@ def _run_program(options: WatchOptions, events: Path, work: Path, analysis: RunA
             from None
     tail: list[bytes] = []  # the last of its standard error (where LOST would be said)
     out_stream = sys.stderr.buffer if options.quiet_program else sys.stdout.buffer
-    pumps = [threading.Thread(target=_pump, args=(proc.stdout, out_stream, log, None),
+    pumps = [threading.Thread(target=pump, args=(proc.stdout, out_stream, log, None),
                               daemon=True),
-             threading.Thread(target=_pump, args=(proc.stderr, sys.stderr.buffer, log, tail),
+             threading.Thread(target=pump, args=(proc.stderr, sys.stderr.buffer, log, tail),
                               daemon=True)]
-    for pump in pumps:
-        pump.start()
+    for thread in pumps:
+        thread.start()
     offset = given = 0
     keep = options.disk_mb * MiB // 2
     timed_out = False
@@ -602,14 +467,14 @@ def _run_program(options: WatchOptions, events: Path, work: Path, analysis: RunA
                            f"{len(analysis.detector.findings_now)} race(s) so far")
             if now - started > options.timeout_s:
                 timed_out = True
-                _stop(proc)
+                stop(proc)
                 break
     except BaseException:
-        _stop(proc)
+        stop(proc)
         raise
     finally:
-        for pump in pumps:
-            pump.join(timeout=2.0)
+        for thread in pumps:
+            thread.join(timeout=2.0)
         log.close()
     duration = time.monotonic() - started
     _analyse_the_rest(events, offset, analysis, index, hooks)
@@ -645,102 +510,6 @@ def _analyse_the_rest(events: Path, offset: int, analysis: RunAnalysis, index: i
             hooks.note(f"run {index + 1}: the program ended; analysing the events it left: "
                        f"{done / MiB:,.0f} of {total / MiB:,.0f} MiB, "
                        f"{len(analysis.detector.findings_now)} race(s) so far")
-
-
-class _Log:
-    """The program's output, kept in program.log as it comes. A disk that will not take it
-    costs the log, never the program (whose pipes are drained all the same); the line a
-    capture says when it cannot write its events (:data:`LOST`) is looked for on the way."""
-
-    def __init__(self, path: Path) -> None:
-        self.lost = ""
-        self.events_lost = ""
-        self._seen = b""  # the end of the last chunk: LOST may be cut between two
-        self._lock = threading.Lock()  # both pumps write here
-        self._file: IO[bytes] | None = None
-        try:
-            # Unbuffered: the pumps write whole chunks, and a full disk says so at once.
-            self._file = open(path, "wb", buffering=0)  # noqa: SIM115
-        except OSError as exc:
-            self.lost = reason(exc)
-
-    def write(self, chunk: bytes, errors: bool) -> None:
-        with self._lock:
-            self._write(chunk, errors)
-
-    def _write(self, chunk: bytes, errors: bool) -> None:
-        if errors:
-            text = self._seen + chunk
-            at = text.find(_LOST)
-            if at >= 0 and not self.events_lost:
-                line = text[at + len(_LOST):].split(b"\n", 1)[0]
-                self.events_lost = line.decode("utf-8", "replace").strip() or "unknown"
-            self._seen = text[-len(_LOST) - 200:]
-        if self._file is not None:
-            try:
-                self._file.write(chunk)
-            except OSError as exc:
-                self.lost = reason(exc)
-                self._close()
-
-    def close(self) -> None:
-        with self._lock:
-            self._close()
-
-    def _close(self) -> None:
-        if self._file is not None:
-            try:
-                self._file.close()
-            except OSError as exc:
-                self.lost = self.lost or reason(exc)
-            self._file = None
-
-
-_LOST = LOST.encode()
-
-
-def _pump(src: IO[bytes], dst: IO[bytes], log: _Log, tail: list[bytes] | None) -> None:
-    """Copy the program's output to ours and to its log, as it comes (``tail``: its standard
-    error's last chunks)."""
-    for chunk in iter(lambda: src.read1(65536), b""):  # type: ignore[attr-defined]
-        try:
-            dst.write(chunk)
-            dst.flush()
-        except (OSError, ValueError):
-            pass  # our own output closed: the log still gets it
-        log.write(chunk, errors=tail is not None)
-        if tail is not None:
-            tail.append(chunk)
-            while len(tail) > 64:
-                del tail[0]
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """End the program's whole process group: SIGTERM, then SIGKILL after a grace."""
-    for sig, wait in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, 10.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
-_SHIM: list[Path] = []
-
-
-def _shim() -> Path:
-    """A folder that holds only a link to gpurace's ``harness`` package: on the program's
-    PYTHONPATH, it lets the program's interpreter import the capture without the rest of the
-    environment gpurace was installed into."""
-    if not _SHIM:
-        shim = Path(tempfile.mkdtemp(prefix="gpurace-watch-"))
-        (shim / "harness").symlink_to(_HARNESS_PARENT / "harness", target_is_directory=True)
-        _SHIM.append(shim)
-    return _SHIM[0]
 
 
 def _write_incident(folder: Path, options: WatchOptions, trial: TrialResult, end: ProgramEnd,

@@ -108,7 +108,8 @@ def watch_cmd(command: Sequence[str], runs: int, timeout_s: float, sources: str,
     exited non-zero, died or hung; 2: bad input; 77: the program's interpreter has neither
     PyTorch nor CuPy.
     """
-    from harness.capture.watch import WatchOptions, parse_command, watch
+    from harness.capture.launch import parse_command
+    from harness.capture.watch import WatchOptions, watch
 
     program = parse_command(command)
     auto, delays = _amplify_sites(amplify, delay_us)
