@@ -43,11 +43,12 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 def write_incident(root: Path, report: dict[str, Any],
                    trace: Path | Iterable[str] | None,
-                   extra: Mapping[str, str] | None = None) -> Path:
+                   extra: Mapping[str, str | Path] | None = None) -> Path:
     """Write a new incident folder under ``root`` and return it.
 
     ``trace`` is a trace file to copy, the trace's lines, or None. ``extra`` maps file names
-    (``"kernel-log.txt"``, ``"worker.log"``) to their text. ``report`` is updated in place:
+    (``"kernel-log.txt"``, ``"worker.log"``) to their text, or to a file to copy (a file may be
+    too large to hold in memory). ``report`` is updated in place:
     ``files`` lists what was written, ``trace`` names the trace file, and ``created`` is set
     when missing (it also dates the folder name).
     """
@@ -71,7 +72,7 @@ def write_incident(root: Path, report: dict[str, Any],
         raise
 
 
-def _check_extra_names(extra: Mapping[str, str]) -> None:
+def _check_extra_names(extra: Mapping[str, str | Path]) -> None:
     for name in extra:
         if name in RESERVED or not name or name.startswith(".") or name != Path(name).name:
             raise ValueError(f"extra file name {name!r} is not allowed: use a plain file name "
@@ -79,7 +80,7 @@ def _check_extra_names(extra: Mapping[str, str]) -> None:
 
 
 def _fill(folder: Path, report: Mapping[str, Any], trace: Path | Iterable[str] | None,
-          extra: Mapping[str, str]) -> None:
+          extra: Mapping[str, str | Path]) -> None:
     """Write the incident's files into ``folder``; report.json last, as the seal."""
     os.chmod(folder, 0o777 & ~current_umask())  # mkdtemp's 0700 would hide it from the team
     if trace is not None:
@@ -87,8 +88,11 @@ def _fill(folder: Path, report: Mapping[str, Any], trace: Path | Iterable[str] |
         write_atomic(folder / TIMELINE, json.dumps(chrome_trace(
             trace_records(folder / TRACE), report.get("findings") or []),
             separators=(",", ":"), default=str) + "\n")
-    for name, text in extra.items():
-        write_atomic(folder / name, text)
+    for name, content in extra.items():
+        if isinstance(content, os.PathLike):
+            _copy(content, folder / name)
+        else:
+            write_atomic(folder / name, content)
     if SVG in report["files"]:
         write_atomic(folder / SVG, svg_timeline(_last_ops(report)[-SVG_OPS:],
                                                 report.get("findings") or []) + "\n")
@@ -97,12 +101,16 @@ def _fill(folder: Path, report: Mapping[str, Any], trace: Path | Iterable[str] |
     write_atomic(folder / REPORT_JSON, json.dumps(report, indent=2, default=str) + "\n")
 
 
+def _copy(source: Path, path: Path) -> None:
+    with open(source, "rb") as src, atomic_writer(path, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+
+
 def _write_trace(path: Path, trace: Path | Iterable[str]) -> None:
     if isinstance(trace, (str, bytes)):
         raise TypeError("trace must be a Path or an iterable of lines, not a bare string")
     if isinstance(trace, os.PathLike):
-        with open(trace, "rb") as src, atomic_writer(path, "wb") as dst:
-            shutil.copyfileobj(src, dst)
+        _copy(trace, path)
         return
     with atomic_writer(path, "w") as dst:
         for line in trace:

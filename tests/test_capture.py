@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from harness.capture.analysis import RunAnalysis
+from harness.capture.analysis import Followed, RunAnalysis
 from harness.capture.events import Sink, read_events
 from harness.capture.translate import WINDOW, Translator
 from harness.races.detector import check_trace
@@ -259,14 +259,14 @@ def test_after_the_program_ends_its_events_are_analysed_in_batches_with_progress
     monkeypatch.setattr(watch, "PROGRESS_S", 0.0)
     hooks = Notes()
     batched = RunAnalysis(None, {})
-    watch._analyse_the_rest(recorded, 0, batched, 0, hooks)
+    ended = "run 1: the program ended; analysing the events it left"
+    watch._analyse_the_rest(Followed(recorded, batched), ended, hooks)
     batched.close()
     assert [f.to_json() for f in batched.findings] == [f.to_json() for f in whole.findings]
     assert whole.findings and batched.translator.ops == whole.translator.ops
     assert len(hooks.said) > 3 and all(
-        text.startswith("run 1: the program ended; analysing the events it left: ")
-        for text in hooks.said)
-    watch._analyse_the_rest(tmp_path / "never-written.jsonl", 0, batched, 0, hooks)
+        text.startswith(ended + ": ") for text in hooks.said)
+    watch._analyse_the_rest(Followed(tmp_path / "never-written.jsonl", batched), ended, hooks)
 
 
 def _serving_steps(first: int, count: int, racy: bool = False) -> list[list[Any]]:

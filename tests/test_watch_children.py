@@ -48,6 +48,62 @@ def test_a_childs_findings_name_its_process(tmp_path: Path) -> None:
     assert [c.pid for c in analyse_children(folder)] == [4242]
 
 
+def test_a_long_running_child_is_analysed_as_it_runs_within_its_disk_budget(
+        tmp_path: Path) -> None:
+    """A child that serves for hours (an engine's core process): its events are read and
+    analysed while it writes them, what was analysed is given back to the disk, and its trace
+    is begun anew at quiet points, the part that held the race kept. The findings are those
+    of the whole file analysed at the end, and the kept part finds the race alone."""
+    from harness.capture.analysis import RunAnalysis
+    from harness.capture.children import ChildWatch
+    from harness.races.detector import check_trace
+    from harness.traces.optrace import load_trace
+    from tests.test_capture import _serving_steps
+    from tests.test_trace_parts import START
+
+    folder = tmp_path / "children"
+    folder.mkdir()
+    path = folder / "child-77.jsonl"
+    hello = ["hello", {"schema": CAPTURE_SCHEMA, "pid": 77, "role": "a Python subprocess"}]
+    steps = [_serving_steps(step, 1, racy=step in {30, 31}) for step in range(3000)]
+    watch = ChildWatch(folder, {"scenario": "serve", "variant": "watched"}, disk_mb=1)
+    watch.poll()  # no child yet
+    with open(path, "w") as f:
+        for line in [hello, *START[1:]]:
+            f.write(json.dumps(line) + "\n")
+        for k, step in enumerate(steps):
+            f.write("".join(json.dumps(e) + "\n" for e in step))
+            if k % 100 == 99:
+                f.flush()
+                watch.poll()
+    size = path.stat().st_size
+    assert size > 2 << 20  # twice what the child's budget lets it hold
+    (child,) = watch.finish()
+
+    whole = RunAnalysis(None, {})
+    whole.feed([hello, *START[1:]])
+    for step in steps:
+        whole.feed(step)
+    whole.close()
+    (online,) = child.findings
+    assert online["count"] == 2
+    assert online["missing"] == ("in child process 77 (a Python subprocess): "
+                                 + whole.findings[0].to_json()["missing"])
+    assert child.ops == whole.translator.ops
+    (followed,) = watch.followed()
+    if followed.given:  # a file system with holes: what was analysed went back to the disk
+        assert path.stat().st_blocks * 512 < size / 2
+    # The trace began anew past its eighth of the budget; the part with the race is kept,
+    # named as the child's trace, and is a trace of its own that finds the race.
+    assert child.trace is not None and child.trace != str(folder / "trace-child-77.jsonl")
+    (found,) = check_trace(load_trace(Path(child.trace)).records).findings
+    assert found.count == 2
+    assert load_trace(Path(child.trace)).header["scenario"] == "serve-child-77"
+    assert any("kept within --disk-mb 1" in note and note.startswith("in child process 77")
+               for note in child.notes), child.notes
+    assert sum(p.stat().st_size for p in folder.glob("trace-*")) < (1 << 20) // 2
+
+
 def test_a_child_runs_the_sitecustomize_ours_stands_in_front_of(tmp_path: Path) -> None:
     """A child of a watched program starts with the watch's sitecustomize first on its path;
     the interpreter's own (here one that says hello) still runs, and a child that imports no

@@ -10,7 +10,8 @@ begins anew once it is over that size, at the next *quiet point*: a host wait af
 access made before can race one made after (the detector forgets them there). The new part
 starts with the buffers, streams and live allocations so far, so every race to come is whole
 in it. An earlier part is kept beside it (``trace-part-NNN.jsonl``) only if a race was found
-in it, the first :data:`PARTS_KEPT` such parts.
+in it, the first :data:`PARTS_KEPT` such parts. :class:`Followed` reads a run's events file as
+the program writes it, and gives the disk back what it has analysed.
 """
 
 from __future__ import annotations
@@ -18,12 +19,15 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
+from harness.capture.events import batches, give_back, read_events
 from harness.capture.translate import Translator
-from harness.races.detector import Finding, RaceDetector
 from harness.faults.writes import reason
+from harness.limits import MiB
+from harness.races.detector import Finding, RaceDetector
 from harness.traces.lines import buffer_line, header_line, label_line, op_line, stream_line
 from kvcore.device.oplog import HOST, BufferInfo, OpRecord, StreamInfo
 
@@ -163,3 +167,49 @@ class RunAnalysis:
             except OSError as exc:
                 self._drop(exc)
             self._trace = None
+
+
+class Followed:
+    """A capture events file that a process is still writing, read on from where the last read
+    ended and fed to ``analysis``. Once more than ``keep`` bytes have been analysed (0: never),
+    the analysed part is given back to the disk (:func:`give_back`), so a run of hours holds
+    about ``keep`` bytes of it beside what is not read yet."""
+
+    def __init__(self, path: Path, analysis: RunAnalysis, keep: int = 0) -> None:
+        self.path = path
+        self.analysis = analysis
+        self.keep = keep
+        self.offset = 0  # the end of the last whole line read
+        self.given = 0  # the file's first bytes given back to the disk
+
+    def poll(self) -> None:
+        """Analyse what was written since the last read (:data:`READ_MAX` bytes at most)."""
+        batch, self.offset = read_events(self.path, self.offset)
+        if batch:
+            self.analysis.feed(batch)
+        if self.keep and self.offset - self.given > self.keep:
+            if give_back(self.path, self.offset):
+                self.given = self.offset
+            else:
+                self.keep = 0  # a file system without holes: the file stays whole
+
+    def rest(self) -> Iterator[int]:
+        """Once the writer has ended: analyse the rest a batch at a time (a long run leaves
+        gigabytes), yielding the offset reached after each."""
+        for batch, offset in batches(self.path, self.offset):
+            self.offset = offset
+            if batch:
+                self.analysis.feed(batch)
+            yield offset
+
+    def disk_note(self, disk_mb: int) -> str:
+        """What ``--disk-mb`` took from this run's files, in words; "" if nothing."""
+        analysis = self.analysis
+        kept = analysis.parts_kept
+        parts = analysis.parts_dropped + len(kept)
+        if not self.given and not parts:
+            return ""
+        return (f"kept within --disk-mb {disk_mb}: {self.given / MiB:,.0f} MiB of "
+                f"{self.path.name} given back once analysed, the trace begun anew at {parts} "
+                "quiet point(s)" + (f", the parts that held races kept: "
+                                    f"{', '.join(p.name for p in kept)}" if kept else ""))

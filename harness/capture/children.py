@@ -13,25 +13,29 @@ PyTorch, for its first use of CUDA), and only then is the child watched: its fil
 forked from the program or from a child is not watched (its parent's capture is off in it, as
 the boot says in its notes); a child whose environment the program replaced is not either.
 
-After each run, the watch reads every child's file (:func:`analyse_children`): its findings
-join the run's, each saying in its words which process it is (its pid and what it is: "a
-multiprocessing spawn worker"); its notes join the run's too. What crosses processes (CUDA IPC
-handles, shared pinned memory) is not followed: each process is analysed alone. A child
-queues the delays ``--amplify`` asks for as the program does, so a race found in a child can
-be made to show there.
+While a run goes on, the watch reads each child's file as it grows and analyses it
+(:class:`ChildWatch`), within a disk budget of the child's own; its findings join the run's, each
+saying in its words which process it is (its pid and what it is: "a multiprocessing spawn worker");
+its notes join the run's too. What crosses processes (CUDA IPC handles, shared pinned memory) is not
+followed: each process is analysed alone. A child queues the delays ``--amplify`` asks for as the
+program does, so a race found in a child can be made to show there.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import sys
 from pathlib import Path
-from typing import Any, NamedTuple, TextIO
+from typing import TYPE_CHECKING, Any, NamedTuple, TextIO
 
 from harness.capture import events as E
 from harness.capture.boot import (CHILDREN_ENV, DELAYS_ENV, InstallOnImport, importable,
                                   watch_forks)
+
+if TYPE_CHECKING:
+    from harness.capture.analysis import Followed
 
 def role_of(argv: list[str]) -> str:
     """What a child is, from its command line (``sys.orig_argv``)."""
@@ -149,8 +153,9 @@ def on_cuda(start: Any) -> None:
 
 class Child(NamedTuple):
     """A watched child, analysed: its pid, what it is, its events file, the ops captured, its
-    findings (as run.json has them, each saying which process it is), its notes and the
-    delays it queued."""
+    findings (as run.json has them, each saying which process it is), its notes, the delays it
+    queued, and its op trace (the first part that held a race, on a long run; None if the disk
+    would not take it)."""
 
     pid: int | None
     role: str
@@ -159,35 +164,93 @@ class Child(NamedTuple):
     findings: list[dict[str, Any]]
     notes: list[str]
     delays: list[dict[str, Any]]
+    trace: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"pid": self.pid, "role": self.role, "events": self.events, "ops": self.ops,
-                "findings": len(self.findings)}
+                "findings": len(self.findings), "trace": self.trace}
+
+
+class ChildWatch:
+    """The program's watched children, each analysed on its own while it runs: its events file
+    (``child-PID.jsonl`` in ``folder``) read as it grows, its op trace written beside it
+    (``trace-child-PID.jsonl``, with ``header``). ``disk_mb`` bounds each child's files as
+    ``--disk-mb`` bounds the program's (0: no bound): a child that serves for hours (an engine's
+    core process) must not fill the disk the program writes to."""
+
+    def __init__(self, folder: Path, header: dict[str, Any] | None = None,
+                 disk_mb: int = 0) -> None:
+        self.folder = folder
+        self.header = dict(header or {"variant": "watched"})
+        self.disk_mb = disk_mb
+        self._followed: dict[Path, Followed] = {}
+
+    def poll(self) -> None:
+        """Follow each child that has begun its events file since the last look, and
+        analyse what each wrote since."""
+        for followed in self.followed():
+            followed.poll()
+
+    def _follow(self, path: Path) -> Followed:
+        # Here, not at the top: a child imports this module at its start, and pays nothing.
+        from harness.capture.analysis import Followed, RunAnalysis
+        from harness.limits import MiB
+
+        scenario = f"{self.header.get('scenario', 'program')}-{path.stem}"
+        analysis = RunAnalysis(self.folder / f"trace-{path.name}",
+                               {**self.header, "scenario": scenario},
+                               part_bytes=self.disk_mb * MiB // 8)
+        return Followed(path, analysis, keep=self.disk_mb * MiB // 2)
+
+    def followed(self) -> list[Followed]:
+        """The children followed so far, in the order of their files' names."""
+        if self.folder.is_dir():
+            for path in self.folder.glob("child-*.jsonl"):
+                if path not in self._followed:
+                    self._followed[path] = self._follow(path)
+        return [self._followed[path] for path in sorted(self._followed)]
+
+    def finish(self) -> list[Child]:
+        """Once the program and its children have ended: each child analysed to its file's
+        end. A child whose sources saw no op (a compile worker that imported Triton and
+        launched nothing) is left out, and its trace removed."""
+        out = []
+        for followed in self.followed():
+            for _ in followed.rest():
+                pass
+            analysis = followed.analysis
+            analysis.close()
+            if not analysis.translator.ops:
+                if analysis.trace_path is not None:
+                    with contextlib.suppress(OSError):
+                        analysis.trace_path.unlink()
+                continue
+            out.append(_child(followed, self.disk_mb))
+        return out
+
+
+def _child(followed: Followed, disk_mb: int) -> Child:
+    """A child's analysis, as the run's summary holds it."""
+    analysis = followed.analysis
+    translator = analysis.translator
+    pid, role = translator.hello.get("pid"), str(translator.hello.get("role") or
+                                                 "a Python child")
+    who = f"in child process {pid} ({role})"
+    findings = []
+    for finding in analysis.findings:
+        as_json = finding.to_json()
+        as_json["missing"] = f"{who}: {as_json['missing']}"
+        findings.append(as_json)
+    notes = [f"{who}: {note}" for note in translator.notes]
+    if disk := followed.disk_note(disk_mb):
+        notes.append(f"{who}: {disk}")
+    trace = None if analysis.lost or analysis.trace_path is None else \
+        analysis.parts_kept[0] if analysis.parts_kept else analysis.trace_path
+    return Child(pid, role, str(followed.path), translator.ops, findings, notes,
+                 translator.delays, None if trace is None else str(trace))
 
 
 def analyse_children(folder: Path) -> list[Child]:
-    """Every child's events file in ``folder``, each analysed on its own; a child whose
-    sources saw no op (a compile worker that imported Triton and launched nothing) is left
-    out."""
-    from harness.capture.analysis import RunAnalysis
-
-    out = []
-    for path in sorted(folder.glob("child-*.jsonl")) if folder.is_dir() else ():
-        analysis = RunAnalysis(None, {})
-        for events, _ in E.batches(path):
-            analysis.feed(events)
-        analysis.close()
-        hello = analysis.translator.hello
-        pid, role = hello.get("pid"), str(hello.get("role") or "a Python child")
-        who = f"in child process {pid} ({role})"
-        findings = []
-        for finding in analysis.findings:
-            as_json = finding.to_json()
-            as_json["missing"] = f"{who}: {as_json['missing']}"
-            findings.append(as_json)
-        if not analysis.translator.ops:
-            continue
-        notes = [f"{who}: {note}" for note in analysis.translator.notes]
-        out.append(Child(pid, role, str(path), analysis.translator.ops, findings, notes,
-                         analysis.translator.delays))
-    return out
+    """Every child's events file in ``folder``, each analysed on its own, once all have
+    ended (:meth:`ChildWatch.finish`)."""
+    return ChildWatch(folder).finish()

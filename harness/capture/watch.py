@@ -28,9 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.capture import amplify as A
-from harness.capture.analysis import RunAnalysis
-from harness.capture.children import analyse_children
-from harness.capture.events import batches, give_back, read_events
+from harness.capture.analysis import Followed, RunAnalysis
+from harness.capture.children import ChildWatch
 from harness.capture.launch import Launcher, OutputLog, Program, pump, stop
 from harness.errors import CaptureFailed, NothingToCapture, TraceError, WatchError
 from harness.faults.writes import WriteFaults, WriteStop
@@ -91,7 +90,6 @@ class ProgramEnd:
     log_lost: str = ""  # why its program.log could not be written, or ""
     launch_s: float = 0.0  # of that, the launch: a spawn, or a fork (and, for the run that
     # started the fork server, the server's start: its imports)
-    events_given_back: int = 0  # bytes of the events file given back to the disk once read
 
 
 def watch(options: WatchOptions, hooks: RunHooks | None = None) -> WatchResult:
@@ -308,12 +306,14 @@ def _one_run(options: WatchOptions, folder: Path, index: int, hooks: RunHooks,
         faults.failed("capture events", events_path, exc, fatal=True)
     trace_path = work / "trace.jsonl"
     # Of --disk-mb, half for the events (given back once read), half for the trace: its
-    # current part and the earlier ones kept (PARTS_KEPT), each of an eighth.
-    analysis = RunAnalysis(trace_path, {"scenario": program.name, "path": program.target,
-                                        "variant": "watched", "backend": "cuda",
-                                        "trial": index, "seed": 0},
-                           part_bytes=options.disk_mb * MiB // 8)
-    end, how = _run_program(options, events_path, work, analysis, index, hooks, delays,
+    # current part and the earlier ones kept (PARTS_KEPT), each of an eighth. Each watched
+    # child's files have as much again.
+    header = {"scenario": program.name, "path": program.target, "variant": "watched",
+              "backend": "cuda", "trial": index, "seed": 0}
+    analysis = RunAnalysis(trace_path, header, part_bytes=options.disk_mb * MiB // 8)
+    followed = Followed(events_path, analysis, keep=options.disk_mb * MiB // 2)
+    child_watch = ChildWatch(work / "children", header, options.disk_mb)
+    end, how = _run_program(options, followed, child_watch, work, index, hooks, delays,
                             launcher)
     launcher.learn(analysis.translator.hello.get("sources", {}),
                    (analysis.translator.exit or {}).get("libraries", ()))
@@ -327,16 +327,11 @@ def _one_run(options: WatchOptions, folder: Path, index: int, hooks: RunHooks,
         faults.failed("program log", work / "program.log", end.log_lost)
     if analysis.lost:
         faults.failed("trace", trace_path, analysis.lost)
-    parts, kept = analysis.parts_dropped + len(analysis.parts_kept), analysis.parts_kept
-    if end.events_given_back or parts:
-        notes.append(f"run {index + 1}: kept within --disk-mb {options.disk_mb}: "
-                     f"{end.events_given_back / MiB:,.0f} MiB of events.jsonl given back once "
-                     f"analysed, the trace begun anew at {parts} quiet point(s)"
-                     + (f", the parts that held races kept: {', '.join(p.name for p in kept)}"
-                        if kept else ""))
+    if disk := followed.disk_note(options.disk_mb):
+        notes.append(f"run {index + 1}: {disk}")
     translator = analysis.translator
     findings = [f.to_json() for f in analysis.findings]
-    children = analyse_children(work / "children")
+    children = child_watch.finish()
     for child in children:  # each analysed alone: what crosses processes is not followed
         findings += child.findings
     said = (translator.exit or {}).get("status")  # the boot's own word on why it ended
@@ -413,12 +408,14 @@ def _judge(end: ProgramEnd) -> tuple[Outcome, str, str | None]:
     return Outcome.CLEAN, "", None
 
 
-def _run_program(options: WatchOptions, events: Path, work: Path, analysis: RunAnalysis,
+def _run_program(options: WatchOptions, followed: Followed, children: ChildWatch, work: Path,
                  index: int, hooks: RunHooks, delays: tuple[A.Delay, ...],
                  launcher: Launcher) -> tuple[ProgramEnd, str]:
-    """Run the program once under the boot, feeding ``analysis`` as its events come."""
+    """Run the program once under the boot, analysing its events (and its children's) as they
+    come."""
     program = options.program
-    boot_args = ["--events", str(events), "--sources", options.sources,
+    analysis = followed.analysis
+    boot_args = ["--events", str(followed.path), "--sources", options.sources,
                  *(["--module"] if program.module else []),
                  *(["--delays", A.encode(delays)] if delays else []),
                  *(["--libraries"] if launcher.learning else []),
@@ -440,8 +437,6 @@ def _run_program(options: WatchOptions, events: Path, work: Path, analysis: RunA
                               daemon=True)]
     for thread in pumps:
         thread.start()
-    offset = given = 0
-    keep = options.disk_mb * MiB // 2
     timed_out = False
     said = started
     try:
@@ -451,14 +446,8 @@ def _run_program(options: WatchOptions, events: Path, work: Path, analysis: RunA
                 break
             except subprocess.TimeoutExpired:
                 pass
-            batch, offset = read_events(events, offset)
-            if batch:
-                analysis.feed(batch)
-            if keep and offset - given > keep:  # analysed: the disk may have it back
-                if give_back(events, offset):
-                    given = offset
-                else:
-                    keep = 0  # a file system without holes: the events stay whole
+            followed.poll()
+            children.poll()
             now = time.monotonic()
             if now - said >= PROGRESS_S:
                 said = now
@@ -477,7 +466,11 @@ def _run_program(options: WatchOptions, events: Path, work: Path, analysis: RunA
             thread.join(timeout=2.0)
         log.close()
     duration = time.monotonic() - started
-    _analyse_the_rest(events, offset, analysis, index, hooks)
+    _analyse_the_rest(followed, f"run {index + 1}: the program ended; analysing the events "
+                      "it left", hooks)
+    for child in children.followed():
+        _analyse_the_rest(child, f"run {index + 1}: analysing the events {child.path.name} "
+                          "left", hooks)
     code = proc.returncode
     status = None if code is None or code < 0 else code
     sig = -code if code is not None and code < 0 else None
@@ -489,35 +482,31 @@ def _run_program(options: WatchOptions, events: Path, work: Path, analysis: RunA
             pipe.close()
     return ProgramEnd(status, sig, exit_info.get("error"), exit_info.get("traceback"),
                       timed_out, duration, b"".join(tail).decode("utf-8", "replace")[-4000:],
-                      log.events_lost, log.lost, launch_s, given), how
+                      log.events_lost, log.lost, launch_s), how
 
 
-def _analyse_the_rest(events: Path, offset: int, analysis: RunAnalysis, index: int,
-                      hooks: RunHooks) -> None:
-    """Feed ``analysis`` the events the program left after ``offset`` when it ended, a batch
-    at a time (a long run's may be gigabytes), saying how far it got every PROGRESS_S."""
+def _analyse_the_rest(followed: Followed, what: str, hooks: RunHooks) -> None:
+    """Analyse the events a process left when it ended, a batch at a time, saying how far it
+    got every PROGRESS_S (``what``: the line's start)."""
     try:
-        total = events.stat().st_size
-    except OSError:  # the program never started its capture
+        total = followed.path.stat().st_size
+    except OSError:  # the process never started its capture
         return
     said = time.monotonic()
-    for batch, done in batches(events, offset):
-        if batch:
-            analysis.feed(batch)
+    for done in followed.rest():
         now = time.monotonic()
         if now - said >= PROGRESS_S:
             said = now
-            hooks.note(f"run {index + 1}: the program ended; analysing the events it left: "
-                       f"{done / MiB:,.0f} of {total / MiB:,.0f} MiB, "
-                       f"{len(analysis.detector.findings_now)} race(s) so far")
+            hooks.note(f"{what}: {done / MiB:,.0f} of {total / MiB:,.0f} MiB, "
+                       f"{len(followed.analysis.detector.findings_now)} race(s) so far")
 
 
 def _write_incident(folder: Path, options: WatchOptions, trial: TrialResult, end: ProgramEnd,
                     log: str, notes: Sequence[str], delays: tuple[A.Delay, ...] = (),
                     children: Sequence[dict[str, Any]] = ()) -> Path:
     """The incident folder of a run that raced or ended badly, as `gpurace run` writes one;
-    beside it the program's output (``log``), its traceback, the run's notes, and the capture
-    of each child process that raced (``child-PID.jsonl``: its race is in no trace of the
+    beside it the program's output (``log``), its traceback, the run's notes, and the trace of
+    each child process that raced, as ``child-PID.jsonl`` (its race is in no trace of the
     program's own, and `gpurace minimize` reads it from there)."""
     program = options.program
     subject = Subject(program.name, program.target,
@@ -531,15 +520,15 @@ def _write_incident(folder: Path, options: WatchOptions, trial: TrialResult, end
                                            for d in delays),
                        "delay_us": max(d.us for d in delays)} if delays else None,
         argv=argv, device_log=end.traceback or "")
-    extra = {"program.log": Path(log).read_text(errors="replace")[-200_000:]}
+    extra: dict[str, str | Path] = {
+        "program.log": Path(log).read_text(errors="replace")[-200_000:]}
     if end.traceback:
         extra["traceback.txt"] = end.traceback
     if notes:
         extra["notes.txt"] = "\n".join(notes) + "\n"
     for child in children:
-        if child.get("findings"):
-            events = Path(child["events"])
-            extra[events.name] = events.read_text(errors="replace")
+        if child.get("findings"):  # its trace, or its events where the disk took no trace
+            extra[Path(child["events"]).name] = Path(child.get("trace") or child["events"])
     return write_report(folder, report, trial, extra)
 
 

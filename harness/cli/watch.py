@@ -75,8 +75,9 @@ from harness.words import counted
               help="About the most disk a run's events and op trace take (0: no limit). Past "
                    "it, the events already analysed are given back to the disk, and the trace "
                    "begins anew where no earlier access can race a later one (a host wait "
-                   "for every stream), keeping the first parts that held a race. A soak of "
-                   "hours writes tens of megabytes a second.")
+                   "for every stream), keeping the first parts that held a race. Each watched "
+                   "child process's files have as much again. A soak of hours writes tens of "
+                   "megabytes a second.")
 def watch_cmd(command: Sequence[str], runs: int, timeout_s: float, sources: str,
               out_dir: Path, junit: Path | None, fmt: str, amplify: tuple[str, ...],
               delay_us: float, trials: int, sweep: bool, sweep_us: str, fresh: bool,

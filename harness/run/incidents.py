@@ -146,7 +146,7 @@ def build_report(subject: Subject, trial: TrialResult, *, backend: str,
 
 
 def write_report(folder: Path, report: dict[str, Any], trial: TrialResult,
-                 extra: Mapping[str, str]) -> Path:
+                 extra: Mapping[str, str | Path]) -> Path:
     """The incident folder of ``report`` under ``folder``, with the trial's trace beside it
     and the ``extra`` files (logs). A trace's reissued runs are written out as op lines: the
     incident's trace is for people and other tools too."""

@@ -263,11 +263,12 @@ def run_schema() -> Schema:
                     "(at max_site), and what it could not read, counted"),
                 "children": described(array(closed({
                     "pid": nullable(integer(0)), "role": string(), "events": string(),
-                    "ops": integer(0), "findings": integer(0)})),
+                    "ops": integer(0), "findings": integer(0),
+                    "trace": nullable(string())})),
                     "the run's Python children watched, each on its own (a spawned "
                     "multiprocessing worker, a Python subprocess): its pid, what it is, its "
                     "events file, the ops captured, and how many of the run's findings are "
-                    "its")},
+                    "its, and its op trace (the part that held its race, on a long run)")},
                 required=["index", "status", "signal", "timed_out", "error", "ops", "records",
                           "sources", "events", "trace", "log"])),
             "amplified": described(array(closed({
