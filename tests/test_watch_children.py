@@ -216,12 +216,14 @@ TRITON_PYTHON = python_with("triton")
 def test_a_child_queues_the_delays_its_watched_parent_queues(tmp_path: Path) -> None:
     """--amplify's delays are handed down with the events folder: a child that starts a
     source (here Triton's, at its import) counts them as the program does, in its own file;
-    a parent without delays hands none down."""
+    a parent without delays hands none down. The backlog bound is handed down the same way,
+    and a child whose bound is garbled runs unbounded."""
     from harness.capture.amplify import Delay, encode
-    from harness.capture.boot import CHILD_SITE, CHILDREN_ENV, DELAYS_ENV, hand_down
+    from harness.capture.boot import (BACKLOG_ENV, CHILD_SITE, CHILDREN_ENV, DELAYS_ENV,
+                                      hand_down)
     delays = encode([Delay("serve.py", 41, 250.0, "copy_htod")])
     env = {**os.environ, CHILDREN_ENV: str(tmp_path / "children"), DELAYS_ENV: delays,
-           "PYTHONPATH": os.pathsep.join([str(CHILD_SITE), str(ROOT)])}
+           BACKLOG_ENV: "a lot", "PYTHONPATH": os.pathsep.join([str(CHILD_SITE), str(ROOT)])}
     done = subprocess.run([TRITON_PYTHON, "-c", "import triton"], capture_output=True,
                           text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -231,10 +233,10 @@ def test_a_child_queues_the_delays_its_watched_parent_queues(tmp_path: Path) -> 
                         "in_graph": False, "queued": 0, "streams": []}]
     before = dict(os.environ)
     try:
-        hand_down(str(tmp_path / "events.jsonl"), delays)
-        assert os.environ[DELAYS_ENV] == delays
+        hand_down(str(tmp_path / "events.jsonl"), delays, 1 << 30)
+        assert os.environ[DELAYS_ENV] == delays and os.environ[BACKLOG_ENV] == str(1 << 30)
         hand_down(str(tmp_path / "events.jsonl"))
-        assert DELAYS_ENV not in os.environ
+        assert DELAYS_ENV not in os.environ and BACKLOG_ENV not in os.environ
     finally:
         os.environ.clear()
         os.environ.update(before)

@@ -289,4 +289,5 @@ def test_a_long_run_stays_within_its_disk_and_keeps_the_race(tmp_path):
     assert checked.returncode == 1 and "1 race" in checked.stdout, checked.stdout[-2000:]
     print(f"\nsoak: {run['ops']:,} ops, events {events.stat().st_size / 2**20:.1f} MiB "
           f"({events.stat().st_blocks * 512 / 2**20:.1f} MiB on disk), "
-          f"{len(list(Path(run['trace']).parent.glob('trace*.jsonl')))} trace file(s)")
+          f"{len(list(Path(run['trace']).parent.glob('trace*.jsonl')))} trace file(s); "
+          f"{[n for n in doc['watch_notes'] if 'waited' in n] or 'the program never waited'}")

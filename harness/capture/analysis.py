@@ -21,8 +21,9 @@ import os
 import stat
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, NamedTuple, TextIO
 
+from harness.capture.backlog import ReadMark
 from harness.capture.events import batches, give_back, read_events
 from harness.capture.translate import Translator
 from harness.faults.writes import reason
@@ -169,24 +170,43 @@ class RunAnalysis:
             self._trace = None
 
 
+class Shares(NamedTuple):
+    """How ``--disk-mb`` is shared among a watched process's files, in bytes (0: no bound)."""
+
+    part: int  # a trace part's size: the current part and the PARTS_KEPT ones, half in all
+    keep: int  # events analysed and not yet given back to the disk: a quarter
+    backlog: int  # events written and not yet analysed (the process waits past it): a quarter
+
+    @classmethod
+    def of(cls, disk_mb: int) -> Shares:
+        disk = disk_mb * MiB
+        return cls(disk // 8, disk // 4, disk // 4)
+
+
 class Followed:
     """A capture events file that a process is still writing, read on from where the last read
     ended and fed to ``analysis``. Once more than ``keep`` bytes have been analysed (0: never),
     the analysed part is given back to the disk (:func:`give_back`), so a run of hours holds
-    about ``keep`` bytes of it beside what is not read yet."""
+    about ``keep`` bytes of it beside what is not read yet. With ``mark``, how far it has read
+    is said to the process after each read (:class:`ReadMark`), which waits when too far
+    ahead."""
 
-    def __init__(self, path: Path, analysis: RunAnalysis, keep: int = 0) -> None:
+    def __init__(self, path: Path, analysis: RunAnalysis, keep: int = 0,
+                 mark: bool = False) -> None:
         self.path = path
         self.analysis = analysis
         self.keep = keep
         self.offset = 0  # the end of the last whole line read
         self.given = 0  # the file's first bytes given back to the disk
+        self.mark = ReadMark(path) if mark else None
 
     def poll(self) -> None:
         """Analyse what was written since the last read (:data:`READ_MAX` bytes at most)."""
         batch, self.offset = read_events(self.path, self.offset)
         if batch:
             self.analysis.feed(batch)
+        if self.mark is not None:
+            self.mark.say(self.offset)
         if self.keep and self.offset - self.given > self.keep:
             if give_back(self.path, self.offset):
                 self.given = self.offset
@@ -196,6 +216,9 @@ class Followed:
     def rest(self) -> Iterator[int]:
         """Once the writer has ended: analyse the rest a batch at a time (a long run leaves
         gigabytes), yielding the offset reached after each."""
+        if self.mark is not None:
+            self.mark.close()
+            self.mark = None
         for batch, offset in batches(self.path, self.offset):
             self.offset = offset
             if batch:

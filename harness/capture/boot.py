@@ -27,6 +27,7 @@ from typing import Any
 
 from harness.capture import events as E
 from harness.capture.amplify import Amplifier, decode
+from harness.capture.backlog import Backlog
 from harness.capture.imports import OnExec
 from harness.capture.source import REGISTERED, Installed, Source, load
 
@@ -43,16 +44,21 @@ CHILD_SITE = Path(__file__).resolve().parent / "child_site"
 DELAYS_ENV = "GPURACE_WATCH_DELAYS"
 """The delays (``--delays``' JSON) a watched program's children queue too."""
 
+BACKLOG_ENV = "GPURACE_WATCH_BACKLOG"
+"""The bytes a watched program's child may write ahead of the watch (``--backlog``)."""
 
-def hand_down(events: str, delays: str = "") -> None:
+
+def hand_down(events: str, delays: str = "", backlog: int = 0) -> None:
     """Set this process's environment so that its Python children are watched: their events
     beside ``events``, in a ``children`` folder, queueing ``delays`` as the program does (a
-    race the watch found in a child is amplified there)."""
+    race the watch found in a child is amplified there), each at most ``backlog`` bytes ahead
+    of the watch (0: no bound)."""
     os.environ[CHILDREN_ENV] = str(Path(events).resolve().parent / "children")
-    if delays:
-        os.environ[DELAYS_ENV] = delays
-    else:
-        os.environ.pop(DELAYS_ENV, None)
+    for name, value in ((DELAYS_ENV, delays), (BACKLOG_ENV, str(backlog) if backlog else "")):
+        if value:
+            os.environ[name] = value
+        else:
+            os.environ.pop(name, None)
     path = os.environ.get("PYTHONPATH", "")
     os.environ["PYTHONPATH"] = os.pathsep.join([str(CHILD_SITE), *([path] if path else [])])
 
@@ -63,6 +69,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--sources", default="auto")
     parser.add_argument("--module", action="store_true")
     parser.add_argument("--delays", default="", help="JSON: the delays to queue (amplify)")
+    parser.add_argument("--backlog", type=int, default=0,
+                        help="bytes of events the program may write ahead of the watch's "
+                             "reading (0: no bound)")
     parser.add_argument("--libraries", action="store_true",
                         help="name the library modules the run imported, in its exit event")
     parser.add_argument("program")
@@ -162,7 +171,8 @@ def watch_forks(sink: E.Sink) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     opts = _parse(sys.argv[1:] if argv is None else argv)
-    sink = E.Sink.to_path(opts.events)
+    sink = E.Sink.to_path(opts.events, Backlog(Path(opts.events), opts.backlog)
+                          if opts.backlog else None)
     wanted = REGISTERED if opts.sources == "auto" else tuple(
         s for s in opts.sources.split(",") if s)
     known = {name: load(name) for name in wanted if name in REGISTERED}
@@ -191,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
         if module in sys.modules:  # imported already (a sitecustomize): switch it on now
             hook.install_now(module)
     watch_forks(sink)
-    hand_down(opts.events, opts.delays)  # its Python children are watched too, each alone
+    # Its Python children are watched too, each alone.
+    hand_down(opts.events, opts.delays, opts.backlog)
     sys.argv = [opts.program, *opts.args]
     status, error, tb = 0, None, None
     try:

@@ -31,8 +31,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, TextIO
 
 from harness.capture import events as E
-from harness.capture.boot import (CHILDREN_ENV, DELAYS_ENV, InstallOnImport, importable,
-                                  watch_forks)
+from harness.capture.backlog import Backlog
+from harness.capture.boot import (BACKLOG_ENV, CHILDREN_ENV, DELAYS_ENV, InstallOnImport,
+                                  importable, watch_forks)
 
 if TYPE_CHECKING:
     from harness.capture.analysis import Followed
@@ -83,7 +84,11 @@ def watch_child() -> None:
         return  # not a watched program's child, or a watch of its own (it boots itself)
     from harness.capture.source import REGISTERED, Deferred
 
-    sink = E.Sink(_OnFirstWrite(Path(folder) / f"child-{os.getpid()}.jsonl"))  # type: ignore[arg-type]
+    path = Path(folder) / f"child-{os.getpid()}.jsonl"
+    said = os.environ.get(BACKLOG_ENV, "")
+    limit = int(said) if said.isdigit() else 0  # never the child's failure
+    sink = E.Sink(_OnFirstWrite(path),  # type: ignore[arg-type]
+                  Backlog(path, limit) if limit else None)
     found = tuple(source for source in map(Deferred, REGISTERED) if importable(source.module))
     sink.emit(["hello", {"schema": E.CAPTURE_SCHEMA, "pid": os.getpid(),
                          "parent": os.getppid(), "role": role_of(argv), "argv": argv,
@@ -193,14 +198,13 @@ class ChildWatch:
 
     def _follow(self, path: Path) -> Followed:
         # Here, not at the top: a child imports this module at its start, and pays nothing.
-        from harness.capture.analysis import Followed, RunAnalysis
-        from harness.limits import MiB
+        from harness.capture.analysis import Followed, RunAnalysis, Shares
 
+        shares = Shares.of(self.disk_mb)
         scenario = f"{self.header.get('scenario', 'program')}-{path.stem}"
         analysis = RunAnalysis(self.folder / f"trace-{path.name}",
-                               {**self.header, "scenario": scenario},
-                               part_bytes=self.disk_mb * MiB // 8)
-        return Followed(path, analysis, keep=self.disk_mb * MiB // 2)
+                               {**self.header, "scenario": scenario}, part_bytes=shares.part)
+        return Followed(path, analysis, keep=shares.keep, mark=bool(shares.backlog))
 
     def followed(self) -> list[Followed]:
         """The children followed so far, in the order of their files' names."""

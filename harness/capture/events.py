@@ -70,6 +70,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple, TextIO
 
+from harness.capture.backlog import Backlog
 from harness.faults.writes import reason
 
 CAPTURE_SCHEMA = "gpurace.capture/1"
@@ -127,18 +128,22 @@ class Sink:
     once in 200,000 ops beside 3 million objects). An event that may still change until it is
     written out (a tensor's name, filled in at the next op) is :meth:`hold`'s. Thread-safe:
     sources may fire from any of the program's threads (an emit waits while another thread's
-    flush writes)."""
+    flush writes). With a ``backlog``, a write waits while the watch is too far behind in
+    reading the file (:mod:`harness.capture.backlog`)."""
 
-    def __init__(self, out: TextIO) -> None:
+    def __init__(self, out: TextIO, backlog: Backlog | None = None) -> None:
         self._out = out
         self._events: list[str | list[Any]] = []
         self._lock = threading.Lock()
         self.closed = False
         self.lost = ""  # why the capture file stopped taking events, or ""
+        self.backlog = backlog  # how far the sink may write ahead of the watch, if bounded
+        self.written = 0  # bytes written (JSON is ASCII: a character is a byte)
 
     @classmethod
-    def to_path(cls, path: str | os.PathLike[str]) -> Sink:
-        return cls(open(path, "a", encoding="utf-8", buffering=1 << 16))  # noqa: SIM115
+    def to_path(cls, path: str | os.PathLike[str], backlog: Backlog | None = None) -> Sink:
+        return cls(open(path, "a", encoding="utf-8", buffering=1 << 16),  # noqa: SIM115
+                   backlog)
 
     def emit(self, event: list[Any]) -> None:
         self._add(_encode(event) + "\n")
@@ -168,9 +173,13 @@ class Sink:
             events, self._events = self._events, []
             try:
                 if events:
-                    self._out.write("".join(e if isinstance(e, str) else _encode(e) + "\n"
-                                            for e in events))
+                    text = "".join(e if isinstance(e, str) else _encode(e) + "\n"
+                                   for e in events)
+                    self._out.write(text)
+                    self.written += len(text)
                 self._out.flush()
+                if self.backlog is not None:  # other threads' events wait with this one
+                    self.backlog.wrote(self.written)
             except OSError as exc:
                 self.closed, self.lost = True, reason(exc)
                 with contextlib.suppress(OSError):
@@ -180,6 +189,11 @@ class Sink:
                     print(f"{LOST}{self.lost}", file=sys.stderr, flush=True)
 
     def close(self) -> None:
+        if self.backlog is not None:
+            if said := self.backlog.note():
+                self.emit(["note", said])
+            self.backlog.close()
+            self.backlog = None
         self.flush()
         with self._lock:
             if not self.closed:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.capture import amplify as A
-from harness.capture.analysis import Followed, RunAnalysis
+from harness.capture.analysis import Followed, RunAnalysis, Shares
 from harness.capture.children import ChildWatch
 from harness.capture.launch import Launcher, OutputLog, Program, pump, stop
 from harness.errors import CaptureFailed, NothingToCapture, TraceError, WatchError
@@ -305,13 +305,13 @@ def _one_run(options: WatchOptions, folder: Path, index: int, hooks: RunHooks,
     except OSError as exc:  # no events file, no capture: the watch ends with what it has
         faults.failed("capture events", events_path, exc, fatal=True)
     trace_path = work / "trace.jsonl"
-    # Of --disk-mb, half for the events (given back once read), half for the trace: its
-    # current part and the earlier ones kept (PARTS_KEPT), each of an eighth. Each watched
-    # child's files have as much again.
+    # --disk-mb is shared among the run's files (Shares); each watched child's have as much
+    # again.
     header = {"scenario": program.name, "path": program.target, "variant": "watched",
               "backend": "cuda", "trial": index, "seed": 0}
-    analysis = RunAnalysis(trace_path, header, part_bytes=options.disk_mb * MiB // 8)
-    followed = Followed(events_path, analysis, keep=options.disk_mb * MiB // 2)
+    shares = Shares.of(options.disk_mb)
+    analysis = RunAnalysis(trace_path, header, part_bytes=shares.part)
+    followed = Followed(events_path, analysis, keep=shares.keep, mark=bool(shares.backlog))
     child_watch = ChildWatch(work / "children", header, options.disk_mb)
     end, how = _run_program(options, followed, child_watch, work, index, hooks, delays,
                             launcher)
@@ -419,6 +419,8 @@ def _run_program(options: WatchOptions, followed: Followed, children: ChildWatch
                  *(["--module"] if program.module else []),
                  *(["--delays", A.encode(delays)] if delays else []),
                  *(["--libraries"] if launcher.learning else []),
+                 *(["--backlog", str(backlog)] if (backlog := Shares.of(
+                     options.disk_mb).backlog) else []),
                  "--", program.target, *program.args]
     log = OutputLog(work / "program.log")
     started = time.monotonic()

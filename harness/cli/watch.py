@@ -73,11 +73,12 @@ from harness.words import counted
 @click.option("--disk-mb", type=click.IntRange(min=0, max=DISK_MAX_MB), default=4096,
               show_default=True, metavar="MB",
               help="About the most disk a run's events and op trace take (0: no limit). Past "
-                   "it, the events already analysed are given back to the disk, and the trace "
-                   "begins anew where no earlier access can race a later one (a host wait "
-                   "for every stream), keeping the first parts that held a race. Each watched "
-                   "child process's files have as much again. A soak of hours writes tens of "
-                   "megabytes a second.")
+                   "it, the events already analysed are given back to the disk, the program "
+                   "waits at its host waits while the watch is a quarter of it behind, and "
+                   "the trace begins anew where no earlier access can race a later one (a host "
+                   "wait for every stream), keeping the first parts that held a race. Each "
+                   "watched child process's files have as much again. A soak of hours writes "
+                   "tens of megabytes a second.")
 def watch_cmd(command: Sequence[str], runs: int, timeout_s: float, sources: str,
               out_dir: Path, junit: Path | None, fmt: str, amplify: tuple[str, ...],
               delay_us: float, trials: int, sweep: bool, sweep_us: str, fresh: bool,

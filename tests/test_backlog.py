@@ -1,0 +1,110 @@
+"""A watched process runs at most its backlog ahead of the watch (harness.capture.backlog): its
+sink waits at a write while the watch's mark says it is too far behind, loses nothing by it,
+says what the waits cost in a note, and never waits again for a watch that stopped reading."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from harness.capture import backlog as B
+from harness.capture.analysis import Followed, RunAnalysis, Shares
+from harness.capture.backlog import Backlog, ReadMark, mark_of
+from harness.capture.events import Sink, iter_file, read_events
+
+LIMIT = 16 << 10
+
+
+def _emit_steps(sink: Sink, steps: int, after_flush=None) -> None:
+    for step in range(steps):
+        for k in range(20):
+            sink.emit(["sync_stream", 0, f"serve.py:{step * 20 + k}"])
+        sink.flush()  # as at a host wait
+        if after_flush is not None:
+            after_flush()
+
+
+def test_a_process_waits_for_a_slow_watch_and_loses_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    sink = Sink.to_path(path, Backlog(path, LIMIT))
+    done = threading.Event()
+    read = {"offset": 0, "events": 0}
+
+    def watch() -> None:  # reads 4 KiB at a time, slowly: the process outruns it
+        mark = ReadMark(path)
+        while True:
+            events, read["offset"] = read_events(path, read["offset"], limit=4 << 10)
+            read["events"] += len(events)
+            mark.say(read["offset"])
+            if done.is_set() and not events and read["offset"] == path.stat().st_size:
+                mark.close()
+                return
+            threading.Event().wait(0.002)
+
+    ahead = []
+    reader = threading.Thread(target=watch)
+    reader.start()
+    _emit_steps(sink, 600, lambda: ahead.append(sink.written - read["offset"]))
+    sink.close()
+    done.set()
+    reader.join(timeout=60)
+    assert not reader.is_alive()
+    assert sink.written > 10 * LIMIT
+    # After every write, the watch had read all but the limit (the waits let it catch up).
+    assert max(ahead) <= LIMIT
+    notes = [e[1] for e in iter_file(path) if e[0] == "note"]
+    assert len(notes) == 1 and notes[0].startswith("the process waited "), notes
+    assert read["events"] == 600 * 20 + 1  # every event, and the note
+    assert not mark_of(path).exists() and sink.backlog is None
+
+
+def test_a_watch_that_stops_reading_is_waited_for_once(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(B, "STALL_S", 0.2)
+    path = tmp_path / "events.jsonl"
+    ReadMark(path).say(0)  # the watch read nothing, and will read no more
+    backlog = Backlog(path, 4096)
+    sink = Sink.to_path(path, backlog)
+    _emit_steps(sink, 50)
+    assert backlog.stalled and backlog.waits == 1 and backlog.limit == 0
+    note = backlog.note()
+    assert "read nothing for 0.2 s once" in note and "ran on without waiting" in note
+    sink.close()
+    assert len(list(iter_file(path))) == 50 * 20 + 1
+
+
+def test_a_watch_with_no_mark_yet_is_waited_for_as_one_that_stalled(tmp_path: Path,
+                                                                  monkeypatch) -> None:
+    """No mark file (the watch has not read once): the process waits STALL_S at most, then
+    runs on; a garbled mark reads as no news."""
+    monkeypatch.setattr(B, "STALL_S", 0.1)
+    path = tmp_path / "events.jsonl"
+    backlog = Backlog(path, 1000)
+    backlog.wrote(5000)
+    assert backlog.stalled and backlog.read == 0
+    mark_of(path).write_text("not a number")
+    other = Backlog(path, 1000)
+    other.wrote(5000)
+    assert other.stalled and other.read == 0
+
+
+def test_the_watch_says_its_mark_as_it_follows_and_removes_it_at_the_end(
+        tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    sink = Sink.to_path(path)
+    _emit_steps(sink, 10)
+    sink.close()
+    followed = Followed(path, RunAnalysis(None, {}), mark=True)
+    followed.poll()
+    assert Backlog(path, 1)._look() == followed.offset == path.stat().st_size
+    for _ in followed.rest():
+        pass
+    assert not mark_of(path).exists()
+    unmarked = Followed(path, RunAnalysis(None, {}))
+    unmarked.poll()
+    assert not mark_of(path).exists()  # only a bounded run's watch says where it is
+
+
+def test_disk_mb_is_shared_a_half_for_the_trace_and_a_quarter_each_for_the_events() -> None:
+    shares = Shares.of(4096)
+    assert shares.part * 4 + shares.keep + shares.backlog == 4096 << 20
+    assert Shares.of(0) == (0, 0, 0)
