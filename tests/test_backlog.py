@@ -108,3 +108,17 @@ def test_disk_mb_is_shared_a_half_for_the_trace_and_a_quarter_each_for_the_event
     shares = Shares.of(4096)
     assert shares.part * 4 + shares.keep + shares.backlog == 4096 << 20
     assert Shares.of(0) == (0, 0, 0)
+
+
+def test_the_watch_knows_how_far_behind_the_program_it_is(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    sink = Sink.to_path(path)
+    _emit_steps(sink, 10)
+    followed = Followed(path, RunAnalysis(None, {}))
+    assert followed.behind() == sink.written > 0
+    followed.poll()
+    assert followed.behind() == 0
+    _emit_steps(sink, 1)
+    assert followed.behind() == sink.written - followed.offset > 0
+    sink.close()
+    assert Followed(tmp_path / "none.jsonl", RunAnalysis(None, {})).behind() == 0

@@ -12,6 +12,7 @@ import json
 import re
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -506,3 +507,21 @@ def test_dynamo_compiles_a_watched_program_as_it_compiles_it_bare(tmp_path):
     assert watched["frames"] == bare["frames"] and watched["breaks"] == bare["breaks"]
     # Each call's tolist and numpy of the pinned argument, at the graph break.
     assert watched["reads"].count("host read") == 2 * len(watched["answers"]), watched["reads"]
+
+
+def test_a_long_run_says_how_it_goes_while_it_runs(tmp_path):
+    """A run that goes on for a while says, every GPURACE_PROGRESS_S seconds, how long it has
+    run, the ops captured and the races so far (a soak of hours is never silent)."""
+    prog = tmp_path / "slow.py"
+    prog.write_text("import time, torch\nx = torch.ones(4)\ntime.sleep(2.0)\n"
+                    "print(float(x.sum()))\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "watch", "--out", str(tmp_path / "out"), "--",
+         TORCH_PYTHON, str(prog)], capture_output=True, text=True, cwd=tmp_path, timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "GPURACE_PROGRESS_S": "0.5"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    said = re.findall(r"run 1: (\d+) s, (\d+) ops captured, (\d+) race\(s\) so far",
+                      done.stderr)
+    assert len(said) >= 2, done.stderr[-2000:]
+    assert [int(s[0]) for s in said] == sorted(int(s[0]) for s in said)
+    assert all(s[2] == "0" for s in said)

@@ -213,6 +213,13 @@ class Followed:
             else:
                 self.keep = 0  # a file system without holes: the file stays whole
 
+    def behind(self) -> int:
+        """Bytes written and not yet read."""
+        try:
+            return max(0, self.path.stat().st_size - self.offset)
+        except OSError:
+            return 0
+
     def rest(self) -> Iterator[int]:
         """Once the writer has ended: analyse the rest a batch at a time (a long run leaves
         gigabytes), yielding the offset reached after each."""

@@ -220,6 +220,9 @@ def read_events(path: Path, offset: int = 0, limit: int | None = None
         data = f.read(limit)
         skip = len(data) - len(data.lstrip(b"\0"))
         if skip:  # bytes given back once read (give_back): the lines after them come next
+            if skip == len(data):  # all of it a hole, maybe gigabytes: on where data is
+                with contextlib.suppress(OSError, AttributeError):  # no data after it yet
+                    skip = max(skip, os.lseek(f.fileno(), offset, os.SEEK_DATA) - offset)
             return [], offset + skip
         end = data.rfind(b"\n") + 1
         while end == 0 and len(data) >= limit:  # no line's end yet: the line is that long
