@@ -122,3 +122,17 @@ def test_the_watch_knows_how_far_behind_the_program_it_is(tmp_path: Path) -> Non
     assert followed.behind() == sink.written - followed.offset > 0
     sink.close()
     assert Followed(tmp_path / "none.jsonl", RunAnalysis(None, {})).behind() == 0
+
+
+def test_a_watch_behind_the_program_reads_on_without_a_pause(tmp_path: Path) -> None:
+    """Past READ_MAX unread after a read, the watch says it is behind (its loop then reads
+    again at once); once caught up, it pauses between reads again."""
+    from harness.capture.events import READ_MAX
+    path = tmp_path / "events.jsonl"
+    sink = Sink.to_path(path)
+    while sink.written < 2 * READ_MAX + (1 << 20):
+        _emit_steps(sink, 500)
+    sink.close()
+    followed = Followed(path, RunAnalysis(None, {}))
+    said = [followed.poll() for _ in range(4)]
+    assert said[:2] == [True, False] and followed.behind() == 0

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, NamedTuple, TextIO
 
 from harness.capture.backlog import ReadMark
-from harness.capture.events import batches, give_back, read_events
+from harness.capture.events import READ_MAX, batches, give_back, read_events
 from harness.capture.translate import Translator
 from harness.faults.writes import reason
 from harness.limits import MiB
@@ -200,8 +200,10 @@ class Followed:
         self.given = 0  # the file's first bytes given back to the disk
         self.mark = ReadMark(path) if mark else None
 
-    def poll(self) -> None:
-        """Analyse what was written since the last read (:data:`READ_MAX` bytes at most)."""
+    def poll(self) -> bool:
+        """Analyse what was written since the last read (:data:`READ_MAX` bytes at most);
+        whether as much again is waiting already (read on without a pause: the watch is
+        behind)."""
         batch, self.offset = read_events(self.path, self.offset)
         if batch:
             self.analysis.feed(batch)
@@ -212,6 +214,7 @@ class Followed:
                 self.given = self.offset
             else:
                 self.keep = 0  # a file system without holes: the file stays whole
+        return self.behind() >= READ_MAX
 
     def behind(self) -> int:
         """Bytes written and not yet read."""

@@ -71,7 +71,7 @@ class Backlog:
         self.waited = 0.0  # seconds, in all
         self.longest = 0.0
         self.stalled = False  # the watch stopped reading once, and is not waited for again
-        self._fd: int | None = None
+        self._fd: int | None = None  # the mark, open for the process's life (one sink's)
 
     def wrote(self, written: int) -> None:
         """The events file holds ``written`` bytes now: wait while the watch is too far
@@ -117,9 +117,3 @@ class Backlog:
             said += (f"; the watch read nothing for {STALL_S:g} s once, and the process "
                      "ran on without waiting from then on")
         return said
-
-    def close(self) -> None:
-        if self._fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._fd)
-            self._fd = None

@@ -190,11 +190,13 @@ class ChildWatch:
         self.disk_mb = disk_mb
         self._followed: dict[Path, Followed] = {}
 
-    def poll(self) -> None:
+    def poll(self) -> bool:
         """Follow each child that has begun its events file since the last look, and
-        analyse what each wrote since."""
+        analyse what each wrote since; whether one is behind (:meth:`Followed.poll`)."""
+        behind = False
         for followed in self.followed():
-            followed.poll()
+            behind |= followed.poll()
+        return behind
 
     def _follow(self, path: Path) -> Followed:
         # Here, not at the top: a child imports this module at its start, and pays nothing.

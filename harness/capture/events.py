@@ -178,8 +178,9 @@ class Sink:
                     self._out.write(text)
                     self.written += len(text)
                 self._out.flush()
-                if self.backlog is not None:  # other threads' events wait with this one
-                    self.backlog.wrote(self.written)
+                backlog = self.backlog  # close() may take it meanwhile
+                if backlog is not None:  # other threads' events wait with this one
+                    backlog.wrote(self.written)
             except OSError as exc:
                 self.closed, self.lost = True, reason(exc)
                 with contextlib.suppress(OSError):
@@ -189,11 +190,9 @@ class Sink:
                     print(f"{LOST}{self.lost}", file=sys.stderr, flush=True)
 
     def close(self) -> None:
-        if self.backlog is not None:
-            if said := self.backlog.note():
-                self.emit(["note", said])
-            self.backlog.close()
-            self.backlog = None
+        backlog, self.backlog = self.backlog, None  # the last write waits for no one
+        if backlog is not None and (said := backlog.note()):
+            self.emit(["note", said])
         self.flush()
         with self._lock:
             if not self.closed:

@@ -439,17 +439,17 @@ def _run_program(options: WatchOptions, followed: Followed, children: ChildWatch
                               daemon=True)]
     for thread in pumps:
         thread.start()
-    timed_out = False
+    timed_out = behind = False
     said = started
     try:
         while True:
             try:
-                proc.wait(timeout=POLL_S)
+                proc.wait(timeout=0 if behind else POLL_S)  # behind: no pause
                 break
             except subprocess.TimeoutExpired:
                 pass
-            followed.poll()
-            children.poll()
+            behind = followed.poll()
+            behind |= children.poll()
             now = time.monotonic()
             if now - said >= PROGRESS_S:
                 said = now
