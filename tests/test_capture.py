@@ -441,7 +441,75 @@ def test_a_command_keeps_the_interpreters_flags_and_the_programs_arguments(tmp_p
         ("pkg.serve", ("-v",), True, "pkg.serve")
 
 
+def _script(path, text):
+    path.write_text(text)
+    path.chmod(0o755)
+    return path
+
+
+def test_a_script_run_as_a_command_runs_with_the_python_its_first_line_names(tmp_path,
+                                                                            monkeypatch):
+    """`gpurace watch -- torchrun ...`, `-- accelerate launch ...`, `-- ./serve.py`: an
+    installed console script or a script of the program's own runs with the interpreter its
+    #! line names (that environment has PyTorch), found on the PATH as a shell finds it."""
+    import shutil
+
+    from harness.capture.launch import parse_command
+    from harness.errors import WatchError
+    venv = tmp_path / "venv" / "bin"
+    venv.mkdir(parents=True)
+    python = venv / "python3.12"
+    _script(venv / "torchrun", f"#!{python}\nimport sys\nfrom torch.distributed.run import "
+            "main\nsys.exit(main())\n")
+    monkeypatch.setenv("PATH", f"{venv}{os.pathsep}{os.environ.get('PATH', '')}")
+    got = parse_command(["torchrun", "--nproc-per-node", "2", "train.py"])
+    assert (got.python, got.target, got.args, got.flags, got.name) == \
+        (str(python), str(venv / "torchrun"), ("--nproc-per-node", "2", "train.py"), (),
+         "torchrun")
+    # pip's form where the interpreter's path is too long for a #! line
+    trampoline = "#!/bin/sh\n'''exec' \"/very/long/bin/python\" \"$0\" \"$@\"\n' '''\n"
+    long = _script(tmp_path / "accelerate", trampoline + "import sys\n")
+    assert parse_command([str(long), "launch", "t.py"]).python == "/very/long/bin/python"
+    # a script of the program's own, through env, with a flag
+    own = _script(tmp_path / "serve.py", "#!/usr/bin/env python3\nprint(1)\n")
+    assert parse_command([str(own)]).python == (shutil.which("python3") or "python3")
+    flagged = _script(tmp_path / "serve2", f"#!{python} -u\nprint(1)\n")
+    assert parse_command([str(flagged), "-x"]).argv == [str(python), "-u", str(flagged), "-x"]
+    # a .py without a #! line, or one named bare here, runs with this interpreter, as before
+    plain = tmp_path / "plain.py"
+    plain.write_text("print(1)\n")
+    assert parse_command([str(plain)]).python == sys.executable
+    monkeypatch.chdir(tmp_path)
+    assert parse_command(["serve.py"]).python == sys.executable
+    with pytest.raises(WatchError, match="not a Python program .its #! line names '/bin/bash'"):
+        parse_command([str(_script(tmp_path / "run.sh", "#!/bin/bash\necho hi\n"))])
+    with pytest.raises(WatchError, match="nor a command on the PATH"):
+        parse_command(["no-such-command-here"])
+    with pytest.raises(WatchError, match="no such file"):
+        parse_command([str(tmp_path / "gone" / "serve.py")])
+
+
 TORCH_PYTHON = python_with("torch")
+
+
+@pytest.mark.skipif(TORCH_PYTHON is None, reason="no interpreter with PyTorch here")
+def test_an_installed_command_is_watched_with_its_own_interpreter(tmp_path):
+    """A console script whose #! names an interpreter with PyTorch (this one has none) is
+    watched in that interpreter, and prints what it prints bare."""
+    (tmp_path / "bin").mkdir()
+    tool = _script(tmp_path / "bin" / "tool", f"#!{TORCH_PYTHON}\nimport torch\n"
+                   "print('tool', float(torch.ones(3).sum()))\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "watch", "--format", "json", "--out",
+         str(tmp_path / "out"), "--", "tool"], capture_output=True, text=True, cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT),
+             "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"},
+        timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    doc = json.loads(done.stdout)
+    (run,) = doc["watch"]["runs"]
+    assert "tool 3.0" in Path(run["log"]).read_text()
+    assert doc["watch"]["command"] == f"{TORCH_PYTHON} {tool}"  # as it ran
 
 
 @pytest.mark.skipif(TORCH_PYTHON is None, reason="no interpreter with PyTorch here")

@@ -186,6 +186,28 @@ def test_a_race_in_a_python_subprocess_is_found_and_names_its_process(tmp_path):
                for f in findings)
 
 
+@pytest.mark.parametrize("fixed", [False, True], ids=["buggy", "fixed"])
+def test_torchrun_is_watched_as_a_command_and_its_rank_as_a_child(tmp_path, fixed):
+    """`gpurace watch -- torchrun ...` as a user types it: the console script runs with the
+    interpreter its #! line names, and the rank it starts (a Python subprocess) is watched on
+    its own. The rank is an engine program: a functional all-gather read before its
+    wait_tensor, on one NCCL rank; its fixed twin stays clean."""
+    prog = ROOT / "tests" / "engine_programs" / "nccl_functional_before_wait.py"
+    torchrun = shutil.which("torchrun") or shutil.which(
+        "torchrun", path=str(Path(sys.executable).parent))
+    assert torchrun, "no torchrun beside this interpreter"
+    code, doc, err = watch(tmp_path / "out", torchrun, "--nproc-per-node", "1", str(prog),
+                           *(["--fixed"] if fixed else []))
+    (child,) = doc["watch"]["runs"][0]["children"]
+    assert child["role"] == "a Python subprocess (nccl_functional_before_wait.py)", child
+    findings = doc["results"][0]["findings"]
+    if fixed:
+        assert code == 0 and findings == [], err[-2000:]
+        return
+    assert code == 1 and findings and child["findings"] == len(findings), err[-2000:]
+    assert all(f["missing"].startswith(f"in child process {child['pid']} ") for f in findings)
+
+
 def test_pytest_gpurace_watch_fails_a_racing_test_with_the_finding(tmp_path):
     (tmp_path / "test_streams.py").write_text(
         "import torch\n"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -57,7 +58,10 @@ class Program:
 
 def parse_command(command: Sequence[str]) -> Program:
     """The program in ``command`` (what follows ``--``): ``python PROG.py ARGS``, ``python -m
-    MODULE ARGS``, or ``PROG.py ARGS`` run with this interpreter."""
+    MODULE ARGS``, or a Python script run as a command (``./serve.py``, or an installed one on
+    the PATH: ``torchrun``, ``accelerate``), run with the interpreter its ``#!`` line names, as
+    a shell would run it. A script named bare (``serve.py``, here) or without a ``#!`` line runs
+    with this interpreter."""
     if not command:
         raise WatchError("no program to watch: give it after --, as in `gpurace watch -- "
                          "python serve.py`")
@@ -74,6 +78,17 @@ def parse_command(command: Sequence[str]) -> Program:
             flags.append(flag)
             if flag in ("-X", "-W") and words:  # the flags that take a word after them
                 flags.append(words.pop(0))
+    elif words:  # a script: ./serve.py, torchrun on the PATH, or serve.py here
+        target, as_command = _script(words[0])
+        shebang = _shebang(target)
+        if shebang is None and as_command and not target.endswith(".py"):
+            raise WatchError(f"{words[0]}: not a Python program ({target} has no #! line "
+                             "naming a Python); gpurace watch runs Python programs that use "
+                             "PyTorch or CuPy (`gpurace watch -- python serve.py`)")
+        if shebang is not None and as_command:  # as a shell would run it
+            python, *shebang_flags = shebang
+            flags += shebang_flags
+        return Program(python, target, tuple(words[1:]), flags=tuple(flags))
     if not words:
         raise WatchError(f"{shlex.join(command)}: no program after the interpreter; give a "
                          "script (python serve.py) or a module (python -m pkg.serve)")
@@ -82,10 +97,6 @@ def parse_command(command: Sequence[str]) -> Program:
             raise WatchError("python -m needs a module name, as in `python -m pkg.serve`")
         return Program(python, words[1], tuple(words[2:]), module=True, flags=tuple(flags))
     target = words[0]
-    if not target.endswith(".py") and not Path(target).is_file():
-        raise WatchError(f"{target}: not a Python program; gpurace watch runs Python "
-                         "programs that use PyTorch or CuPy (`gpurace watch -- python "
-                         "serve.py`)")
     if not Path(target).is_file():
         raise WatchError(f"{target}: no such file")
     return Program(python, target, tuple(words[1:]), flags=tuple(flags))
@@ -94,6 +105,51 @@ def parse_command(command: Sequence[str]) -> Program:
 def _is_python(word: str) -> bool:
     return re.fullmatch(r"python(\d+(\.\d+)?)?", Path(word).name) is not None or \
         os.path.realpath(word) == os.path.realpath(sys.executable)
+
+
+def _script(word: str) -> tuple[str, bool]:
+    """The file a command's first word names, and whether a shell would run it as a command
+    (through its #! line): a path (``./serve.py``) or a command on the PATH (``torchrun``) is
+    one; a bare name of a file here (``serve.py``) is a script for this interpreter."""
+    if os.sep in word:
+        if not Path(word).is_file():
+            raise WatchError(f"{word}: no such file")
+        return word, os.access(word, os.X_OK)
+    found = shutil.which(word)
+    if found is not None:
+        return found, True
+    if Path(word).is_file():
+        return word, False
+    raise WatchError(f"{word}: no such file, nor a command on the PATH; give a Python "
+                     "script, or `python -m MODULE` (`gpurace watch -- python serve.py`)")
+
+
+def _shebang(path: str) -> list[str] | None:
+    """The interpreter and its flags that a script's ``#!`` line names (None: no such line;
+    a line naming another interpreter is refused): the line
+    itself (``#!/venv/bin/python3 -u``), through ``env`` (``#!/usr/bin/env python3``), or
+    pip's trampoline where the path is too long for ``#!`` (``#!/bin/sh``, then a line
+    ``'''exec' "/venv/bin/python" "$0" "$@"``)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1024).decode("utf-8", "replace").splitlines()[:2]
+    except OSError as exc:
+        raise WatchError(f"{path}: cannot read it ({reason(exc)})") from None
+    if not head or not head[0].startswith("#!"):
+        return None
+    words = head[0][2:].split()
+    if words and Path(words[0]).name == "env":
+        words = [w for w in words[1:] if not w.startswith("-") or _is_python(w)]
+        if words and _is_python(words[0]) and os.sep not in words[0]:
+            words[0] = shutil.which(words[0]) or words[0]
+    elif words and Path(words[0]).name == "sh" and len(head) > 1:
+        exec_line = re.match(r"'{3}exec' \"?([^\"\s]+)", head[1])
+        words = [exec_line.group(1)] if exec_line else []
+    if not words or not re.fullmatch(r"python(\d+(\.\d+)?)?", Path(words[0]).name):
+        raise WatchError(f"{path}: not a Python program (its #! line names "
+                         f"{head[0][2:].strip()!r}); gpurace watch runs Python programs that "
+                         "use PyTorch or CuPy: watch the Python command the script runs")
+    return [words[0], *(w for w in words[1:] if w.startswith("-"))]
 
 
 class Launcher:

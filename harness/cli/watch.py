@@ -89,6 +89,7 @@ def watch_cmd(command: Sequence[str], runs: int, timeout_s: float, sources: str,
         gpurace watch -- python serve.py --requests 8
         gpurace watch --runs 20 -- python -m mypkg.serve
         gpurace watch --format json -- python tests/watch_programs/torch_record_stream.py
+        gpurace watch -- torchrun --nproc-per-node 2 train.py
         gpurace watch --amplify auto --trials 50 -- python serve.py
         gpurace watch --amplify serve.py:41 --fails-when WRONG -- python serve.py
 
