@@ -136,3 +136,36 @@ def test_a_watch_behind_the_program_reads_on_without_a_pause(tmp_path: Path) -> 
     followed = Followed(path, RunAnalysis(None, {}))
     said = [followed.poll() for _ in range(4)]
     assert said[:2] == [True, False] and followed.behind() == 0
+
+
+def test_a_signal_handler_that_emits_while_the_process_waits_does_not_deadlock(
+        tmp_path: Path) -> None:
+    """A program's SIGALRM (SIGTERM, in a trainer that saves a checkpoint) handler runs its own
+    CUDA work while the capture waits for the watch: its events are written, in order."""
+    import subprocess
+    import sys
+    code = f"""
+import signal
+from pathlib import Path
+from harness.capture import backlog as B
+from harness.capture.backlog import Backlog, ReadMark
+from harness.capture.events import Sink
+B.STALL_S = 1.0
+path = Path({str(tmp_path / "events.jsonl")!r})
+ReadMark(path).say(0)  # a watch that reads nothing: the flush below waits STALL_S
+sink = Sink.to_path(path, Backlog(path, 10))
+def handler(signum, frame):
+    sink.emit(["note", "handler"])
+    sink.flush()
+signal.signal(signal.SIGALRM, handler)
+sink.emit(["note", "before"])
+signal.setitimer(signal.ITIMER_REAL, 0.2)
+sink.flush()
+sink.emit(["note", "after"])
+sink.close()
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=30, env={"PYTHONPATH": str(Path(__file__).parent.parent)})
+    assert done.returncode == 0, done.stderr
+    notes = [e[1] for e in iter_file(tmp_path / "events.jsonl") if e[0] == "note"]
+    assert notes[:3] == ["before", "handler", "after"], notes

@@ -178,9 +178,6 @@ class Sink:
                     self._out.write(text)
                     self.written += len(text)
                 self._out.flush()
-                backlog = self.backlog  # close() may take it meanwhile
-                if backlog is not None:  # other threads' events wait with this one
-                    backlog.wrote(self.written)
             except OSError as exc:
                 self.closed, self.lost = True, reason(exc)
                 with contextlib.suppress(OSError):
@@ -188,6 +185,13 @@ class Sink:
                 # The program's own stderr may be closed or replaced: never its failure either.
                 with contextlib.suppress(OSError, ValueError, AttributeError):
                     print(f"{LOST}{self.lost}", file=sys.stderr, flush=True)
+                return
+            written = self.written
+        # Waited for outside the lock: a signal handler that runs meanwhile (a checkpoint
+        # saved at SIGTERM) may emit and flush without deadlocking on it.
+        backlog = self.backlog  # close() may take it meanwhile
+        if backlog is not None:
+            backlog.wrote(written)
 
     def close(self) -> None:
         backlog, self.backlog = self.backlog, None  # the last write waits for no one
