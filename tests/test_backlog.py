@@ -93,7 +93,7 @@ def test_the_watch_says_its_mark_as_it_follows_and_removes_it_at_the_end(
     sink = Sink.to_path(path)
     _emit_steps(sink, 10)
     sink.close()
-    followed = Followed(path, RunAnalysis(None, {}), mark=True)
+    followed = Followed(path, RunAnalysis(None, {}), backlog=1 << 20)
     followed.poll()
     assert Backlog(path, 1)._look() == followed.offset == path.stat().st_size
     for _ in followed.rest():
@@ -136,6 +136,10 @@ def test_a_watch_behind_the_program_reads_on_without_a_pause(tmp_path: Path) -> 
     followed = Followed(path, RunAnalysis(None, {}))
     said = [followed.poll() for _ in range(4)]
     assert said[:2] == [True, False] and followed.behind() == 0
+    # A process allowed 1 MiB ahead waits there: this watch reads on from half of it, where
+    # the unbounded one paused (1 MiB and more left after two reads).
+    bounded = Followed(path, RunAnalysis(None, {}), backlog=1 << 20)
+    assert [bounded.poll() for _ in range(4)] == [True, True, False, False]
 
 
 def test_a_signal_handler_that_emits_while_the_process_waits_does_not_deadlock(

@@ -187,23 +187,25 @@ class Followed:
     """A capture events file that a process is still writing, read on from where the last read
     ended and fed to ``analysis``. Once more than ``keep`` bytes have been analysed (0: never),
     the analysed part is given back to the disk (:func:`give_back`), so a run of hours holds
-    about ``keep`` bytes of it beside what is not read yet. With ``mark``, how far it has read
-    is said to the process after each read (:class:`ReadMark`), which waits when too far
-    ahead."""
+    about ``keep`` bytes of it beside what is not read yet. With a ``backlog`` (the bytes the
+    process may write ahead of this reading), how far it has read is said to the process after
+    each read (:class:`ReadMark`), which waits when too far ahead."""
 
     def __init__(self, path: Path, analysis: RunAnalysis, keep: int = 0,
-                 mark: bool = False) -> None:
+                 backlog: int = 0) -> None:
         self.path = path
         self.analysis = analysis
         self.keep = keep
         self.offset = 0  # the end of the last whole line read
         self.given = 0  # the file's first bytes given back to the disk
-        self.mark = ReadMark(path) if mark else None
+        self.mark = ReadMark(path) if backlog else None
+        # Behind by this much, read on without a pause: by half the backlog, or the process
+        # would wait out each pause too.
+        self.behind_at = min(READ_MAX, backlog // 2) if backlog else READ_MAX
 
     def poll(self) -> bool:
         """Analyse what was written since the last read (:data:`READ_MAX` bytes at most);
-        whether as much again is waiting already (read on without a pause: the watch is
-        behind)."""
+        whether the watch is behind (read on without a pause)."""
         batch, self.offset = read_events(self.path, self.offset)
         if batch:
             self.analysis.feed(batch)
@@ -214,7 +216,7 @@ class Followed:
                 self.given = self.offset
             else:
                 self.keep = 0  # a file system without holes: the file stays whole
-        return self.behind() >= READ_MAX
+        return self.behind() >= self.behind_at
 
     def behind(self) -> int:
         """Bytes written and not yet read."""

@@ -206,7 +206,7 @@ class ChildWatch:
         scenario = f"{self.header.get('scenario', 'program')}-{path.stem}"
         analysis = RunAnalysis(self.folder / f"trace-{path.name}",
                                {**self.header, "scenario": scenario}, part_bytes=shares.part)
-        return Followed(path, analysis, keep=shares.keep, mark=bool(shares.backlog))
+        return Followed(path, analysis, keep=shares.keep, backlog=shares.backlog)
 
     def followed(self) -> list[Followed]:
         """The children followed so far, in the order of their files' names."""

@@ -311,7 +311,7 @@ def _one_run(options: WatchOptions, folder: Path, index: int, hooks: RunHooks,
               "backend": "cuda", "trial": index, "seed": 0}
     shares = Shares.of(options.disk_mb)
     analysis = RunAnalysis(trace_path, header, part_bytes=shares.part)
-    followed = Followed(events_path, analysis, keep=shares.keep, mark=bool(shares.backlog))
+    followed = Followed(events_path, analysis, keep=shares.keep, backlog=shares.backlog)
     child_watch = ChildWatch(work / "children", header, options.disk_mb)
     end, how = _run_program(options, followed, child_watch, work, index, hooks, delays,
                             launcher)
