@@ -63,8 +63,9 @@ def test_a_long_running_child_is_analysed_as_it_runs_within_its_disk_budget(
 
     folder = tmp_path / "children"
     folder.mkdir()
-    path = folder / "child-77.jsonl"
-    hello = ["hello", {"schema": CAPTURE_SCHEMA, "pid": 77, "role": "a Python subprocess"}]
+    pid = os.getpid()  # a live process: followed until the end
+    path = folder / f"child-{pid}.jsonl"
+    hello = ["hello", {"schema": CAPTURE_SCHEMA, "pid": pid, "role": "a Python subprocess"}]
     steps = [_serving_steps(step, 1, racy=step in {30, 31}) for step in range(3000)]
     watch = ChildWatch(folder, {"scenario": "serve", "variant": "watched"}, disk_mb=1)
     watch.poll()  # no child yet
@@ -78,6 +79,7 @@ def test_a_long_running_child_is_analysed_as_it_runs_within_its_disk_budget(
                 watch.poll()
     size = path.stat().st_size
     assert size > 2 << 20  # twice what the child's budget lets it hold
+    (followed,) = watch.followed()
     (child,) = watch.finish()
 
     whole = RunAnalysis(None, {})
@@ -87,21 +89,49 @@ def test_a_long_running_child_is_analysed_as_it_runs_within_its_disk_budget(
     whole.close()
     (online,) = child.findings
     assert online["count"] == 2
-    assert online["missing"] == ("in child process 77 (a Python subprocess): "
+    assert online["missing"] == (f"in child process {pid} (a Python subprocess): "
                                  + whole.findings[0].to_json()["missing"])
     assert child.ops == whole.translator.ops
-    (followed,) = watch.followed()
     if followed.given:  # a file system with holes: what was analysed went back to the disk
         assert path.stat().st_blocks * 512 < size / 2
     # The trace began anew past its eighth of the budget; the part with the race is kept,
     # named as the child's trace, and is a trace of its own that finds the race.
-    assert child.trace is not None and child.trace != str(folder / "trace-child-77.jsonl")
+    assert child.trace is not None and child.trace != str(folder / f"trace-child-{pid}.jsonl")
     (found,) = check_trace(load_trace(Path(child.trace)).records).findings
     assert found.count == 2
-    assert load_trace(Path(child.trace)).header["scenario"] == "serve-child-77"
-    assert any("kept within --disk-mb 1" in note and note.startswith("in child process 77")
+    assert load_trace(Path(child.trace)).header["scenario"] == f"serve-child-{pid}"
+    assert any("kept within --disk-mb 1" in note and note.startswith(f"in child process {pid}")
                for note in child.notes), child.notes
     assert sum(p.stat().st_size for p in folder.glob("trace-*")) < (1 << 20) // 2
+
+
+def test_a_child_that_has_ended_is_let_go_while_the_program_runs(tmp_path: Path) -> None:
+    """A program that starts hundreds of children over hours (an evaluation subprocess per
+    checkpoint): each child whose process is gone is analysed to its end and its files
+    closed at once; one still running is followed on."""
+    from harness.capture.backlog import mark_of
+    from harness.capture.children import ChildWatch
+    recorded = list(iter_file(ROOT / "tests" / "capture_recorded_cpu"
+                              / "c10d_allreduce-buggy.jsonl"))
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    folder = tmp_path / "children"
+    folder.mkdir()
+    for pid in (int(gone.stdout), os.getppid()):  # an ended process, and a live one
+        hello = ["hello", {"schema": CAPTURE_SCHEMA, "pid": pid, "role": "a Python subprocess"}]
+        (folder / f"child-{pid}.jsonl").write_text(
+            "".join(json.dumps(e) + "\n" for e in [hello, *recorded]))
+    watch = ChildWatch(folder, {"scenario": "serve", "variant": "watched"}, disk_mb=64)
+    watch.poll()
+    (running,) = watch.followed()
+    assert running.path.name == f"child-{os.getppid()}.jsonl"
+    assert not mark_of(folder / f"child-{gone.stdout.strip()}.jsonl").exists()
+    assert mark_of(running.path).exists()
+    children = watch.finish()
+    assert [c.pid for c in children] == sorted([int(gone.stdout), os.getppid()],
+                                               key=lambda pid: f"child-{pid}.jsonl")
+    assert all(len(c.findings) == 1 and c.trace for c in children)
+    assert watch.followed() == [] and not list(folder.glob("*.read"))
 
 
 def test_a_child_runs_the_sitecustomize_ours_stands_in_front_of(tmp_path: Path) -> None:

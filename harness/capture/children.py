@@ -188,14 +188,19 @@ class ChildWatch:
         self.folder = folder
         self.header = dict(header or {"variant": "watched"})
         self.disk_mb = disk_mb
-        self._followed: dict[Path, Followed] = {}
+        self._followed: dict[Path, Followed] = {}  # the children that may still write
+        self._ended: dict[Path, Child | None] = {}  # None: its sources saw no op
 
     def poll(self) -> bool:
         """Follow each child that has begun its events file since the last look, and
-        analyse what each wrote since; whether one is behind (:meth:`Followed.poll`)."""
+        analyse what each wrote since; whether one is behind (:meth:`Followed.poll`). A
+        child whose process has ended is analysed to its end and let go (its files closed:
+        a program may start hundreds over hours)."""
         behind = False
         for followed in self.followed():
             behind |= followed.poll()
+            if _ended(followed):
+                self._end(followed)
         return behind
 
     def _follow(self, path: Path) -> Followed:
@@ -209,30 +214,51 @@ class ChildWatch:
         return Followed(path, analysis, keep=shares.keep, backlog=shares.backlog)
 
     def followed(self) -> list[Followed]:
-        """The children followed so far, in the order of their files' names."""
+        """The children followed now (begun, and not known to have ended), in the order of
+        their files' names."""
         if self.folder.is_dir():
             for path in self.folder.glob("child-*.jsonl"):
-                if path not in self._followed:
+                if path not in self._followed and path not in self._ended:
                     self._followed[path] = self._follow(path)
         return [self._followed[path] for path in sorted(self._followed)]
 
+    def _end(self, followed: Followed) -> None:
+        """Analyse a child that has ended to its file's end, and close its files. A child
+        whose sources saw no op (a compile worker that imported Triton and launched nothing)
+        is left out, and its trace removed."""
+        del self._followed[followed.path]
+        for _ in followed.rest():
+            pass
+        analysis = followed.analysis
+        analysis.close()
+        child = None
+        if analysis.translator.ops:
+            child = _child(followed, self.disk_mb)
+        elif analysis.trace_path is not None:
+            with contextlib.suppress(OSError):
+                analysis.trace_path.unlink()
+        self._ended[followed.path] = child
+
     def finish(self) -> list[Child]:
         """Once the program and its children have ended: each child analysed to its file's
-        end. A child whose sources saw no op (a compile worker that imported Triton and
-        launched nothing) is left out, and its trace removed."""
-        out = []
+        end, in the order of their files' names."""
         for followed in self.followed():
-            for _ in followed.rest():
-                pass
-            analysis = followed.analysis
-            analysis.close()
-            if not analysis.translator.ops:
-                if analysis.trace_path is not None:
-                    with contextlib.suppress(OSError):
-                        analysis.trace_path.unlink()
-                continue
-            out.append(_child(followed, self.disk_mb))
-        return out
+            self._end(followed)
+        return [child for _, child in sorted(self._ended.items()) if child is not None]
+
+
+def _ended(followed: Followed) -> bool:
+    """Whether a child's process is gone (its file then holds all it will write)."""
+    pid = followed.analysis.translator.hello.get("pid")
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # another user's process by now: not ours to judge
+        return False
+    return False
 
 
 def _child(followed: Followed, disk_mb: int) -> Child:
