@@ -173,3 +173,39 @@ sink.close()
     assert done.returncode == 0, done.stderr
     notes = [e[1] for e in iter_file(tmp_path / "events.jsonl") if e[0] == "note"]
     assert notes[:3] == ["before", "handler", "after"], notes
+
+
+def test_a_fault_of_the_analysis_stops_the_analysis_only(tmp_path: Path, monkeypatch) -> None:
+    """An event the translator cannot take (a newer source's shape, or a bug of gpurace's):
+    the races found before it stay, nothing more is fed, and the file is still read on (the
+    process's wait for the watch, and the disk's share, go on as they would)."""
+    import json
+
+    from harness.capture import events as events_module
+    from tests.test_capture import _serving_steps
+    from tests.test_trace_parts import START
+    path = tmp_path / "events.jsonl"
+    lines = [*START, *_serving_steps(0, 3, racy=True)]
+    bad_at = sum(len(json.dumps(e)) + 1 for e in lines)
+    lines += [["alloc", "d"], *_serving_steps(3, 3, racy=True)]
+    path.write_text("".join(json.dumps(e) + "\n" for e in lines))
+    followed = Followed(path, RunAnalysis(None, {}), backlog=1 << 20)
+    followed.poll()
+    assert followed.failed.startswith("TypeError") and followed.failed_at == 0
+    assert followed.offset == path.stat().st_size and followed.behind() == 0
+    assert Backlog(path, 1)._look() == followed.offset  # the process is not held back
+    # Read a few lines at a time, as a program writes them: the races before it are found.
+    monkeypatch.setattr(events_module, "READ_MAX", 200)
+    small = Followed(path, RunAnalysis(None, {}))
+    while not small.failed:
+        small.poll()
+    for _ in small.rest():
+        pass
+    small.close()
+    assert small.failed.startswith("TypeError") and small.failed_at >= bad_at - 400
+    (finding,) = small.findings()
+    assert finding.count == 3  # the three racy steps before the bad event, none after
+    assert "a fault of gpurace's" in small.failure_note()
+    small.write_failure()
+    text = (tmp_path / "events.jsonl.error.txt").read_text()
+    assert text.startswith("TypeError") and "Traceback" in text

@@ -525,3 +525,26 @@ def test_a_long_run_says_how_it_goes_while_it_runs(tmp_path):
     assert len(said) >= 2, done.stderr[-2000:]
     assert [int(s[0]) for s in said] == sorted(int(s[0]) for s in said)
     assert all(s[2] == "0" for s in said)
+
+
+def test_a_fault_of_the_watchs_own_analysis_never_harms_the_program(tmp_path):
+    """The analysis meets an event it cannot take (here one the program writes into its own
+    events file, as a buggy or newer source would): the program runs on to its end, as it
+    would; the watch says what failed, keeps its traceback, and exits 3."""
+    prog = tmp_path / "odd.py"
+    prog.write_text(
+        "import os, time\nfrom pathlib import Path\nimport torch\n"
+        "events = Path(os.environ['GPURACE_WATCH_CHILDREN']).parent / 'events.jsonl'\n"
+        "with open(events, 'a') as f:\n    f.write('[\"alloc\", \"d\"]\\n')\n"
+        "time.sleep(1.0)\nprint('answer', float(torch.ones(3).sum()))\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "watch", "--format", "json", "--out",
+         str(tmp_path / "out"), "--", TORCH_PYTHON, str(prog)], capture_output=True, text=True,
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert done.returncode == 3, done.stderr[-2000:]
+    doc = json.loads(done.stdout)
+    (run,) = doc["watch"]["runs"]
+    assert run["status"] == 0 and "answer 3.0" in Path(run["log"]).read_text()
+    assert run["analysis_error"].startswith("TypeError"), run
+    assert any("a fault of gpurace's, not the program's" in n for n in doc["watch_notes"])
+    assert "Traceback" in Path(run["events"] + ".error.txt").read_text()

@@ -132,6 +132,13 @@ def test_a_child_that_has_ended_is_let_go_while_the_program_runs(tmp_path: Path)
                                                key=lambda pid: f"child-{pid}.jsonl")
     assert all(len(c.findings) == 1 and c.trace for c in children)
     assert watch.followed() == [] and not list(folder.glob("*.read"))
+    # A child whose analysis fails before its first op is kept, saying so.
+    hello = ["hello", {"schema": CAPTURE_SCHEMA, "pid": int(gone.stdout), "role": "a worker"}]
+    (folder / "child-1.jsonl").write_text(json.dumps(hello) + "\n" + '["alloc", "d"]\n')
+    failed = [c for c in ChildWatch(folder).finish() if c.analysis_error]
+    assert [(c.ops, c.analysis_error.split(":")[0]) for c in failed] == [(0, "TypeError")]
+    assert "a fault of gpurace's" in failed[0].notes[-1]
+    assert (folder / "child-1.jsonl.error.txt").is_file()
 
 
 def test_a_child_runs_the_sitecustomize_ours_stands_in_front_of(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple, TextIO
@@ -202,13 +203,65 @@ class Followed:
         # Behind by this much, read on without a pause: by half the backlog, or the process
         # would wait out each pause too.
         self.behind_at = min(READ_MAX, backlog // 2) if backlog else READ_MAX
+        self.failed = ""  # the analysis's own failure, in a line ("": none)
+        self.failed_at = 0  # the offset of the batch it failed on
+        self.failure = ""  # its traceback
+
+    def _feed(self, batch: list[list[Any]], at: int) -> None:
+        """Feed the analysis. A failure of its own (a fault of gpurace's) is kept, and
+        nothing more is fed: the program runs on, and its events are still read on (its
+        wait for the watch and the disk's share are kept as they would be)."""
+        if self.failed:
+            return
+        try:
+            self.analysis.feed(batch)
+        except Exception as exc:  # noqa: BLE001 - never the program's failure, nor the watch's
+            self._fail(exc, at)
+
+    def _fail(self, exc: Exception, at: int) -> None:
+        if not self.failed:
+            self.failed = f"{type(exc).__name__}: {exc}"[:500]
+            self.failed_at = at
+            self.failure = traceback.format_exc()
+
+    def close(self) -> None:
+        """Close the analysis once all is read: its last records written."""
+        try:
+            self.analysis.close()
+        except Exception as exc:  # noqa: BLE001 - as in _feed
+            self._fail(exc, self.offset)
+
+    def findings(self) -> list[Finding]:
+        """The races found; where the analysis failed, those found before."""
+        try:
+            return list(self.analysis.findings)
+        except Exception as exc:  # noqa: BLE001 - as in _feed
+            self._fail(exc, self.offset)
+            return list(self.analysis.detector.findings_now)
+
+    def failure_note(self) -> str:
+        """The analysis's failure, in words for the run's notes ("" if none)."""
+        if not self.failed:
+            return ""
+        return (f"the analysis failed at byte {self.failed_at:,} of {self.path.name} "
+                f"({self.failed}): a fault of gpurace's, not the program's, which ran on as it "
+                f"would; what it did from there was not analysed. Please report it with that "
+                f"file and {self.path.name}.error.txt beside it")
+
+    def write_failure(self) -> None:
+        """The failure's traceback beside the events file, for a report (if it failed)."""
+        if self.failed:
+            with contextlib.suppress(OSError):  # the note says what failed either way
+                self.path.with_name(self.path.name + ".error.txt").write_text(
+                    f"{self.failed}\nat byte {self.failed_at} of {self.path}\n\n{self.failure}")
 
     def poll(self) -> bool:
         """Analyse what was written since the last read (:data:`READ_MAX` bytes at most);
         whether the watch is behind (read on without a pause)."""
+        at = self.offset
         batch, self.offset = read_events(self.path, self.offset)
         if batch:
-            self.analysis.feed(batch)
+            self._feed(batch, at)
         if self.mark is not None:
             self.mark.say(self.offset)
         if self.keep and self.offset - self.given > self.keep:
@@ -232,9 +285,9 @@ class Followed:
             self.mark.close()
             self.mark = None
         for batch, offset in batches(self.path, self.offset):
-            self.offset = offset
+            at, self.offset = self.offset, offset
             if batch:
-                self.analysis.feed(batch)
+                self._feed(batch, at)
             yield offset
 
     def disk_note(self, disk_mb: int) -> str:

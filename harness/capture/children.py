@@ -159,8 +159,8 @@ def on_cuda(start: Any) -> None:
 class Child(NamedTuple):
     """A watched child, analysed: its pid, what it is, its events file, the ops captured, its
     findings (as run.json has them, each saying which process it is), its notes, the delays it
-    queued, and its op trace (the first part that held a race, on a long run; None if the disk
-    would not take it)."""
+    queued, its op trace (the first part that held a race, on a long run; None if the disk
+    would not take it), and how its analysis failed, if it did (a fault of gpurace's)."""
 
     pid: int | None
     role: str
@@ -170,6 +170,7 @@ class Child(NamedTuple):
     notes: list[str]
     delays: list[dict[str, Any]]
     trace: str | None = None
+    analysis_error: str = ""  # the analysis's own failure, in a line ("": none)
 
     def to_json(self) -> dict[str, Any]:
         return {"pid": self.pid, "role": self.role, "events": self.events, "ops": self.ops,
@@ -229,10 +230,11 @@ class ChildWatch:
         del self._followed[followed.path]
         for _ in followed.rest():
             pass
+        followed.close()
+        followed.write_failure()
         analysis = followed.analysis
-        analysis.close()
         child = None
-        if analysis.translator.ops:
+        if analysis.translator.ops or followed.failed:
             child = _child(followed, self.disk_mb)
         elif analysis.trace_path is not None:
             with contextlib.suppress(OSError):
@@ -269,17 +271,19 @@ def _child(followed: Followed, disk_mb: int) -> Child:
                                                  "a Python child")
     who = f"in child process {pid} ({role})"
     findings = []
-    for finding in analysis.findings:
+    for finding in followed.findings():
         as_json = finding.to_json()
         as_json["missing"] = f"{who}: {as_json['missing']}"
         findings.append(as_json)
     notes = [f"{who}: {note}" for note in translator.notes]
     if disk := followed.disk_note(disk_mb):
         notes.append(f"{who}: {disk}")
+    if followed.failed:
+        notes.append(f"{who}: {followed.failure_note()}")
     trace = None if analysis.lost or analysis.trace_path is None else \
         analysis.parts_kept[0] if analysis.parts_kept else analysis.trace_path
     return Child(pid, role, str(followed.path), translator.ops, findings, notes,
-                 translator.delays, None if trace is None else str(trace))
+                 translator.delays, None if trace is None else str(trace), followed.failed)
 
 
 def analyse_children(folder: Path) -> list[Child]:

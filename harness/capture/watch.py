@@ -317,7 +317,8 @@ def _one_run(options: WatchOptions, folder: Path, index: int, hooks: RunHooks,
                             launcher)
     launcher.learn(analysis.translator.hello.get("sources", {}),
                    (analysis.translator.exit or {}).get("libraries", ()))
-    analysis.close()
+    followed.close()
+    followed.write_failure()
     notes: list[str] = []
     if end.events_lost:  # the findings cover the program up to where its capture stopped
         faults.failed("capture events", events_path, end.events_lost)
@@ -330,10 +331,15 @@ def _one_run(options: WatchOptions, folder: Path, index: int, hooks: RunHooks,
     if disk := followed.disk_note(options.disk_mb):
         notes.append(f"run {index + 1}: {disk}")
     translator = analysis.translator
-    findings = [f.to_json() for f in analysis.findings]
+    findings = [f.to_json() for f in followed.findings()]
+    failed = [followed.failed] if followed.failed else []
+    if followed.failed:
+        notes.append(f"run {index + 1}: {followed.failure_note()}")
     children = child_watch.finish()
     for child in children:  # each analysed alone: what crosses processes is not followed
         findings += child.findings
+        if child.analysis_error:
+            failed.append(f"in child process {child.pid}: {child.analysis_error}")
     said = (translator.exit or {}).get("status")  # the boot's own word on why it ended
     if end.status == said == 77:
         raise NothingToCapture(end.error)
@@ -353,7 +359,7 @@ def _one_run(options: WatchOptions, folder: Path, index: int, hooks: RunHooks,
                             analysis.parts_kept[0] if analysis.parts_kept else trace_path),
                         ops_total=translator.seq,
                         findings=findings)
-    if not translator.hello and not end.timed_out:
+    if not translator.hello and not end.timed_out and not followed.failed:
         raise CaptureFailed(f"{program.python}: capture did not start in the program's "
                             f"interpreter (exit {end.status}): "
                             + (end.stderr_tail.strip().splitlines() or ["no output"])[-1])
@@ -370,7 +376,8 @@ def _one_run(options: WatchOptions, folder: Path, index: int, hooks: RunHooks,
                      events=str(events_path), trace=str(trace_path),
                      log=str(work / "program.log"), start=how, duration_s=end.duration_s,
                      launch_s=end.launch_s, capture=translator.stats,
-                     children=tuple(child.to_json() for child in children))
+                     children=tuple(child.to_json() for child in children),
+                     analysis_error="; ".join(failed))
     delays = translator.delays + [d for child in children for d in child.delays]
     return trial, _Ran(run, end, notes, delays)
 

@@ -108,8 +108,9 @@ def watch_cmd(command: Sequence[str], runs: int, timeout_s: float, sources: str,
 
     \b
     Exit 0: every run ended well with no race; 1: a race was found, or the program raised,
-    exited non-zero, died or hung; 2: bad input; 77: the program's interpreter has neither
-    PyTorch nor CuPy.
+    exited non-zero, died or hung; 2: bad input; 3: the watch's own analysis failed part way
+    (a fault of gpurace's: the program ran on, and the notes say where); 77: the program's
+    interpreter has neither PyTorch nor CuPy.
     """
     from harness.capture.launch import parse_command
     from harness.capture.watch import WatchOptions, watch

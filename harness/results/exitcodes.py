@@ -44,16 +44,18 @@ _MEANINGS = {
 
 
 def run_exit_code(*, interrupted: str, gpu_failed: bool, write_errors: bool,
-                  results: Iterable[VariantResult]) -> ExitCode:
+                  results: Iterable[VariantResult], internal: bool = False) -> ExitCode:
     """What a run (or a watch) exits with. The first that holds wins: a signal that stopped
-    it, a GPU that needs attention, a file it lost, an expectation that failed; 77 when
-    nothing ran."""
+    it, a GPU that needs attention, a file it lost, a fault of gpurace's own that left its
+    verdict partial (``internal``), an expectation that failed; 77 when nothing ran."""
     if interrupted:
         return ExitCode.TERMINATED if interrupted == "SIGTERM" else ExitCode.INTERRUPTED
     if gpu_failed:
         return ExitCode.EXPECTATION_FAILED
     if write_errors:
         return ExitCode.WRITE_FAILED
+    if internal:
+        return ExitCode.INTERNAL
     ran = [r for r in results if r.status is not Status.SKIP]
     # A sweep maps the race window; its points at small delays are not expected to pass.
     if any(r.status is Status.FAIL and not r.sweep for r in ran):

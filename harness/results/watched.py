@@ -38,6 +38,7 @@ class WatchedRun:
     launch_s: float
     capture: dict[str, Any]  # per source, what the capture cost the program
     children: tuple[dict[str, Any], ...] = ()  # Python children watched: pid, role, ops, ...
+    analysis_error: str = ""  # how the analysis itself failed (gpurace's fault), or ""
 
     def to_json(self) -> dict[str, Any]:
         return {"index": self.index, **({"variant": self.label} if self.label else {}),
@@ -47,7 +48,8 @@ class WatchedRun:
                 "log": self.log, "start": self.start,
                 "duration_s": round(self.duration_s, 4), "launch_s": round(self.launch_s, 4),
                 "capture": self.capture,
-                **({"children": [dict(c) for c in self.children]} if self.children else {})}
+                **({"children": [dict(c) for c in self.children]} if self.children else {}),
+                **({"analysis_error": self.analysis_error} if self.analysis_error else {})}
 
 
 @dataclass(frozen=True)
@@ -95,7 +97,8 @@ class WatchResult:
     @property
     def exit_code(self) -> ExitCode:
         return run_exit_code(interrupted=self.interrupted, gpu_failed=False,
-                             write_errors=bool(self.write_errors), results=self.results)
+                             write_errors=bool(self.write_errors), results=self.results,
+                             internal=any(run.analysis_error for run in self.runs))
 
     @property
     def findings(self) -> list[dict[str, Any]]:

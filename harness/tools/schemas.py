@@ -268,7 +268,11 @@ def run_schema() -> Schema:
                     "the run's Python children watched, each on its own (a spawned "
                     "multiprocessing worker, a Python subprocess): its pid, what it is, its "
                     "events file, the ops captured, and how many of the run's findings are "
-                    "its, and its op trace (the part that held its race, on a long run)")},
+                    "its, and its op trace (the part that held its race, on a long run)"),
+                "analysis_error": described(string(), "how the analysis of this run (or of "
+                                            "a child's) failed, a fault of gpurace's: the "
+                                            "program ran on, unanalysed from there; the "
+                                            "watch exits 3")},
                 required=["index", "status", "signal", "timed_out", "error", "ops", "records",
                           "sources", "events", "trace", "log"])),
             "amplified": described(array(closed({
