@@ -209,3 +209,31 @@ def test_a_fault_of_the_analysis_stops_the_analysis_only(tmp_path: Path, monkeyp
     small.write_failure()
     text = (tmp_path / "events.jsonl.error.txt").read_text()
     assert text.startswith("TypeError") and "Traceback" in text
+
+
+def test_a_line_that_is_not_an_event_is_a_fault_of_the_reading_not_the_programs(
+        tmp_path: Path) -> None:
+    """A damaged line in an events file: the reader says where, fails the analysis as any
+    fault of its own, and reads on past it, while the program goes on writing."""
+    from harness.capture.events import NotEvents
+    path = tmp_path / "events.jsonl"
+    sink = Sink.to_path(path)
+    _emit_steps(sink, 5)
+    with open(path, "a") as f:
+        f.write('["sync_stream", 0, "serve.py:1"\n')  # torn in the middle, then written on
+    _emit_steps(sink, 5)
+    sink.close()
+    try:
+        read_events(path)
+    except NotEvents as exc:
+        assert exc.after == path.stat().st_size and "not an event's JSON" in str(exc)
+    else:
+        raise AssertionError("a line that is not JSON was read as an event")
+    for follow in (lambda f: f.poll(), lambda f: list(f.rest())):
+        followed = Followed(path, RunAnalysis(None, {}))
+        follow(followed)
+        assert followed.failed.startswith("NotEvents") and followed.failed_at == 0
+        assert followed.offset == path.stat().st_size
+    gone = Followed(tmp_path / "gone.jsonl", RunAnalysis(None, {}))
+    assert gone.poll() is False and gone.failed.startswith("FileNotFoundError")
+    assert list(Followed(tmp_path / "gone.jsonl", RunAnalysis(None, {})).rest()) == []

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, NamedTuple, TextIO
 
 from harness.capture.backlog import ReadMark
-from harness.capture.events import READ_MAX, batches, give_back, read_events
+from harness.capture.events import READ_MAX, NotEvents, give_back, read_events
 from harness.capture.translate import Translator
 from harness.faults.writes import reason
 from harness.limits import MiB
@@ -259,7 +259,14 @@ class Followed:
         """Analyse what was written since the last read (:data:`READ_MAX` bytes at most);
         whether the watch is behind (read on without a pause)."""
         at = self.offset
-        batch, self.offset = read_events(self.path, self.offset)
+        try:
+            batch, self.offset = read_events(self.path, self.offset)
+        except NotEvents as exc:  # read on past it: the process must not wait on it
+            batch, self.offset = [], exc.after
+            self._fail(exc, at)
+        except OSError as exc:  # the watch's own file gone: not the program's failure
+            self._fail(exc, at)
+            return False
         if batch:
             self._feed(batch, at)
         if self.mark is not None:
@@ -284,11 +291,21 @@ class Followed:
         if self.mark is not None:
             self.mark.close()
             self.mark = None
-        for batch, offset in batches(self.path, self.offset):
-            at, self.offset = self.offset, offset
+        while True:
+            at = self.offset
+            try:
+                batch, self.offset = read_events(self.path, at)
+            except NotEvents as exc:
+                batch, self.offset = [], exc.after
+                self._fail(exc, at)
+            except OSError as exc:
+                self._fail(exc, at)
+                return
+            if self.offset == at:
+                return
             if batch:
                 self._feed(batch, at)
-            yield offset
+            yield self.offset
 
     def disk_note(self, disk_mb: int) -> str:
         """What ``--disk-mb`` took from this run's files, in words; "" if nothing."""

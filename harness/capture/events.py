@@ -237,8 +237,21 @@ def read_events(path: Path, offset: int = 0, limit: int | None = None
     events = []
     for line in data[:end].splitlines():
         if line.strip():
-            events.append(json.loads(line))
+            try:
+                events.append(json.loads(line))
+            except ValueError as exc:
+                raise NotEvents(f"{path}: a line that is not an event's JSON ({exc}): "
+                                f"{line[:80]!r}", offset + end) from None
     return events, offset + end
+
+
+class NotEvents(ValueError):
+    """A capture file's line that is not an event (a file no capture wrote, or one damaged):
+    ``after`` is the offset past the batch it came in, where a reader may go on."""
+
+    def __init__(self, message: str, after: int) -> None:
+        super().__init__(message)
+        self.after = after
 
 
 _PUNCH_HOLE = 0x03  # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
