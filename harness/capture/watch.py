@@ -460,12 +460,12 @@ def _run_program(options: WatchOptions, followed: Followed, children: ChildWatch
             now = time.monotonic()
             if now - said >= PROGRESS_S:
                 said = now
-                behind = followed.behind()
+                lag = followed.behind()
                 hooks.note(f"run {index + 1}: {now - started:.0f} s, "
                            f"{analysis.translator.ops} ops captured, "
                            f"{len(analysis.detector.findings_now)} race(s) so far"
-                           + (f", the analysis {behind / MiB:,.0f} MiB behind the program"
-                              if behind >= MiB else ""))
+                           + (f", the analysis {lag / MiB:,.0f} MiB behind the program"
+                              if lag >= MiB else ""))
             if now - started > options.timeout_s:
                 timed_out = True
                 stop(proc)
