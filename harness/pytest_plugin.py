@@ -88,6 +88,11 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     watch.start()
     outcome = yield
     watched = watch.finish()
+    if watched.failed:
+        item.warn(pytest.PytestWarning(
+            f"gpurace watch: the analysis of this test's stream work failed ({watched.failed}):"
+            " a fault of gpurace's, not the test's; its work was not checked. Please report "
+            "it"))
     if watched.findings and outcome.excinfo is None:
         outcome.force_exception(RaceFound(_races(watched.findings)))
 

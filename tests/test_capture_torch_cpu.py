@@ -548,3 +548,20 @@ def test_a_fault_of_the_watchs_own_analysis_never_harms_the_program(tmp_path):
     assert run["analysis_error"].startswith("TypeError"), run
     assert any("a fault of gpurace's, not the program's" in n for n in doc["watch_notes"])
     assert "Traceback" in Path(run["events"] + ".error.txt").read_text()
+
+
+def test_a_fault_of_the_analysis_under_pytest_warns_and_never_fails_the_test(tmp_path):
+    """pytest --gpurace-watch: an event the analysis cannot take (put in the watch's sink by
+    the test, as a buggy source would) leaves the test's own verdict alone, with a warning
+    that says the fault is gpurace's."""
+    (tmp_path / "test_odd.py").write_text(
+        "import torch\nfrom harness import pytest_plugin\n"
+        "def test_odd():\n    x = torch.ones(3)\n"
+        "    pytest_plugin._WATCH[0]._sink.emit(['alloc', 'd'])\n"
+        "    assert float(x.sum()) == 3.0\n")
+    done = subprocess.run(
+        [TORCH_PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--gpurace-watch",
+         "test_odd.py"], capture_output=True,
+        text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert "1 passed" in done.stdout and "a fault of gpurace's, not the test's" in done.stdout

@@ -27,6 +27,7 @@ class Watched:
     findings: list[dict[str, Any]]
     notes: list[str]
     ops: int
+    failed: str = ""  # how the analysis itself failed (a fault of gpurace's), or ""
 
 
 class InProcessWatch:
@@ -65,10 +66,14 @@ class InProcessWatch:
         self._buffer.truncate()
         self._taken = 0
         analysis = RunAnalysis(None, {})
-        analysis.feed([json.loads(line) for line in text.splitlines() if line.strip()])
-        analysis.close()
-        return Watched([f.to_json() for f in analysis.findings], analysis.translator.notes,
-                       analysis.translator.ops)
+        try:
+            analysis.feed([json.loads(line) for line in text.splitlines() if line.strip()])
+            analysis.close()
+            findings = [f.to_json() for f in analysis.findings]
+        except Exception as exc:  # noqa: BLE001 - gpurace's fault: never the test's failure
+            return Watched([], analysis.translator.notes, analysis.translator.ops,
+                           f"{type(exc).__name__}: {exc}"[:500])
+        return Watched(findings, analysis.translator.notes, analysis.translator.ops)
 
     def close(self) -> None:
         for stop in reversed(self._stops):
