@@ -237,3 +237,33 @@ def test_a_line_that_is_not_an_event_is_a_fault_of_the_reading_not_the_programs(
     gone = Followed(tmp_path / "gone.jsonl", RunAnalysis(None, {}))
     assert gone.poll() is False and gone.failed.startswith("FileNotFoundError")
     assert list(Followed(tmp_path / "gone.jsonl", RunAnalysis(None, {})).rest()) == []
+
+
+def test_a_signal_handler_inside_a_flush_neither_deadlocks_nor_reorders() -> None:
+    """A handler that runs its own CUDA work lands in the middle of a flush, on the flushing
+    thread (as a SIGTERM checkpoint may): its events wait for the next write, after the
+    ones being written, in the order they happened. Run apart, since the old sink hung."""
+    import subprocess
+    import sys
+    code = """
+import io, json
+from harness.capture.events import Sink
+class Out(io.StringIO):
+    def write(self, text):
+        if not getattr(self, "once", False):
+            self.once = True
+            sink.emit(["note", "handler"])  # what a signal handler would do here
+            sink.flush()
+        return super().write(text)
+out = Out()
+sink = Sink(out)
+sink.emit(["note", "before"])
+sink.flush()
+sink.emit(["note", "after"])
+sink.flush()
+print(json.dumps([json.loads(line)[1] for line in out.getvalue().splitlines()]))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=30, env={"PYTHONPATH": str(Path(__file__).parent.parent)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[0] == '["before", "handler", "after"]'

@@ -134,7 +134,10 @@ class Sink:
     def __init__(self, out: TextIO, backlog: Backlog | None = None) -> None:
         self._out = out
         self._events: list[str | list[Any]] = []
-        self._lock = threading.Lock()
+        # Re-entrant: a signal handler of the program's (a checkpoint saved at SIGTERM) may
+        # run its own CUDA work in the middle of a flush, on the same thread.
+        self._lock = threading.RLock()
+        self._flushing: int | None = None  # the thread writing out now
         self.closed = False
         self.lost = ""  # why the capture file stopped taking events, or ""
         self.backlog = backlog  # how far the sink may write ahead of the watch, if bounded
@@ -166,11 +169,14 @@ class Sink:
         A file that will not take them (a full disk, its folder removed) is never the
         program's failure: the capture stops there, says so once on the program's standard
         error (:data:`LOST`, which the watching process looks for), and the program runs on."""
+        if self._flushing == threading.get_ident():
+            return  # a signal handler's, inside this thread's flush: the next one writes it
         with self._lock:
             if self.closed:
                 self._events = []
                 return
             events, self._events = self._events, []
+            self._flushing = threading.get_ident()
             try:
                 if events:
                     text = "".join(e if isinstance(e, str) else _encode(e) + "\n"
@@ -186,6 +192,8 @@ class Sink:
                 with contextlib.suppress(OSError, ValueError, AttributeError):
                     print(f"{LOST}{self.lost}", file=sys.stderr, flush=True)
                 return
+            finally:
+                self._flushing = None
             written = self.written
         # Waited for outside the lock: a signal handler that runs meanwhile (a checkpoint
         # saved at SIGTERM) may emit and flush without deadlocking on it.
