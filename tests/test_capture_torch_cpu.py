@@ -565,3 +565,20 @@ def test_a_fault_of_the_analysis_under_pytest_warns_and_never_fails_the_test(tmp
         text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:]
     assert "1 passed" in done.stdout and "a fault of gpurace's, not the test's" in done.stdout
+
+
+def test_a_file_the_program_never_closed_is_written_as_a_normal_exit_writes_it(tmp_path):
+    """A results file a module holds open to the end (never closed: the interpreter's exit
+    flushes it) is written under the watch too, fresh and forked runs alike, though the
+    watched process ends without the interpreter's teardown."""
+    (tmp_path / "results.py").write_text(f"out = open({str(tmp_path / 'out.txt')!r}, 'a')\n")
+    prog = tmp_path / "prog.py"
+    prog.write_text("import torch, results\n"
+                    "results.out.write('sum %s\\n' % float(torch.ones(3).sum()))\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "watch", "--runs", "2", "--format", "json",
+         "--out", str(tmp_path / "w"), "--", TORCH_PYTHON, str(prog)], capture_output=True,
+        text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert [r["start"] for r in json.loads(done.stdout)["watch"]["runs"]] == ["fresh", "forked"]
+    assert (tmp_path / "out.txt").read_text() == "sum 3.0\nsum 3.0\n"

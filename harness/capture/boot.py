@@ -15,6 +15,7 @@ PyTorch nor CuPy imports in this interpreter); exit 2 when the program or module
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.abc
 import importlib.util
 import os
@@ -263,12 +264,30 @@ def _end(sink: E.Sink, status: int, error: str | None, tb: str | None = None,
     return status
 
 
+def wind_down() -> None:
+    """What a normal exit does that the program would see, before ``os._exit`` skips the rest
+    (interpreter teardown after a dead CUDA context can hang or crash in library destructors):
+    its exit handlers, then every file it still holds open flushed (a module's log or results
+    file, which teardown would flush; measured 49-53 ms over the 223,000 objects of a process
+    that imported transformers), then its standard streams."""
+    import atexit
+    import gc
+    import io
+
+    atexit._run_exitfuncs()
+    written = (io.TextIOWrapper, io.BufferedWriter, io.BufferedRandom)
+    for obj in gc.get_objects():
+        try:
+            if isinstance(obj, written) and not obj.closed:
+                obj.flush()
+        except Exception:  # noqa: BLE001, S110 - a dead weak proxy, a reader gone: as teardown
+            pass
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+
+
 if __name__ == "__main__":
     code = main()
-    import atexit
-    atexit._run_exitfuncs()  # the program's own exit handlers, as a normal exit runs them
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # os._exit: interpreter teardown after a dead CUDA context can hang or crash in library
-    # destructors; the program's status is what the watch reports.
-    os._exit(code)
+    wind_down()
+    os._exit(code)  # the program's status is what the watch reports

@@ -25,7 +25,6 @@ gpurace but the boot.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import importlib
 import json
@@ -174,7 +173,7 @@ def _child(sock: socket.socket, fds: list[int], request: dict[str, Any],
         os.environ.update(request["env"])
         from harness.capture import boot
         code = boot.main(list(request["argv"]))
-        atexit._run_exitfuncs()
+        boot.wind_down()
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:  # the boot's own failure: said as a fresh interpreter would
