@@ -582,3 +582,30 @@ def test_a_file_the_program_never_closed_is_written_as_a_normal_exit_writes_it(t
     assert done.returncode == 0, done.stderr[-2000:]
     assert [r["start"] for r in json.loads(done.stdout)["watch"]["runs"]] == ["fresh", "forked"]
     assert (tmp_path / "out.txt").read_text() == "sum 3.0\nsum 3.0\n"
+
+
+def test_a_programs_threads_finish_before_it_exits_as_they_would_alone(tmp_path):
+    """A non-daemon thread and an executor's queued work still running when the main module
+    ends: a normal exit waits for them, and so does the watched one, fresh and forked; and
+    what the watch does at the exit says nothing on the program's stderr (an object's own
+    __class__ may warn: torch.distributed's deprecated reduce_op)."""
+    prog = tmp_path / "threads.py"
+    prog.write_text(
+        "import threading, time\nfrom concurrent.futures import ThreadPoolExecutor\n"
+        "import torch, torch.distributed\n"
+        "def late():\n    time.sleep(0.5)\n    print('thread done', flush=True)\n"
+        "threading.Thread(target=late).start()\n"
+        "ThreadPoolExecutor(1).submit(lambda: (time.sleep(0.5), print('pool done', "
+        "flush=True)))\nprint('main done', flush=True)\n")
+    bare = subprocess.run([TORCH_PYTHON, str(prog)], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=300)
+    assert (bare.stdout, bare.stderr) == ("main done\nthread done\npool done\n", "")
+    done = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "watch", "--runs", "2", "--format", "json",
+         "--out", str(tmp_path / "w"), "--", TORCH_PYTHON, str(prog)], capture_output=True,
+        text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    doc = json.loads(done.stdout)
+    assert [r["start"] for r in doc["watch"]["runs"]] == ["fresh", "forked"]
+    for run in doc["watch"]["runs"]:  # its output, and nothing of the watch's
+        assert Path(run["log"]).read_text() == bare.stdout

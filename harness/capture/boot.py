@@ -222,6 +222,9 @@ def main(argv: list[str] | None = None) -> int:
         tb = traceback.format_exc()
         traceback.print_exc()
     finally:
+        # As the interpreter does once the main module is done: its non-daemon threads and
+        # executors' pending work run to their end (still watched), then the exit handlers.
+        _wait_for_threads()
         if hook in sys.meta_path:
             sys.meta_path.remove(hook)
         if not hook.stops:
@@ -231,6 +234,18 @@ def main(argv: list[str] | None = None) -> int:
         if amplifier is not None:
             amplifier.report()
     return _end(sink, status, error, tb, libraries=opts.libraries)
+
+
+def _wait_for_threads() -> None:
+    """Wait for the program's non-daemon threads, as a normal exit does before its exit
+    handlers (threading's own shutdown, which first tells executors to finish their queued
+    work). A program whose thread never ends hangs here as it would alone."""
+    import threading
+
+    shutdown = getattr(threading, "_shutdown", None)
+    if shutdown is not None and threading.current_thread() is threading.main_thread():
+        with contextlib.suppress(Exception):  # the program's threads' failure is their own
+            shutdown()
 
 
 def _exit_status(code: object) -> int:
@@ -277,8 +292,8 @@ def wind_down() -> None:
     atexit._run_exitfuncs()
     written = (io.TextIOWrapper, io.BufferedWriter, io.BufferedRandom)
     for obj in gc.get_objects():
-        try:
-            if isinstance(obj, written) and not obj.closed:
+        try:  # by its type alone: an object's own __class__ may warn (torch's deprecations)
+            if issubclass(type(obj), written) and not obj.closed:
                 obj.flush()
         except Exception:  # noqa: BLE001, S110 - a dead weak proxy, a reader gone: as teardown
             pass
