@@ -609,3 +609,14 @@ def test_a_programs_threads_finish_before_it_exits_as_they_would_alone(tmp_path)
     assert [r["start"] for r in doc["watch"]["runs"]] == ["fresh", "forked"]
     for run in doc["watch"]["runs"]:  # its output, and nothing of the watch's
         assert Path(run["log"]).read_text() == bare.stdout
+
+
+def test_a_programs_exit_handlers_run_while_it_is_still_watched(tmp_path):
+    """An exit handler's own work (a last checkpoint saved at exit) is the program's work:
+    it runs after the main module, as it would alone, with the capture still on."""
+    done, events = _boot(tmp_path, "import atexit, torch\n"
+                                   "atexit.register(lambda: print('saved', "
+                                   "float(torch.ones(4).sum())))\nprint('main')\n")
+    assert done.returncode == 0 and done.stdout == "main\nsaved 4.0\n", done.stderr
+    (stats,) = [e[1] for e in events if e[0] == "stats" and e[1]["source"] == "torch"]
+    assert stats["ops"] >= 1, stats
