@@ -286,9 +286,9 @@ def wind_down() -> None:
     """What a normal exit does that the program would see, before ``os._exit`` skips the rest
     (interpreter teardown after a dead CUDA context can hang or crash in library destructors):
     the exit handlers registered since :func:`main` ran them, then every file it still holds
-    open flushed (a module's log or results
-    file, which teardown would flush; measured 49-53 ms over the 223,000 objects of a process
-    that imported transformers), then its standard streams."""
+    open flushed (a module's log or results file, which teardown would flush; measured 49-53
+    ms over the 223,000 objects of a process that imported transformers), then its standard
+    streams."""
     import gc
     import io
 
