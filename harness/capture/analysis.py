@@ -199,6 +199,7 @@ class Followed:
         self.keep = keep
         self.offset = 0  # the end of the last whole line read
         self.given = 0  # the file's first bytes given back to the disk
+        self.backlog = backlog
         self.mark = ReadMark(path) if backlog else None
         # Behind by this much, read on without a pause: by half the backlog, or the process
         # would wait out each pause too.
@@ -258,17 +259,8 @@ class Followed:
     def poll(self) -> bool:
         """Analyse what was written since the last read (:data:`READ_MAX` bytes at most);
         whether the watch is behind (read on without a pause)."""
-        at = self.offset
-        try:
-            batch, self.offset = read_events(self.path, self.offset)
-        except NotEvents as exc:  # read on past it: the process must not wait on it
-            batch, self.offset = [], exc.after
-            self._fail(exc, at)
-        except OSError as exc:  # the watch's own file gone: not the program's failure
-            self._fail(exc, at)
+        if not self._read():
             return False
-        if batch:
-            self._feed(batch, at)
         if self.mark is not None:
             self.mark.say(self.offset)
         if self.keep and self.offset - self.given > self.keep:
@@ -277,6 +269,23 @@ class Followed:
             else:
                 self.keep = 0  # a file system without holes: the file stays whole
         return self.behind() >= self.behind_at
+
+    def _read(self) -> bool:
+        """Read and analyse the next batch, the offset moved past it; whether the file could
+        be read (a failure to read it is kept as the analysis's own)."""
+        at = self.offset
+        try:
+            batch, self.offset = read_events(self.path, at)
+        except NotEvents as exc:  # read on past it: the process must not wait on it
+            self.offset = exc.after
+            self._fail(exc, at)
+            return True
+        except OSError as exc:  # the watch's own file gone: not the program's failure
+            self._fail(exc, at)
+            return False
+        if batch:
+            self._feed(batch, at)
+        return True
 
     def behind(self) -> int:
         """Bytes written and not yet read."""
@@ -293,18 +302,8 @@ class Followed:
             self.mark = None
         while True:
             at = self.offset
-            try:
-                batch, self.offset = read_events(self.path, at)
-            except NotEvents as exc:
-                batch, self.offset = [], exc.after
-                self._fail(exc, at)
-            except OSError as exc:
-                self._fail(exc, at)
+            if not self._read() or self.offset == at:
                 return
-            if self.offset == at:
-                return
-            if batch:
-                self._feed(batch, at)
             yield self.offset
 
     def disk_note(self, disk_mb: int) -> str:

@@ -102,8 +102,11 @@ def parse_command(command: Sequence[str]) -> Program:
     return Program(python, target, tuple(words[1:]), flags=tuple(flags))
 
 
+_PYTHON = re.compile(r"python(\d+(\.\d+)?)?")  # an interpreter's file name
+
+
 def _is_python(word: str) -> bool:
-    return re.fullmatch(r"python(\d+(\.\d+)?)?", Path(word).name) is not None or \
+    return _PYTHON.fullmatch(Path(word).name) is not None or \
         os.path.realpath(word) == os.path.realpath(sys.executable)
 
 
@@ -126,10 +129,10 @@ def _script(word: str) -> tuple[str, bool]:
 
 def _shebang(path: str) -> list[str] | None:
     """The interpreter and its flags that a script's ``#!`` line names (None: no such line;
-    a line naming another interpreter is refused): the line
-    itself (``#!/venv/bin/python3 -u``), through ``env`` (``#!/usr/bin/env python3``), or
-    pip's trampoline where the path is too long for ``#!`` (``#!/bin/sh``, then a line
-    ``'''exec' "/venv/bin/python" "$0" "$@"``)."""
+    a line naming another interpreter is refused): on the line itself (``#!/venv/bin/python3
+    -u``), through ``env`` (``#!/usr/bin/env python3``), or through pip's trampoline where the
+    path is too long for ``#!`` (``#!/bin/sh``, then ``'''exec' "/venv/bin/python" "$0"
+    "$@"``)."""
     try:
         with open(path, "rb") as f:
             head = f.read(1024).decode("utf-8", "replace").splitlines()[:2]
@@ -145,7 +148,7 @@ def _shebang(path: str) -> list[str] | None:
     elif words and Path(words[0]).name == "sh" and len(head) > 1:
         exec_line = re.match(r"'{3}exec' \"?([^\"\s]+)", head[1])
         words = [exec_line.group(1)] if exec_line else []
-    if not words or not re.fullmatch(r"python(\d+(\.\d+)?)?", Path(words[0]).name):
+    if not words or not _PYTHON.fullmatch(Path(words[0]).name):
         raise WatchError(f"{path}: not a Python program (its #! line names "
                          f"{head[0][2:].strip()!r}); gpurace watch runs Python programs that "
                          "use PyTorch or CuPy: watch the Python command the script runs")

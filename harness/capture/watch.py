@@ -426,8 +426,7 @@ def _run_program(options: WatchOptions, followed: Followed, children: ChildWatch
                  *(["--module"] if program.module else []),
                  *(["--delays", A.encode(delays)] if delays else []),
                  *(["--libraries"] if launcher.learning else []),
-                 *(["--backlog", str(backlog)] if (backlog := Shares.of(
-                     options.disk_mb).backlog) else []),
+                 *(["--backlog", str(followed.backlog)] if followed.backlog else []),
                  "--", program.target, *program.args]
     log = OutputLog(work / "program.log")
     started = time.monotonic()
