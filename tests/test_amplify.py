@@ -301,6 +301,31 @@ def test_each_amplified_runs_line_says_its_plan_and_delay(capsys):
     assert "run 4 of p amplified-2 (50 µs): corruption, no race" in err
 
 
+def test_a_runs_line_never_says_no_race_when_the_analysis_failed(capsys):
+    """The analysis of a run failed part way (gpurace's fault): its line says the races are
+    unknown, or how many it found before it failed, never "no race"."""
+    from harness.cli.watch import _WatchHooks
+    from harness.results.outcome import Outcome, TrialResult, VariantResult
+    from harness.results.watched import WatchedRun
+    hooks = _WatchHooks(True)
+    plain = VariantResult("p", "watched", "clean", "p.py", False, False, None)
+
+    def run(index: int, error: str) -> WatchedRun:
+        return WatchedRun(index=index, label="", status=0, signal=None, timed_out=False,
+                          error=None, ops=3, records=3, sources={}, events="e", trace="t",
+                          log="l", start="fresh", duration_s=1.0, launch_s=0.1, capture={},
+                          analysis_error=error)
+
+    hooks.run_finished(plain, TrialResult(0, 0, Outcome.CLEAN), run(0, "TypeError: x"))
+    hooks.run_finished(plain, TrialResult(1, 0, Outcome.CLEAN, findings=[{"kind": "raw"}]),
+                       run(1, "TypeError: x"))
+    hooks.run_finished(plain, TrialResult(2, 0, Outcome.CLEAN), run(2, ""))
+    err = capsys.readouterr().err
+    assert "run 1 of p: clean, races unknown: the analysis failed" in err
+    assert "run 2 of p: clean, 1 race before the analysis failed" in err
+    assert "run 3 of p: clean, no race" in err
+
+
 def test_issue_times_are_read_from_a_trace_too_large_to_load(tmp_path, monkeypatch):
     """A real program's watched trace runs to tens of megabytes, past what load_trace checks
     and holds: the plan's issue times are read from it line by line all the same, the same

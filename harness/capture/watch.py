@@ -279,7 +279,7 @@ def _runs(options: WatchOptions, folder: Path, variant: VariantResult, hooks: Ru
                     ran.run.children)))
             except OSError as exc:  # the run is counted; its report is what is lost
                 faults.failed("incident", folder, exc)
-        hooks.trial_finished(variant, trial)
+        hooks.run_finished(variant, trial, ran.run)
 
 
 @dataclass(frozen=True)

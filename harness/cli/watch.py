@@ -17,7 +17,7 @@ from rich.markup import escape
 from harness.limits import DELAY_MAX_US, DISK_MAX_MB, TIMEOUT_MAX_S, TRIALS_MAX
 from harness.results.hooks import RunHooks
 from harness.results.outcome import TrialResult, VariantResult
-from harness.results.watched import AmplifiedPlan, WatchResult
+from harness.results.watched import AmplifiedPlan, WatchedRun, WatchResult
 from harness.run.outputs import check_file, check_folder, sweep_dead_runs
 from harness.cli.app import main
 from harness.cli.options import format_option, junit_option, out_option
@@ -194,8 +194,17 @@ class _WatchHooks(RunHooks):
         self.text = text
 
     def trial_finished(self, result: VariantResult, trial: TrialResult) -> None:
+        self._line(result, trial, "")
+
+    def run_finished(self, result: VariantResult, trial: TrialResult, run: WatchedRun) -> None:
+        self._line(result, trial, run.analysis_error)
+
+    def _line(self, result: VariantResult, trial: TrialResult, analysis_error: str) -> None:
         if self.text:
             races = f", {counted(len(trial.findings), 'race')}" if trial.findings else ", no race"
+            if analysis_error:  # what the analysis read before it failed is all it can say
+                races = (f", {counted(len(trial.findings), 'race')} before the analysis failed"
+                         if trial.findings else ", races unknown: the analysis failed")
             which = f" {result.variant} ({result.delay_us:g} µs)" if result.amplified else ""
             _log(f"gpurace watch: run {trial.index + 1} of {result.scenario}{which}: "
                  f"{trial.outcome.value}{races}, {counted(trial.ops_total, 'op')}, "

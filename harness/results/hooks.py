@@ -4,6 +4,7 @@ speak to whoever runs it (the CLI subclasses :class:`RunHooks`)."""
 from __future__ import annotations
 
 from harness.results.outcome import TrialResult, VariantResult
+from harness.results.watched import WatchedRun
 
 
 class RunHooks:
@@ -12,6 +13,11 @@ class RunHooks:
     def variant_started(self, result: VariantResult, trials: int) -> None: ...
 
     def trial_finished(self, result: VariantResult, trial: TrialResult) -> None: ...
+
+    def run_finished(self, result: VariantResult, trial: TrialResult, run: WatchedRun) -> None:
+        """One run of a watched program ended: its trial, and the watch's own record of it
+        (whether the analysis failed, its children). By default, just the trial."""
+        self.trial_finished(result, trial)
 
     def variant_finished(self, result: VariantResult) -> None: ...
 
