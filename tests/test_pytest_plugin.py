@@ -3,8 +3,11 @@ and -p no:gpurace."""
 
 from __future__ import annotations
 
+import gzip
+import itertools
 import json
 import shutil
+import tracemalloc
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -123,3 +126,70 @@ def test_poison_and_out_reach_the_runs(pytester: pytest.Pytester, scenarios: Pat
     incidents = [json.loads(p.read_text()) for p in out.glob("run-*/*/report.json")]
     assert len(incidents) == 2  # the buggy variant's two trials
     assert all("--poison" in r["reproduce"]["argv"] for r in incidents)
+
+
+def _recorded(name: str, most: int | None = None) -> list[list[object]]:
+    """A capture's events as a program's sources emitted them (tests/capture_recorded*), the
+    first ``most`` of them."""
+    root = Path(__file__).parent
+    path = root / "capture_recorded_real" / f"{name}.jsonl.gz"
+    if not path.exists():
+        path = root / "capture_recorded" / f"{name}.jsonl"
+    opened = gzip.open(path, "rt") if path.suffix == ".gz" else path.open()
+    with opened as lines:
+        return [json.loads(line) for line in itertools.islice(lines, most) if line.strip()]
+
+
+def test_the_in_process_watch_holds_no_events_in_memory() -> None:
+    """--gpurace-watch analyses a test's events as the sink writes them out. A watched test
+    that runs long (a transformers generate loop, 20,000 events of its GPU capture), and the
+    tests after it that are not watched, leave the suite's process holding no more memory than
+    the analysis needs (the events were 4 MiB held); the findings are those of the whole
+    capture analysed at once."""
+    from harness.capture.analysis import RunAnalysis
+    from harness.capture.in_process import InProcessWatch
+
+    loop = _recorded("hf_generate-hybrid", 20_000)
+    raced = _recorded("torch_item_side-buggy")
+    watch = InProcessWatch()
+    tracemalloc.start()
+    try:
+        for where in ("outside a test", "inside a test"):
+            if where == "inside a test":
+                watch.start()
+            before = tracemalloc.get_traced_memory()[0]
+            for event in loop:
+                watch._sink.emit(event)
+            held = tracemalloc.get_traced_memory()[0] - before
+            assert held < 2 * 2**20, (where, held)
+    finally:
+        tracemalloc.stop()
+    assert watch.finish().ops > 5_000
+    watch.start()
+    for event in raced:
+        watch._sink.emit(event)
+    got = watch.finish()
+    whole = RunAnalysis(None, {})
+    whole.feed(raced)
+    whole.close()
+    assert got.findings == [f.to_json() for f in whole.findings] and got.findings
+    assert not got.failed
+
+
+def test_a_fault_of_the_in_process_analysis_is_kept_not_raised() -> None:
+    """An event the analysis cannot take, emitted in a watched test's op: the op and the
+    flush return as they would, the piece ends with the fault in a line, and the next
+    test is analysed afresh."""
+    from harness.capture.in_process import InProcessWatch
+
+    watch = InProcessWatch()
+    watch.start()
+    watch._sink.emit(["alloc", "d"])
+    watch._sink.flush()  # the program's next host wait: the analysis meets the event here
+    got = watch.finish()
+    assert got.failed.startswith("TypeError") and " at " in got.failed and not got.findings
+    watch.start()
+    for event in _recorded("torch_item_side-buggy"):
+        watch._sink.emit(event)
+    again = watch.finish()
+    assert again.findings and not again.failed

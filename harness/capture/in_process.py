@@ -6,12 +6,17 @@ pytest's own process once, and each test's events are analysed on their own when
 test whose work races fails with the finding as its message. Memory made before the test (a
 fixture's tensors) is still memory; only who made it is unknown, and races with work of earlier
 tests are not looked for.
+
+The events are analysed as the sink writes them out (at each of the test's host waits, and every
+few thousand ops), never held: a test that runs a training loop for minutes, or the hours of
+unwatched tests that follow a marked one, cost the suite no memory that grows.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import traceback
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,12 +35,42 @@ class Watched:
     failed: str = ""  # how the analysis itself failed (a fault of gpurace's), or ""
 
 
-class InProcessWatch:
-    """The sources, switched on once for this process; :meth:`piece` brackets each test."""
+class _Analysed(io.TextIOBase):
+    """The sink's file: each batch of events it writes is analysed at once while a piece is
+    watched, and let go of otherwise. A fault of the analysis ends the piece's analysis and is
+    kept, never raised into the program's op that flushed the sink."""
 
     def __init__(self) -> None:
-        self._buffer = io.StringIO()
-        self._sink = Sink(self._buffer)
+        self.analysis: RunAnalysis | None = None  # the piece's, while one is watched
+        self.failed = ""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        analysis = self.analysis
+        if analysis is not None and not self.failed:
+            try:
+                analysis.feed([json.loads(line) for line in text.splitlines() if line])
+            except Exception as exc:  # noqa: BLE001 - gpurace's fault: never the test's failure
+                self.failed = _failure(exc)
+        return len(text)
+
+
+def _failure(exc: Exception) -> str:
+    """A fault of the analysis in a line, with where it happened (the last frame)."""
+    where = traceback.extract_tb(exc.__traceback__)[-1:]
+    at = f" at {where[0].filename}:{where[0].lineno}" if where else ""
+    return f"{type(exc).__name__}: {exc}{at}"[:500]
+
+
+class InProcessWatch:
+    """The sources, switched on once for this process; :meth:`start` and :meth:`finish`
+    bracket each test."""
+
+    def __init__(self) -> None:
+        self._out = _Analysed()
+        self._sink = Sink(self._out)
         self._stops: list[Installed] = []
         self.sources: dict[str, str] = {}
         for name in REGISTERED:
@@ -47,7 +82,6 @@ class InProcessWatch:
             if version is not None:
                 self.sources[source.name] = version
                 self._stops.append(source.install(self._sink))
-        self._taken = 0
 
     @property
     def active(self) -> bool:
@@ -55,25 +89,24 @@ class InProcessWatch:
 
     def start(self) -> None:
         """Forget what came before: the next piece's events start here."""
-        self._sink.flush()
-        self._taken = self._buffer.tell()
+        self._sink.flush()  # the events since the last piece: let go of
+        self._out.analysis, self._out.failed = RunAnalysis(None, {}), ""
 
     def finish(self) -> Watched:
-        """Analyse the events since :meth:`start`."""
+        """The piece's analysis, from :meth:`start` to now."""
         self._sink.flush()
-        text = self._buffer.getvalue()[self._taken:]
-        self._buffer.seek(0)
-        self._buffer.truncate()
-        self._taken = 0
-        analysis = RunAnalysis(None, {})
-        try:
-            analysis.feed([json.loads(line) for line in text.splitlines() if line.strip()])
-            analysis.close()
-            findings = [f.to_json() for f in analysis.findings]
-        except Exception as exc:  # noqa: BLE001 - gpurace's fault: never the test's failure
-            return Watched([], analysis.translator.notes, analysis.translator.ops,
-                           f"{type(exc).__name__}: {exc}"[:500])
-        return Watched(findings, analysis.translator.notes, analysis.translator.ops)
+        analysis, self._out.analysis = self._out.analysis, None
+        if analysis is None:
+            return Watched([], [], 0)
+        failed = self._out.failed
+        if not failed:
+            try:
+                analysis.close()
+                return Watched([f.to_json() for f in analysis.findings],
+                               analysis.translator.notes, analysis.translator.ops)
+            except Exception as exc:  # noqa: BLE001 - as in _Analysed.write
+                failed = _failure(exc)
+        return Watched([], analysis.translator.notes, analysis.translator.ops, failed)
 
     def close(self) -> None:
         for stop in reversed(self._stops):
