@@ -73,6 +73,17 @@ worker.start()
 worker.join()
 print("thread", got)
 print("file", os.path.isabs(__file__))  # `python prog.py` makes it absolute
+# Higher-order ops run eagerly (torchao's pt2e reference ops call out_dtype).
+from torch._higher_order_ops.out_dtype import out_dtype
+from torch._higher_order_ops.scan import scan
+from torch.nn.attention.flex_attention import flex_attention
+i8 = torch.ones(4, 4, dtype=torch.int8)
+print("out_dtype", out_dtype(torch.ops.aten.mm.default, torch.int32, i8, i8).sum().item())
+print("scan", scan(lambda c, x: (c + x, c.clone()), torch.zeros(2), torch.ones(3, 2))[0])
+print("cond", torch.cond(torch.tensor(True), lambda a: a + 1, lambda a: a - 1,
+                         (torch.ones(2),)).tolist())
+q = torch.ones(1, 1, 4, 8)
+print("flex", flex_attention(q, q, q).sum().item())
 '''
 
 
@@ -90,9 +101,10 @@ def _boot(tmp_path: Path, program: str, *extra: str) -> tuple[subprocess.Complet
 
 
 def test_ordinary_pytorch_work_runs_watched_as_it_runs_alone(tmp_path):
-    """FSDP2, forked DataLoader workers, subclasses and odd layouts, torch.compile and a
-    thread: the watched run prints what the bare run prints, says nothing more on stderr,
-    and its capture read every op it was given (no failure counted)."""
+    """FSDP2, forked DataLoader workers, subclasses and odd layouts, torch.compile, a thread
+    and higher-order ops run eagerly: the watched run prints what the bare run prints, says
+    nothing more on stderr, and its capture read every op it was given (no failure counted);
+    the higher-order ops, whose insides it cannot see, are named in a note."""
     prog = tmp_path / "alone.py"
     prog.write_text(_ORDINARY)
     bare = subprocess.run([TORCH_PYTHON, prog.name], capture_output=True, text=True,
@@ -105,6 +117,9 @@ def test_ordinary_pytorch_work_runs_watched_as_it_runs_alone(tmp_path):
     (stats,) = [e[1] for e in events if e[0] == "stats" and e[1]["source"] == "torch"]
     assert stats["failures"] == {} and stats["ops"] > 100, stats
     assert events[-1][0] == "exit" and events[-1][1]["status"] == 0
+    (note,) = [e[1] for e in events if e[0] == "note" and "higher-order" in e[1]]
+    assert note.endswith("not seen: cond (1x), flex_attention (1x), out_dtype (1x), "
+                         "scan (1x)"), note
 
 
 # The source's reading of single ops, in process: the CUDA stream id is the one thing a CPU

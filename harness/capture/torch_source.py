@@ -136,6 +136,8 @@ class _Capture:
         self.collectives: Collectives | None = None  # where torch.distributed is
         self.graphs = Graphs(self)  # the CUDA graphs it captures and replays
         self.unannotated: dict[str, int] = {}  # extension ops whose writes are not known
+        self.higher_order: dict[str, int] = {}  # torch.cond, scan, ...: run, inside unseen
+        self.HigherOrderOperator = torch._ops.HigherOrderOperator
 
     # ---- names -------------------------------------------------------------------------------
     def name_pending(self) -> None:
@@ -209,6 +211,11 @@ class _Capture:
         """What ``func``'s schema says, worked out at its first call; None where it cannot be
         read (the op then runs unwatched, counted)."""
         plan = self.plans.get(id(func))  # an op's hash is Python code; its id is not
+        if plan is None and isinstance(func, self.HigherOrderOperator):
+            # torch.cond, scan, out_dtype, flex_attention run eagerly: PyTorch takes the mode
+            # off the stack while one runs, so what it runs inside is not seen (counted).
+            self.higher_order[func.name()] = self.higher_order.get(func.name(), 0) + 1
+            return None
         if plan is None:
             try:
                 plan = self.plans[id(func)] = Plan(func, decomposes(func, self.guard))
@@ -600,6 +607,11 @@ def install(sink: E.Sink, amplifier: Amplifier | None = None) -> Installed:
         return call
 
     class _Mode(TorchDispatchMode):
+        # A higher-order op (torch.cond, scan, out_dtype, an eager flex_attention) comes to a
+        # mode only where it says so; otherwise PyTorch raises in the program. It runs as it
+        # would unwatched (Capture.plan).
+        supports_higher_order_operators = True
+
         @classmethod
         def ignore_compile_internals(cls) -> bool:
             return True  # torch.compile compiles as it would alone, the mode off meanwhile
@@ -747,12 +759,15 @@ def install(sink: E.Sink, amplifier: Amplifier | None = None) -> Installed:
         if cap.collectives is not None:
             for line in cap.collectives.notes():
                 sink.emit(["note", line])
-        if cap.unannotated:
-            sink.emit(["note", "PyTorch: extension ops whose schema marks no argument written "
-                               "and that return nothing ran; what they write is not known, so "
-                               "only their reads were checked: " + ", ".join(
-                                   f"{name} ({count}x)" for name, count
-                                   in sorted(cap.unannotated.items()))])
+        for counts, what in (
+                (cap.unannotated, "extension ops whose schema marks no argument written and "
+                                  "that return nothing ran; what they write is not known, so "
+                                  "only their reads were checked"),
+                (cap.higher_order, "higher-order ops ran as they would unwatched; the ops "
+                                   "they ran inside were not seen")):
+            if counts:
+                sink.emit(["note", f"PyTorch: {what}: " + ", ".join(
+                    f"{name} ({count}x)" for name, count in sorted(counts.items()))])
         cap.guard.say_summary()
         sink.emit(cap.stats())
 
