@@ -58,6 +58,8 @@ CORPUS: tuple[Entry, ...] = (
       for impl in ("fused", "foreach", "forloop")),
     *(Entry(f"sdpa-{backend}", "sdpa.py", ("--backend", backend), ("torch",), TORCH)
       for backend in ("flash", "efficient", "math", "cudnn")),
+    *(Entry(f"flex_attention-{mode}", "flex_attention.py", ("--mode", mode), needs, TORCH)
+      for mode, needs in (("eager", ("torch",)), ("compiled", ("torch", "triton")))),
     Entry("item_loop", "item_loop.py", (), ("torch", "numpy"), TORCH),
     Entry("item_loop-all_reduce", "item_loop.py", ("--all-reduce",),
           ("torch", "numpy", "torch.distributed"), TORCH),
