@@ -14,8 +14,9 @@ test; ``-p no:gpurace`` turns the plugin off. Installed with gpurace (entry poin
 
 ``--gpurace-watch`` runs every test with `gpurace watch`'s capture on, in pytest's own process
 (a test marked ``@pytest.mark.gpurace_watch`` is watched without the option): a test whose
-PyTorch or CuPy work races fails, the finding as its failure text. Where neither PyTorch nor
-CuPy imports, the option says so once and the tests run unwatched.
+PyTorch or CuPy work races fails, the finding as its failure text; what the capture could not
+see is said once, in a ``gpurace watch`` section of the summary. Where neither PyTorch nor CuPy
+imports, the option says so once and the tests run unwatched.
 """
 
 from __future__ import annotations
@@ -112,8 +113,20 @@ def _races(findings: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The watch's sources stop here, and what they say of the whole session (ops they could
+    not read, work run unseen, counted) is its own section of the summary, never silent."""
+    if not _WATCH:
+        return
+    notes = _WATCH.pop().close()
+    if notes:
+        terminalreporter.write_sep("=", "gpurace watch")
+        for note in notes:
+            terminalreporter.write_line(f"note: {note}")
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
-    if _WATCH:
+    if _WATCH:  # no summary (an interrupted session): switch the sources off all the same
         _WATCH.pop().close()
 
 

@@ -582,6 +582,26 @@ def test_a_fault_of_the_analysis_under_pytest_warns_and_never_fails_the_test(tmp
     assert "1 passed" in done.stdout and "a fault of gpurace's, not the test's" in done.stdout
 
 
+def test_what_the_watch_could_not_see_under_pytest_is_said_in_the_summary(tmp_path):
+    """pytest --gpurace-watch: what the sources say as they stop (here a higher-order op whose
+    inside was not seen, counted over the session's tests) is a section of pytest's summary,
+    and the tests' verdicts are their own."""
+    (tmp_path / "test_hop.py").write_text(
+        "import torch\nfrom torch._higher_order_ops.out_dtype import out_dtype\n"
+        "def mm(x):\n    return out_dtype(torch.ops.aten.mm.default, torch.int32, x, x)\n"
+        "def test_one():\n    assert mm(torch.ones(4, 4, dtype=torch.int8)).sum() == 64\n"
+        "def test_two():\n    assert mm(torch.ones(2, 2, dtype=torch.int8)).sum() == 8\n")
+    done = subprocess.run(
+        [TORCH_PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--gpurace-watch",
+         "test_hop.py"], capture_output=True,
+        text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:]
+    section = done.stdout[done.stdout.index("gpurace watch ="):]
+    assert "note: PyTorch: higher-order ops ran as they would unwatched; the ops they ran " \
+           "inside were not seen: out_dtype (2x)" in section, done.stdout[-2000:]
+    assert "2 passed" in section
+
+
 def test_a_file_the_program_never_closed_is_written_as_a_normal_exit_writes_it(tmp_path):
     """A results file a module holds open to the end (never closed: the interpreter's exit
     flushes it) is written under the watch too, fresh and forked runs alike, though the

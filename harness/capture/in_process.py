@@ -108,7 +108,13 @@ class InProcessWatch:
                 failed = _failure(exc)
         return Watched([], analysis.translator.notes, analysis.translator.ops, failed)
 
-    def close(self) -> None:
+    def close(self) -> list[str]:
+        """Switch the sources off; what they say as they stop (what they could not read, and
+        what ran unseen, counted over every test) is returned."""
+        self.start()
         for stop in reversed(self._stops):
             stop()
         self._stops.clear()
+        said = self.finish()
+        return said.notes + ([f"the analysis of the sources' last words failed: {said.failed}"]
+                             if said.failed else [])
