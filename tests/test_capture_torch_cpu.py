@@ -565,6 +565,14 @@ def test_a_fault_of_the_watchs_own_analysis_never_harms_the_program(tmp_path):
     assert "Traceback" in Path(run["events"] + ".error.txt").read_text()
 
 
+def _pytest_watched(folder: Path, tests: str) -> subprocess.CompletedProcess[str]:
+    """pytest --gpurace-watch on the test file ``tests`` in ``folder``."""
+    return subprocess.run(
+        [TORCH_PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--gpurace-watch", tests],
+        capture_output=True, text=True, cwd=folder,
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+
+
 def test_a_fault_of_the_analysis_under_pytest_warns_and_never_fails_the_test(tmp_path):
     """pytest --gpurace-watch: an event the analysis cannot take (put in the watch's sink by
     the test, as a buggy source would) leaves the test's own verdict alone, with a warning
@@ -574,10 +582,7 @@ def test_a_fault_of_the_analysis_under_pytest_warns_and_never_fails_the_test(tmp
         "def test_odd():\n    x = torch.ones(3)\n"
         "    pytest_plugin._WATCH[0]._sink.emit(['alloc', 'd'])\n"
         "    assert float(x.sum()) == 3.0\n")
-    done = subprocess.run(
-        [TORCH_PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--gpurace-watch",
-         "test_odd.py"], capture_output=True,
-        text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    done = _pytest_watched(tmp_path, "test_odd.py")
     assert done.returncode == 0, done.stdout[-3000:]
     assert "1 passed" in done.stdout and "a fault of gpurace's, not the test's" in done.stdout
 
@@ -591,10 +596,7 @@ def test_what_the_watch_could_not_see_under_pytest_is_said_in_the_summary(tmp_pa
         "def mm(x):\n    return out_dtype(torch.ops.aten.mm.default, torch.int32, x, x)\n"
         "def test_one():\n    assert mm(torch.ones(4, 4, dtype=torch.int8)).sum() == 64\n"
         "def test_two():\n    assert mm(torch.ones(2, 2, dtype=torch.int8)).sum() == 8\n")
-    done = subprocess.run(
-        [TORCH_PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--gpurace-watch",
-         "test_hop.py"], capture_output=True,
-        text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    done = _pytest_watched(tmp_path, "test_hop.py")
     assert done.returncode == 0, done.stdout[-3000:]
     section = done.stdout[done.stdout.index("gpurace watch ="):]
     assert "note: PyTorch: higher-order ops ran as they would unwatched; the ops they ran " \
