@@ -5,6 +5,7 @@ its arguments must be among the writes the capture says.
     python tests/op_sweep.py [--ops add,mul] [--samples 3] [--grad | --inference]
                              [--device cuda] [--json F]
     python tests/op_sweep.py --modules [--ops nn.LSTM]
+    python tests/op_sweep.py --hops [--ops cond,scan]
 
 PyTorch ships ``torch.testing._internal.common_methods_invocations.op_db``: over 700 ops, each
 with sample inputs that its own test suite runs (views, non-contiguous and broadcast tensors,
@@ -12,9 +13,10 @@ scalars, empty tensors), and its in-place variant where it has one. For each op,
 in-place variant, and its ``out=`` form (where it supports one), and each of its first
 samples (float32, else the first dtype it supports):
 
-- it runs bare, and again with the capture on, from the same samples and the same seed; the
-  result (values, NaNs at the same places, dtype, shape) or the exception must be the same, and
-  so must the arguments after the op;
+- it runs bare (the capture's mode off the stack, as a program runs unwatched), and again with
+  the capture on, from the same samples and the same seed; the result (values, NaNs at the
+  same places, dtype, shape) or the exception must be the same, and so must the arguments
+  after the op;
 - the sample's storages are taken for the watched memory (pinned host memory, the only memory a
   CPU has that the capture watches), and the bytes that changed in them during the watched run
   must all lie in the write spans of the events the capture emitted: a byte written that the
@@ -26,6 +28,9 @@ samples (float32, else the first dtype it supports):
 ``--grad`` makes samples that require grad and runs each op's backward too (other kernels, and
 ops that reach the mode whole); ``--inference`` runs each op under ``torch.inference_mode()``,
 where PyTorch hands a dispatch mode composite ops whole.
+
+With ``--hops`` it runs PyTorch's database of higher-order ops (``hop_db``: torch.cond, scan,
+while_loop, flex_attention, ...), which reach a dispatch mode whole.
 
 With ``--modules`` it runs PyTorch's module database (``common_modules.module_db``) the same
 way: each module trains (forward, backward, an SGD step) and runs in eval mode, and the bytes
@@ -40,6 +45,7 @@ what it found.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import io
 import json
@@ -57,9 +63,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from harness.capture.events import DEVICE, HOST  # noqa: E402 - gpurace from this checkout
 
 SEED = 1234
+BARE, PLAIN, WATCHED = "bare", "plain", "watched"  # how Sweep.call runs an op
+ANY_MODE = "any mode"  # a difference PyTorch's own pass-through mode makes too
 UNINITIALIZED = ("empty", "new_empty")
 """Ops whose results hold whatever the allocator's block held: only their kind and shape are
 compared."""
+
+
+@functools.cache
+def _passing_mode() -> type:
+    """A dispatch mode that lets every op through, as PyTorch's documentation writes one, and
+    higher-order ops too (which a mode must say it takes)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Passing(TorchDispatchMode):
+        supports_higher_order_operators = True
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
+                               kwargs: Any = None) -> Any:
+            return func(*args, **(kwargs or {}))
+
+    return Passing
 
 
 class Problem(NamedTuple):
@@ -68,7 +92,7 @@ class Problem(NamedTuple):
     op: str
     form: str  # "op", "inplace" or "out"
     sample: int
-    kind: str  # "differs", "unsaid write", "capture failed"
+    kind: str  # "differs", ANY_MODE, "unsaid write", "capture failed"
     what: str
 
     def line(self) -> str:
@@ -174,14 +198,26 @@ class Sweep:
                 break
         return out
 
-    def call(self, fn: Callable[..., Any], sample: Any, out: Any) -> Outcome:
+    def call(self, fn: Callable[..., Any], sample: Any, out: Any, under: str = WATCHED
+             ) -> Outcome:
+        """``fn`` on ``sample``, ``under`` the capture's mode (WATCHED), with it off the stack
+        as a program runs unwatched (BARE), or with only PyTorch's own pass-through mode
+        there (PLAIN). A mode on the stack, even one that lets every op through, is seen by
+        what asks for one: higher-order ops, and PyTorch's linear algebra, which then takes
+        the paths it keeps for tensor subclasses."""
+        from torch.utils._python_dispatch import _disable_current_modes
+
         torch = self.torch
         torch.manual_seed(SEED + 1)
         kwargs = dict(sample.kwargs)
         if out is not None:
             kwargs["out"] = out
         try:
-            with torch.inference_mode(self.inference):
+            with torch.inference_mode(self.inference), contextlib.ExitStack() as modes:
+                if under != WATCHED:
+                    modes.enter_context(_disable_current_modes())
+                if under == PLAIN:
+                    modes.enter_context(_passing_mode()())
                 result = fn(sample.input, *sample.args, **kwargs)
             if self.grad and out is None:
                 result = (result, self.backward(result, sample))
@@ -218,7 +254,7 @@ class Sweep:
         """``make`` gives a fresh sample and its ``out=`` tensors (or None), the same each call."""
         torch, cap = self.torch, self.cap
         sample, out = make()
-        bare = self.call(fn, sample, out)
+        bare = self.call(fn, sample, out, BARE)
         sample, out = make()
         storages = {}
         for t in tensors([sample.input, sample.args, sample.kwargs, out]):
@@ -244,22 +280,34 @@ class Sweep:
         events = [json.loads(line) for line in self.out.getvalue()[start:].splitlines() if line]
         for ptr in storages:
             cap.pinned.pop(ptr, None)
+        plain = None
+        if bare.error != watched.error or same(bare.result, watched.result):
+            plain = self.call(fn, *make(), PLAIN)  # is it the capture's, or any mode's?
         self.check(Problem(name, form, index, "", ""), bare, watched, events,
-                   {ptr: (s, before[ptr]) for ptr, s in storages.items()}, failures)
+                   {ptr: (s, before[ptr]) for ptr, s in storages.items()}, failures, plain)
 
     def check(self, at: Problem, bare: Outcome, watched: Outcome, events: list[list[Any]],
-              storages: dict[int, tuple[Any, Any]], failures: dict[str, int]) -> None:
+              storages: dict[int, tuple[Any, Any]], failures: dict[str, int],
+              plain: Outcome | None = None) -> None:
         """What went wrong in the run ``at`` names: ``storages`` are its arguments' (with
-        their bytes before the watched run), ``failures`` the capture's counts before it."""
+        their bytes before the watched run), ``failures`` the capture's counts before it,
+        ``plain`` the run under PyTorch's own pass-through mode (where it differed)."""
         def problem(kind: str, what: str) -> None:
             self.problems.append(at._replace(kind=kind, what=what))
 
+        values = not at.op.startswith(UNINITIALIZED)
+        # Where PyTorch's own pass-through mode gives what the capture's gives, the difference
+        # is PyTorch's, for any mode (its CUDA sanitizer's too): said, not the capture's.
+        differs = "differs"
+        if plain is not None and plain.error == watched.error and (
+                watched.error is not None or not same(plain.result, watched.result, values)):
+            differs = ANY_MODE
         if bare.error != watched.error:
-            problem("differs", f"bare {bare.error}, watched {watched.error}")
+            problem(differs, f"bare {bare.error}, watched {watched.error}")
         elif bare.error is None:
-            why = same(bare.result, watched.result, values=not at.op.startswith(UNINITIALIZED))
+            why = same(bare.result, watched.result, values=values)
             if why:
-                problem("differs", f"result: {why}")
+                problem(differs, f"result: {why}")
         why = same(bare.args_after, watched.args_after)
         if why:
             problem("differs", f"arguments after: {why}")
@@ -296,7 +344,7 @@ class Sweep:
             if op.inplace_variant is not None:
                 self.run(op.name, "inplace", index, make, op.inplace_variant)
             if op.supports_out:
-                bare = self.call(op, self.samples_of(op, dtype)[index], None)
+                bare = self.call(op, self.samples_of(op, dtype)[index], None, BARE)
                 if bare.error is None and isinstance(bare.result, torch.Tensor):
                     like = bare.result
                     self.run(op.name, "out", index,
@@ -366,6 +414,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="each op under torch.inference_mode() (not with --grad)")
     parser.add_argument("--modules", action="store_true",
                         help="PyTorch's module database instead of its ops")
+    parser.add_argument("--hops", action="store_true",
+                        help="PyTorch's database of higher-order ops (torch.cond, scan, "
+                             "flex_attention, ...) instead of its ops")
     parser.add_argument("--start", type=int, default=0, help="skip the database's first N")
     parser.add_argument("--verbose", action="store_true", help="name each entry as it starts")
     args = parser.parse_args(argv)
@@ -376,6 +427,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.modules:
         from torch.testing._internal.common_modules import module_db
         what, database, one = "modules", module_db, sweep.sweep_module
+    elif args.hops:
+        from torch.testing._internal.hop_db import hop_db
+        what, database, one = "higher-order ops", hop_db, sweep.sweep
     else:
         from torch.testing._internal import common_methods_invocations as databases
         # The ops, then the _foreach_ ops (lists of tensors, as optimizers call them), which
@@ -407,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
           + (", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "no problem"))
     if args.json:
         Path(args.json).write_text(json.dumps([p._asdict() for p in sweep.problems], indent=1))
-    return 1 if any(p.kind != "capture failed" for p in sweep.problems) else 0
+    return 1 if any(p.kind not in ("capture failed", ANY_MODE) for p in sweep.problems) else 0
 
 
 if __name__ == "__main__":
