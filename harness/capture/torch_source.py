@@ -137,7 +137,8 @@ class _Capture:
         self.graphs = Graphs(self)  # the CUDA graphs it captures and replays
         self.unannotated: dict[str, int] = {}  # extension ops whose writes are not known
         self.higher_order: dict[str, int] = {}  # torch.cond, scan, ...: run, inside unseen
-        self.HigherOrderOperator = torch._ops.HigherOrderOperator
+        # () where this PyTorch has none: isinstance of nothing is False.
+        self.HigherOrderOperator = getattr(torch._ops, "HigherOrderOperator", ())
 
     # ---- names -------------------------------------------------------------------------------
     def name_pending(self) -> None:
