@@ -142,14 +142,14 @@ def _recorded(name: str, most: int | None = None) -> list[list[object]]:
 
 def test_the_in_process_watch_holds_no_events_in_memory() -> None:
     """--gpurace-watch analyses a test's events as the sink writes them out. A watched test
-    that runs long (a transformers generate loop, 20,000 events of its GPU capture), and the
+    that runs long (a transformers generate loop, 10,000 events of its GPU capture), and the
     tests after it that are not watched, leave the suite's process holding no more memory than
-    the analysis needs (the events were 4 MiB held); the findings are those of the whole
+    the analysis needs (the events were 2.2 MiB held); the findings are those of the whole
     capture analysed at once."""
     from harness.capture.analysis import RunAnalysis
     from harness.capture.in_process import InProcessWatch
 
-    loop = _recorded("hf_generate-hybrid", 20_000)
+    loop = _recorded("hf_generate-hybrid", 10_000)
     raced = _recorded("torch_item_side-buggy")
     watch = InProcessWatch()
     tracemalloc.start()
@@ -161,10 +161,10 @@ def test_the_in_process_watch_holds_no_events_in_memory() -> None:
             for event in loop:
                 watch._sink.emit(event)
             held = tracemalloc.get_traced_memory()[0] - before
-            assert held < 2 * 2**20, (where, held)
+            assert held < 2**20, (where, held)
     finally:
         tracemalloc.stop()
-    assert watch.finish().ops > 5_000
+    assert watch.finish().ops > 2_000
     watch.start()
     for event in raced:
         watch._sink.emit(event)
