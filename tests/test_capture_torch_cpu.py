@@ -84,6 +84,10 @@ print("cond", torch.cond(torch.tensor(True), lambda a: a + 1, lambda a: a - 1,
                          (torch.ones(2),)).tolist())
 q = torch.ones(1, 1, 4, 8)
 print("flex", flex_attention(q, q, q).sum().item())
+# A subclass made from a tensor, as tensordict makes its MemoryMappedTensor.
+class Wrapped(torch.Tensor):
+    __torch_function__ = torch._C._disabled_torch_function_impl
+print("subclass", type(Wrapped(torch.ones(2))).__name__, Wrapped(torch.ones(2)).sum().item())
 '''
 
 
@@ -101,10 +105,11 @@ def _boot(tmp_path: Path, program: str, *extra: str) -> tuple[subprocess.Complet
 
 
 def test_ordinary_pytorch_work_runs_watched_as_it_runs_alone(tmp_path):
-    """FSDP2, forked DataLoader workers, subclasses and odd layouts, torch.compile, a thread
-    and higher-order ops run eagerly: the watched run prints what the bare run prints, says
-    nothing more on stderr, and its capture read every op it was given (no failure counted);
-    the higher-order ops, whose insides it cannot see, are named in a note."""
+    """FSDP2, forked DataLoader workers, subclasses (used and made) and odd layouts,
+    torch.compile, a thread and higher-order ops run eagerly: the watched run prints what the
+    bare run prints, says nothing more on stderr, and its capture read every op it was given
+    (no failure counted); the higher-order ops, whose insides it cannot see, are named in a
+    note."""
     prog = tmp_path / "alone.py"
     prog.write_text(_ORDINARY)
     bare = subprocess.run([TORCH_PYTHON, prog.name], capture_output=True, text=True,

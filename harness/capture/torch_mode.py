@@ -1,5 +1,6 @@
 """What the PyTorch source's dispatch mode must know of PyTorch's own machinery: Dynamo's
-frame hook, activation checkpointing's early stop, composite ops, and tensor subclasses.
+frame hook, activation checkpointing's early stop, composite ops, and tensor subclasses (made
+and dispatched).
 
 Each is read here once, version by version: a PyTorch without one of them gets the mode's
 plain behaviour, never an error.
@@ -52,6 +53,30 @@ def checkpoint_early_stop_off() -> Any:
     except Exception:  # an older PyTorch without early stop: nothing to turn off
         return None
     return off
+
+
+def subclass_made_bare(mode: type) -> Callable[[Any], Any]:
+    """The wrapper of ``torch.Tensor.__new__`` (what ``Subclass(tensor)`` calls) that makes the
+    subclass with ``mode`` off the stack where it is the current mode.
+
+    PyTorch makes ``Subclass(tensor)`` from an alias of ``tensor``, taken through the
+    dispatcher. Under any dispatch mode the alias comes back with a Python object of its own
+    (a plain tensor), and PyTorch then refuses to make it the subclass ("the raw Tensor
+    object is already associated to a python object of type Tensor"): tensordict's
+    MemoryMappedTensor, and any subclass made the documented way, broke under the watch (and
+    under PyTorch's own pass-through mode). An alias touches no bytes, so nothing is lost."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode, _pop_mode_temporarily
+
+    def make(original: Any) -> Any:
+        # (cls, ...) taken as *args: Dynamo checks the signature of torch.Tensor.__new__
+        # against its own stand-in's when it is imported, and takes *args, **kwargs for any.
+        def new(*args: Any, **kwargs: Any) -> Any:
+            if isinstance(_get_current_dispatch_mode(), mode):
+                with _pop_mode_temporarily():
+                    return original(*args, **kwargs)
+            return original(*args, **kwargs)
+        return new
+    return make
 
 
 def decomposes(func: Any, guard: Failures) -> frozenset[str]:

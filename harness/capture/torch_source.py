@@ -68,7 +68,7 @@ from harness.capture.torch_collectives import Collectives
 from harness.capture.torch_graphs import Graphs
 from harness.capture.torch_mode import (checkpoint_early_stop_off, decompose, decomposes,
                                         device_of, dynamo_frame_hook, mode_backed_tensors,
-                                        subclass_handles)
+                                        subclass_handles, subclass_made_bare)
 from harness.capture.torch_patches import patch_calls
 from harness.capture.torch_ops import (SLOW_NS, SLOWEST_KEPT, Pending, Plan, byte_spans,
                                        given, tensors_in, what_of)
@@ -703,7 +703,8 @@ def install(sink: E.Sink, amplifier: Amplifier | None = None) -> Installed:
 
     def patch(owner: Any, name: str, make: Callable[[Any], Any]) -> None:
         original = getattr(owner, name)
-        patched.append((owner, name, original))
+        # What the owner only inherited is deleted again at the end, not made its own.
+        patched.append((owner, name, original if name in vars(owner) else None))
         setattr(owner, name, outside_dynamo(make(original), original))
 
     if torch.distributed.is_available():
@@ -721,6 +722,7 @@ def install(sink: E.Sink, amplifier: Amplifier | None = None) -> Installed:
         return run
 
     patch(threading.Thread, "_bootstrap_inner", bootstrap)
+    patch(torch.Tensor, "__new__", subclass_made_bare(_Mode))
 
     def in_child() -> None:
         cap.on = False  # a forked child (a DataLoader worker): not watched, never touched
@@ -756,7 +758,10 @@ def install(sink: E.Sink, amplifier: Amplifier | None = None) -> Installed:
         if early_stop is not None:
             early_stop.__exit__(None, None, None)
         for owner, name, original in reversed(patched):
-            setattr(owner, name, original)
+            if original is None:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, original)
         if cap.collectives is not None:
             for line in cap.collectives.notes():
                 sink.emit(["note", line])
