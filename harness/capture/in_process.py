@@ -7,9 +7,11 @@ test whose work races fails with the finding as its message. Memory made before 
 fixture's tensors) is still memory; only who made it is unknown, and races with work of earlier
 tests are not looked for.
 
-The events are analysed as the sink writes them out (at each of the test's host waits, and every
-few thousand ops), never held: a test that runs a training loop for minutes, or the hours of
-unwatched tests that follow a marked one, cost the suite no memory that grows.
+A test's events are held as the sink writes them out and analysed when it ends, so the analysis
+never pauses the test's own work; past :data:`HOLD_BYTES` of them (a test that runs a training
+loop for minutes) what is held is analysed at once. The events of the unwatched tests that
+follow a marked one are let go of as they come. Either way the suite's memory does not grow
+with its length.
 """
 
 from __future__ import annotations
@@ -35,26 +37,47 @@ class Watched:
     failed: str = ""  # how the analysis itself failed (a fault of gpurace's), or ""
 
 
-class _Analysed(io.TextIOBase):
-    """The sink's file: each batch of events it writes is analysed at once while a piece is
-    watched, and let go of otherwise. A fault of the analysis ends the piece's analysis and is
-    kept, never raised into the program's op that flushed the sink."""
+HOLD_BYTES = 16 << 20
+"""Bytes of a watched test's events held for the analysis at its end (about 25,000 ops)."""
 
-    def __init__(self) -> None:
+
+class _Analysed(io.TextIOBase):
+    """The sink's file: what it writes while a piece is watched is held, up to ``hold`` bytes,
+    then analysed (:meth:`drain`); otherwise let go of. A fault of the analysis ends the
+    piece's analysis and is kept, never raised into the program's op that flushed the sink."""
+
+    def __init__(self, hold: int) -> None:
         self.analysis: RunAnalysis | None = None  # the piece's, while one is watched
         self.failed = ""
+        self.hold = hold
+        self._held: list[str] = []
+        self._size = 0
 
     def writable(self) -> bool:
         return True
 
     def write(self, text: str) -> int:
-        analysis = self.analysis
-        if analysis is not None and not self.failed:
-            try:
-                analysis.feed([json.loads(line) for line in text.splitlines() if line])
-            except Exception as exc:  # noqa: BLE001 - gpurace's fault: never the test's failure
-                self.failed = _failure(exc)
+        if self.analysis is not None and not self.failed:
+            self._held.append(text)
+            self._size += len(text)
+            if self._size > self.hold:
+                self.drain()
         return len(text)
+
+    def begin(self, analysis: RunAnalysis) -> None:
+        """A new piece: what was held before is let go of."""
+        self.analysis, self.failed, self._held, self._size = analysis, "", [], 0
+
+    def drain(self) -> None:
+        """Analyse what is held."""
+        held, self._held, self._size = self._held, [], 0
+        if self.analysis is None or self.failed:
+            return
+        try:
+            for text in held:
+                self.analysis.feed([json.loads(line) for line in text.splitlines() if line])
+        except Exception as exc:  # noqa: BLE001 - gpurace's fault: never the test's failure
+            self.failed = _failure(exc)
 
 
 def _failure(exc: Exception) -> str:
@@ -68,8 +91,9 @@ class InProcessWatch:
     """The sources, switched on once for this process; :meth:`start` and :meth:`finish`
     bracket each test."""
 
-    def __init__(self) -> None:
-        self._out = _Analysed()
+    def __init__(self, hold: int = HOLD_BYTES) -> None:
+        """``hold``: bytes of a piece's events held for the analysis at its end."""
+        self._out = _Analysed(hold)
         self._sink = Sink(self._out)
         self._stops: list[Installed] = []
         self.sources: dict[str, str] = {}
@@ -89,12 +113,14 @@ class InProcessWatch:
 
     def start(self) -> None:
         """Forget what came before: the next piece's events start here."""
+        self._out.analysis = None
         self._sink.flush()  # the events since the last piece: let go of
-        self._out.analysis, self._out.failed = RunAnalysis(None, {}), ""
+        self._out.begin(RunAnalysis(None, {}))
 
     def finish(self) -> Watched:
         """The piece's analysis, from :meth:`start` to now."""
         self._sink.flush()
+        self._out.drain()
         analysis, self._out.analysis = self._out.analysis, None
         if analysis is None:
             return Watched([], [], 0)
