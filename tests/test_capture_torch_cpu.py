@@ -261,7 +261,7 @@ def test_the_op_cost_tool_times_each_part_and_its_capture_is_clean(tmp_path):
     assert all(r["own_us"] > 0 and r["bare_us"] > 0 for r in result["rows"])
     assert result["findings"] == 0 and result["events"] > 400
     assert all(r["trace_us"] is None for r in result["rows"])  # a GPU's only
-    befores = [p for p in result["parts"] if p["function"].startswith("before (torch_source")]
+    befores = [p for p in result["parts"] if p["function"].startswith("before (torch_capture")]
     assert len(befores) == 1 and befores[0]["calls"] == 3 * 200
 
 
@@ -637,7 +637,7 @@ def test_a_programs_threads_finish_before_it_exits_as_they_would_alone(tmp_path)
         "import torch, torch.distributed\n"
         "def late():\n    time.sleep(0.5)\n    print('thread done', flush=True)\n"
         "threading.Thread(target=late).start()\n"
-        "ThreadPoolExecutor(1).submit(lambda: (time.sleep(0.5), print('pool done', "
+        "ThreadPoolExecutor(1).submit(lambda: (time.sleep(1.0), print('pool done', "
         "flush=True)))\nprint('main done', flush=True)\n")
     bare = subprocess.run([TORCH_PYTHON, str(prog)], capture_output=True, text=True,
                           cwd=tmp_path, timeout=300)
