@@ -17,6 +17,7 @@ from harness.capture.analysis import RunAnalysis
 from harness.capture.events import iter_file
 from harness.capture.translate import Translator
 from harness.capture.watch import _failure_line
+from harness.results.watched import WatchedRun
 
 from tests.test_capture_recorded import CORPUS, PROGRAMS, ROOT
 from tests.test_capture_recorded import _replay as _findings
@@ -288,14 +289,24 @@ def test_a_delay_outlasts_three_times_the_hosts_way_from_the_first_op_to_the_sec
     assert _issue_times([str(tmp_path / "gone.jsonl")]) == {}
 
 
+def _watched_run(index: int, analysis_error: str = "") -> WatchedRun:
+    """A watched run's record, for the lines the CLI says as each run ends."""
+    return WatchedRun(index=index, label="", status=0, signal=None, timed_out=False,
+                      error=None, ops=3, records=3, sources={}, events="e", trace="t",
+                      log="l", start="fresh", duration_s=1.0, launch_s=0.1, capture={},
+                      analysis_error=analysis_error)
+
+
 def test_each_amplified_runs_line_says_its_plan_and_delay(capsys):
     from harness.cli.watch import _WatchHooks
     from harness.results.outcome import Outcome, TrialResult, VariantResult
     hooks = _WatchHooks(True)
     plain = VariantResult("p", "watched", "clean", "p.py", False, False, None)
     swept = VariantResult("p", "amplified-2", "clean", "p.py", False, True, 50.0, sweep=True)
-    hooks.trial_finished(plain, TrialResult(0, 0, Outcome.CLEAN, duration_s=1.5))
-    hooks.trial_finished(swept, TrialResult(3, 0, Outcome.CORRUPTION, duration_s=2.0))
+    hooks.run_finished(plain, TrialResult(0, 0, Outcome.CLEAN, duration_s=1.5),
+                       _watched_run(0))
+    hooks.run_finished(swept, TrialResult(3, 0, Outcome.CORRUPTION, duration_s=2.0),
+                       _watched_run(3))
     err = capsys.readouterr().err
     assert "run 1 of p: clean, no race" in err
     assert "run 4 of p amplified-2 (50 µs): corruption, no race" in err
@@ -306,20 +317,12 @@ def test_a_runs_line_never_says_no_race_when_the_analysis_failed(capsys):
     unknown, or how many it found before it failed, never "no race"."""
     from harness.cli.watch import _WatchHooks
     from harness.results.outcome import Outcome, TrialResult, VariantResult
-    from harness.results.watched import WatchedRun
     hooks = _WatchHooks(True)
     plain = VariantResult("p", "watched", "clean", "p.py", False, False, None)
-
-    def run(index: int, error: str) -> WatchedRun:
-        return WatchedRun(index=index, label="", status=0, signal=None, timed_out=False,
-                          error=None, ops=3, records=3, sources={}, events="e", trace="t",
-                          log="l", start="fresh", duration_s=1.0, launch_s=0.1, capture={},
-                          analysis_error=error)
-
-    hooks.run_finished(plain, TrialResult(0, 0, Outcome.CLEAN), run(0, "TypeError: x"))
+    hooks.run_finished(plain, TrialResult(0, 0, Outcome.CLEAN), _watched_run(0, "TypeError: x"))
     hooks.run_finished(plain, TrialResult(1, 0, Outcome.CLEAN, findings=[{"kind": "raw"}]),
-                       run(1, "TypeError: x"))
-    hooks.run_finished(plain, TrialResult(2, 0, Outcome.CLEAN), run(2, ""))
+                       _watched_run(1, "TypeError: x"))
+    hooks.run_finished(plain, TrialResult(2, 0, Outcome.CLEAN), _watched_run(2))
     err = capsys.readouterr().err
     assert "run 1 of p: clean, races unknown: the analysis failed" in err
     assert "run 2 of p: clean, 1 race before the analysis failed" in err

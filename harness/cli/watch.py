@@ -193,16 +193,10 @@ class _WatchHooks(RunHooks):
     def __init__(self, text: bool) -> None:
         self.text = text
 
-    def trial_finished(self, result: VariantResult, trial: TrialResult) -> None:
-        self._line(result, trial, "")
-
     def run_finished(self, result: VariantResult, trial: TrialResult, run: WatchedRun) -> None:
-        self._line(result, trial, run.analysis_error)
-
-    def _line(self, result: VariantResult, trial: TrialResult, analysis_error: str) -> None:
         if self.text:
             races = f", {counted(len(trial.findings), 'race')}" if trial.findings else ", no race"
-            if analysis_error:  # what the analysis read before it failed is all it can say
+            if run.analysis_error:  # what the analysis read before it failed is all it says
                 races = (f", {counted(len(trial.findings), 'race')} before the analysis failed"
                          if trial.findings else ", races unknown: the analysis failed")
             which = f" {result.variant} ({result.delay_us:g} µs)" if result.amplified else ""
