@@ -45,6 +45,16 @@ for call in (lambda: dst.copy_from_device(watched_src, 256),
         call()
     except Exception as exc:  # no GPU here: CuPy's own error, as the program would see it
         errors.append(type(exc).__name__)
+# Inside a watched call (as cupy.copyto copies through .data): the call's one op, not two.
+from harness.capture.cupy_capture import CallPlan
+capture = stop.capture.capture
+def copyto():
+    try:
+        dst.copy_from_device_async(watched_src, 16, side)
+    except Exception as exc:
+        errors.append(type(exc).__name__)
+capture.run("cupy.copyto", "copy_dtod", copyto, (), {},
+            lambda: CallPlan([E.Span(E.DEVICE, src.ptr, 16)], [E.Span(E.DEVICE, raw.ptr, 16)], 0))
 stop()
 unwatched = type(pointers.watch(raw)).__name__
 sink.flush()
@@ -61,7 +71,7 @@ def test_a_copy_through_a_watched_pointer_is_said_before_cupy_runs_it(tmp_path: 
     got, _ = run_printing_json(CUPY_PYTHON, _PROGRAM, tmp_path)
     assert got["same"] == ["WatchedPointer", True, True, True, True, True,
                            "WatchedPointer", True, True]  # an array's data too, one object
-    assert len(got["errors"]) == 7  # each call still ran CuPy's own code
+    assert len(got["errors"]) == 8  # each call still ran CuPy's own code
     d, s, side = 0x7F0000001000, 0x7F0000009010, 0x5100
     assert got["ops"] == [
         [0, "copy_dtod", [["d", s, 256]], [["d", d, 256]], "MemoryPointer.copy_from_device",
@@ -73,5 +83,6 @@ def test_a_copy_through_a_watched_pointer_is_said_before_cupy_runs_it(tmp_path: 
         [side, "copy_htod", [], [["d", d, 32]], "MemoryPointer.copy_from_host_async", True],
         [0, "copy_dtod", [["d", s, 8]], [["d", d, 8]], "MemoryPointer.copy_from", False],
         [0, "memset", [], [["d", d, 512]], "MemoryPointer.memset", False],
-        [side, "memset", [], [["d", d, 96]], "MemoryPointer.memset_async", False]]
+        [side, "memset", [], [["d", d, 96]], "MemoryPointer.memset_async", False],
+        [0, "copy_dtod", [["d", s, 16]], [["d", d, 16]], "cupy.copyto", False]]
     assert got["unwatched"] == "MemoryPointer"  # stopped: the program's own pointer again

@@ -24,7 +24,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from harness.capture.cupy_capture import OPAQUE, CupyCapture, named
+from harness.capture.cupy_capture import CupyCapture, named
 from harness.capture.cupy_copies import CopyHooks
 from harness.capture.events import LEGACY_STREAM
 
@@ -107,8 +107,10 @@ class PointerHooks:
         capture, hooks = self.capture, self
 
         def method(ptr: Any, *args: Any, **kwargs: Any) -> Any:
-            if not capture.active or capture.frame is OPAQUE:
-                return original(ptr, *args, **kwargs)  # inside a copy already said
+            if not capture.active or capture.frame is not None:
+                # Inside a watched call (cupy.copyto, cupy.zeros fill through ``.data``):
+                # that call's op is this copy's, said once.
+                return original(ptr, *args, **kwargs)
             try:
                 hooks.say(name, ptr, how, takes_stream, waits, *args, **kwargs)
             except Exception as exc:  # its own arguments: CuPy says what is wrong with them
