@@ -339,6 +339,46 @@ def test_the_roles_of_c10d_arguments_come_from_their_names(tmp_path: Path) -> No
     assert got["alltoall_base_"] == [["output", False, True], ["input", True, False]]
 
 
+# What the dispatcher hands a mode for a blocking and a non-blocking collective: NCCL runs the
+# blocking one (async_op=False) on the current stream since PyTorch 2.8, and the source says it
+# there (one gloo rank here, which runs both on its own thread; the flag is the op's argument).
+_BLOCKING = r'''
+import json, os, socket
+import torch, torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
+from harness.capture.torch_collectives import blocking, shape_of
+from harness.capture.torch_ops import Plan
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(s.getsockname()[1]))
+dist.init_process_group("gloo", rank=0, world_size=1)
+seen = []
+class Seen(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func.namespace == "c10d":
+            has = any(a.name == "async_op" for a in func._schema.arguments)
+            seen.append([func.__name__, has and blocking(shape_of(Plan(func), func), args, kwargs)])
+        return func(*args, **kwargs)
+x, out = torch.ones(4), torch.empty(4)
+with Seen():
+    dist.all_reduce(x)
+    dist.all_reduce(x, async_op=True).wait()
+    dist.all_gather_into_tensor(out, x)
+    dist.broadcast(x, 0, async_op=True).wait()
+dist.destroy_process_group()
+print(json.dumps(seen))
+'''
+
+
+@needs_torch
+def test_a_blocking_collective_is_told_from_its_async_op_argument(tmp_path: Path) -> None:
+    assert TORCH_PYTHON is not None
+    got, _ = run_printing_json(TORCH_PYTHON, _BLOCKING, tmp_path)
+    assert got == [["allreduce_.default", True], ["allreduce_.default", False],
+                   ["_allgather_base_.default", True], ["broadcast_.default", False]]
+
+
 @pytest.mark.parametrize("prog", sorted((ROOT / "tests" / "engine_programs").glob("*.py")),
                          ids=lambda p: p.stem)
 def test_an_engine_program_names_its_racing_lines_and_its_fix(prog: Path) -> None:
@@ -349,6 +389,9 @@ def test_an_engine_program_names_its_racing_lines_and_its_fix(prog: Path) -> Non
     race = re.search(r"\(line (\d+)\) and .* \(line (\d+)\)\. The fix is line (\d+)\.",
                      " ".join(text.split()))
     assert race, "the docstring names the racing lines and the fix"
+    # As the GPU test reads them: each "(line N)" on one line of the file.
+    assert {int(n) for n in re.findall(r"\(line (\d+)\)", text)} == {
+        int(race.group(1)), int(race.group(2))}
     lines = text.splitlines()
     launch, read, fix = (lines[int(n) - 1] for n in race.groups())
     launched = {"nccl": ("async_op=True", "functional."), "triton": ("[grid](",),

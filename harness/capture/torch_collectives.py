@@ -8,7 +8,9 @@ stream waits for the current stream when the collective is issued, the collectiv
 inputs and writes its outputs there, and the current stream is ordered after it only when the
 program calls ``work.wait()`` (at once for a blocking call, whose ``wait`` torch.distributed
 makes itself; whenever the program chooses with ``async_op=True``). Gloo runs it on a thread of
-its own, and ``wait`` blocks the host until it is done.
+its own, and ``wait`` blocks the host until it is done. Since PyTorch 2.8 (pytorch/pytorch#150398)
+a blocking call (``async_op=False``, an argument of the c10d op from then on) runs on the
+current stream itself with NCCL, and hands back no Work: it is said as an op on that stream.
 
 So each collective is said in the capture vocabulary as exactly that: the group's stream (one
 per process group and device, named after the group: "nccl stream of group 0 (default_pg) on
@@ -73,13 +75,21 @@ class Shape(NamedTuple):
     group: ArgAt | None
     name: str
     kind: str
+    async_op: ArgAt | None = None  # the blocking flag, where the op's schema has one
 
 
 def shape_of(plan: Plan, func: Any) -> Shape:
-    group = next((ArgAt(i, a.name) for i, a in enumerate(func._schema.arguments)
-                  if a.name == "process_group"), None)
+    arguments = list(enumerate(func._schema.arguments))
+    group = next((ArgAt(i, a.name) for i, a in arguments if a.name == "process_group"), None)
+    async_op = next((ArgAt(i, a.name) for i, a in arguments if a.name == "async_op"), None)
     name = plan.name.rstrip("_")
-    return Shape(roles(plan), group, name, COLLECTIVE + name)
+    return Shape(roles(plan), group, name, COLLECTIVE + name, async_op)
+
+
+def blocking(shape: Shape, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether the program issued the collective with ``async_op=False`` (False where the
+    op's schema has no such argument: a PyTorch before 2.8, or an op without it)."""
+    return shape.async_op is not None and given(shape.async_op, args, kwargs) is False
 
 
 def roles(plan: Plan) -> tuple[Role, ...]:
@@ -209,6 +219,13 @@ class Collectives:
         frame = program_frame(1)
         site = site_of(frame)
         meta: dict[str, Any] = {"site": site, "op": plan.name, "source": "torch", "t": t0}
+        pg = self.unbox_group(group)
+        if (device is not None and blocking(shape, args, kwargs)
+                and self._backend(pg, device) == "nccl"
+                and str(pg.group_name) not in self.coalescing):
+            # NCCL runs a blocking collective on the current stream: ordered as any op of it.
+            cap.emit(["op", self.current(device, frame), shape.kind, reads, writes, meta])
+            return None
         if not _through_python_api():
             # Issued from C++ (DDP's reducer, _broadcast_coalesced), which waits on the Work
             # where no source sees it: said where it was issued, in the program's order (what
@@ -217,12 +234,22 @@ class Collectives:
             cap.emit(["op", current, shape.kind, reads, writes, meta])
             self.unseen += 1
             return None
-        issue = self.on_group_stream(self.unbox_group(group), device, frame, shape.name,
+        issue = self.on_group_stream(pg, device, frame, shape.name,
                                      ["op", None, shape.kind, reads, writes, meta])
         block = self.coalescing.get(issue.group)
         if block is not None:
             block.append(issue)
         return issue
+
+    @staticmethod
+    def _backend(pg: Any, device: int | None) -> str:
+        """The backend that runs a collective of ``pg`` on ``device`` (None: host memory)."""
+        backend = str(pg.name())
+        # A group made without a backend named has both ("cpu:gloo,cuda:nccl", or just
+        # "undefined"): NCCL is the one that runs a CUDA tensor's collective.
+        if device is not None and ("nccl" in backend or backend == "undefined"):
+            return "nccl"
+        return backend
 
     def on_group_stream(self, pg: Any, device: int | None, frame: Any, name: str,
                         op: list[Any]) -> _Issue:
@@ -231,11 +258,7 @@ class Collectives:
         the event recorded after it, which a wait on the collective waits for."""
         cap = self.cap
         site = op[-1]["site"]
-        # A group made without a backend named has both ("cpu:gloo,cuda:nccl", or just
-        # "undefined"): NCCL is the one that runs a CUDA tensor's collective.
-        backend = str(pg.name())
-        if device is not None and ("nccl" in backend or backend == "undefined"):
-            backend = "nccl"
+        backend = self._backend(pg, device)
         stream = op[1] = self._stream(pg, backend, device, site)
         what = f"{name} at {site}" if site else name
         if device is not None:
