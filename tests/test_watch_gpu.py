@@ -156,12 +156,16 @@ def test_a_program_that_hangs_is_killed_at_the_timeout_and_told_as_a_hang(tmp_pa
 
 
 def test_spawned_workers_that_use_the_gpu_are_watched_each_on_its_own(tmp_path):
+    # Each worker takes CUDA up in its initializer (as one loading its model would): with
+    # the work alone, a worker that starts late may get no task and never touch the GPU.
     prog = _program(tmp_path, "import multiprocessing as mp, torch\n"
+                              "def init():\n"
+                              "    torch.zeros(1, device='cuda')\n"
                               "def work(n):\n"
                               "    return float((torch.ones(4, device='cuda') * n).sum())\n"
                               "if __name__ == '__main__':\n"
                               "    x = torch.ones(4, device='cuda')\n"
-                              "    with mp.get_context('spawn').Pool(2) as pool:\n"
+                              "    with mp.get_context('spawn').Pool(2, init) as pool:\n"
                               "        print(sum(pool.map(work, range(8))))\n"
                               "    print(x.sum().item())\n")
     code, doc, err = watch(tmp_path / "out", sys.executable, str(prog))

@@ -10,8 +10,8 @@ rank on cuda:0.
 Fix (``--fixed``): ``cm.wait()`` before the read.
 
 Race: the gather's write ``dist.all_gather_into_tensor(..., async_op=True)`` on the process
-group's stream (line 54) and the read ``outs[0].view(...) @ x`` on the default stream (line
-57). The fix is line 56.
+group's stream (line 55) and the read ``outs[0].view(...) @ x`` on the default stream
+(line 58). The fix is line 57.
 """
 
 import argparse
@@ -34,9 +34,10 @@ def main() -> int:
     if args.iters < 1:
         parser.error("--iters must be at least 1")
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(s.getsockname()[1]))
+    if "MASTER_PORT" not in os.environ:  # torchrun's rank connects to its agent's store
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(s.getsockname()[1]))
     dev = torch.device("cuda", 0)
     torch.cuda.set_device(dev)
     dist.init_process_group("nccl", rank=0, world_size=1, device_id=dev)

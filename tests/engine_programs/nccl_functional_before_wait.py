@@ -11,8 +11,8 @@ are called here as Inductor's generated code calls them. One NCCL rank on cuda:0
 Fix (``--fixed``): ``wait_tensor(out)`` before the read.
 
 Race: the gather's write ``all_gather_into_tensor(shard, 1, group)`` on the process group's
-stream (line 55) and the read ``out.view(...) @ x`` on the default stream (line 58). The fix
-is line 57.
+stream (line 56) and the read ``out.view(...) @ x`` on the default stream (line 59). The fix
+is line 58.
 """
 
 import argparse
@@ -35,9 +35,10 @@ def main() -> int:
     if args.iters < 1:
         parser.error("--iters must be at least 1")
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(s.getsockname()[1]))
+    if "MASTER_PORT" not in os.environ:  # torchrun's rank connects to its agent's store
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(s.getsockname()[1]))
     torch.cuda.set_device(0)
     dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
     functional = torch.ops._c10d_functional

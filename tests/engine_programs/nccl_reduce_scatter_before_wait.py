@@ -10,8 +10,8 @@ read what the shard held before. One NCCL rank on cuda:0: NCCL still runs it on 
 Fix (``--fixed``): ``work.wait()`` before the scaling.
 
 Race: the reduce-scatter's write ``dist.reduce_scatter_tensor(..., async_op=True)`` on the
-process group's stream (line 49) and the in-place scaling ``grad_shard.mul_(0.5)`` on the
-default stream (line 52). The fix is line 51.
+process group's stream (line 50) and the in-place scaling ``grad_shard.mul_(0.5)`` on the
+default stream (line 53). The fix is line 52.
 """
 
 import argparse
@@ -33,9 +33,10 @@ def main() -> int:
     if args.iters < 1:
         parser.error("--iters must be at least 1")
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(s.getsockname()[1]))
+    if "MASTER_PORT" not in os.environ:  # torchrun's rank connects to its agent's store
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(s.getsockname()[1]))
     torch.cuda.set_device(0)
     dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
     wrong = 0
