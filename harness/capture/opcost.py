@@ -82,6 +82,8 @@ def measure(device: str, ops: int, sizes: tuple[int, ...], rounds: int, parts: b
     if device == "cuda":
         # PyTorch's GPU trace alone, which the capture switches on (and nothing switches
         # off): every allocation, free, event and synchronize then calls into Python.
+        # PyTorch calls the hooks through the module: imported first, or each call fails.
+        import torch.cuda._gpu_trace  # noqa: F401
         torch._C._activate_gpu_trace()
         for size in sizes:
             for name, op in kinds(size).items():
