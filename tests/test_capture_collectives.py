@@ -28,7 +28,8 @@ from tests.frameworks import python_with, run_printing_json
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDED = ROOT / "tests" / "capture_recorded_cpu"
-SHAPES = ("buggy", "fixed", "blocking", "polled", "from_cpp", "future", "coalesced")
+SHAPES = ("buggy", "fixed", "blocking", "polled", "from_cpp", "future", "coalesced",
+          "no_work")
 
 
 def _findings(events: list[list]) -> list[dict]:
@@ -161,6 +162,19 @@ def coalesced(grad):  # one Work for the block
     return float(grad.sum())
 
 
+def no_work(grad):
+    # A coalesced block whose end hands back no Work, as NCCL's blocking one does from
+    # PyTorch 2.8 on (it ran on the current stream): gloo has no such block, so the source
+    # is told the block's start and end as ProcessGroup._start/_end_coalescing tell it.
+    pg = dist.distributed_c10d._get_default_group()
+    stop.capture.collectives.coalescing_started(pg)
+    work = dist.all_reduce(grad, async_op=True)
+    stop.capture.collectives.coalescing_ended(pg, None)
+    total = float(grad.sum())
+    work.wait()  # gloo's own Work, which a blocking NCCL block would not have
+    return total
+
+
 answers = {}
 for name in sys.argv[2:]:
     sink = E.Sink.to_path(os.path.join(sys.argv[1], name + ".jsonl"))
@@ -240,6 +254,19 @@ def gathered_before_wait(grad, shard):  # all_gather reads its input on the grou
 def async_tensor(grad, _):  # eager: an AsyncCollectiveTensor waits at its first use
     out = funcol.all_reduce(grad, "sum", dist.group.WORLD)
     return float(out.sum())
+
+
+def no_work(grad):
+    # A coalesced block whose end hands back no Work, as NCCL's blocking one does from
+    # PyTorch 2.8 on (it ran on the current stream): gloo has no such block, so the source
+    # is told the block's start and end as ProcessGroup._start/_end_coalescing tell it.
+    pg = dist.distributed_c10d._get_default_group()
+    stop.capture.collectives.coalescing_started(pg)
+    work = dist.all_reduce(grad, async_op=True)
+    stop.capture.collectives.coalescing_ended(pg, None)
+    total = float(grad.sum())
+    work.wait()  # gloo's own Work, which a blocking NCCL block would not have
+    return total
 
 
 answers = {}

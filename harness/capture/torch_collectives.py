@@ -283,8 +283,18 @@ class Collectives:
         # is held until the program has it (the next collective), then followed weakly, so
         # that the source keeps no Work (and none of its tensors) alive the program let go.
         held = self.unbox_work(work)
+        if held is None:  # no Work to wait on later: ordered now, as a blocking call is
+            self._ordered_now([issue])
+            return
         self._newest = held
         self._follow(held, [issue])
+
+    def _ordered_now(self, issues: list[_Issue]) -> None:
+        """Collectives that hand the program no Work: nothing can wait on them later, so the
+        program is taken to be ordered after them at once (a race is missed, none made up)."""
+        first = issues[0]
+        self.wait_for(tuple(i.event for i in issues), first.device, first.stream_wait,
+                      program_frame(1))
 
     def _follow(self, work: Any, issues: list[_Issue]) -> None:
         if len(self.issued) >= WORKS_KNOWN:
@@ -308,7 +318,11 @@ class Collectives:
         """``ProcessGroup._end_coalescing``: its Work is the block's, a wait on it a wait on
         every collective of the block (NCCL hands the ones inside no Work of their own)."""
         issues = self.coalescing.pop(str(group.group_name), [])
-        if work is not None and issues:
+        if not issues:
+            return
+        if work is None:  # a blocking block (NCCL from PyTorch 2.8 on): ordered already
+            self._ordered_now(issues)
+        else:
             self._follow(work, issues)
 
     def future_taken(self, work: Any) -> None:
