@@ -256,19 +256,6 @@ def async_tensor(grad, _):  # eager: an AsyncCollectiveTensor waits at its first
     return float(out.sum())
 
 
-def no_work(grad):
-    # A coalesced block whose end hands back no Work, as NCCL's blocking one does from
-    # PyTorch 2.8 on (it ran on the current stream): gloo has no such block, so the source
-    # is told the block's start and end as ProcessGroup._start/_end_coalescing tell it.
-    pg = dist.distributed_c10d._get_default_group()
-    stop.capture.collectives.coalescing_started(pg)
-    work = dist.all_reduce(grad, async_op=True)
-    stop.capture.collectives.coalescing_ended(pg, None)
-    total = float(grad.sum())
-    work.wait()  # gloo's own Work, which a blocking NCCL block would not have
-    return total
-
-
 answers = {}
 for name in sys.argv[2:]:
     sink = E.Sink.to_path(os.path.join(sys.argv[1], name + ".jsonl"))
