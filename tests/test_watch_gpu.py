@@ -156,8 +156,8 @@ def test_a_program_that_hangs_is_killed_at_the_timeout_and_told_as_a_hang(tmp_pa
 
 
 def test_spawned_workers_that_use_the_gpu_are_watched_each_on_its_own(tmp_path):
-    # Each worker takes CUDA up in its initializer (as one loading its model would): with
-    # the work alone, a worker that starts late may get no task and never touch the GPU.
+    # Each worker takes CUDA up in its initializer (as one loading its model would), so
+    # that each uses the GPU whichever of the tasks it is handed.
     prog = _program(tmp_path, "import multiprocessing as mp, torch\n"
                               "def init():\n"
                               "    torch.zeros(1, device='cuda')\n"
