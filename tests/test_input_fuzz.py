@@ -16,12 +16,14 @@ test with fresh randomness, and ``GPURACE_FUZZ_STATS=FILE`` appends one JSON lin
 
 from __future__ import annotations
 
+import atexit
 import functools
 import json
 import math
 import os
 import re
 import resource
+import shutil
 import tempfile
 import time
 import tracemalloc
@@ -365,10 +367,18 @@ def ticket_docs(draw: st.DrawFn) -> list[dict[str, Any]]:
 # ---- what gpurace writes, to mutate ------------------------------------------------------------
 
 
+def _scratch(prefix: str) -> Path:
+    """A folder the whole session's examples share (a fixture's would be made again for each
+    example), removed when the session ends."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
+
+
 @functools.lru_cache(maxsize=1)
 def recorded_traces() -> tuple[bytes, ...]:
     """Op traces of a few trials, as the flight recorder writes them (the runner's header)."""
-    folder = Path(tempfile.mkdtemp(prefix="gpurace-fuzz-traces-"))
+    folder = _scratch("gpurace-fuzz-traces-")
     traces = []
     sources = [(SCENARIOS / "cross_stream_race.yaml", "buggy"),
                (SCENARIOS / "zoo" / "mini_sglang_103.yaml", "fixed"),
@@ -518,7 +528,7 @@ def suite_inputs() -> st.SearchStrategy[bytes]:
 @functools.lru_cache(maxsize=1)
 def suite_folder() -> Path:
     """A copy of the scenarios' layout (links to them) where a suite's paths resolve."""
-    root = Path(tempfile.mkdtemp(prefix="gpurace-fuzz-suites-"))
+    root = _scratch("gpurace-fuzz-suites-")
     for path in SCENARIOS.iterdir():
         if path.name != "suites":
             (root / path.name).symlink_to(path)
