@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -451,10 +452,14 @@ def test_the_source_keeps_no_work_alive_that_the_program_let_go(tmp_path: Path) 
 
 
 def test_a_race_found_in_a_child_process_minimizes_from_the_runs_incident(
-        tmp_path: Path) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A race the program's child found (an engine core in a process of its own) is in no
     trace of the program's own process: its incident keeps the child's capture
-    (child-PID.jsonl), and `gpurace minimize INCIDENT` makes the scenario from it."""
+    (child-PID.jsonl), and `gpurace minimize INCIDENT` makes the scenario from it, leaving
+    nothing in the temporary folder (the op trace it made of the capture)."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     from click.testing import CliRunner
 
     from harness.capture.children import analyse_children
@@ -489,6 +494,11 @@ def test_a_race_found_in_a_child_process_minimizes_from_the_runs_incident(
     assert made.exit_code == 0, made.output
     assert "buggy manifested 5/5 (race found 5/5), fixed 0/5 (found 0/5)" in made.output
     assert "kernel:c10d.allreduce" in out.read_text()
+    # The child's capture named alone: its op trace is made, read, and removed.
+    from harness.capture.reproducer import watched_source
+    alone = watched_source(children / "child-4242.jsonl")
+    assert alone is not None and alone.findings
+    assert list(scratch.iterdir()) == []
 
 
 def test_a_trace_too_large_to_load_is_checked_and_minimized_as_a_stream(

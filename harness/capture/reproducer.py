@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -412,8 +413,7 @@ def watched_source(source: Path, children: bool = True) -> Watched | None:
     incident or trace: minimize's own). Where the program's own process found no race, the
     first of its child processes' captures that did (kept in the incident folder, or in the
     run's ``children`` folder) stands for the run."""
-    from harness.races.detector import check_trace
-    from harness.traces.optrace import is_op_trace, load_trace, stream_trace
+    from harness.traces.optrace import is_op_trace
 
     folder = source if source.is_dir() else source.parent
     report_file = source / "report.json" if source.is_dir() else (
@@ -436,16 +436,31 @@ def watched_source(source: Path, children: bool = True) -> Watched | None:
     elif isinstance(head := _first_line(source), list) and head[:1] == ["hello"]:
         from harness.capture.analysis import RunAnalysis
         from harness.capture.events import batches
-        trace_path = Path(tempfile.mkdtemp(prefix="gpurace-minimize-")) / "trace.jsonl"
-        analysis = RunAnalysis(trace_path, {"scenario": _program_of(head),
-                                            "variant": "watched"})
-        for events, _ in batches(source):
-            analysis.feed(events)
-        analysis.close()
+        # The capture's op trace, made here and read below: removed once read.
+        scratch = Path(tempfile.mkdtemp(prefix="gpurace-minimize-"))
+        try:
+            analysis = RunAnalysis(scratch / "trace.jsonl", {"scenario": _program_of(head),
+                                                              "variant": "watched"})
+            for events, _ in batches(source):
+                analysis.feed(events)
+            analysis.close()
+            return _read_watched(scratch / "trace.jsonl", folder, command, children)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
     elif is_op_trace(source) and isinstance(head, dict) and head.get("variant") == "watched":
         trace_path = source  # a scenario's trace is minimize's own: not loaded here
     else:
         return None
+    return _read_watched(trace_path, folder, command, children)
+
+
+def _read_watched(trace_path: Path, folder: Path, command: str, children: bool
+                  ) -> Watched | None:
+    """The watched run of the op trace at ``trace_path`` (``folder`` holds its children's
+    captures), or None where the trace is not a watched run's."""
+    from harness.races.detector import check_trace
+    from harness.traces.optrace import load_trace, stream_trace
+
     if not trace_path.is_file() or trace_path.stat().st_size <= TRACE_MAX_BYTES:
         trace = load_trace(trace_path)
         header, records = trace.header, tuple(trace.records)
