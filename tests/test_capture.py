@@ -495,14 +495,17 @@ TORCH_PYTHON = python_with("torch")
 @pytest.mark.skipif(TORCH_PYTHON is None, reason="no interpreter with PyTorch here")
 def test_an_installed_command_is_watched_with_its_own_interpreter(tmp_path):
     """A console script whose #! names an interpreter with PyTorch (this one has none) is
-    watched in that interpreter, and prints what it prints bare."""
+    watched in that interpreter, and prints what it prints bare; the watch leaves nothing of
+    its own in the temporary folder."""
     (tmp_path / "bin").mkdir()
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
     tool = _script(tmp_path / "bin" / "tool", f"#!{TORCH_PYTHON}\nimport torch\n"
                    "print('tool', float(torch.ones(3).sum()))\n")
     done = subprocess.run(
         [sys.executable, "-m", "harness.cli", "watch", "--format", "json", "--out",
          str(tmp_path / "out"), "--", "tool"], capture_output=True, text=True, cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(ROOT),
+        env={**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(scratch),
              "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"},
         timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -510,6 +513,7 @@ def test_an_installed_command_is_watched_with_its_own_interpreter(tmp_path):
     (run,) = doc["watch"]["runs"]
     assert "tool 3.0" in Path(run["log"]).read_text()
     assert doc["watch"]["command"] == f"{TORCH_PYTHON} {tool}"  # as it ran
+    assert not list(scratch.glob("gpurace-*"))  # the program's link to the capture, gone
 
 
 @pytest.mark.skipif(TORCH_PYTHON is None, reason="no interpreter with PyTorch here")

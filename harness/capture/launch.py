@@ -10,6 +10,7 @@ log. :func:`stop` ends the program and whatever it started.
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import shlex
@@ -318,4 +319,6 @@ def _shim() -> Path:
         shim = Path(tempfile.mkdtemp(prefix="gpurace-watch-"))
         (shim / "harness").symlink_to(_HARNESS_PARENT / "harness", target_is_directory=True)
         _SHIM.append(shim)
+        # Gone with the watch: its programs have ended by then.
+        atexit.register(shutil.rmtree, shim, ignore_errors=True)
     return _SHIM[0]
