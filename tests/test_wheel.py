@@ -21,16 +21,19 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     third-party dependencies come from this environment's site-packages through a .pth line,
     so the test needs no network; gpurace itself comes only from the wheel."""
     root = tmp_path_factory.mktemp("wheel")
+    # Without the checkout on the path: pip would take its gpurace.egg-info for gpurace
+    # installed in the venv, and install nothing.
+    env = _without_checkout()
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
                     "-q", "-w", str(root / "dist"), str(REPO)], check=True, cwd=root,
-                   capture_output=True)
+                   capture_output=True, env=env)
     [wheel] = (root / "dist").glob("gpurace-*.whl")
     venv = root / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"
     subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install",
                     "--no-deps", "--no-index", "-q", str(wheel)], check=True,
-                   capture_output=True)
+                   capture_output=True, env=env)
     site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()"
                            "['purelib'])"], check=True, capture_output=True,
                           text=True).stdout.strip()
@@ -38,9 +41,14 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return venv
 
 
+def _without_checkout() -> dict[str, str]:
+    """This environment, but for what would put the checkout on a Python's path."""
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "GPURACE_PATH")}
+
+
 def _run(venv: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "GPURACE_PATH")}
-    return subprocess.run([str(venv / "bin" / args[0]), *args[1:]], cwd=cwd, env=env,
+    return subprocess.run([str(venv / "bin" / args[0]), *args[1:]], cwd=cwd,
+                          env=_without_checkout(),
                           capture_output=True, text=True, timeout=300)
 
 
