@@ -5,6 +5,10 @@ the working directory (an output folder: ``--out reports``) would be taken for a
 package and hide it, since the working directory comes first on ``sys.path`` (``python -m``,
 pytest, and the workers, which inherit the path) and an editable install's finder is
 asked only after it. When that is about to happen, the folder that holds this package goes first.
+
+PYTEST_DONT_REWRITE: pytest marks the packages of every installed plugin (gpurace's among them)
+for assertion rewriting, and warns of each one already imported. Under `gpurace watch --
+pytest` this one is, and its asserts are not a test's, so pytest is told to leave it alone.
 """
 
 from __future__ import annotations

@@ -2,6 +2,9 @@
 
 Importing kvcore never imports cupy; only ``open_device("cuda")`` (or ``auto`` on a machine with
 a GPU) does.
+
+PYTEST_DONT_REWRITE: its asserts are not a test's. pytest, run under `gpurace watch`, finds
+this package imported already and would warn that it cannot rewrite them.
 """
 
 from __future__ import annotations

@@ -10,6 +10,9 @@ never imports ``harness`` or ``kvcore``, so reports can be read and re-rendered 
 - :func:`render_markdown` gives the human report, :func:`render_junit` the CI view of a run.
 - :func:`write_atomic` and :func:`atomic_writer` write files so that no reader ever sees half
   of one, even after a SIGKILL; :func:`remove_stale_temps` sweeps up what killed writers left.
+
+PYTEST_DONT_REWRITE: its asserts are not a test's. pytest, run under `gpurace watch`, finds
+this package imported already and would warn that it cannot rewrite them.
 """
 
 from reports.atomic import atomic_writer, remove_stale_temps, write_atomic

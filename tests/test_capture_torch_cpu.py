@@ -609,6 +609,25 @@ def test_what_the_watch_could_not_see_under_pytest_is_said_in_the_summary(tmp_pa
     assert "2 passed" in section
 
 
+def test_a_watched_pytest_with_gpurace_installed_prints_no_warning_of_gpuraces(tmp_path):
+    """`gpurace watch -- pytest` where gpurace is installed beside pytest (its pytest plugin
+    found by entry point): pytest marks every installed plugin's packages for assertion
+    rewriting, and the watch imported gpurace's before pytest started. The test run must
+    print what it prints bare, with no 'Module already imported' warning of gpurace's."""
+    (tmp_path / "test_plain.py").write_text(
+        "import torch\n"
+        "def test_the_plugin_is_found_by_its_entry_point(pytestconfig):\n"
+        "    assert pytestconfig.pluginmanager.has_plugin('gpurace')\n"
+        "    assert float(torch.ones(3).sum()) == 3.0\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "watch", "--out", str(tmp_path / "out"), "--",
+         TORCH_PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_plain.py"],
+        capture_output=True, text=True, cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert "1 passed" in done.stdout, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "warning" not in done.stdout.lower(), done.stdout[-3000:]
+
+
 def test_a_file_the_program_never_closed_is_written_as_a_normal_exit_writes_it(tmp_path):
     """A results file a module holds open to the end (never closed: the interpreter's exit
     flushes it) is written under the watch too, fresh and forked runs alike, though the

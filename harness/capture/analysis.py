@@ -184,6 +184,14 @@ class Shares(NamedTuple):
         return cls(disk // 8, disk // 4, disk // 4)
 
 
+def fault_line(exc: BaseException) -> str:
+    """A fault of the analysis (gpurace's own) in a line, with where it happened (the last
+    frame): what a run's notes say of it."""
+    where = traceback.extract_tb(exc.__traceback__)[-1:]
+    at = f" at {where[0].filename}:{where[0].lineno}" if where else ""
+    return f"{type(exc).__name__}: {exc}{at}"[:500]
+
+
 class Followed:
     """A capture events file that a process is still writing, read on from where the last read
     ended and fed to ``analysis``. Once more than ``keep`` bytes have been analysed (0: never),
@@ -221,7 +229,7 @@ class Followed:
 
     def _fail(self, exc: Exception, at: int) -> None:
         if not self.failed:
-            self.failed = f"{type(exc).__name__}: {exc}"[:500]
+            self.failed = fault_line(exc)
             self.failed_at = at
             self.failure = traceback.format_exc()
 

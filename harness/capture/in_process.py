@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import io
 import json
-import traceback
 from dataclasses import dataclass
 from typing import Any
 
-from harness.capture.analysis import RunAnalysis
+from harness.capture.analysis import RunAnalysis, fault_line
 from harness.capture.events import Sink
 from harness.capture.source import REGISTERED, Installed, load
 
@@ -77,14 +76,7 @@ class _Analysed(io.TextIOBase):
             for text in held:
                 self.analysis.feed([json.loads(line) for line in text.splitlines() if line])
         except Exception as exc:  # noqa: BLE001 - gpurace's fault: never the test's failure
-            self.failed = _failure(exc)
-
-
-def _failure(exc: Exception) -> str:
-    """A fault of the analysis in a line, with where it happened (the last frame)."""
-    where = traceback.extract_tb(exc.__traceback__)[-1:]
-    at = f" at {where[0].filename}:{where[0].lineno}" if where else ""
-    return f"{type(exc).__name__}: {exc}{at}"[:500]
+            self.failed = fault_line(exc)
 
 
 class InProcessWatch:
@@ -131,7 +123,7 @@ class InProcessWatch:
                 return Watched([f.to_json() for f in analysis.findings],
                                analysis.translator.notes, analysis.translator.ops)
             except Exception as exc:  # noqa: BLE001 - as in _Analysed.write
-                failed = _failure(exc)
+                failed = fault_line(exc)
         return Watched([], analysis.translator.notes, analysis.translator.ops, failed)
 
     def close(self) -> list[str]:
