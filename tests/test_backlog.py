@@ -267,3 +267,41 @@ print(json.dumps([json.loads(line)[1] for line in out.getvalue().splitlines()]))
                           timeout=30, env={"PYTHONPATH": str(Path(__file__).parent.parent)})
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[0] == '["before", "handler", "after"]'
+
+
+def test_a_child_forked_while_another_thread_holds_the_sink_runs_on() -> None:
+    """A forked child's capture is off, but its sources still hand the sink their events. A
+    thread of the parent (one of the program's, or the sink's own writer) may hold the sink's
+    lock at the fork: the child, which has no such thread, must not wait for it forever. Run
+    apart, since the old sink hung there."""
+    import subprocess
+    import sys
+    code = """
+import os, sys, threading
+from harness.capture.boot import watch_forks
+from harness.capture.events import Sink
+sink = Sink.to_path(os.devnull)
+take, holding, release = threading.Event(), threading.Event(), threading.Event()
+def hold():
+    take.wait()
+    with sink._lock:
+        holding.set()
+        release.wait()
+threading.Thread(target=hold, daemon=True).start()
+def grab():  # called after the watch's own handler: the lock is held at the very fork
+    take.set()
+    holding.wait()
+os.register_at_fork(before=grab)
+watch_forks(sink)
+pid = os.fork()
+if pid == 0:
+    sink.emit(["op", 1, "k", [], [], {}])  # an op of the child's, its capture off
+    os._exit(7)
+release.set()
+_, status = os.waitpid(pid, 0)
+print(os.waitstatus_to_exitcode(status))
+"""
+    done = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True,
+                          text=True, timeout=60,
+                          env={"PYTHONPATH": str(Path(__file__).parent.parent)})
+    assert done.returncode == 0 and done.stdout.strip() == "7", done.stderr

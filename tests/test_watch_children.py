@@ -277,3 +277,43 @@ def test_a_child_queues_the_delays_its_watched_parent_queues(tmp_path: Path) -> 
     finally:
         os.environ.clear()
         os.environ.update(before)
+
+
+@pytest.mark.skipif(TRITON_PYTHON is None,
+                    reason="no interpreter with Triton here (GPURACE_TEST_PYTHON)")
+def test_a_childs_last_events_reach_its_file_while_it_waits_for_other_work(
+        tmp_path: Path) -> None:
+    """A pool worker does its last GPU work, then waits on its task queue until the pool ends
+    it with SIGTERM (``Pool.__exit__``): no host wait comes to write what it held, and no exit
+    handler runs. Its events must reach the file while it waits. Here a child started by
+    Triton's import emits an event, then sleeps; the event is in its file before the test
+    kills it, and after."""
+    import signal
+    import time
+
+    from harness.capture.boot import CHILD_SITE, CHILDREN_ENV
+    env = {**os.environ, CHILDREN_ENV: str(tmp_path / "children"),
+           "PYTHONPATH": os.pathsep.join([str(CHILD_SITE), str(ROOT)])}
+    code = ("import sys, time, triton\n"
+            "(hook,) = [h for h in sys.meta_path if type(h).__name__ == 'Install']\n"
+            "hook.sink.emit(['note', 'the last work before the queue'])\n"
+            "print('waiting', flush=True)\n"
+            "time.sleep(120)\n")
+    child = subprocess.Popen([TRITON_PYTHON, "-c", code], stdout=subprocess.PIPE, text=True,
+                             env=env)
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "waiting\n"
+        path = tmp_path / "children" / f"child-{child.pid}.jsonl"
+
+        def said() -> bool:
+            return path.is_file() and any(
+                e == ["note", "the last work before the queue"] for e in iter_file(path))
+
+        deadline = time.monotonic() + 30
+        while not said() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert said(), "the child's last event was still held when it was killed"
+    finally:
+        child.send_signal(signal.SIGTERM)
+        child.wait(timeout=60)
+    assert child.returncode == -signal.SIGTERM and said()

@@ -148,10 +148,7 @@ def watch_forks(sink: E.Sink) -> None:
                                "not seen (a child started by spawn or as a subprocess is)"])
         sink.flush()
 
-    def in_child() -> None:
-        sink.closed = True  # never written again from this process
-
-    os.register_at_fork(before=before, after_in_child=in_child)
+    os.register_at_fork(before=before, after_in_child=sink.forked)
     try:
         import multiprocessing.process as mp
     except ImportError:  # pragma: no cover - a Python without multiprocessing

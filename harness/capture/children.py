@@ -76,6 +76,10 @@ class _OnFirstWrite:
             self._file.close()
 
 
+FLUSH_EVERY_S = 0.05
+"""How often a watched child writes the events it holds (its host waits write them too)."""
+
+
 def watch_child() -> None:
     """Watch this child, if its parent was watched: called by the child's sitecustomize."""
     folder = os.environ.get(CHILDREN_ENV)
@@ -108,15 +112,20 @@ def watch_child() -> None:
 
         def started(self, source: Any) -> None:
             super().install(source)
-            # Written now: a pool's worker is often ended by SIGTERM (Pool.__exit__), with
-            # no exit handler run; what it did after its last host wait is then lost.
+            # A pool's worker is often ended by SIGTERM (Pool.__exit__) while it waits on its
+            # task queue, with no exit handler run: what it did after its last host wait
+            # must be written without one.
             sink.flush()
+            if not flushing:
+                flushing.append(True)
+                sink.flush_every(FLUSH_EVERY_S)
 
     delays = os.environ.get(DELAYS_ENV)
     amplifier = None
     if delays:
         from harness.capture.amplify import Amplifier, decode
         amplifier = Amplifier(decode(delays), sink.emit)
+    flushing: list[bool] = []
     hook = Install(sink, found, amplifier)
     sys.meta_path.insert(0, hook)
     watch_forks(sink)

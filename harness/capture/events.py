@@ -66,6 +66,7 @@ import json
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple, TextIO
@@ -200,6 +201,28 @@ class Sink:
         backlog = self.backlog  # close() may take it meanwhile
         if backlog is not None:
             backlog.wrote(written)
+
+    def flush_every(self, seconds: float) -> None:
+        """Write what is held every ``seconds``, from a thread of the sink's own, until it is
+        closed: for a process that may be ended while it waits on something other than the
+        device (a pool worker idle on its task queue, then ended by SIGTERM). No host wait
+        comes there to write its last events, and no exit handler runs."""
+        def run() -> None:
+            with contextlib.suppress(Exception):  # never the program's failure, nor its stderr
+                while not self.closed:
+                    time.sleep(seconds)
+                    if self._events:
+                        self.flush()
+
+        threading.Thread(target=run, name="gpurace-flush", daemon=True).start()
+
+    def forked(self) -> None:
+        """In a child forked from this process: never write again. The lock is made anew, as
+        another thread of the parent (one of the program's, or the sink's own) may have held
+        it at the fork, and the child has no such thread to let it go."""
+        self._lock = threading.RLock()
+        self._flushing = None
+        self.closed = True
 
     def close(self) -> None:
         backlog, self.backlog = self.backlog, None  # the last write waits for no one
