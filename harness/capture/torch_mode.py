@@ -127,12 +127,24 @@ def decompose(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return op_dk(torch._C.DispatchKey.CompositeImplicitAutograd, *args, **kwargs)
 
 
-def device_of(args: tuple[Any, ...], tensor: type) -> str | None:
-    """The device type of an op's first tensor argument, or None where it has none."""
+def dense_device_of(args: tuple[Any, ...], tensor: type) -> str | None:
+    """The device ("cpu", "cuda") whose dense kernels the dispatcher picks for an op's tensor
+    arguments; None where it has none, or where one is of a kind with kernels of its own
+    (nested, sparse, quantized, MKL-DNN, meta), which the dispatcher picks by that kind: a
+    nested tensor's ``chunk`` is its own, and its decomposition calls ``split``, which nested
+    tensors lack."""
+    import torch
+    keys, cpu, cuda = torch._C._dispatch_keys, torch._C.DispatchKey.CPU, \
+        torch._C.DispatchKey.CUDA
+    device = None
     for value in args:
         for t in tensors_in(value, tensor):
-            return t.device.type
-    return None
+            held = keys(t)
+            kind = "cuda" if held.has(cuda) else "cpu" if held.has(cpu) else None
+            if kind is None:
+                return None
+            device = device or kind
+    return device
 
 
 def subclass_handles(types: Any, mode_backed: tuple[type, ...]) -> bool | None:

@@ -66,7 +66,7 @@ from harness.capture.sites import warm_up
 from harness.capture.source import Installed
 from harness.capture.torch_capture import Capture
 from harness.capture.torch_collectives import Collectives
-from harness.capture.torch_mode import (checkpoint_early_stop_off, decompose, device_of,
+from harness.capture.torch_mode import (checkpoint_early_stop_off, decompose, dense_device_of,
                                         dynamo_frame_hook, mode_backed_tensors,
                                         subclass_handles, subclass_made_bare)
 from harness.capture.torch_patches import patch_calls
@@ -176,7 +176,7 @@ def install(sink: E.Sink, amplifier: Amplifier | None = None) -> Installed:
             plan = plans.get(id(func)) or cap.plan(func)
             if plan is None:
                 return func(*args, **(kwargs or {}))
-            if plan.decomposes and device_of(args, cap.Tensor) in plan.decomposes:
+            if plan.decomposes and dense_device_of(args, cap.Tensor) in plan.decomposes:
                 # Under inference_mode the dispatcher hands the mode composite ops whole
                 # (linear, and .to(), whose schema says it may return its input): their
                 # copies and kernels run inside it, unseen. Run the decomposition with the
