@@ -76,8 +76,9 @@ class _OnFirstWrite:
             self._file.close()
 
 
-FLUSH_EVERY_S = 0.05
-"""How often a watched child writes the events it holds (its host waits write them too)."""
+QUIET_S = 0.05
+"""A watched child writes the events it holds once none has come for this long (its host waits
+write them too)."""
 
 
 def watch_child() -> None:
@@ -118,7 +119,7 @@ def watch_child() -> None:
             sink.flush()
             if not flushing:
                 flushing.append(True)
-                sink.flush_every(FLUSH_EVERY_S)
+                sink.flush_when_quiet(QUIET_S)
 
     delays = os.environ.get(DELAYS_ENV)
     amplifier = None

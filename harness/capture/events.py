@@ -202,17 +202,23 @@ class Sink:
         if backlog is not None:
             backlog.wrote(written)
 
-    def flush_every(self, seconds: float) -> None:
-        """Write what is held every ``seconds``, from a thread of the sink's own, until it is
-        closed: for a process that may be ended while it waits on something other than the
-        device (a pool worker idle on its task queue, then ended by SIGTERM). No host wait
-        comes there to write its last events, and no exit handler runs."""
+    def flush_when_quiet(self, seconds: float) -> None:
+        """Write what is held once no event has come for about ``seconds``, from a thread of
+        the sink's own, until the sink is closed: for a process that may be ended while it
+        waits on something other than the device (a pool worker idle on its task queue, then
+        ended by SIGTERM). No host wait comes there to write its last events, and no exit
+        handler runs. A busy process is left to write in its batches, and an allocation
+        still held for its name (:meth:`hold`) gets it at the next op, as before."""
         def run() -> None:
             with contextlib.suppress(Exception):  # never the program's failure, nor its stderr
+                before = 0
                 while not self.closed:
                     time.sleep(seconds)
-                    if self._events:
+                    held = len(self._events)
+                    if held and held == before:  # none came since the last look
                         self.flush()
+                        held = 0
+                    before = held
 
         threading.Thread(target=run, name="gpurace-flush", daemon=True).start()
 
