@@ -317,3 +317,26 @@ def test_a_childs_last_events_reach_its_file_while_it_waits_for_other_work(
         child.send_signal(signal.SIGTERM)
         child.wait(timeout=60)
     assert child.returncode == -signal.SIGTERM and said()
+
+
+@pytest.mark.skipif(TRITON_PYTHON is None,
+                    reason="no interpreter with Triton here (GPURACE_TEST_PYTHON)")
+def test_a_hung_programs_last_events_are_in_its_run(tmp_path: Path) -> None:
+    """The watched program itself, once it uses the GPU (here: Triton's source starts at its
+    import), writes what it holds when it goes quiet: a program that hangs outside the device
+    (a lock, a queue) and that the watch ends as hung keeps its last events in the run."""
+    prog = tmp_path / "hangs.py"
+    prog.write_text("import sys, time, triton\n"
+                    "(hook,) = [h for h in sys.meta_path if type(h).__name__ == "
+                    "'InstallOnImport']\n"
+                    "hook.sink.emit(['note', 'the last work before the hang'])\n"
+                    "time.sleep(600)\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "watch", "--format", "json", "--timeout", "8",
+         "--out", str(tmp_path / "out"), "--", TRITON_PYTHON, str(prog)],
+        capture_output=True, text=True, cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    doc = json.loads(done.stdout)
+    (run,) = doc["watch"]["runs"]
+    assert doc["results"][0]["outcomes"]["hang"] == 1, doc["results"][0]["outcomes"]
+    assert ["note", "the last work before the hang"] in list(iter_file(Path(run["events"])))

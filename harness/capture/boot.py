@@ -90,15 +90,28 @@ def importable(name: str) -> bool:
         return False
 
 
+QUIET_S = 0.05
+"""A watched process writes the events it holds once none has come for this long (its host
+waits write them too): :meth:`harness.capture.events.Sink.flush_when_quiet`."""
+
+
 class InstallOnImport(OnExec):
     """Switches a source on the moment the program's import of its framework has finished, so
-    a program pays for no framework it does not use, and the source sees all of its work."""
+    a program pays for no framework it does not use, and the source sees all of its work.
+
+    Once the process uses the GPU (PyTorch's first use of CUDA, or a source that starts with
+    its framework's import), its held events are written whenever it goes quiet: a process
+    ended while it waits on something other than the device (a pool worker idle on its task
+    queue, ended by SIGTERM; a program the watch ends as hung) loses none of what it did. It
+    is not started earlier: a process with a thread of ours that forks before it uses CUDA
+    would be told by Python (3.12 on) that forking a threaded process may deadlock."""
 
     def __init__(self, sink: E.Sink, sources: tuple[Source, ...],
                  amplifier: Amplifier | None = None) -> None:
         super().__init__()
         self.sink = sink
         self.amplifier = amplifier
+        self.writing = False  # the sink's writer for quiet times started
         # A framework's module -> the sources its import switches on, in their order.
         self.waiting: dict[str, list[Source]] = {}
         for source in sources:
@@ -130,9 +143,40 @@ class InstallOnImport(OnExec):
                 return
             self.stops.append(source.install(self.sink, self.amplifier))
             self.sink.emit(["source", source.name, version])
+            if source.name == "torch":
+                on_cuda(self.write_when_quiet)
+            else:
+                self.write_when_quiet()
         except Exception as exc:  # a source that cannot start must not stop the program
             self.sink.emit(["note", f"the {source.name} source could not start ({exc!r}): "
                                     "its work is not watched"])
+
+    def write_when_quiet(self) -> None:
+        if not self.writing:
+            self.writing = True
+            self.sink.flush_when_quiet(QUIET_S)
+
+
+def on_cuda(start: Any) -> None:
+    """Call ``start`` once, when this process first initialises CUDA through PyTorch (its
+    ``torch.cuda._lazy_init``, which PyTorch's C++ side calls too), or now if it has."""
+    import torch.cuda
+
+    lazy_init = torch.cuda._lazy_init
+    started: list[bool] = []
+
+    def init_then_start(*args: Any, **kwargs: Any) -> Any:
+        out = lazy_init(*args, **kwargs)
+        if not started:
+            started.append(True)
+            torch.cuda._lazy_init = lazy_init  # once: the program's own from here on
+            start()
+        return out
+
+    if torch.cuda.is_initialized():
+        start()
+    else:
+        torch.cuda._lazy_init = init_then_start
 
 
 def watch_forks(sink: E.Sink) -> None:

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TextIO
 from harness.capture import events as E
 from harness.capture.backlog import Backlog
 from harness.capture.boot import (BACKLOG_ENV, CHILDREN_ENV, DELAYS_ENV, InstallOnImport,
-                                  importable, watch_forks)
+                                  importable, on_cuda, watch_forks)
 
 if TYPE_CHECKING:
     from harness.capture.analysis import Followed
@@ -76,11 +76,6 @@ class _OnFirstWrite:
             self._file.close()
 
 
-QUIET_S = 0.05
-"""A watched child writes the events it holds once none has come for this long (its host waits
-write them too)."""
-
-
 def watch_child() -> None:
     """Watch this child, if its parent was watched: called by the child's sitecustomize."""
     folder = os.environ.get(CHILDREN_ENV)
@@ -113,20 +108,15 @@ def watch_child() -> None:
 
         def started(self, source: Any) -> None:
             super().install(source)
-            # A pool's worker is often ended by SIGTERM (Pool.__exit__) while it waits on its
-            # task queue, with no exit handler run: what it did after its last host wait
-            # must be written without one.
+            # Written now: a pool's worker is often ended by SIGTERM (Pool.__exit__), with
+            # no exit handler run (and from here on, whenever it goes quiet).
             sink.flush()
-            if not flushing:
-                flushing.append(True)
-                sink.flush_when_quiet(QUIET_S)
 
     delays = os.environ.get(DELAYS_ENV)
     amplifier = None
     if delays:
         from harness.capture.amplify import Amplifier, decode
         amplifier = Amplifier(decode(delays), sink.emit)
-    flushing: list[bool] = []
     hook = Install(sink, found, amplifier)
     sys.meta_path.insert(0, hook)
     watch_forks(sink)
@@ -142,28 +132,6 @@ def watch_child() -> None:
         sink.close()
 
     atexit.register(finish)
-
-
-def on_cuda(start: Any) -> None:
-    """Call ``start`` once, when this process first initialises CUDA through PyTorch (its
-    ``torch.cuda._lazy_init``, which PyTorch's C++ side calls too)."""
-    import torch.cuda
-
-    lazy_init = torch.cuda._lazy_init
-    started: list[bool] = []
-
-    def init_then_start(*args: Any, **kwargs: Any) -> Any:
-        out = lazy_init(*args, **kwargs)
-        if not started:
-            started.append(True)
-            torch.cuda._lazy_init = lazy_init  # once: the program's own from here on
-            start()
-        return out
-
-    if torch.cuda.is_initialized():
-        start()
-    else:
-        torch.cuda._lazy_init = init_then_start
 
 
 class Child(NamedTuple):

@@ -60,6 +60,7 @@ newer source's extra detail does not break an older gpurace.
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import ctypes
 import json
@@ -220,7 +221,9 @@ class Sink:
                         held = 0
                     before = held
 
-        threading.Thread(target=run, name="gpurace-flush", daemon=True).start()
+        # A bare thread, not a threading.Thread: the program's threading.enumerate() and
+        # active_count() stay what they are unwatched (a test may count its threads).
+        _thread.start_new_thread(run, ())
 
     def forked(self) -> None:
         """In a child forked from this process: never write again. The lock is made anew, as
