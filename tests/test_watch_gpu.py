@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.capture.events import iter_file
+
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAMS = sorted(p for p in (ROOT / "tests" / "watch_programs").glob("*.py")
                   if p.name != "conftest.py")
@@ -146,13 +148,18 @@ def test_a_program_whose_cuda_context_dies_is_a_crash_with_the_cuda_error(tmp_pa
 
 
 def test_a_program_that_hangs_is_killed_at_the_timeout_and_told_as_a_hang(tmp_path):
+    # Its last op (the mul) has no host wait after it: it is written once the program goes
+    # quiet, so it is kept too.
     prog = _program(tmp_path, "import time, torch\nx = torch.ones(4, device='cuda')\n"
-                              "torch.cuda.synchronize()\ntime.sleep(600)\n")
+                              "torch.cuda.synchronize()\ny = x * 2\ntime.sleep(600)\n")
     code, doc, err = watch(tmp_path / "out", sys.executable, str(prog), timeout=15)
     result = doc["results"][0]
     assert code == 1 and result["outcomes"]["hang"] == 1
-    assert doc["watch"]["runs"][0]["timed_out"] is True
-    assert doc["watch"]["runs"][0]["records"] >= 2  # what it did before it hung is kept
+    run = doc["watch"]["runs"][0]
+    assert run["timed_out"] is True
+    assert run["records"] >= 2  # what it did before it hung is kept
+    ops = [e[5]["op"] for e in iter_file(Path(run["events"])) if e[0] == "op"]
+    assert ops[-1] == "mul", ops
 
 
 def test_spawned_workers_that_use_the_gpu_are_watched_each_on_its_own(tmp_path):
