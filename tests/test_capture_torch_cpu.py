@@ -388,6 +388,37 @@ def test_a_composite_op_of_a_nested_or_sparse_tensor_runs_that_tensors_own_kerne
     assert got == {"same": True, "failures": {}}, got
 
 
+# A value read by the host (.item(), bool()) is a copy to the host however it reaches the
+# mode: as _local_scalar_dense, or, under inference_mode, whole (item, is_nonzero).
+_SCALARS = r'''
+import json
+import torch
+from harness.capture import events as E, torch_source as T
+sink = E.Sink(open("events.jsonl", "w"))
+stop = T.install(sink)
+cap = stop.capture
+seen = []
+dispatch = cap.dispatch
+def told(plan, func, args, kwargs):
+    seen.append([plan.name, cap._kind(plan, args, kwargs)])
+    return dispatch(plan, func, args, kwargs)
+cap.dispatch = told
+x = torch.ones(1)
+x.item(), bool(x)
+with torch.inference_mode():
+    x.item(), bool(x)
+stop()
+print(json.dumps(seen))
+'''
+
+
+def test_a_value_the_host_reads_is_a_copy_to_the_host_under_inference_mode_too(tmp_path):
+    seen = json.loads(_run_in_process(tmp_path, _SCALARS).stdout)
+    assert seen == [["ones", "kernel:ones"], ["_local_scalar_dense", "copy_dtoh"],
+                    ["_local_scalar_dense", "copy_dtoh"], ["item", "copy_dtoh"],
+                    ["is_nonzero", "copy_dtoh"]], seen
+
+
 # Batch norm writes its running statistics while it trains, and its schema does not say so
 # (native_batch_norm, cudnn_batch_norm): found by tests/op_sweep.py --grad.
 _BATCH_NORM = r'''

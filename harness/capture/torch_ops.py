@@ -31,6 +31,9 @@ _NO_WORK = frozenset({
 are still allocations."""
 
 _COPIES = frozenset({"copy_", "_to_copy", "_copy_from", "_copy_from_and_resize", "copy"})
+SCALAR_READS = frozenset({"_local_scalar_dense", "item", "is_nonzero"})
+"""Ops that copy one value of a tensor to the host (``item`` and ``is_nonzero`` reach a mode
+whole under ``inference_mode``; elsewhere as ``_local_scalar_dense``)."""
 PINS = frozenset({"_pin_memory", "pin_memory"})
 FUNCTIONAL_COLLECTIVES = frozenset({
     "all_reduce", "all_reduce_", "all_reduce_coalesced", "all_reduce_coalesced_",
@@ -103,7 +106,7 @@ class Plan:
         self.collective = namespace == "c10d" or self.functional
         self.no_work = self.name in _NO_WORK
         self.kind = "copy" if self.name in _COPIES else (
-            "scalar" if self.name == "_local_scalar_dense" else "kernel")
+            "scalar" if self.name in SCALAR_READS else "kernel")
         self.kernel = "kernel:" + self.name
         self.pins = self.name in PINS  # its result is pinned memory
         self.pin_memory_at = False  # whether it takes pin_memory= (a factory)
