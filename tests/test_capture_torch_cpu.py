@@ -419,6 +419,37 @@ def test_a_value_the_host_reads_is_a_copy_to_the_host_under_inference_mode_too(t
                     ["is_nonzero", "copy_dtoh"]], seen
 
 
+# A program that goes quiet after it made a tensor (a serving loop between two requests) has
+# that tensor's allocation written by the sink's writer for quiet times: with the program's
+# name for it, which it would have got at the next op. A CPU makes no pinned memory, so the
+# allocation is held here as the capture holds a CUDA tensor's (Capture.outputs).
+_QUIET = r'''
+import json, sys, time
+import torch
+from harness.capture import events as E, torch_source as T
+sink = E.Sink.to_path("events.jsonl")
+stop = T.install(sink)
+cap = stop.capture
+sink.flush_when_quiet(0.05)
+def request():
+    staged = torch.ones(256)
+    base = staged.untyped_storage().data_ptr()
+    meta = {"what": "float32[256]", "name": None}
+    cap.sink.hold(["alloc", "d", base, 1024, meta])
+    cap.to_name.append((meta, sys._getframe(), base))
+    time.sleep(0.5)  # between two requests: the writer writes what is held meanwhile
+    return staged
+request()
+print(json.dumps([e[4]["name"] for e in E.iter_file("events.jsonl") if e[0] == "alloc"]))
+stop()
+'''
+
+
+def test_a_tensor_made_before_the_program_goes_quiet_is_written_with_its_name(tmp_path):
+    names = json.loads(_run_in_process(tmp_path, _QUIET).stdout)
+    assert names == ["staged"], names
+
+
 # Batch norm writes its running statistics while it trains, and its schema does not say so
 # (native_batch_norm, cudnn_batch_norm): found by tests/op_sweep.py --grad.
 _BATCH_NORM = r'''

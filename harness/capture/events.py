@@ -144,6 +144,9 @@ class Sink:
         self.lost = ""  # why the capture file stopped taking events, or ""
         self.backlog = backlog  # how far the sink may write ahead of the watch, if bounded
         self.written = 0  # bytes written (JSON is ASCII: a character is a byte)
+        # Called before a write when the process is quiet (flush_when_quiet): a source that
+        # holds events to finish them at its next op (a tensor's name) finishes them there.
+        self.on_quiet: list[Callable[[], None]] = []
 
     @classmethod
     def to_path(cls, path: str | os.PathLike[str], backlog: Backlog | None = None) -> Sink:
@@ -208,18 +211,22 @@ class Sink:
         the sink's own, until the sink is closed: for a process that may be ended while it
         waits on something other than the device (a pool worker idle on its task queue, then
         ended by SIGTERM). No host wait comes there to write its last events, and no exit
-        handler runs. A busy process is left to write in its batches, and an allocation
-        still held for its name (:meth:`hold`) gets it at the next op, as before."""
+        handler runs. A busy process is left to write in its batches; what the sources still
+        hold is finished first (:attr:`on_quiet`)."""
         def run() -> None:
-            with contextlib.suppress(Exception):  # never the program's failure, nor its stderr
-                before = 0
-                while not self.closed:
-                    time.sleep(seconds)
-                    held = len(self._events)
-                    if held and held == before:  # none came since the last look
+            before = 0
+            while not self.closed:
+                time.sleep(seconds)
+                held = len(self._events)
+                if held and held == before:  # none came since the last look
+                    # Never the program's failure, nor a traceback on its stderr.
+                    with contextlib.suppress(Exception):
+                        for finish in self.on_quiet:
+                            finish()
+                    with contextlib.suppress(Exception):
                         self.flush()
-                        held = 0
-                    before = held
+                    held = 0
+                before = held
 
         # A bare thread, not a threading.Thread: the program's threading.enumerate() and
         # active_count() stay what they are unwatched (a test may count its threads).

@@ -94,6 +94,14 @@ class Capture:
                     if t.layout is strided else None)
             meta["name"] = found.get(base)
 
+    def name_when_quiet(self) -> None:
+        """The sink is about to write while the program is quiet (a serving loop between two
+        requests): the tensors it made last get their names now, not at its next op. From
+        the sink's own thread; the program's threads are idle by then (none emitted for a
+        while), and one that wakes meanwhile costs at most a tensor's name."""
+        if self.to_name:
+            self.name_pending()
+
     def stream(self, sid: int, frame: FrameType | None) -> None:
         """Announce stream ``sid`` the first time the program uses it, by its variable's name
         where the frame has one."""

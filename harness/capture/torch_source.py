@@ -105,6 +105,7 @@ def install(sink: E.Sink, amplifier: Amplifier | None = None) -> Installed:
 
     cap = Capture(sink)
     cap.amplifier = amplifier
+    sink.on_quiet.append(cap.name_when_quiet)
     mode_backed = mode_backed_tensors()
     subclasses: dict[Any, bool | None] = {}  # an op's tensor types -> subclass_handles
     plans = cap.plans
