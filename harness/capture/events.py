@@ -123,15 +123,16 @@ class Sink:
 
     A batch is written whenever the host is about to wait on the device (a synchronize: the
     moment a dead context or a hung kernel is found, and the process may never come back), when
-    the buffer holds :data:`FLUSH_EVENTS`, and at exit; so a program that dies loses at most the
-    events since its last wait. An event is written as its JSON line when it is emitted: what
-    the sink holds are strings, which Python's garbage collector does not track, so a program
-    with a large heap pays no full collection for thousands of held lists (measured: 650 ms
-    once in 200,000 ops beside 3 million objects). An event that may still change until it is
-    written out (a tensor's name, filled in at the next op) is :meth:`hold`'s. Thread-safe:
-    sources may fire from any of the program's threads (an emit waits while another thread's
-    flush writes). With a ``backlog``, a write waits while the watch is too far behind in
-    reading the file (:mod:`harness.capture.backlog`)."""
+    the buffer holds :data:`FLUSH_EVENTS`, at exit, and, once :meth:`flush_when_quiet` is on,
+    whenever no event has come for a while; so a program that dies loses at most the events
+    since its last wait, or, idle, none. An event is written as its JSON line when it is
+    emitted: what the sink holds are strings, which Python's garbage collector does not track,
+    so a program with a large heap pays no full collection for thousands of held lists
+    (measured: 650 ms once in 200,000 ops beside 3 million objects). An event that may still
+    change until it is written out (a tensor's name, filled in at the next op) is
+    :meth:`hold`'s. Thread-safe: sources may fire from any of the program's threads (an emit
+    waits while another thread's flush writes). With a ``backlog``, a write waits while the
+    watch is too far behind in reading the file (:mod:`harness.capture.backlog`)."""
 
     def __init__(self, out: TextIO, backlog: Backlog | None = None) -> None:
         self._out = out
@@ -214,19 +215,21 @@ class Sink:
         handler runs. A busy process is left to write in its batches; what the sources still
         hold is finished first (:attr:`on_quiet`)."""
         def run() -> None:
-            before = 0
-            while not self.closed:
-                time.sleep(seconds)
-                held = len(self._events)
-                if held and held == before:  # none came since the last look
-                    # Never the program's failure, nor a traceback on its stderr.
-                    with contextlib.suppress(Exception):
-                        for finish in self.on_quiet:
-                            finish()
-                    with contextlib.suppress(Exception):
-                        self.flush()
-                    held = 0
-                before = held
+            # Never the program's failure, nor a traceback on its stderr (a bare thread's
+            # would go there): each step's failure is its own, and the loop's ends it.
+            with contextlib.suppress(Exception):
+                before = 0
+                while not self.closed:
+                    time.sleep(seconds)
+                    held = len(self._events)
+                    if held and held == before:  # none came since the last look
+                        with contextlib.suppress(Exception):
+                            for finish in self.on_quiet:
+                                finish()
+                        with contextlib.suppress(Exception):
+                            self.flush()
+                        held = 0
+                    before = held
 
         # A bare thread, not a threading.Thread: the program's threading.enumerate() and
         # active_count() stay what they are unwatched (a test may count its threads).
