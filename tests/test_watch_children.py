@@ -2,9 +2,11 @@
 an events file of its own and analysed on its own, its findings joining the run's with the
 process named; a child that never imports a framework leaves no file.
 
-The first test replays a recorded capture as a child's (CI, no PyTorch); the last runs
-`gpurace watch` on a program with a spawned multiprocessing worker and a Python subprocess on
-PyTorch for the CPU (this interpreter or GPURACE_TEST_PYTHON), where no child uses CUDA.
+The first test replays a recorded capture as a child's (CI, no PyTorch); one runs `gpurace
+watch` on a program with a spawned multiprocessing worker and a Python subprocess on PyTorch for
+the CPU (this interpreter or GPURACE_TEST_PYTHON), where no child uses CUDA; the last two check,
+where Triton is installed, that a child's and the program's held events reach their files while
+they sit idle.
 """
 
 from __future__ import annotations
