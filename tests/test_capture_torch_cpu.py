@@ -88,6 +88,12 @@ print("flex", flex_attention(q, q, q).sum().item())
 class Wrapped(torch.Tensor):
     __torch_function__ = torch._C._disabled_torch_function_impl
 print("subclass", type(Wrapped(torch.ones(2))).__name__, Wrapped(torch.ones(2)).sum().item())
+# A torch.jit.trace graph, whose constant numbers reach a mode as Python numbers where its ops
+# want tensors (torch_geometric 2.9's maybe_num_nodes, traced, and run on another size).
+def nodes(e):
+    return torch.arange(0, torch.cat([e.view(-1), e.new_full((1,), -1)]).max() + 1)
+traced = torch.jit.trace(nodes, (torch.tensor([[0, 1], [1, 2]]),))
+print("traced", traced(torch.tensor([[0, 4], [1, 2]])).tolist())
 '''
 
 
@@ -106,10 +112,10 @@ def _boot(tmp_path: Path, program: str, *extra: str) -> tuple[subprocess.Complet
 
 def test_ordinary_pytorch_work_runs_watched_as_it_runs_alone(tmp_path):
     """FSDP2, forked DataLoader workers, subclasses (used and made) and odd layouts,
-    torch.compile, a thread and higher-order ops run eagerly: the watched run prints what the
-    bare run prints, says nothing more on stderr, and its capture read every op it was given
-    (no failure counted); the higher-order ops, whose insides it cannot see, are named in a
-    note."""
+    torch.compile, a traced function, a thread and higher-order ops run eagerly: the watched
+    run prints what the bare run prints, says nothing more on stderr, and its capture read
+    every op it was given (no failure counted); the higher-order ops, whose insides it cannot
+    see, are named in a note."""
     prog = tmp_path / "alone.py"
     prog.write_text(_ORDINARY)
     bare = subprocess.run([TORCH_PYTHON, prog.name], capture_output=True, text=True,

@@ -1,6 +1,6 @@
 """What the PyTorch source's dispatch mode must know of PyTorch's own machinery: Dynamo's
-frame hook, activation checkpointing's early stop, composite ops, and tensor subclasses (made
-and dispatched).
+frame hook, activation checkpointing's early stop, composite ops, tensor subclasses (made
+and dispatched), and the numbers it hands a mode where an op wants a tensor.
 
 Each is read here once, version by version: a PyTorch without one of them gets the mode's
 plain behaviour, never an error.
@@ -145,6 +145,50 @@ def dense_device_of(args: tuple[Any, ...], tensor: type) -> str | None:
                 return None
             device = device or kind
     return device
+
+
+# The dtypes PyTorch gives a Python number it wraps as a tensor (bool before int: a bool is one).
+_WRAPPED = ((bool, "bool"), (int, "int64"), (float, "float64"), (complex, "complex128"))
+
+
+def numbers_as_tensors(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None
+                       ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+    """``args`` and ``kwargs`` with each Python number that stands where ``func``'s schema wants
+    a tensor made the 0-dim CPU tensor PyTorch would have made of it; None where there is none.
+
+    PyTorch hands a mode a wrapped number (a number it made a tensor, such as a constant of a
+    ``torch.jit.trace`` graph) as a Python number, and ops outside arithmetic then refuse it:
+    "aten::view() Expected a value of type 'Tensor' for argument 'self' but instead found type
+    'int'" (pytorch/pytorch#124731). Under any dispatch mode, PyTorch's own pass-through one
+    too, a traced torch_geometric layer failed so. Only arithmetic ops weigh a wrapped number
+    differently from a 0-dim tensor (in type promotion), and those take the number as it is."""
+    import torch
+    tensor_type, optional = torch._C.TensorType, torch._C.OptionalType
+    schema = getattr(func, "_schema", None)  # a higher-order op has none
+    if schema is None:
+        return None
+    listed, named, mended = list(args), dict(kwargs or {}), False
+    for index, arg in enumerate(schema.arguments):
+        where: list[Any] | dict[str, Any]
+        key: int | str
+        if not arg.kwarg_only and index < len(listed):
+            where, key = listed, index
+        elif arg.name in named:
+            where, key = named, arg.name
+        else:
+            continue
+        wants = arg.type
+        if isinstance(wants, optional):
+            wants = wants.getElementType()
+        if not isinstance(wants, tensor_type):
+            continue
+        value = where[key]  # type: ignore[index]
+        for kind, dtype in _WRAPPED:
+            if isinstance(value, kind):
+                where[key] = torch.scalar_tensor(value, dtype=getattr(torch, dtype))
+                mended = True
+                break
+    return (tuple(listed), named) if mended else None
 
 
 def subclass_handles(types: Any, mode_backed: tuple[type, ...]) -> bool | None:

@@ -68,7 +68,8 @@ from harness.capture.torch_capture import Capture
 from harness.capture.torch_collectives import Collectives
 from harness.capture.torch_mode import (checkpoint_early_stop_off, decompose, dense_device_of,
                                         dynamo_frame_hook, mode_backed_tensors,
-                                        subclass_handles, subclass_made_bare)
+                                        numbers_as_tensors, subclass_handles,
+                                        subclass_made_bare)
 from harness.capture.torch_patches import patch_calls
 
 
@@ -156,13 +157,17 @@ def install(sink: E.Sink, amplifier: Amplifier | None = None) -> Installed:
 
         def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                                kwargs: dict[str, Any] | None = None) -> Any:
-            if hook is None:
-                return self.handle(func, types, args, kwargs)
-            prior = hook(None)
+            prior = None if hook is None else hook(None)
             try:
                 return self.handle(func, types, args, kwargs)
+            except RuntimeError:
+                mended = numbers_as_tensors(func, args, kwargs)
+                if mended is None:
+                    raise  # the program's own error, as it would have it alone
+                return self.handle(func, types, *mended)
             finally:
-                hook(prior)
+                if hook is not None:
+                    hook(prior)
 
         def handle(self, func: Any, types: Any, args: tuple[Any, ...],
                    kwargs: dict[str, Any] | None) -> Any:
