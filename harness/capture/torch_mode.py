@@ -160,13 +160,17 @@ def numbers_as_tensors(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any] 
     ``torch.jit.trace`` graph) as a Python number, and ops outside arithmetic then refuse it:
     "aten::view() Expected a value of type 'Tensor' for argument 'self' but instead found type
     'int'" (pytorch/pytorch#124731). Under any dispatch mode, PyTorch's own pass-through one
-    too, a traced torch_geometric layer failed so. Only arithmetic ops weigh a wrapped number
-    differently from a 0-dim tensor (in type promotion), and those take the number as it is."""
+    too, a traced torch_geometric layer failed so. Arithmetic ops take the number as it is, so
+    an error of theirs is their own: for them, and on a PyTorch that cannot say which they
+    are, None. Elsewhere the tensor made differs from the wrapped one only where type
+    promotion meets it beside 0-dim tensors alone."""
     import torch
     tensor_type, optional = torch._C.TensorType, torch._C.OptionalType
     schema = getattr(func, "_schema", None)  # a higher-order op has none
-    if schema is None:
-        return None
+    takes_numbers = getattr(torch._C, "_should_allow_numbers_as_tensors", None)
+    if schema is None or takes_numbers is None or \
+            takes_numbers(schema.name.rpartition("::")[2]):
+        return None  # an op that takes numbers as they are: its error is its own
     listed, named, mended = list(args), dict(kwargs or {}), False
     for index, arg in enumerate(schema.arguments):
         where: list[Any] | dict[str, Any]
