@@ -94,6 +94,10 @@ def nodes(e):
     return torch.arange(0, torch.cat([e.view(-1), e.new_full((1,), -1)]).max() + 1)
 traced = torch.jit.trace(nodes, (torch.tensor([[0, 1], [1, 2]]),))
 print("traced", traced(torch.tensor([[0, 4], [1, 2]])).tolist())
+try:  # an op's own error, with a number where it takes one: raised as it is, once
+    torch.ones(2, dtype=torch.long).add_(1.5)
+except RuntimeError as e:
+    print("own error", e, repr(e.__context__))
 '''
 
 
