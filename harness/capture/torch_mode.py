@@ -165,34 +165,37 @@ def numbers_as_tensors(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any] 
     are, None. Elsewhere the tensor made differs from the wrapped one only where type
     promotion meets it beside 0-dim tensors alone."""
     import torch
-    tensor_type, optional = torch._C.TensorType, torch._C.OptionalType
-    schema = getattr(func, "_schema", None)  # a higher-order op has none
-    takes_numbers = getattr(torch._C, "_should_allow_numbers_as_tensors", None)
-    if schema is None or takes_numbers is None or \
-            takes_numbers(schema.name.rpartition("::")[2]):
-        return None  # an op that takes numbers as they are: its error is its own
-    listed, named, mended = list(args), dict(kwargs or {}), False
-    for index, arg in enumerate(schema.arguments):
-        where: list[Any] | dict[str, Any]
-        key: int | str
-        if not arg.kwarg_only and index < len(listed):
-            where, key = listed, index
-        elif arg.name in named:
-            where, key = named, arg.name
-        else:
-            continue
-        wants = arg.type
-        if isinstance(wants, optional):
-            wants = wants.getElementType()
-        if not isinstance(wants, tensor_type):
-            continue
-        value = where[key]  # type: ignore[index]
-        for kind, dtype in _WRAPPED:
-            if isinstance(value, kind):
-                where[key] = torch.scalar_tensor(value, dtype=getattr(torch, dtype))
-                mended = True
-                break
-    return (tuple(listed), named) if mended else None
+    try:
+        tensor_type, optional = torch._C.TensorType, torch._C.OptionalType
+        schema = getattr(func, "_schema", None)  # a higher-order op has none
+        takes_numbers = getattr(torch._C, "_should_allow_numbers_as_tensors", None)
+        if schema is None or takes_numbers is None or \
+                takes_numbers(schema.name.rpartition("::")[2]):
+            return None  # an op that takes numbers as they are: its error is its own
+        listed, named, mended = list(args), dict(kwargs or {}), False
+        for index, arg in enumerate(schema.arguments):
+            where: list[Any] | dict[str, Any]
+            key: int | str
+            if not arg.kwarg_only and index < len(listed):
+                where, key = listed, index
+            elif arg.name in named:
+                where, key = named, arg.name
+            else:
+                continue
+            wants = arg.type
+            if isinstance(wants, optional):
+                wants = wants.getElementType()
+            if not isinstance(wants, tensor_type):
+                continue
+            value = where[key]  # type: ignore[index]
+            for kind, dtype in _WRAPPED:
+                if isinstance(value, kind):
+                    where[key] = torch.scalar_tensor(value, dtype=getattr(torch, dtype))
+                    mended = True
+                    break
+        return (tuple(listed), named) if mended else None
+    except Exception:  # never an error of the watch's in place of the program's
+        return None
 
 
 def subclass_handles(types: Any, mode_backed: tuple[type, ...]) -> bool | None:
