@@ -151,6 +151,14 @@ def dense_device_of(args: tuple[Any, ...], tensor: type) -> str | None:
 _WRAPPED = ((bool, "bool"), (int, "int64"), (float, "float64"), (complex, "complex128"))
 
 
+def _wrapped(value: Any, torch: Any) -> Any:
+    """The tensor PyTorch makes of ``value`` where it is a Python number; None otherwise."""
+    for kind, dtype in _WRAPPED:
+        if isinstance(value, kind):
+            return torch.scalar_tensor(value, dtype=getattr(torch, dtype))
+    return None
+
+
 def numbers_as_tensors(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None
                        ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
     """``args`` and ``kwargs`` with each Python number that stands where ``func``'s schema wants
@@ -166,7 +174,6 @@ def numbers_as_tensors(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any] 
     promotion meets it beside 0-dim tensors alone."""
     import torch
     try:
-        tensor_type, optional = torch._C.TensorType, torch._C.OptionalType
         schema = getattr(func, "_schema", None)  # a higher-order op has none
         takes_numbers = getattr(torch._C, "_should_allow_numbers_as_tensors", None)
         if schema is None or takes_numbers is None or \
@@ -174,25 +181,20 @@ def numbers_as_tensors(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any] 
             return None  # an op that takes numbers as they are: its error is its own
         listed, named, mended = list(args), dict(kwargs or {}), False
         for index, arg in enumerate(schema.arguments):
-            where: list[Any] | dict[str, Any]
-            key: int | str
-            if not arg.kwarg_only and index < len(listed):
-                where, key = listed, index
-            elif arg.name in named:
-                where, key = named, arg.name
-            else:
-                continue
             wants = arg.type
-            if isinstance(wants, optional):
+            if isinstance(wants, torch._C.OptionalType):
                 wants = wants.getElementType()
-            if not isinstance(wants, tensor_type):
+            if not isinstance(wants, torch._C.TensorType):
                 continue
-            value = where[key]  # type: ignore[index]
-            for kind, dtype in _WRAPPED:
-                if isinstance(value, kind):
-                    where[key] = torch.scalar_tensor(value, dtype=getattr(torch, dtype))
-                    mended = True
-                    break
+            positional = not arg.kwarg_only and index < len(listed)
+            made = _wrapped(listed[index] if positional else named.get(arg.name), torch)
+            if made is None:
+                continue
+            if positional:
+                listed[index] = made
+            else:
+                named[arg.name] = made
+            mended = True
         return (tuple(listed), named) if mended else None
     except Exception:  # never an error of the watch's in place of the program's
         return None
