@@ -337,7 +337,8 @@ class Sweep:
         self.cap.on = False
         # A CPU has no device memory, and the capture watches only pinned host memory: taking
         # every host storage for pinned runs each op's whole path, as on a GPU.
-        self.cap.pinned = type("AllHost", (dict,), {"__contains__": lambda self, k: True})()
+        self.cap.pinned = type("AllHost", (dict,), {"__contains__": lambda self, k: True,
+                                                 "__len__": lambda self: 1})()
         self.problems: list[Problem] = []
         self.records: list[Record] = []
         # Runs that differ as much under a dispatch mode that does nothing (the capture's own

@@ -62,8 +62,11 @@ _LINES = [
     "total = (there + on_gpu).sum().item()",                                         # 27
     "staged = torch.empty(1024, pin_memory=True)",                                   # 28
     "staged.copy_(zeros)",                                                           # 29
+    "def to_device(x: torch.Tensor) -> torch.Tensor: return x.to('cuda')",          # 30
+    "to_device = torch.library.custom_op('gr::to_device', mutates_args=())(to_device)",  # 31
+    "moved = to_device(torch.ones(16))",                                             # 32
     "print(json.dumps({'side': side.cuda_stream, "
-    "'current': torch.cuda.current_stream().cuda_stream, 'total': total}))",        # 30
+    "'current': torch.cuda.current_stream().cuda_stream, 'total': total}))",        # 33
 ]
 
 
@@ -123,6 +126,17 @@ def test_factories_and_device_to_host_copies_run_on_the_current_stream(capture):
     allocs = {e[2]: e for e in events if e[0] == "alloc"}
     written = op[3][0][1]
     assert any(e[1] == "h" and e[2] <= written < e[2] + e[3] for e in allocs.values())
+
+
+def test_an_op_of_host_arguments_that_makes_device_memory_is_a_stream_op(capture):
+    """A custom op that moves its CPU argument to the GPU inside (its own copy unseen): its
+    result is found to be device memory only after it ran, and it is filed then, at the
+    program's line, on the current stream."""
+    streams, events, _ = capture
+    sids, kinds, reads, writes = _line(events, 32)
+    assert sids == {streams["current"]} and writes == {"d"} and reads == set(), (sids, writes)
+    allocs = [e for e in events if e[0] == "alloc" and e[4]["site"] == "ops.py:33"]
+    assert [e[1] for e in allocs] == ["d"], allocs
 
 
 def test_no_host_op_touches_device_memory(capture):

@@ -267,12 +267,12 @@ def test_the_op_cost_tool_times_each_part_and_its_capture_is_clean(tmp_path):
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     assert [(r["bytes"], r["op"]) for r in result["rows"]] == [
-        (4096, "add_out"), (4096, "add_new"), (4096, "add_out_long")]
+        (4096, "add_out"), (4096, "add_new"), (4096, "add_out_long"), (4096, "host_add_new")]
     assert all(r["own_us"] > 0 and r["bare_us"] > 0 for r in result["rows"])
     assert result["findings"] == 0 and result["events"] > 400
     assert all(r["trace_us"] is None for r in result["rows"])  # a GPU's only
     befores = [p for p in result["parts"] if p["function"].startswith("before (torch_capture")]
-    assert len(befores) == 1 and befores[0]["calls"] == 3 * 200
+    assert len(befores) == 1 and befores[0]["calls"] == 4 * 200
 
 
 # Under inference_mode the dispatcher hands a dispatch mode composite ops whole: linear, and
@@ -347,7 +347,8 @@ buf = io.StringIO()
 sink = E.Sink(buf)
 stop = T.install(sink)
 cap = stop.capture
-cap.pinned = type("AllHost", (dict,), {"__contains__": lambda self, k: True})()
+cap.pinned = type("AllHost", (dict,), {"__contains__": lambda self, k: True,
+                                         "__len__": lambda self: 1})()
 watched, watched_head = grad(), head()
 zero = torch._efficientzerotensor(4)  # (zero + 1 fails under any dispatch mode: PyTorch's)
 stop()
@@ -473,7 +474,8 @@ buf = io.StringIO()
 sink = E.Sink(buf)
 stop = T.install(sink)
 cap = stop.capture
-cap.pinned = type("AllHost", (dict,), {"__contains__": lambda self, k: True})()
+cap.pinned = type("AllHost", (dict,), {"__contains__": lambda self, k: True,
+                                         "__len__": lambda self: 1})()
 stats = bn.running_mean.untyped_storage().data_ptr()
 said = {}
 for mode in ("train", "eval"):

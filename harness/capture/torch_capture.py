@@ -122,8 +122,8 @@ class Capture:
         if type(t) not in self.plain or t.layout is not self.strided:
             return None
         cuda = t.is_cuda
-        if not cuda and not t.is_cpu:
-            return None  # another device's (meta, say): its storage is not asked
+        if not cuda and not (self.pinned and t.is_cpu):
+            return None  # another device's (meta, say), or the host's while none is pinned
         try:
             base = t.untyped_storage().data_ptr()
         except RuntimeError:  # autograd's ZeroTensor: a storage with no bytes to read
@@ -271,17 +271,25 @@ class Capture:
             device = given(plan.device_at, args, kwargs)
             if device is not None:
                 cuda_index = self.device_index(device)  # zeros(device=), .to("cuda")
-        if cuda_index is None and not reads and not writes and not plan.fresh_returns:
+        host = cuda_index is None and not reads and not writes
+        if host and not plan.fresh_returns:
             return None  # the host's work on its private (pageable) memory
+        # Pinned results come of pin_memory(), pin_memory=True, and copies off the device.
+        pins = plan.pins or (plan.pin_memory_at and bool(kwargs.get("pin_memory"))) or (
+            plan.kind == "copy" and cuda_index is not None)
+        meta: dict[str, Any] = {"site": None, "op": plan.name, "source": "torch", "t": t0}
+        if host and not pins:
+            # Most likely the host's private work again, with new tensors in pageable memory:
+            # the program's line is looked for only if a result turns out watched after all.
+            pending = Pending(reads, writes, bases, None, None, meta)
+            pending.placed = False
+            return pending
         frame = program_frame(1)
-        site = site_of(frame)
-        meta: dict[str, Any] = {"site": site, "op": plan.name, "source": "torch", "t": t0}
+        site = meta["site"] = site_of(frame)
         if threading.get_ident() != self.main_ident:
             meta["thread"] = thread_name()
         pending = Pending(reads, writes, bases, frame, site, meta)
-        # Pinned results come of pin_memory(), pin_memory=True, and copies off the device.
-        pending.pins = plan.pins or (plan.pin_memory_at and bool(kwargs.get("pin_memory"))) or (
-            plan.kind == "copy" and cuda_index is not None)
+        pending.pins = pins
         if cuda_index is not None:
             sid = pending.sid = self.current_stream(cuda_index, pending)
             if sid not in self.streams:
@@ -297,6 +305,15 @@ class Capture:
             pending.event = ["op", None, "host_write" if writes else "host_read", reads, writes,
                              meta]
         return pending
+
+    def place(self, pending: Pending) -> None:
+        """Find the program's line of an op found watched only by its results (before()
+        finds the others' at once: the same walk out of the stack)."""
+        pending.placed = True
+        frame = pending.frame = program_frame(1)
+        pending.site = pending.meta["site"] = site_of(frame)
+        if threading.get_ident() != self.main_ident:
+            pending.meta["thread"] = thread_name()
 
     def after(self, plan: Plan, args: tuple[Any, ...], pending: Pending, out: Any,
               emitted: bool) -> None:
@@ -351,6 +368,9 @@ class Capture:
         for t in results:
             if type(t) not in self.plain or t.layout is not self.strided:
                 continue
+            cuda = t.is_cuda
+            if not cuda and not (pending.pins or self.pinned):
+                continue  # the host's pageable memory, as nearly every CPU result is
             try:
                 storage = t.untyped_storage()
                 base = storage.data_ptr()
@@ -358,12 +378,16 @@ class Capture:
                 continue
             if base == 0 or base in pending.bases:
                 continue  # no bytes, or an input's storage returned unannotated (a view)
-            if t.is_cuda:
+            if not cuda and not (pending.pins or base in self.pinned):
+                continue
+            if not pending.placed:
+                self.place(pending)
+            if cuda:
                 space, known = E.DEVICE, self.live
                 if pending.sid is None:
                     pending.sid = self.current_stream(t.device.index, pending)
                     self._seen_stream(pending.sid, pending.frame)
-            elif t.is_cpu and (pending.pins or base in self.pinned) and t.is_pinned():
+            elif t.is_cpu and t.is_pinned():
                 space, known = E.HOST, self.pinned
                 if base in known:
                     self.pinned_again(base, pending.site)

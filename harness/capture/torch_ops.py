@@ -142,7 +142,7 @@ class Pending:
     """An op between its arguments' reading and its results': what it was found to touch."""
 
     __slots__ = ("event", "reads", "writes", "bases", "frame", "site", "sid", "meta", "pins",
-                 "pinned", "lent_ns")
+                 "pinned", "lent_ns", "placed")
 
     def __init__(self, reads: list[list[Any]], writes: list[list[Any]], bases: set[int],
                  frame: FrameType | None, site: str | None, meta: dict[str, Any]) -> None:
@@ -153,6 +153,7 @@ class Pending:
         self.pins = False  # whether its new CPU tensors may be pinned
         self.pinned: list[int] = []  # the pinned blocks a stream op copies from or into
         self.lent_ns = 0  # of the capture's time, what the op itself would have spent
+        self.placed = True  # whether the program's line was looked for (frame and site)
 
 
 def tensors_in(value: Any, tensor: type) -> Iterable[Any]:
