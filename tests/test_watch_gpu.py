@@ -163,17 +163,23 @@ def test_a_program_that_hangs_is_killed_at_the_timeout_and_told_as_a_hang(tmp_pa
 
 
 def test_spawned_workers_that_use_the_gpu_are_watched_each_on_its_own(tmp_path):
-    # Each worker takes CUDA up in its initializer (as one loading its model would), so
-    # that each uses the GPU whichever of the tasks it is handed.
-    prog = _program(tmp_path, "import multiprocessing as mp, torch\n"
-                              "def init():\n"
+    # Each worker takes CUDA up in its initializer (as one loading its model would), and
+    # neither takes a task before both did (the barrier): else one still starting may be
+    # handed no task and ended by the pool's exit before it used the GPU (seen on an H100,
+    # one worker of two listed). The pool's exit (SIGTERM) comes after the workers went
+    # quiet, so each one's last op is written by then.
+    prog = _program(tmp_path, "import multiprocessing as mp, time, torch\n"
+                              "def init(barrier):\n"
                               "    torch.zeros(1, device='cuda')\n"
+                              "    barrier.wait()\n"
                               "def work(n):\n"
                               "    return float((torch.ones(4, device='cuda') * n).sum())\n"
                               "if __name__ == '__main__':\n"
                               "    x = torch.ones(4, device='cuda')\n"
-                              "    with mp.get_context('spawn').Pool(2, init) as pool:\n"
+                              "    spawn = mp.get_context('spawn')\n"
+                              "    with spawn.Pool(2, init, (spawn.Barrier(2),)) as pool:\n"
                               "        print(sum(pool.map(work, range(8))))\n"
+                              "        time.sleep(0.5)\n"
                               "    print(x.sum().item())\n")
     code, doc, err = watch(tmp_path / "out", sys.executable, str(prog))
     assert code == 0, err[-2000:]
