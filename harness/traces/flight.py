@@ -87,8 +87,9 @@ class FlightRecorder:
         # Who owned which bytes when the trial began: the trial's first flush writes them,
         # with every buffer and stream (then None). Those lines are kept while the op log
         # declares nothing new (``_opening``): a worker's trials mostly begin alike.
-        self._labels: list[Label] | None = []
-        self._opening: tuple[tuple[OpLog, int] | None, list[str]] = (None, [])
+        self._labels: tuple[Label, ...] | None = ()
+        self._opening: tuple[tuple[OpLog, int, tuple[Label, ...]] | None, list[str]] = (
+            None, [])
         # The header's line without the trial's numbers, for the header it was made of.
         self._header: tuple[dict[str, Any] | None, str] = (None, "")
         # How many of the op log's buffers and streams this trace has declared. The op log
@@ -210,9 +211,11 @@ class FlightRecorder:
         log = self._device.oplog
         told = (len(log.buffers), len(log.streams))
         if self._labels is not None:  # the trial's first flush: everything from the start
-            if self._opening[0] != (log, log.declared):
-                self._opening = ((log, log.declared), self._declared(log, 0, 0))
-            lines = self._opening[1] + [label_line(label) for label in self._labels]
+            key = (log, log.declared, self._labels)  # the owners' tuple: the same, unchanged
+            if self._opening[0] != key:
+                self._opening = (key, self._declared(log, 0, 0) +
+                                 [label_line(label) for label in self._labels])
+            lines = list(self._opening[1])
             self._labels = None
         elif told != (self._buffers_told, self._streams_told):
             lines = self._declared(log, self._buffers_told, self._streams_told)

@@ -33,7 +33,7 @@ def header_line(header: dict[str, Any], **numbers: int) -> str:
 def with_numbers(line: str, **numbers: int) -> str:
     """``line`` with ``numbers`` (integers) as its last fields, as the encoder writes them: a
     worker's trials share their header but for these, and the rest is encoded once."""
-    return line[:-1] + "".join(f',"{key}":{value:d}' for key, value in numbers.items()) + "}"
+    return line[:-1] + "".join([f',"{key}":{value:d}' for key, value in numbers.items()]) + "}"
 
 
 @_remembered
@@ -149,8 +149,8 @@ def run_line(number: int, segment: Segment) -> str:
     line = f'{{"type":"run","program":{number:d},"seq":{segment.first_seq:d}'
     if segment.t_issue_ns is not None:
         line += f',"t_issue_ns":{segment.t_issue_ns:d}'
-    if segment.values:
-        line += f',"values":{_encode(list(segment.values))}'
+    if segment.values:  # ints: the bytes of live memsets
+        line += ',"values":[' + ",".join([f"{value:d}" for value in segment.values]) + "]"
     return line + "}"
 
 

@@ -91,9 +91,9 @@ class StreamInfo:
     priority: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class Label:
-    """Bytes [offset, offset + length) of a buffer belong to ``name`` now."""
+class Label(NamedTuple):
+    """Bytes [offset, offset + length) of a buffer belong to ``name`` now. A named tuple:
+    each trial's trace and race detector begin with the owners, made and compared anew."""
 
     buffer: int
     offset: int
@@ -111,6 +111,7 @@ class Labels:
         # How many times the owners changed: a reader that took them at a count has them
         # still while the count is the same (a reissued trial changes none).
         self.changes = 0
+        self._live: tuple[int, tuple[Label, ...]] = (0, ())  # live() at that count
 
     def alloc(self, buffer: int, offset: int, length: int, name: str) -> None:
         self.changes += 1
@@ -126,9 +127,14 @@ class Labels:
         cut = spans.cut(offset, offset + length) if spans is not None else []
         return cut[0].value if cut else None
 
-    def live(self) -> list[Label]:
-        return [Label(buffer, span.lo, span.hi - span.lo, span.value)
-                for buffer, spans in self._by_buffer.items() for span in spans]
+    def live(self) -> tuple[Label, ...]:
+        """The owners now: the same tuple while they do not change, as each trial's trace
+        and race detector begin with them and a reissued trial changes none."""
+        if self._live[0] != self.changes:
+            self._live = (self.changes, tuple(
+                Label(buffer, span.lo, span.hi - span.lo, span.value)
+                for buffer, spans in self._by_buffer.items() for span in spans))
+        return self._live[1]
 
 
 class OpRecord(NamedTuple):
