@@ -86,7 +86,8 @@ class FlightRecorder:
         self._log = OpLog()  # the device's op log (this one until a device is attached)
         # Who owned which bytes when the trial began: the trial's first flush writes them,
         # with every buffer and stream (then None). Those lines are kept while the op log
-        # declares nothing new (``_opening``): a worker's trials mostly begin alike.
+        # declares nothing new and the owners are the same (``_opening``): a worker's
+        # trials mostly begin alike.
         self._labels: tuple[Label, ...] | None = ()
         self._opening: tuple[tuple[OpLog, int, tuple[Label, ...]] | None, list[str]] = (
             None, [])
