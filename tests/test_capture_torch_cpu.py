@@ -461,6 +461,43 @@ def test_a_tensor_made_before_the_program_goes_quiet_is_written_with_its_name(tm
     assert names == ["staged"], names
 
 
+# A watched child starts its capture at its first use of CUDA, which may come inside the
+# program's own dispatch mode (a FlopCounterMode around a model's first step). The capture's
+# mode goes beneath it: the program's mode counts as it would alone and pops itself, and the
+# capture stays on. Stopped inside another mode, the capture leaves that one on.
+_BENEATH = r'''
+import io, json
+import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+from torch.utils.flop_counter import FlopCounterMode
+from harness.capture import events as E, torch_source as T
+x = torch.ones(4, 4)
+with FlopCounterMode(display=False) as bare:
+    x @ x
+with FlopCounterMode(display=False) as counted:
+    stop = T.install(E.Sink(io.StringIO()))
+    x @ x
+stack = [type(m).__name__ for m in _get_current_dispatch_mode_stack()]
+seen = stop.capture.ops
+x @ x
+seen_after = stop.capture.ops - seen
+with FlopCounterMode(display=False) as around_stop:
+    stop()
+    x @ x
+print(json.dumps({"bare": bare.get_total_flops(), "counted": counted.get_total_flops(),
+                  "stack": stack, "seen_after": seen_after,
+                  "around_stop": around_stop.get_total_flops(),
+                  "left": len(_get_current_dispatch_mode_stack())}))
+'''
+
+
+def test_a_capture_started_inside_the_programs_mode_goes_beneath_it(tmp_path):
+    got = json.loads(_run_in_process(tmp_path, _BENEATH).stdout)
+    assert got["counted"] == got["bare"] == 128, got
+    assert got["stack"] == ["_Mode"] and got["seen_after"] >= 1, got
+    assert got["around_stop"] == 128 and got["left"] == 0, got
+
+
 # Batch norm writes its running statistics while it trains, and its schema does not say so
 # (native_batch_norm, cudnn_batch_norm): found by tests/op_sweep.py --grad.
 _BATCH_NORM = r'''

@@ -1,6 +1,7 @@
-"""What the PyTorch source's dispatch mode must know of PyTorch's own machinery: Dynamo's
-frame hook, activation checkpointing's early stop, composite ops, tensor subclasses (made
-and dispatched), and the numbers it hands a mode where an op wants a tensor.
+"""What the PyTorch source's dispatch mode must know of PyTorch's own machinery: the stack of
+modes it joins, Dynamo's frame hook, activation checkpointing's early stop, composite ops,
+tensor subclasses (made and dispatched), and the numbers it hands a mode where an op wants a
+tensor.
 
 Each is read here once, version by version: a PyTorch without one of them gets the mode's
 plain behaviour, never an error.
@@ -14,6 +15,34 @@ from typing import Any
 
 from harness.capture.source import Failures
 from harness.capture.torch_ops import tensors_in
+
+
+def enter_beneath(mode: Any) -> None:
+    """Enter ``mode`` beneath the dispatch modes already on this thread's stack.
+
+    A watched child starts its capture at its first use of CUDA, which may come inside the
+    program's own mode (``with FlopCounterMode(): model(x.cuda())``, a FakeTensorMode). On top,
+    the capture's mode would be what the program's ``__exit__`` pops, leaving the program's
+    mode on for good. Beneath, the program's modes see each op first, as they would alone, and
+    pop themselves."""
+    from torch.utils._python_dispatch import _disable_current_modes
+    with _disable_current_modes():  # taken off, and put back on top of the capture's
+        mode.__enter__()
+
+
+def exit_from_beneath(mode: Any) -> None:
+    """Take ``mode`` off the stack where it is, the modes above it left on."""
+    from torch.utils._python_dispatch import (_get_current_dispatch_mode,
+                                              _get_current_dispatch_mode_stack, _pop_mode,
+                                              _push_mode)
+    if not any(m is mode for m in _get_current_dispatch_mode_stack()):
+        return
+    above = []
+    while _get_current_dispatch_mode() is not mode:
+        above.append(_pop_mode())
+    mode.__exit__(None, None, None)
+    for other in reversed(above):
+        _push_mode(other)
 
 
 def dynamo_frame_hook(*entries: CodeType) -> Callable[[Any], Any] | None:

@@ -67,9 +67,9 @@ from harness.capture.source import Installed
 from harness.capture.torch_capture import Capture
 from harness.capture.torch_collectives import Collectives
 from harness.capture.torch_mode import (checkpoint_early_stop_off, decompose, dense_device_of,
-                                        dynamo_frame_hook, mode_backed_tensors,
-                                        numbers_as_tensors, subclass_handles,
-                                        subclass_made_bare)
+                                        dynamo_frame_hook, enter_beneath, exit_from_beneath,
+                                        mode_backed_tensors, numbers_as_tensors,
+                                        subclass_handles, subclass_made_bare)
 from harness.capture.torch_patches import patch_calls
 
 
@@ -263,7 +263,7 @@ def install(sink: E.Sink, amplifier: Amplifier | None = None) -> Installed:
     os.register_at_fork(after_in_child=in_child)
     quiet = spin.while_calibrating(lambda on: setattr(cap, "on", on))
     mode = _Mode()
-    mode.__enter__()
+    enter_beneath(mode)
     # Whatever the first op through the mode sets up (PyTorch's dynamo and sympy, where its
     # own wrapper stays) is paid here, before the program's first line, not between two of
     # its ops.
@@ -287,7 +287,7 @@ def install(sink: E.Sink, amplifier: Amplifier | None = None) -> Installed:
         cap.on = False
         cap.graphs.close()
         quiet()
-        mode.__exit__(None, None, None)
+        exit_from_beneath(mode)
         if early_stop is not None:
             early_stop.__exit__(None, None, None)
         for owner, name, original in reversed(patched):
