@@ -498,6 +498,49 @@ def test_a_capture_started_inside_the_programs_mode_goes_beneath_it(tmp_path):
     assert got["around_stop"] == 128 and got["left"] == 0, got
 
 
+# Ops PyTorch runs without Python (TorchScript's, the autograd engine's) reach the capture's
+# mode with the program's torch-function modes on. Alone, such a mode (torch.library.opcheck's,
+# found by torchvision's test_ops.py) sees none of them; watched, it must not see the capture's
+# reads of their tensors (t.layout, t.is_cuda) nor the op called again from the mode.
+_FUNCTION_MODE = r'''
+import io, json
+import torch
+from torch.overrides import TorchFunctionMode
+from harness.capture import events as E, torch_source as T
+
+@torch.jit.script
+def scripted(x):
+    return torch.sin(x) + 1
+
+seen = []
+class Seen(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        seen.append(getattr(func, "__name__", str(func)))
+        return func(*args, **(kwargs or {}))
+
+def run():
+    seen.clear()
+    x = torch.randn(3, requires_grad=True)
+    y = torch.randn(3, requires_grad=True)
+    loss = (x * y).sum()
+    with Seen():
+        scripted(x.detach())
+        loss.backward()
+    return list(seen)
+
+bare = run()
+stop = T.install(E.Sink(io.StringIO()))
+watched = run()
+stop()
+print(json.dumps({"bare": bare, "watched": watched}))
+'''
+
+
+def test_the_programs_function_modes_see_no_more_of_ops_run_without_python(tmp_path):
+    got = json.loads(_run_in_process(tmp_path, _FUNCTION_MODE).stdout)
+    assert got["watched"] == got["bare"], got
+
+
 # Batch norm writes its running statistics while it trains, and its schema does not say so
 # (native_batch_norm, cudnn_batch_norm): found by tests/op_sweep.py --grad.
 _BATCH_NORM = r'''

@@ -112,6 +112,8 @@ def install(sink: E.Sink, amplifier: Amplifier | None = None) -> Installed:
     plans = cap.plans
 
     hook: Callable[[Any], Any] | None = None  # Dynamo's frame hook setter, once known
+    function_modes_on = getattr(torch._C, "_is_torch_function_mode_enabled", lambda: False)
+    no_torch_function = torch._C.DisableTorchFunction
 
     # Whether Dynamo is tracing now (a PyTorch without torch.compiler never is).
     compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (
@@ -159,15 +161,27 @@ def install(sink: E.Sink, amplifier: Amplifier | None = None) -> Installed:
                                kwargs: dict[str, Any] | None = None) -> Any:
             prior = None if hook is None else hook(None)
             try:
+                if function_modes_on():
+                    # An op PyTorch runs without Python (TorchScript's, the autograd
+                    # engine's) comes here with the program's torch-function modes on.
+                    # Alone, those modes see none of it: nor the capture's reads of its
+                    # tensors, nor the op called again from here.
+                    with no_torch_function():
+                        return self.mended(func, types, args, kwargs)
+                return self.mended(func, types, args, kwargs)
+            finally:
+                if hook is not None:
+                    hook(prior)
+
+        def mended(self, func: Any, types: Any, args: tuple[Any, ...],
+                   kwargs: dict[str, Any] | None) -> Any:
+            try:
                 return self.handle(func, types, args, kwargs)
             except RuntimeError:
                 mended = numbers_as_tensors(func, args, kwargs)
                 if mended is None:
                     raise  # the program's own error, as it would have it alone
                 return self.handle(func, types, *mended)
-            finally:
-                if hook is not None:
-                    hook(prior)
 
         def handle(self, func: Any, types: Any, args: tuple[Any, ...],
                    kwargs: dict[str, Any] | None) -> Any:
