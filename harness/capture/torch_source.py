@@ -167,13 +167,13 @@ def install(sink: E.Sink, amplifier: Amplifier | None = None) -> Installed:
                     # Alone, those modes see none of it: nor the capture's reads of its
                     # tensors, nor the op called again from here.
                     with no_torch_function():
-                        return self.mended(func, types, args, kwargs)
-                return self.mended(func, types, args, kwargs)
+                        return self.run_op(func, types, args, kwargs)
+                return self.run_op(func, types, args, kwargs)
             finally:
                 if hook is not None:
                     hook(prior)
 
-        def mended(self, func: Any, types: Any, args: tuple[Any, ...],
+        def run_op(self, func: Any, types: Any, args: tuple[Any, ...],
                    kwargs: dict[str, Any] | None) -> Any:
             try:
                 return self.handle(func, types, args, kwargs)
