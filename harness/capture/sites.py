@@ -6,10 +6,12 @@ torch.compile's generated code or the standard library's. Whether a code object 
 program's is worked out once per code object, and a frame's ``file:line`` once per
 instruction, so the walk costs a few attribute reads a frame.
 
-Both are remembered by the code object's ``id``, never by the code object itself: a code
-object's hash is worked out from its whole body at every call (14 µs for a 2,000-line
-function, measured), and a dict keyed by code would pay that for every frame of every op.
-The entry keeps its code object alive, so the ``id`` cannot be handed to another.
+Whether code is the program's depends on its file alone, so it is remembered by file name (a
+string, whose hash Python keeps). A frame's ``file:line`` is remembered by the code object's
+``id``, never by the code object itself: a code object's hash is worked out from its whole
+body at every call (14 µs for a 2,000-line function, measured), and a dict keyed by code
+would pay that for every frame of every op. The entry keeps its code object alive, so the
+``id`` cannot be handed to another.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ what they call through. Any other installed package (an engine installed with pi
 _GENERATED = f"{os.sep}torchinductor_"
 """A folder of torch.compile's generated code (``/tmp/torchinductor_USER``): its lines are
 torch.compile's, and a kernel it launches is named by the program's line that called it."""
-_known: dict[int, tuple[CodeType, bool]] = {}  # id(code) -> (code, is the program's)
+_files: dict[str, bool] = {}  # a code object's file name -> whether it is the program's
 _stdlib: tuple[str, ...] = ()
 
 
@@ -47,10 +49,11 @@ def _stdlib_roots() -> tuple[str, ...]:
 def is_program_code(code: CodeType) -> bool:
     """Whether ``code`` is the program's: not gpurace's own, not the standard library's, not one
     of the :data:`LIBRARIES`' and not frozen or generated code."""
-    known = _known.get(id(code))
-    if known is None:
-        known = _known[id(code)] = (code, _is_program_file(code.co_filename))
-    return known[1]
+    name = code.co_filename
+    mine = _files.get(name)
+    if mine is None:
+        mine = _files[name] = _is_program_file(name)
+    return mine
 
 
 _own: dict[int, tuple[CodeType, bool]] = {}  # id(code) -> (code, is the program's own source)
@@ -90,8 +93,15 @@ def program_frame(depth: int = 1) -> FrameType | None:
         frame: FrameType | None = sys._getframe(depth + 1)
     except ValueError:  # fewer frames than that
         return None
+    # is_program_code, inline: this walk runs for every op and every free, through every
+    # library frame between the op and the program (a dozen and more in a model's forward).
+    files = _files
     while frame is not None:
-        if is_program_code(frame.f_code):
+        name = frame.f_code.co_filename
+        mine = files.get(name)
+        if mine is None:
+            mine = files[name] = _is_program_file(name)
+        if mine:
             return frame
         frame = frame.f_back
     return None
