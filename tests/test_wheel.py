@@ -24,9 +24,10 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # Without the checkout on the path: pip would take its gpurace.egg-info for gpurace
     # installed in the venv, and install nothing.
     env = _without_checkout()
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                    "-q", "-w", str(root / "dist"), str(REPO)], check=True, cwd=root,
-                   capture_output=True, env=env)
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps",
+                            "--no-build-isolation", "-v", "-w", str(root / "dist"), str(REPO)],
+                           check=True, cwd=root, capture_output=True, text=True, env=env)
+    (root / "build.log").write_text(built.stdout + built.stderr)
     [wheel] = (root / "dist").glob("gpurace-*.whl")
     venv = root / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
@@ -74,6 +75,17 @@ def test_the_installed_wheel_runs_the_smoke_suite_from_an_empty_folder(
     assert version.returncode == 0 and "version" in version.stdout
     schema = _run(installed, empty, "gpurace", "schema", "run")
     assert schema.returncode == 0 and json.loads(schema.stdout)["title"] == "gpurace run"
+
+
+def test_the_wheel_builds_without_warnings_and_holds_the_childrens_sitecustomize(
+        installed: Path) -> None:
+    # A watched program's Python children start with the sitecustomize of this folder; setuptools
+    # warned that it would stop installing it while the folder was package data, not a package.
+    log = (installed.parent / "build.log").read_text()
+    assert "BuildBackendWarning" not in log and "would be ignored" not in log, log[-3000:]
+    found = list(installed.glob("lib/python*/site-packages/harness/capture/child_site/"
+                                "sitecustomize.py"))
+    assert len(found) == 1
 
 
 def test_the_installed_pytest_plugin_runs_a_scenario_as_a_test(installed: Path,
