@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.capture import events as E
+from harness.capture.parts import split as split_parts
 from harness.capture.analysis import RunAnalysis
 
 SIZES = (4096, 4 << 20)
@@ -127,7 +128,7 @@ def measure(device: str, ops: int, sizes: tuple[int, ...], rounds: int, parts: b
         for name, op in kinds(size).items():
             for _ in range(rounds):
                 keep((size, name, "bare"), _loop(op, ops, sync))
-    profile = _profile(install, kinds(sizes[0]), ops) if parts else []
+    profile, by_part = _profile(install, kinds(sizes[0]), ops) if parts else ([], [])
     captured = [e for e in events if e[0] in ("op", "alloc", "free", "stream")]
     analysis = RunAnalysis(None, {})
     start = time.perf_counter()
@@ -146,16 +147,18 @@ def measure(device: str, ops: int, sizes: tuple[int, ...], rounds: int, parts: b
                 "own_us": own[(size, name)] * 1e6})
     return {"device": device, "machine": _machine(torch, device), "ops": ops, "rounds": rounds,
             "rows": rows, "watching_us_per_op": watching * 1e6,
-            "events": len(events), "findings": len(analysis.findings), "parts": profile}
+            "events": len(events), "findings": len(analysis.findings), "parts": profile,
+            "by_part": by_part}
 
 
 PARTS_SHOWN = 15
 
 
 def _profile(install: Callable[[], Any], kinds: dict[str, Callable[[], Any]], ops: int
-             ) -> list[dict[str, Any]]:
-    """Where the capture's time goes: the functions that took the most of it, by their own
-    time (cProfile's ``tottime``), over ``ops`` ops of each kind with the capture on."""
+             ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Where the capture's time goes, over ``ops`` ops of each kind with the capture on: the
+    functions that took the most of it, by their own time (cProfile's ``tottime``), and the
+    capture's parts (:mod:`harness.capture.parts`)."""
     import cProfile
     import pstats
     stop = install()
@@ -174,7 +177,9 @@ def _profile(install: Callable[[], Any], kinds: dict[str, Callable[[], Any]], op
              "own_us_per_op": own / total * 1e6}
             for func, (_, calls, own, _, _) in stats.items()]
     rows.sort(key=lambda r: -r["own_us_per_op"])
-    return rows[:PARTS_SHOWN]
+    by_part = [{"part": p.part, "own_us_per_op": p.own_s / total * 1e6}
+               for p in split_parts(stats)]
+    return rows[:PARTS_SHOWN], by_part
 
 
 LONG_LINES = 2000
@@ -214,6 +219,8 @@ def table(result: dict[str, Any]) -> str:
                   "| function | calls | own µs/op |", "|---|---|---|"]
         lines += [f"| {p['function']} | {p['calls']:,} | {p['own_us_per_op']:.2f} |"
                   for p in result["parts"]]
+        lines += ["", "by part:", "| part | own µs/op |", "|---|---|"]
+        lines += [f"| {p['part']} | {p['own_us_per_op']:.2f} |" for p in result["by_part"]]
     return "\n".join(lines)
 
 
