@@ -39,8 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.capture import events as E
-from harness.capture.parts import split as split_parts
 from harness.capture.analysis import RunAnalysis
+from harness.capture.parts import split as split_parts
 
 SIZES = (4096, 4 << 20)
 

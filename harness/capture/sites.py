@@ -2,9 +2,9 @@
 
 A finding names each side by the user's line (``serve.py:41``), as a traceback would: the first
 frame, walking out from the call, whose code is not PyTorch's, CuPy's, NumPy's, gpurace's own,
-torch.compile's generated code or the standard library's. Whether a code object is the
-program's is worked out once per code object, and a frame's ``file:line`` once per
-instruction, so the walk costs a few attribute reads a frame.
+torch.compile's generated code or the standard library's. Whether code is the program's is
+worked out once per file, and a frame's ``file:line`` once per instruction, so the walk costs
+a few attribute reads a frame.
 
 Whether code is the program's depends on its file alone, so it is remembered by file name (a
 string, whose hash Python keeps). A frame's ``file:line`` is remembered by the code object's
