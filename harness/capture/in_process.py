@@ -89,6 +89,9 @@ class InProcessWatch:
         self._sink = Sink(self._out)
         self._stops: list[Installed] = []
         self.sources: dict[str, str] = {}
+        # What the sources say as they start (what they cannot see: a custom extension's own
+        # launches, say) is said at the end, with what they say as they stop.
+        self._out.begin(RunAnalysis(None, {}))
         for name in REGISTERED:
             try:
                 source = load(name)
@@ -98,6 +101,7 @@ class InProcessWatch:
             if version is not None:
                 self.sources[source.name] = version
                 self._stops.append(source.install(self._sink))
+        self._said_at_start = self.finish().notes
 
     @property
     def active(self) -> bool:
@@ -127,12 +131,14 @@ class InProcessWatch:
         return Watched([], analysis.translator.notes, analysis.translator.ops, failed)
 
     def close(self) -> list[str]:
-        """Switch the sources off; what they say as they stop (what they could not read, and
-        what ran unseen, counted over every test) is returned."""
+        """Switch the sources off; what they said as they started (what they cannot see) and
+        say as they stop (what they could not read, and what ran unseen, counted over every
+        test) is returned."""
         self.start()
         for stop in reversed(self._stops):
             stop()
         self._stops.clear()
         said = self.finish()
-        return said.notes + ([f"the analysis of the sources' last words failed: {said.failed}"]
-                             if said.failed else [])
+        return self._said_at_start + said.notes + (
+            [f"the analysis of the sources' last words failed: {said.failed}"]
+            if said.failed else [])
