@@ -56,19 +56,19 @@ def is_program_code(code: CodeType) -> bool:
     return mine
 
 
-_own: dict[int, tuple[CodeType, bool]] = {}  # id(code) -> (code, is the program's own source)
+_own: dict[str, bool] = {}  # a code object's file name -> whether it is the program's own source
 
 
 def is_own_code(code: CodeType) -> bool:
     """Whether ``code`` is the program's own source, not an installed package's (transformers,
     an engine installed with pip): what is worth naming by the program's variables. Looking up
     a variable costs a scan of a frame's names, which a library's busy frames cannot afford."""
-    known = _own.get(id(code))
-    if known is None:
-        path = code.co_filename
-        known = _own[id(code)] = (code, is_program_code(code) and not any(
-            marker in path for marker in ("/site-packages/", "/dist-packages/")))
-    return known[1]
+    path = code.co_filename
+    mine = _own.get(path)
+    if mine is None:
+        mine = _own[path] = is_program_code(code) and not any(
+            marker in path for marker in ("/site-packages/", "/dist-packages/"))
+    return mine
 
 
 def _is_program_file(name: str) -> bool:
