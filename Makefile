@@ -8,7 +8,7 @@ RUN_STAMP  := $(VENV)/.run-stamp
 TEST_STAMP := $(VENV)/.test-stamp
 
 .PHONY: install run test test-gpu test-gpu-core test-gpu-watch test-gpu-engine test-gpu-amplify \
-        test-gpu-real test-pythons sweep bench bench-real clean
+        test-gpu-real test-pythons sweep sweep-timm bench bench-real clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -88,6 +88,10 @@ sweep:
 	$(PYTHON) tests/op_sweep.py --device $(DEVICE) --inference
 	$(PYTHON) tests/op_sweep.py --device $(DEVICE) --modules
 	$(PYTHON) tests/hf_sweep.py
+
+# timm's image models (its whole zoo under 30M parameters: about 47 minutes of one CPU core).
+sweep-timm:
+	$(PYTHON) tests/timm_sweep.py
 
 # On a GPU machine: copy batching, and the harness's trial rate against a bare CuPy loop.
 bench:
