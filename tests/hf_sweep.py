@@ -471,10 +471,6 @@ class Sweep:
         if isinstance(inputs, str):
             return skip(inputs, params)
 
-        totals = [0.0, 0.0, 0.0]
-        found = len(self.problems)
-        notes: list[str] = []
-        errors: list[str] = []
         runs: list[tuple[str, Callable[[], Any], Callable[[Any], Any]]] = [
             ("build", lambda: None, built),
             ("forward", lambda: (copy.deepcopy(model), clone(inputs)), self.forward)]
@@ -483,18 +479,32 @@ class Sweep:
                      ("train", lambda: (copy.deepcopy(model), clone(inputs)), self.train)]
         runs.append(("inference", lambda: (copy.deepcopy(model), clone(inputs)),
                      functools.partial(self.inference, self.generate if causal else self.forward)))
+        self.compare_runs(model_type, runs, params)
+
+    def compare_runs(self, name: str,
+                     runs: list[tuple[str, Callable[[], Any], Callable[[Any], Any]]],
+                     params: int) -> None:
+        """Each of a model's runs (name, what it is made from, what it does) compared bare
+        against watched, and the model's record: ok, nondeterministic (its bare runs differ),
+        failed bare, or skipped where a run is slower than the sweep waits for."""
+        totals = [0.0, 0.0, 0.0]
+        found = len(self.problems)
+        notes: list[str] = []
+        errors: list[str] = []
         try:
             for run, make, act in runs:
-                error = self.compare(model_type, run, make, act, totals, notes)
+                error = self.compare(name, run, make, act, totals, notes)
                 if error:
                     errors.append(f"{run}: {error}")
         except Timeout as exc:
-            return skip(f"slow: {exc}", params)
+            self.records.append(Record(name, "skipped", f"slow: {exc}", params, 0, 0.0, 0.0,
+                                       []))
+            return
         status = "failed bare" if errors else "nondeterministic" if notes else "ok"
         reason = "; ".join(errors) if errors else (
             "bare runs differ: " + ", ".join(notes) if notes else "")
         failures = sorted({p.what for p in self.problems[found:] if p.kind == "capture failed"})
-        self.records.append(Record(model_type, status, reason, params, int(totals[2]),
+        self.records.append(Record(name, status, reason, params, int(totals[2]),
                                    totals[0], totals[1], failures))
 
     def inputs_for(self, model: Any, config: Any) -> dict[str, Any] | str:
@@ -579,6 +589,43 @@ def clone(inputs: dict[str, Any]) -> dict[str, Any]:
     return {k: v.clone() for k, v in inputs.items()}
 
 
+def sweep_each(sweep: Sweep, items: list[Any], one: Callable[[Any], None],
+               name: Callable[[Any], str], what: str, every: int) -> None:
+    """``one`` of each item, then the sweep stopped. The sweep's own trouble with an item is
+    its record (skipped), never the end of the sweep; progress every ``every`` items."""
+    began = time.perf_counter()
+    for n, item in enumerate(items, 1):
+        if n % every == 0:
+            print(f"{n} of {len(items)} {what}, {len(sweep.problems)} problems so far, "
+                  f"{time.perf_counter() - began:.0f} s", file=sys.stderr, flush=True)
+        try:
+            one(item)
+        except Exception as exc:  # noqa: BLE001 - the sweep's own trouble with one model
+            sweep.records.append(Record(name(item), "skipped", f"sweep: {message(exc)}",
+                                        0, 0, 0.0, 0.0, []))
+        gc.collect()
+    sweep.stop()
+
+
+def report(sweep: Sweep, count: int, what: str) -> None:
+    """The problems, one line each, what differs under any mode, and the summary line."""
+    for problem in sweep.problems:
+        print(problem.line())
+    if sweep.any_mode:
+        print(f"differ as much under any dispatch mode (PyTorch's, not a problem): "
+              f"{', '.join(sweep.any_mode)}")
+    statuses = Counter(r.status for r in sweep.records)
+    kinds = Counter(p.kind for p in sweep.problems)
+    ratios = sorted((r.watched_s / r.bare_s, r.model) for r in sweep.records if r.bare_s > 0)
+    print(f"{count} {what}: "
+          + (", ".join(f"{n} {s}" for s, n in sorted(statuses.items())) or "none swept")
+          + f"; {sum(r.ops for r in sweep.records)} ops captured; "
+          + (f"watched/bare time median {statistics.median(r for r, _ in ratios):.2f}x, "
+             f"worst {ratios[-1][0]:.2f}x ({ratios[-1][1]}); " if ratios else "")
+          + (f"{len(sweep.any_mode)} runs differ under any mode; " if sweep.any_mode else "")
+          + (", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "no problem"))
+
+
 def model_types(chosen: set[str] | None) -> list[tuple[str, bool]]:
     """(model type, causal) for each type to sweep: the causal LMs first."""
     from transformers.models.auto import modeling_auto
@@ -604,32 +651,8 @@ def main(argv: list[str] | None = None) -> int:
 
     types = model_types(set(args.types.split(",")) if args.types else None)[:args.limit]
     sweep = Sweep(args.max_params, args.slow)
-    for n, (model_type, causal) in enumerate(types, 1):
-        if n % 20 == 0:
-            print(f"{n} of {len(types)} model types, {len(sweep.problems)} problems so far",
-                  file=sys.stderr, flush=True)
-        try:
-            sweep.sweep(model_type, causal)
-        except Exception as exc:  # noqa: BLE001 - the sweep's own trouble with one model
-            sweep.records.append(Record(model_type, "skipped", f"sweep: {message(exc)}",
-                                        0, 0, 0.0, 0.0, []))
-        gc.collect()
-    sweep.stop()
-    for problem in sweep.problems:
-        print(problem.line())
-    if sweep.any_mode:
-        print(f"differ as much under any dispatch mode (PyTorch's, not a problem): "
-              f"{', '.join(sweep.any_mode)}")
-    statuses = Counter(r.status for r in sweep.records)
-    kinds = Counter(p.kind for p in sweep.problems)
-    ratios = sorted((r.watched_s / r.bare_s, r.model) for r in sweep.records if r.bare_s > 0)
-    print(f"{len(types)} model types: "
-          + (", ".join(f"{n} {s}" for s, n in sorted(statuses.items())) or "none swept")
-          + f"; {sum(r.ops for r in sweep.records)} ops captured; "
-          + (f"watched/bare time median {statistics.median(r for r, _ in ratios):.2f}x, "
-             f"worst {ratios[-1][0]:.2f}x ({ratios[-1][1]}); " if ratios else "")
-          + (f"{len(sweep.any_mode)} runs differ under any mode; " if sweep.any_mode else "")
-          + (", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "no problem"))
+    sweep_each(sweep, types, lambda t: sweep.sweep(*t), lambda t: t[0], "model types", 20)
+    report(sweep, len(types), "model types")
     if args.json:
         Path(args.json).write_text(json.dumps(
             {"problems": [p._asdict() for p in sweep.problems],

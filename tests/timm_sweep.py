@@ -50,13 +50,9 @@ from __future__ import annotations
 
 import argparse
 import copy
-import gc
 import json
-import statistics
 import sys
-import time
 import warnings
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -65,7 +61,8 @@ from typing import Any
 # (an editable install of kornia makes it its own test folder).
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
 
-from hf_sweep import SEED, Record, Sweep, Timeout, message, time_limit  # noqa: E402
+from hf_sweep import (SEED, Record, Sweep, Timeout, message, report,  # noqa: E402
+                      sweep_each, time_limit)
 
 BATCH = 2
 CLASSES = 10
@@ -180,23 +177,7 @@ class TimmSweep(Sweep):
         acts: dict[str, tuple[Callable[[], Any], Callable[[Any], Any]]] = {
             "build": (lambda: None, built), "forward": (make, self.forward),
             "train": (make, self.train), "inference": (make, self.inference)}
-        totals = [0.0, 0.0, 0.0]
-        found = len(self.problems)
-        notes: list[str] = []
-        errors: list[str] = []
-        try:
-            for run in self.runs:
-                error = self.compare(name, run, *acts[run], totals, notes)
-                if error:
-                    errors.append(f"{run}: {error}")
-        except Timeout as exc:
-            return skip(f"slow: {exc}", params)
-        status = "failed bare" if errors else "nondeterministic" if notes else "ok"
-        reason = "; ".join(errors) if errors else (
-            "bare runs differ: " + ", ".join(notes) if notes else "")
-        failures = sorted({p.what for p in self.problems[found:] if p.kind == "capture failed"})
-        self.records.append(Record(name, status, reason, params, int(totals[2]),
-                                   totals[0], totals[1], failures))
+        self.compare_runs(name, [(run, *acts[run]) for run in self.runs], params)
 
     def forward(self, subject: tuple[Any, Inputs]) -> Any:
         model, (images, _) = subject
@@ -260,34 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     names = ordered(names, args.order)[args.start:]
     names = names[:args.limit] if args.limit is not None else names
     sweep = TimmSweep(args.max_params, args.slow, runs)
-    began = time.perf_counter()
-    for n, name in enumerate(names, 1):
-        if n % 10 == 0:
-            print(f"{n} of {len(names)} models, {len(sweep.problems)} problems so far, "
-                  f"{time.perf_counter() - began:.0f} s", file=sys.stderr, flush=True)
-        try:
-            sweep.sweep_model(name)
-        except Exception as exc:  # noqa: BLE001 - the sweep's own trouble with one model
-            sweep.records.append(Record(name, "skipped", f"sweep: {message(exc)}",
-                                        0, 0, 0.0, 0.0, []))
-        gc.collect()
-    sweep.stop()
-    for problem in sweep.problems:
-        print(problem.line())
-    if sweep.any_mode:
-        print(f"differ as much under any dispatch mode (PyTorch's, not a problem): "
-              f"{', '.join(sweep.any_mode)}")
-    statuses = Counter(r.status for r in sweep.records)
-    kinds = Counter(p.kind for p in sweep.problems)
-    ratios = sorted((r.watched_s / r.bare_s, r.model) for r in sweep.records if r.bare_s > 0)
-    print(f"{len(names)} models: "
-          + (", ".join(f"{n} {s}" for s, n in sorted(statuses.items())) or "none swept")
-          + f"; {sum(r.ops for r in sweep.records)} ops captured; "
-          + (f"watched/bare time median {statistics.median(r for r, _ in ratios):.2f}x, "
-             f"worst {ratios[-1][0]:.2f}x ({ratios[-1][1]}); " if ratios else "")
-          + (f"{len(sweep.any_mode)} runs differ under any mode; " if sweep.any_mode else "")
-          + (", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "no problem")
-          + f"; {time.perf_counter() - began:.0f} s")
+    sweep_each(sweep, names, sweep.sweep_model, str, "models", 10)
+    report(sweep, len(names), "models")
     if args.json:
         Path(args.json).write_text(json.dumps(
             {"problems": [p._asdict() for p in sweep.problems],
