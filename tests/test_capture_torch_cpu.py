@@ -791,8 +791,11 @@ def test_what_the_watch_could_not_see_under_pytest_is_said_in_the_summary(tmp_pa
     section = done.stdout[done.stdout.index("gpurace watch ="):]
     assert "note: PyTorch: higher-order ops ran as they would unwatched; the ops they ran " \
            "inside were not seen: out_dtype (2x)" in section, done.stdout[-2000:]
-    # And what the source said as it started: what it never sees, whatever the tests do.
+    # And what the source said as it started: what it never sees, whatever the tests do; but
+    # not what CuPy's or Triton's source cannot see, where they are installed and unused.
     assert "note: PyTorch: kernels that do not go through PyTorch's dispatcher" in section
+    assert "cupy.cuda.Function launches" not in section
+    assert "Triton: kernels launched other than" not in section
     assert "2 passed" in section
 
 

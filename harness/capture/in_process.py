@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import io
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from harness.capture.analysis import RunAnalysis, fault_line
@@ -34,6 +34,8 @@ class Watched:
     notes: list[str]
     ops: int
     failed: str = ""  # how the analysis itself failed (a fault of gpurace's), or ""
+    # Per source, what it said of its own work as it stopped (its ops, its own time).
+    stats: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 HOLD_BYTES = 16 << 20
@@ -89,9 +91,9 @@ class InProcessWatch:
         self._sink = Sink(self._out)
         self._stops: list[Installed] = []
         self.sources: dict[str, str] = {}
-        # What the sources say as they start (what they cannot see: a custom extension's own
+        # What each source says as it starts (what it cannot see: a custom extension's own
         # launches, say) is said at the end, with what they say as they stop.
-        self._out.begin(RunAnalysis(None, {}))
+        self._said_at_start: dict[str, list[str]] = {}
         for name in REGISTERED:
             try:
                 source = load(name)
@@ -100,8 +102,9 @@ class InProcessWatch:
             version = source.available()
             if version is not None:
                 self.sources[source.name] = version
+                self._out.begin(RunAnalysis(None, {}))
                 self._stops.append(source.install(self._sink))
-        self._said_at_start = self.finish().notes
+                self._said_at_start[source.name] = self.finish().notes
 
     @property
     def active(self) -> bool:
@@ -125,10 +128,12 @@ class InProcessWatch:
             try:
                 analysis.close()
                 return Watched([f.to_json() for f in analysis.findings],
-                               analysis.translator.notes, analysis.translator.ops)
+                               analysis.translator.notes, analysis.translator.ops,
+                               stats=analysis.translator.stats)
             except Exception as exc:  # noqa: BLE001 - as in _Analysed.write
                 failed = fault_line(exc)
-        return Watched([], analysis.translator.notes, analysis.translator.ops, failed)
+        return Watched([], analysis.translator.notes, analysis.translator.ops, failed,
+                       analysis.translator.stats)
 
     def close(self) -> list[str]:
         """Switch the sources off; what they said as they started (what they cannot see) and
@@ -139,6 +144,10 @@ class InProcessWatch:
             stop()
         self._stops.clear()
         said = self.finish()
-        return self._said_at_start + said.notes + (
+        # Only the sources that saw the session's work: a suite that never uses CuPy is not
+        # told what CuPy's source cannot see.
+        used = [note for name, notes in self._said_at_start.items()
+                if said.stats.get(name, {}).get("ops") for note in notes]
+        return used + said.notes + (
             [f"the analysis of the sources' last words failed: {said.failed}"]
             if said.failed else [])
