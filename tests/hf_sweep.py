@@ -457,8 +457,7 @@ class Sweep:
             return auto.from_config(copy.deepcopy(config), dtype=torch.float32).eval()
 
         def built(_: Any) -> dict[str, Any]:
-            made = build()
-            return dict([*made.named_parameters(), *made.named_buffers()])
+            return state_of(build())
 
         with self.popped(), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # said again, and compared, by the build run
@@ -583,6 +582,11 @@ class Sweep:
         self.torch.optim.SGD(model.parameters(), lr=0.1).step()
         return {"loss": loss, "grads": {n: p.grad for n, p in model.named_parameters()},
                 "after": dict(model.named_parameters())}
+
+
+def state_of(model: Any) -> dict[str, Any]:
+    """A model's parameters and buffers by name: what its build run compares."""
+    return dict([*model.named_parameters(), *model.named_buffers()])
 
 
 def clone(inputs: dict[str, Any]) -> dict[str, Any]:

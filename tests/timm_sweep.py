@@ -62,7 +62,7 @@ from typing import Any
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
 
 from hf_sweep import (SEED, Record, Sweep, Timeout, message, report,  # noqa: E402
-                      sweep_each, time_limit)
+                      state_of, sweep_each, time_limit)
 
 BATCH = 2
 CLASSES = 10
@@ -156,8 +156,7 @@ class TimmSweep(Sweep):
                                      ).to(torch.float32).eval()
 
         def built(_: Any) -> dict[str, Any]:
-            made = build()
-            return dict([*made.named_parameters(), *made.named_buffers()])
+            return state_of(build())
 
         with self.popped(), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # said again, and compared, by the build run
@@ -206,7 +205,7 @@ class TimmSweep(Sweep):
         # Batch norm's running statistics, written in train mode, are compared too.
         return {"out": out, "loss": loss,
                 "grads": {n: p.grad for n, p in model.named_parameters()},
-                "after": {**dict(model.named_parameters()), **dict(model.named_buffers())}}
+                "after": state_of(model)}
 
 
 def main(argv: list[str] | None = None) -> int:
